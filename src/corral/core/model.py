@@ -1,0 +1,161 @@
+"""Plain data that crosses the store boundary.
+
+Stores take and give these objects only; no store sees a Python callable, and
+no engine code sees a row. Payloads are JSON text in every store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.core.states import State
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(slots=True)
+class NewTask:
+    """What ``submit`` hands a store. ``args`` is already JSON text."""
+
+    name: str
+    args: str
+    queue: str = "default"
+    priority: int = 0
+    max_retries: int = 0
+    timeout: float | None = None
+    group: str | None = None
+    batch: str | None = None
+    key: str | None = None
+    trace_id: str | None = None
+    run_at: float | None = None  # epoch seconds; None = now (store clock)
+    depends_on: tuple[int, ...] = ()
+    limits: tuple[str, ...] = ()
+    halt_group_on_failure: bool = False
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    """A task as a store reports it."""
+
+    id: int
+    name: str
+    args: str
+    status: State
+    queue: str = "default"
+    priority: int = 0
+    attempt: int = 0  # runs started so far
+    max_retries: int = 0
+    timeout: float | None = None
+    group: str | None = None
+    batch: str | None = None
+    key: str | None = None
+    trace_id: str | None = None
+    limits: tuple[str, ...] = ()
+    depends_on: tuple[int, ...] = ()
+    halt_group_on_failure: bool = False
+    created_at: float = 0.0
+    run_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    result: str | None = None  # JSON text
+    error: str | None = None
+    version: int = 0
+    lease_token: str | None = None
+    lease_expires_at: float | None = None
+    worker_id: str | None = None
+    progress: float | None = None
+    progress_message: str | None = None
+    checkpoint: str | None = None  # JSON object {stage: data}, last stage last
+    cancel_requested: bool = False
+
+    @property
+    def result_value(self) -> Any:
+        return loads(self.result)
+
+    @property
+    def arguments(self) -> tuple[list, dict]:
+        data = loads(self.args) or {}
+        return list(data.get("args", ())), dict(data.get("kwargs", {}))
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["status"] = self.status.value
+        out["limits"] = list(self.limits)
+        out["depends_on"] = list(self.depends_on)
+        return out
+
+
+@dataclass(slots=True)
+class Claim:
+    """One unit of work handed to a worker: a single task, or a chunk of one
+    group's queued tasks to run in order. All tasks share one lease token."""
+
+    token: str
+    tasks: list[TaskRecord]
+    group: str | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A guarded write a worker (or watchdog) asks the store to make.
+
+    Applied only if the task is still RUNNING with ``token`` and ``version``;
+    otherwise the store changes nothing and reports the write as lost.
+    """
+
+    task_id: int
+    token: str
+    version: int
+    status: State  # SUCCESS, FAILED, TIMEOUT, CANCELED, RETRYING or PENDING (hand back)
+    result: str | None = None
+    error: str | None = None
+    run_at: float | None = None  # for RETRYING: when it may run again
+    burn_attempt: bool = True  # False for hand-back: the attempt is given back
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+@dataclass(slots=True)
+class SubmitResult:
+    id: int
+    created: bool  # False when an idempotency key matched an existing task
+
+
+@dataclass(slots=True)
+class LimitSpec:
+    name: str
+    concurrency: int | None = None
+    rate: str | None = None
+
+
+@dataclass(slots=True)
+class TaskFilter:
+    status: State | None = None
+    queue: str | None = None
+    batch: str | None = None
+    group: str | None = None
+    name: str | None = None
+    limit: int = 100
+    offset: int = 0
+    newest_first: bool = True
+
+
+@dataclass(slots=True)
+class SweepReport:
+    lost_leases_retried: list[int] = field(default_factory=list)
+    lost_leases_failed: list[int] = field(default_factory=list)
+    overdue_failed: list[int] = field(default_factory=list)
+    stale_pending_canceled: list[int] = field(default_factory=list)
+    exhausted_failed: list[int] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(len(getattr(self, f)) for f in self.__dataclass_fields__)

@@ -1,0 +1,96 @@
+"""The task state machine, written once, as data.
+
+Every store and the engine consult :data:`TRANSITIONS`; nothing else decides
+whether a task may move. Each state says who moves a task out of it:
+
+========== ================================================================
+WAITING    waits on ``depends_on``; the store moves it to PENDING when every
+           upstream task succeeded, or to FAILED when one of them ended badly.
+PENDING    queued, runnable from ``run_at`` on (``delay=`` sets ``run_at``);
+           a worker's claim moves it to RUNNING, ``cancel`` to CANCELED.
+RETRYING   queued again after a retryable failure, runnable from ``run_at``
+           (the backoff). Claimed like PENDING, but shown apart so operators
+           see retries as their own path (seed 002).
+RUNNING    held by a worker under a lease. The worker completes it; the
+           watchdog times it out; the sweeper recovers it when the lease is
+           lost; a graceful shutdown hands it back to PENDING.
+SUCCESS    final. Never changes again.
+FAILED     final, unless an operator retries it.
+TIMEOUT    final (retries exhausted on timeouts), unless an operator retries it.
+CANCELED   final, unless an operator retries it.
+========== ================================================================
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(str, enum.Enum):
+    WAITING = "WAITING"
+    PENDING = "PENDING"
+    RETRYING = "RETRYING"
+    RUNNING = "RUNNING"
+    SUCCESS = "SUCCESS"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    CANCELED = "CANCELED"
+
+    def __str__(self) -> str:  # pragma: no cover - cosmetic
+        return self.value
+
+    @property
+    def final(self) -> bool:
+        return self in FINAL
+
+    @property
+    def queued(self) -> bool:
+        return self in QUEUED
+
+
+WAITING, PENDING, RETRYING, RUNNING = State.WAITING, State.PENDING, State.RETRYING, State.RUNNING
+SUCCESS, FAILED, TIMEOUT, CANCELED = State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED
+
+#: States a worker may claim from (when ``run_at`` has come).
+QUEUED: frozenset[State] = frozenset({PENDING, RETRYING})
+#: States in which a task still occupies its place in its group.
+ACTIVE: frozenset[State] = frozenset({WAITING, PENDING, RETRYING, RUNNING})
+#: States a task ends in.
+FINAL: frozenset[State] = frozenset({SUCCESS, FAILED, TIMEOUT, CANCELED})
+
+#: (from, to) -> why. The only legal moves; everything else is refused.
+TRANSITIONS: dict[tuple[State, State], str] = {
+    (WAITING, PENDING): "every dependency succeeded",
+    (WAITING, FAILED): "a dependency ended without success",
+    (WAITING, CANCELED): "canceled while waiting",
+    (PENDING, RUNNING): "claimed by a worker",
+    (PENDING, CANCELED): "canceled before it ran",
+    (RETRYING, RUNNING): "claimed by a worker for another attempt",
+    (RETRYING, CANCELED): "canceled between attempts",
+    (RUNNING, SUCCESS): "returned a result",
+    (RUNNING, FAILED): "permanent error, or retries exhausted",
+    (RUNNING, TIMEOUT): "the watchdog saw it overrun, retries exhausted",
+    (RUNNING, CANCELED): "saw the cancel flag, or was killed for it",
+    (RUNNING, RETRYING): "retryable error, timeout or lost lease with retries left",
+    (RUNNING, PENDING): "handed back unfinished at shutdown (attempt not burned)",
+    (FAILED, PENDING): "retried by an operator",
+    (TIMEOUT, PENDING): "retried by an operator",
+    (CANCELED, PENDING): "retried by an operator",
+}
+
+
+def can_transition(src: State | str, dst: State | str) -> bool:
+    return (State(src), State(dst)) in TRANSITIONS
+
+
+def check_transition(src: State | str, dst: State | str) -> None:
+    """Raise :class:`~corral.errors.IllegalTransition` unless ``src -> dst`` is legal."""
+    from corral.errors import IllegalTransition
+
+    if not can_transition(src, dst):
+        raise IllegalTransition(f"illegal transition {State(src).value} -> {State(dst).value}")
+
+
+def sources(dst: State) -> frozenset[State]:
+    """States from which ``dst`` may be reached (used to build guarded SQL)."""
+    return frozenset(s for (s, d) in TRANSITIONS if d == dst)

@@ -1,0 +1,109 @@
+"""Every error corral raises, in one tree.
+
+::
+
+    CorralError
+    ├── ConfigError             bad option, bad store URL, unknown limit
+    ├── SubmitError             nothing was stored
+    │   ├── UnknownTask         no task registered under that name
+    │   ├── BadArguments        arguments are not JSON-serialisable
+    │   ├── QueueFull           backpressure: the queue bound was hit
+    │   └── AppClosed           submit after close()
+    ├── StoreError              the store failed; driver errors are wrapped here
+    │   └── StoreUnavailable    cannot connect / parse the URL
+    ├── IllegalTransition       the state machine refuses the move
+    ├── TaskNotFound            no task with that id
+    ├── ResultTimeout           handle.result(timeout) ran out
+    ├── TaskFailed              handle.result() on a task that ended badly
+    ├── GroupDeadlock           a task waits on a task queued behind it in its own group
+    └── (raised inside tasks, to steer retries)
+        ├── Retry               retry after ``after`` seconds (``ctx.retry``)
+        ├── PermanentError      never retried
+        └── Cancelled           the task saw its cancel flag
+
+Exceptions from a task's own code are retryable unless they are
+``PermanentError`` or listed in the task's ``permanent_on`` (defaults include
+``ValueError``/``TypeError``, the validation errors of seed 000 §4.2), or the
+task names ``retry_on`` and the exception is not among them.
+"""
+
+from __future__ import annotations
+
+
+class CorralError(Exception):
+    """Base class of every corral error."""
+
+
+class ConfigError(CorralError, ValueError):
+    pass
+
+
+class SubmitError(CorralError):
+    pass
+
+
+class UnknownTask(SubmitError, KeyError):
+    def __str__(self) -> str:  # KeyError quotes its message; we don't want that
+        return str(self.args[0]) if self.args else "unknown task"
+
+
+class BadArguments(SubmitError, TypeError):
+    pass
+
+
+class QueueFull(SubmitError):
+    pass
+
+
+class AppClosed(SubmitError):
+    pass
+
+
+class StoreError(CorralError):
+    pass
+
+
+class StoreUnavailable(StoreError):
+    pass
+
+
+class IllegalTransition(CorralError):
+    pass
+
+
+class TaskNotFound(CorralError, LookupError):
+    pass
+
+
+class ResultTimeout(CorralError, TimeoutError):
+    pass
+
+
+class TaskFailed(CorralError):
+    """The task ended FAILED, TIMEOUT or CANCELED; ``state`` and ``error`` say how."""
+
+    def __init__(self, task_id: int, state: str, error: str | None):
+        super().__init__(f"task {task_id} ended {state}: {error or ''}".rstrip(": "))
+        self.task_id = task_id
+        self.state = state
+        self.error = error
+
+
+class GroupDeadlock(CorralError):
+    pass
+
+
+class Retry(Exception):
+    """Raise (or call ``ctx.retry(after=...)``) to ask for another attempt."""
+
+    def __init__(self, after: float | None = None, reason: str = "retry requested"):
+        super().__init__(reason)
+        self.after = after
+
+
+class PermanentError(Exception):
+    """Raise to fail a task at once: it will not be retried."""
+
+
+class Cancelled(Exception):
+    """Raised by ``ctx`` calls once the task's cancel flag is set."""

@@ -1,0 +1,38 @@
+"""Stores: where tasks live. ``open_store(url)`` picks one by URL scheme."""
+
+from __future__ import annotations
+
+import os
+
+from corral.errors import ConfigError
+from corral.stores.base import Store
+
+DEFAULT_URL = "sqlite:///corral.db"
+
+
+def default_url() -> str:
+    return os.environ.get("CORRAL_STORE") or DEFAULT_URL
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open the store named by ``url`` (default: $CORRAL_STORE, else sqlite:///corral.db)."""
+    url = url or default_url()
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "memory":
+        from corral.stores.memory import MemoryStore
+
+        return MemoryStore(url)
+    if scheme == "sqlite":
+        from corral.stores.sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    if scheme in ("postgresql", "postgres"):
+        from corral.stores.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise ConfigError(
+        f"cannot parse store URL {url!r}: expected memory://, sqlite:///path or postgresql://..."
+    )
+
+
+__all__ = ["Store", "open_store", "default_url", "DEFAULT_URL"]

@@ -1,0 +1,246 @@
+"""The one interface between the engine and task state.
+
+Every store (``memory://``, ``sqlite:///path``, ``postgresql://...``) implements
+:class:`Store` with the same semantics, checked by one conformance suite
+(``tests/conformance``). The engine never touches a task except through these
+methods, and every method that changes a task is a guarded write: it applies
+only if the task is still in the state (and lease/version) the caller saw, and
+otherwise changes nothing and says so.
+
+Claim rules (the heart; every store implements them the same way):
+
+1. Candidates are tasks in PENDING or RETRYING whose ``run_at`` has come, in
+   one of the asked queues, whose name the worker knows.
+2. A task with a ``group`` is a candidate only if it is its group's *head*: no
+   task of the same group with a smaller id is ACTIVE (WAITING, PENDING,
+   RETRYING, RUNNING) or FAILED with ``halt_group_on_failure`` set. So at most
+   one task (or chunk) of a group is ever in flight, in submit order, and a
+   retrying head blocks its group.
+3. With ``chunk_size > 1`` the head and the following tasks of its group (up
+   to ``chunk_size``, stopping at the first one that is not a ready candidate)
+   form one :class:`Claim`, run in order by one worker.
+4. Candidates are taken by ``priority`` (high first), then by the time they
+   became eligible, then by id. For a group head that time is
+   ``max(run_at, group.last_claimed_at)``: a group served just now goes to the
+   back, which is round robin between groups. A retry's ``run_at`` is the end
+   of its backoff, so it queues behind fresh work submitted before then.
+5. Named limits count *claims* (lease tokens) in RUNNING, across every worker
+   sharing the store; a candidate whose limit is full is skipped, never taken.
+6. Never more than ``max_units`` claims. Claimed tasks become RUNNING with a
+   new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
+   The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
+   the others get theirs from :meth:`Store.mark_started` when they really
+   start, so a crash hands them back without burning an attempt.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from corral.core.model import (
+    Claim,
+    LimitSpec,
+    NewTask,
+    Outcome,
+    SubmitResult,
+    SweepReport,
+    TaskFilter,
+    TaskRecord,
+)
+from corral.core.states import State
+
+#: The seed 000 §5.2 rule: PENDING for longer than this is canceled by the sweeper.
+DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
+LOST_LEASE_ERROR = "worker crashed or task hung (lease expired)"
+OVERDUE_ERROR = "worker crashed or task hung (running past twice its timeout)"
+STALE_PENDING_ERROR = "pending for too long; canceled by the sweeper"
+EXHAUSTED_ERROR = "worker crashed or task hung (retries exhausted while running)"
+
+
+@dataclass(slots=True)
+class HeartbeatReply:
+    lost_tokens: set[str] = field(default_factory=set)  # leases this worker no longer holds
+    cancel_requested: set[int] = field(default_factory=set)  # running ids flagged for cancel
+
+
+@dataclass(slots=True)
+class BatchSummary:
+    batch: str
+    counts: dict[str, int]
+    status: str  # RUNNING, PARTIAL_SUCCESS, ALL_SUCCESS, FAILED (or EMPTY)
+    total: int
+    avg_duration: float | None
+    p99_duration: float | None
+    first_created_at: float | None
+    last_finished_at: float | None
+
+
+def batch_status(counts: dict[str, int]) -> str:
+    """Aggregate status of seed 000 §4.1 from per-state counts."""
+    total = sum(counts.values())
+    if total == 0:
+        return "EMPTY"
+    final = sum(counts.get(s.value, 0) for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED))
+    if final < total:
+        return "RUNNING"
+    ok = counts.get(State.SUCCESS.value, 0)
+    if ok == total:
+        return "ALL_SUCCESS"
+    return "PARTIAL_SUCCESS" if ok else "FAILED"
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    idx = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[idx]
+
+
+class Store(abc.ABC):
+    """Where tasks live. One instance may be shared by every thread of a process."""
+
+    url: str = ""
+    #: True when submit() in one process is seen by workers in another.
+    shared: bool = True
+
+    # ---- life cycle -------------------------------------------------------
+    def migrate(self) -> None:
+        """Create or upgrade the schema; safe when several processes do it at once."""
+
+    def close(self) -> None:
+        """Release connections. The store is unusable afterwards."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock in epoch seconds (the database's, for PostgreSQL)."""
+
+    # ---- producers --------------------------------------------------------
+    @abc.abstractmethod
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        """Insert tasks atomically (all or none), in order, ids increasing.
+
+        A task whose ``key`` already exists is not inserted; its result names
+        the existing id with ``created=False``. A task with ``depends_on``
+        starts WAITING unless every dependency already SUCCEEDED (then
+        PENDING), or one ended without success (then FAILED at once). An
+        unknown dependency id raises :class:`~corral.errors.SubmitError` and
+        nothing is stored.
+        """
+
+    # ---- workers ----------------------------------------------------------
+    @abc.abstractmethod
+    def claim(
+        self,
+        worker_id: str,
+        queues: Collection[str],
+        max_units: int,
+        *,
+        names: Collection[str] | None = None,
+        chunk_size: int = 1,
+        lease_seconds: float = 30.0,
+    ) -> list[Claim]:
+        """Take up to ``max_units`` claims by the module's claim rules."""
+
+    @abc.abstractmethod
+    def mark_started(self, task_id: int, token: str) -> bool:
+        """A chunk member really starts: set started_at, attempt + 1, version + 1.
+
+        Returns False (and changes nothing) when the lease is no longer held.
+        The caller must use the task's version + 1 afterwards.
+        """
+
+    @abc.abstractmethod
+    def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
+        """Extend the leases of RUNNING tasks holding ``tokens``."""
+
+    @abc.abstractmethod
+    def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        """Apply guarded outcomes; True for each that applied, False if stale.
+
+        Besides the state: clear the lease, set ``finished_at`` for final
+        states, ``run_at`` for RETRYING, ``attempt - 1`` when ``burn_attempt``
+        is False; a SUCCESS promotes WAITING dependents whose dependencies have
+        all succeeded; a final non-success fails its WAITING dependents (and
+        theirs) with "dependency <id> ended <STATE>".
+        """
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early when new work may
+        have arrived (a submit, a completion freeing a group or limit)."""
+        import time
+
+        time.sleep(timeout)
+
+    def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
+        """Record progress of a RUNNING task (guarded by its lease token)."""
+        raise NotImplementedError
+
+    def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
+        """Merge ``{stage: data}`` into the task's checkpoint (guarded by lease)."""
+        raise NotImplementedError
+
+    # ---- operators --------------------------------------------------------
+    @abc.abstractmethod
+    def get(self, task_id: int) -> TaskRecord | None: ...
+
+    @abc.abstractmethod
+    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]: ...
+
+    @abc.abstractmethod
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        """Number of tasks per state name (states with no task may be absent)."""
+
+    @abc.abstractmethod
+    def cancel(self, task_id: int) -> TaskRecord | None:
+        """WAITING/PENDING/RETRYING -> CANCELED at once; RUNNING -> cancel flag set.
+
+        Returns the task as it is afterwards (None if unknown). WAITING
+        dependents of a task canceled here fail like after any bad end.
+        """
+
+    @abc.abstractmethod
+    def retry(self, task_id: int) -> bool:
+        """FAILED/TIMEOUT/CANCELED -> PENDING now, attempts reset. False otherwise."""
+
+    @abc.abstractmethod
+    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
+        """Generic compare-and-set: move to ``to`` only if ``version`` matches and
+        the move is legal. Raises IllegalTransition for an illegal move from
+        the current state; returns False when the version is stale."""
+
+    @abc.abstractmethod
+    def batch_summary(self, batch: str) -> BatchSummary: ...
+
+    # ---- limits -----------------------------------------------------------
+    @abc.abstractmethod
+    def set_limit(self, spec: LimitSpec) -> None:
+        """Create or change a named limit, visible to every worker of the store."""
+
+    @abc.abstractmethod
+    def limits(self) -> dict[str, LimitSpec]: ...
+
+    @abc.abstractmethod
+    def limit_usage(self) -> dict[str, int]:
+        """Claims currently RUNNING per limit name."""
+
+    # ---- maintenance ------------------------------------------------------
+    @abc.abstractmethod
+    def sweep(self, *, stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
+        """Apply the seed 000 §5.2 rules once (see the module constants).
+
+        - RUNNING with an expired lease: RETRYING (run_at now) when retries are
+          left, else FAILED with LOST_LEASE_ERROR. A task of a chunk that never
+          started (started_at is null) goes back to PENDING, attempt intact.
+        - RUNNING past ``started_at + 2 * timeout``: FAILED with OVERDUE_ERROR.
+        - PENDING whose run_at is older than ``stale_pending_age``: CANCELED.
+        - RUNNING with more attempts than ``max_retries + 1``: FAILED.
+        Each write is guarded, so a row that changed since it was read is left.
+        """
+
+    @abc.abstractmethod
+    def try_lead(self, role: str, holder: str, ttl: float) -> bool:
+        """Hold (or renew) the named leadership for ``ttl`` seconds; True if held.
+
+        Used so only one sweeper in the fleet works at a time."""
