@@ -1,0 +1,573 @@
+"""``memory://``: the store in a dict, for one process and for speed.
+
+No durability. Same claim rules as the durable stores (see ``stores.base``),
+implemented with a ready heap per queue, a delayed heap, and a deque per group
+holding the ids that still occupy the group in id order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+
+from corral.core.model import (
+    Claim,
+    LimitSpec,
+    NewTask,
+    Outcome,
+    SubmitResult,
+    SweepReport,
+    TaskFilter,
+    TaskRecord,
+    dumps,
+    loads,
+)
+from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
+from corral.errors import IllegalTransition, SubmitError
+from corral.stores import base
+from corral.stores.base import BatchSummary, HeartbeatReply, Store
+
+
+@dataclass(slots=True)
+class _Group:
+    ids: deque = field(default_factory=deque)  # tasks occupying the group, id order
+    running: int = 0
+    last_claimed_at: float = 0.0
+
+
+@dataclass(slots=True)
+class _Lease:
+    remaining: set
+    limits: tuple
+
+
+class MemoryStore(Store):
+    shared = False
+
+    def __init__(self, url: str = "memory://"):
+        self.url = url
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._tasks: dict[int, TaskRecord] = {}
+        self._ids = itertools.count(1)
+        self._keys: dict[str, int] = {}
+        self._ready: dict[str, list] = {}  # queue -> heap of (-prio, eligible, id, stamp)
+        self._stamp: dict[int, int] = {}
+        self._stamps = itertools.count(1)
+        self._delayed: list = []  # heap of (run_at, id, stamp)
+        self._groups: dict[str, _Group] = {}
+        self._dependents: dict[int, list[int]] = {}
+        self._waiting_on: dict[int, set[int]] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._running: set[int] = set()
+        self._limits: dict[str, LimitSpec] = {}
+        self._usage: dict[str, int] = {}
+        self._leaders: dict[str, tuple[str, float]] = {}
+        self._changes = 0
+
+    def now(self) -> float:
+        return time.time()
+
+    # ---- queue bookkeeping (lock held) -----------------------------------
+    def _enqueue(self, t: TaskRecord, now: float) -> None:
+        """Put a QUEUED task where claim will find it, if it may run."""
+        if t.run_at > now:
+            stamp = self._stamp[t.id] = next(self._stamps)
+            heapq.heappush(self._delayed, (t.run_at, t.id, stamp))
+            return
+        eligible = t.run_at
+        if t.group is not None:
+            g = self._groups[t.group]
+            if g.running or not g.ids or g.ids[0] != t.id:
+                return  # not the head: pushed when it becomes one
+            eligible = max(eligible, g.last_claimed_at)
+        stamp = self._stamp[t.id] = next(self._stamps)
+        heapq.heappush(self._ready.setdefault(t.queue, []), (-t.priority, eligible, t.id, stamp))
+
+    def _promote_due(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, tid, stamp = heapq.heappop(self._delayed)
+            t = self._tasks[tid]
+            if self._stamp.get(tid) == stamp and t.status in QUEUED:
+                self._enqueue(t, now)
+
+    def _group_advance(self, gkey: str, now: float) -> None:
+        g = self._groups[gkey]
+        while g.ids:
+            head = self._tasks[g.ids[0]]
+            if head.status in ACTIVE or (head.status is State.FAILED and head.halt_group_on_failure):
+                break
+            g.ids.popleft()
+        if not g.ids and not g.running:
+            del self._groups[gkey]
+            return
+        if not g.running and g.ids:
+            head = self._tasks[g.ids[0]]
+            if head.status in QUEUED:
+                self._enqueue(head, now)
+
+    def _group_insert(self, t: TaskRecord) -> None:
+        g = self._groups.setdefault(t.group, _Group())
+        if t.id in g.ids:
+            return
+        if not g.ids or t.id > g.ids[-1]:
+            g.ids.append(t.id)
+        else:
+            g.ids = deque(sorted([*g.ids, t.id]))
+
+    def _finish_effects(self, t: TaskRecord, now: float) -> None:
+        """After ``t`` reached a final state: dependents and group."""
+        deps = self._dependents.pop(t.id, ())
+        for did in deps:
+            d = self._tasks[did]
+            if d.status is not State.WAITING:
+                continue
+            if t.status is State.SUCCESS:
+                waiting = self._waiting_on.get(did)
+                if waiting is not None:
+                    waiting.discard(t.id)
+                    if not waiting:
+                        del self._waiting_on[did]
+                        self._set(d, State.PENDING)
+                        self._enqueue(d, now)
+            else:
+                self._waiting_on.pop(did, None)
+                self._set(d, State.FAILED, error=f"dependency {t.id} ended {t.status.value}", finished_at=now)
+                self._finish_effects(d, now)
+        if t.status is State.SUCCESS:
+            self._dependents.pop(t.id, None)
+        if t.group is not None and t.group in self._groups:
+            self._group_advance(t.group, now)
+
+    def _set(self, t: TaskRecord, status: State, **fields) -> None:
+        t.status = status
+        t.version += 1
+        for k, v in fields.items():
+            setattr(t, k, v)
+        self._changes += 1
+
+    def _release(self, t: TaskRecord, now: float) -> None:
+        """``t`` leaves RUNNING: lease, limits and group bookkeeping."""
+        self._running.discard(t.id)
+        lease = self._leases.get(t.lease_token) if t.lease_token else None
+        if lease is not None:
+            lease.remaining.discard(t.id)
+            if not lease.remaining:
+                del self._leases[t.lease_token]
+                for name in lease.limits:
+                    self._usage[name] = self._usage.get(name, 1) - 1
+        t.lease_token = None
+        t.lease_expires_at = None
+        if t.group is not None:
+            g = self._groups.get(t.group)
+            if g is not None:
+                g.running -= 1
+
+    # ---- producers --------------------------------------------------------
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        with self._lock:
+            now = self.now()
+            # validate first: all or nothing
+            batch_keys: dict[str, int] = {}
+            for i, nt in enumerate(tasks):
+                for dep in nt.depends_on:
+                    if dep not in self._tasks:
+                        raise SubmitError(f"unknown dependency id {dep}")
+            results: list[SubmitResult] = []
+            for nt in tasks:
+                if nt.key is not None:
+                    existing = self._keys.get(nt.key)
+                    if existing is None:
+                        existing = batch_keys.get(nt.key)
+                    if existing is not None:
+                        results.append(SubmitResult(existing, False))
+                        continue
+                tid = next(self._ids)
+                status = State.PENDING
+                error = None
+                waiting = set()
+                for dep in nt.depends_on:
+                    ds = self._tasks[dep].status
+                    if ds is State.SUCCESS:
+                        continue
+                    if ds in FINAL:
+                        status, error = State.FAILED, f"dependency {dep} ended {ds.value}"
+                        break
+                    waiting.add(dep)
+                if status is State.PENDING and waiting:
+                    status = State.WAITING
+                t = TaskRecord(
+                    id=tid, name=nt.name, args=nt.args, status=status, queue=nt.queue,
+                    priority=nt.priority, max_retries=nt.max_retries, timeout=nt.timeout,
+                    group=nt.group, batch=nt.batch, key=nt.key, trace_id=nt.trace_id,
+                    limits=tuple(nt.limits), depends_on=tuple(nt.depends_on),
+                    halt_group_on_failure=nt.halt_group_on_failure, created_at=now,
+                    run_at=nt.run_at if nt.run_at is not None else now, error=error,
+                    finished_at=now if status is State.FAILED else None,
+                )
+                self._tasks[tid] = t
+                if nt.key is not None:
+                    self._keys[nt.key] = tid
+                    batch_keys[nt.key] = tid
+                if status is State.WAITING:
+                    self._waiting_on[tid] = waiting
+                    for dep in waiting:
+                        self._dependents.setdefault(dep, []).append(tid)
+                if t.group is not None and status is not State.FAILED:
+                    self._group_insert(t)
+                if status is State.PENDING:
+                    self._enqueue(t, now)
+                results.append(SubmitResult(tid, True))
+            self._changes += 1
+            self._wake.notify_all()
+            return results
+
+    # ---- workers ----------------------------------------------------------
+    def claim(self, worker_id, queues, max_units, *, names=None, chunk_size=1, lease_seconds=30.0) -> list[Claim]:
+        claims: list[Claim] = []
+        if max_units <= 0:
+            return claims
+        with self._lock:
+            now = self.now()
+            self._promote_due(now)
+            heaps = [self._ready[q] for q in queues if self._ready.get(q)]
+            skipped: list[tuple[list, tuple]] = []
+            while heaps and len(claims) < max_units:
+                heap = min(heaps, key=lambda h: h[0])
+                entry = heapq.heappop(heap)
+                if not heap:
+                    heaps.remove(heap)
+                tid, stamp = entry[2], entry[3]
+                t = self._tasks[tid]
+                if self._stamp.get(tid) != stamp or t.status not in QUEUED:
+                    continue
+                g = self._groups.get(t.group) if t.group is not None else None
+                if g is not None and (g.running or g.ids[0] != tid):
+                    continue
+                if names is not None and t.name not in names:
+                    skipped.append((heap, entry))
+                    continue
+                if any(self._full(name) for name in t.limits):
+                    skipped.append((heap, entry))
+                    continue
+                members = [t]
+                if g is not None and chunk_size > 1:
+                    for nid in itertools.islice(g.ids, 1, None):
+                        if len(members) >= chunk_size:
+                            break
+                        n = self._tasks[nid]
+                        if n.status not in QUEUED or n.run_at > now or n.queue != t.queue or (
+                            names is not None and n.name not in names
+                        ):
+                            break
+                        members.append(n)
+                token = uuid.uuid4().hex
+                expires = now + lease_seconds
+                for i, m in enumerate(members):
+                    self._stamp.pop(m.id, None)
+                    m.status = State.RUNNING
+                    m.version += 1
+                    m.lease_token = token
+                    m.lease_expires_at = expires
+                    m.worker_id = worker_id
+                    if i == 0:
+                        m.attempt += 1
+                        m.started_at = now
+                    else:
+                        m.started_at = None
+                    self._running.add(m.id)
+                self._leases[token] = _Lease({m.id for m in members}, t.limits)
+                for name in t.limits:
+                    self._usage[name] = self._usage.get(name, 0) + 1
+                if g is not None:
+                    g.running += len(members)
+                    g.last_claimed_at = now
+                claims.append(Claim(token, [replace(m) for m in members], t.group))
+                if heap not in heaps and heap:
+                    heaps.append(heap)
+            for heap, entry in skipped:
+                heapq.heappush(heap, entry)
+            if claims:
+                self._changes += 1
+        return claims
+
+    def _full(self, name: str) -> bool:
+        spec = self._limits.get(name)
+        return spec is not None and spec.concurrency is not None and self._usage.get(name, 0) >= spec.concurrency
+
+    def mark_started(self, task_id: int, token: str) -> bool:
+        with self._lock:
+            t = self._tasks.get(task_id)
+            if t is None or t.status is not State.RUNNING or t.lease_token != token:
+                return False
+            t.started_at = self.now()
+            t.attempt += 1
+            t.version += 1
+            return True
+
+    def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
+        reply = HeartbeatReply()
+        with self._lock:
+            expires = self.now() + lease_seconds
+            for token in tokens:
+                lease = self._leases.get(token)
+                if lease is None:
+                    reply.lost_tokens.add(token)
+                    continue
+                for tid in lease.remaining:
+                    t = self._tasks[tid]
+                    t.lease_expires_at = expires
+                    if t.cancel_requested:
+                        reply.cancel_requested.add(tid)
+        return reply
+
+    def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        applied: list[bool] = []
+        with self._lock:
+            now = self.now()
+            for o in outcomes:
+                t = self._tasks.get(o.task_id)
+                if (
+                    t is None
+                    or t.status is not State.RUNNING
+                    or t.lease_token != o.token
+                    or t.version != o.version
+                ):
+                    applied.append(False)
+                    continue
+                check_transition(State.RUNNING, o.status)
+                self._release(t, now)
+                fields: dict = {}
+                if o.started_at is not None:
+                    fields["started_at"] = o.started_at
+                if o.status in FINAL:
+                    fields["finished_at"] = o.finished_at or now
+                if o.result is not None:
+                    fields["result"] = o.result
+                if o.error is not None or o.status is State.SUCCESS:
+                    fields["error"] = o.error
+                if not o.burn_attempt:
+                    fields["attempt"] = max(0, t.attempt - 1)
+                if o.status in QUEUED:
+                    fields["run_at"] = o.run_at if o.run_at is not None else now
+                    fields["worker_id"] = None
+                self._set(t, o.status, **fields)
+                if o.status in QUEUED:
+                    if t.group is not None:
+                        self._group_advance(t.group, now)
+                    else:
+                        self._enqueue(t, now)
+                else:
+                    self._finish_effects(t, now)
+                applied.append(True)
+            self._wake.notify_all()
+        return applied
+
+    def wait_for_work(self, timeout: float) -> None:
+        with self._lock:
+            seen = self._changes
+            self._wake.wait_for(lambda: self._changes != seen, timeout)
+
+    def set_progress(self, task_id, token, fraction, message) -> bool:
+        with self._lock:
+            t = self._tasks.get(task_id)
+            if t is None or t.status is not State.RUNNING or t.lease_token != token:
+                return False
+            t.progress = fraction
+            t.progress_message = message
+            return True
+
+    def save_checkpoint(self, task_id, token, stage, data_json) -> bool:
+        with self._lock:
+            t = self._tasks.get(task_id)
+            if t is None or t.status is not State.RUNNING or t.lease_token != token:
+                return False
+            cp = loads(t.checkpoint) or {}
+            cp.pop(stage, None)
+            cp[stage] = loads(data_json)
+            t.checkpoint = dumps(cp)
+            return True
+
+    # ---- operators --------------------------------------------------------
+    def get(self, task_id: int) -> TaskRecord | None:
+        with self._lock:
+            t = self._tasks.get(task_id)
+            return replace(t) if t is not None else None
+
+    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
+        with self._lock:
+            rows = [
+                t for t in self._tasks.values()
+                if (flt.status is None or t.status is State(flt.status))
+                and (flt.queue is None or t.queue == flt.queue)
+                and (flt.batch is None or t.batch == flt.batch)
+                and (flt.group is None or t.group == flt.group)
+                and (flt.name is None or t.name == flt.name)
+            ]
+            rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
+            return [replace(t) for t in rows[flt.offset : flt.offset + flt.limit]]
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self._lock:
+            for t in self._tasks.values():
+                if queue is None or t.queue == queue:
+                    out[t.status.value] = out.get(t.status.value, 0) + 1
+        return out
+
+    def cancel(self, task_id: int) -> TaskRecord | None:
+        with self._lock:
+            now = self.now()
+            t = self._tasks.get(task_id)
+            if t is None:
+                return None
+            if t.status is State.RUNNING:
+                t.cancel_requested = True
+            elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
+                self._stamp.pop(t.id, None)
+                self._waiting_on.pop(t.id, None)
+                self._set(t, State.CANCELED, finished_at=now, error="canceled")
+                self._finish_effects(t, now)
+                self._wake.notify_all()
+            return replace(t)
+
+    def retry(self, task_id: int) -> bool:
+        with self._lock:
+            now = self.now()
+            t = self._tasks.get(task_id)
+            if t is None or t.status not in (State.FAILED, State.TIMEOUT, State.CANCELED):
+                return False
+            self._set(t, State.PENDING, attempt=0, run_at=now, finished_at=None, cancel_requested=False)
+            if t.group is not None:
+                self._group_insert(t)
+                self._group_advance(t.group, now)
+            else:
+                self._enqueue(t, now)
+            self._wake.notify_all()
+            return True
+
+    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
+        with self._lock:
+            now = self.now()
+            t = self._tasks.get(task_id)
+            if t is None:
+                return False
+            if t.version != expected_version:
+                return False
+            to = State(to)
+            check_transition(t.status, to)
+            was = t.status
+            if was is State.RUNNING:
+                self._release(t, now)
+            if to in FINAL and "finished_at" not in fields:
+                fields["finished_at"] = now
+            if to is State.RUNNING:
+                raise IllegalTransition("use claim() to move a task to RUNNING")
+            self._set(t, to, **fields)
+            if to in FINAL:
+                self._finish_effects(t, now)
+            elif to in QUEUED:
+                if t.group is not None:
+                    self._group_insert(t)
+                    self._group_advance(t.group, now)
+                else:
+                    self._enqueue(t, now)
+            self._wake.notify_all()
+            return True
+
+    def batch_summary(self, batch: str) -> BatchSummary:
+        with self._lock:
+            rows = [t for t in self._tasks.values() if t.batch == batch]
+        counts: dict[str, int] = {}
+        for t in rows:
+            counts[t.status.value] = counts.get(t.status.value, 0) + 1
+        durations = sorted(
+            t.finished_at - t.started_at for t in rows if t.finished_at is not None and t.started_at is not None
+        )
+        return BatchSummary(
+            batch=batch, counts=counts, status=base.batch_status(counts), total=len(rows),
+            avg_duration=sum(durations) / len(durations) if durations else None,
+            p99_duration=base.percentile(durations, 0.99),
+            first_created_at=min((t.created_at for t in rows), default=None),
+            last_finished_at=max((t.finished_at for t in rows if t.finished_at), default=None),
+        )
+
+    # ---- limits -----------------------------------------------------------
+    def set_limit(self, spec: LimitSpec) -> None:
+        with self._lock:
+            self._limits[spec.name] = replace(spec)
+            self._changes += 1
+            self._wake.notify_all()
+
+    def limits(self) -> dict[str, LimitSpec]:
+        with self._lock:
+            return {k: replace(v) for k, v in self._limits.items()}
+
+    def limit_usage(self) -> dict[str, int]:
+        with self._lock:
+            return {k: v for k, v in self._usage.items() if v}
+
+    # ---- maintenance ------------------------------------------------------
+    def sweep(self, *, stale_pending_age=base.DEFAULT_STALE_PENDING_AGE, max_rows=1000) -> SweepReport:
+        rep = SweepReport()
+        with self._lock:
+            now = self.now()
+            for tid in list(self._running):
+                if rep.total >= max_rows:
+                    break
+                t = self._tasks[tid]
+                if t.lease_expires_at is not None and t.lease_expires_at < now:
+                    self._release(t, now)
+                    if t.started_at is None:
+                        self._set(t, State.PENDING, worker_id=None)
+                        rep.lost_leases_retried.append(tid)
+                    elif t.attempt <= t.max_retries:
+                        self._set(t, State.RETRYING, run_at=now, error=base.LOST_LEASE_ERROR, worker_id=None)
+                        rep.lost_leases_retried.append(tid)
+                    else:
+                        self._set(t, State.FAILED, error=base.LOST_LEASE_ERROR, finished_at=now)
+                        rep.lost_leases_failed.append(tid)
+                elif t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now:
+                    self._release(t, now)
+                    self._set(t, State.FAILED, error=base.OVERDUE_ERROR, finished_at=now)
+                    rep.overdue_failed.append(tid)
+                elif t.attempt > t.max_retries + 1:
+                    self._release(t, now)
+                    self._set(t, State.FAILED, error=base.EXHAUSTED_ERROR, finished_at=now)
+                    rep.exhausted_failed.append(tid)
+                else:
+                    continue
+                if t.status in FINAL:
+                    self._finish_effects(t, now)
+                elif t.group is not None:
+                    self._group_advance(t.group, now)
+                else:
+                    self._enqueue(t, now)
+            if stale_pending_age is not None:
+                cutoff = now - stale_pending_age
+                for t in list(self._tasks.values()):
+                    if rep.total >= max_rows:
+                        break
+                    if t.status is State.PENDING and t.run_at < cutoff:
+                        self._stamp.pop(t.id, None)
+                        self._set(t, State.CANCELED, error=base.STALE_PENDING_ERROR, finished_at=now)
+                        rep.stale_pending_canceled.append(t.id)
+                        self._finish_effects(t, now)
+            if rep.total:
+                self._wake.notify_all()
+        return rep
+
+    def try_lead(self, role: str, holder: str, ttl: float) -> bool:
+        with self._lock:
+            now = self.now()
+            cur = self._leaders.get(role)
+            if cur is None or cur[0] == holder or cur[1] < now:
+                self._leaders[role] = (holder, now + ttl)
+                return True
+            return False
