@@ -1,0 +1,239 @@
+"""Groups: one claim in flight per group, strict order, halting, chunks, round robin."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core.model import Outcome
+from corral.core.states import State
+
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
+
+
+def test_at_most_one_claim_per_group_in_flight(store):
+    ids = submit(store, *[new(group="g") for _ in range(5)])
+    got = claim(store, 10)
+    assert claimed_ids(got) == [ids[0]]
+    assert got[0].group == "g"
+    assert claim(store, 10) == []
+    assert [status_of(store, i) for i in ids[1:]] == [State.PENDING] * 4
+
+
+def test_strict_id_order_within_a_group(store):
+    ids = submit(store, *[new(group="g", priority=p) for p in (0, 9, 3, 9, 0)])
+    order = []
+    for _ in ids:
+        rec = claim_one(store)
+        assert claim(store, 5) == []  # the next one waits for this one
+        order.append(rec.id)
+        assert finish(store, rec)
+    assert order == ids
+
+
+def test_groups_run_side_by_side(store):
+    a = submit(store, new(group="a"), new(group="a"))
+    b = submit(store, new(group="b"), new(group="b"))
+    got = claim(store, 10)
+    assert sorted(claimed_ids(got)) == sorted([a[0], b[0]])
+    assert sorted(c.group for c in got) == ["a", "b"]
+
+
+def test_ungrouped_tasks_flow_freely(store):
+    ids = submit(store, *[new() for _ in range(6)])
+    got = claim(store, 10)
+    assert sorted(claimed_ids(got)) == ids
+
+
+def test_ungrouped_not_blocked_by_a_busy_group(store):
+    g = submit(store, new(group="g"), new(group="g"))
+    free = submit_one(store)
+    got = claim(store, 10)
+    assert sorted(claimed_ids(got)) == sorted([g[0], free])
+
+
+def test_retrying_head_blocks_its_group(store):
+    head, second = submit(store, new(group="g", max_retries=3), new(group="g"))
+    free = submit_one(store, "free")
+    rec = claim_one(store, names=["t"])
+    assert rec.id == head
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 3600)
+    # nothing of the group is claimable while its head waits for its retry
+    assert claimed_ids(claim(store, 10)) == [free]
+    assert status_of(store, second) is State.PENDING
+
+
+def test_retried_head_runs_before_the_rest_of_its_group(store):
+    head, second = submit(store, new(group="g", max_retries=3), new(group="g"))
+    rec = claim_one(store)
+    assert finish(store, rec, State.RETRYING, run_at=store.now())
+    assert claimed_ids(claim(store, 10)) == [head]
+
+
+def test_later_task_waits_until_the_head_is_final(store):
+    head, second = submit(store, new(group="g", max_retries=3), new(group="g"))
+    rec = claim_one(store)
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 0.3)
+    assert claim(store, 10) == []
+    again = wait_for(lambda: claim(store, 10), timeout=10, message="head retried")
+    assert claimed_ids(again) == [head]
+    assert claim(store, 10) == []
+    assert finish(store, again[0].tasks[0], State.FAILED, error="gave up")
+    assert claimed_ids(claim(store, 10)) == [second]
+
+
+def test_waiting_head_blocks_its_group(store):
+    up = submit_one(store, "up", queue="other")
+    head = submit_one(store, "t", group="g", depends_on=(up,))
+    second = submit_one(store, "t", group="g")
+    assert status_of(store, head) is State.WAITING
+    assert claim(store, 10) == []
+    up_rec = claim_one(store, queues=["other"])
+    assert finish(store, up_rec)
+    assert claimed_ids(claim(store, 10)) == [head]
+    assert status_of(store, second) is State.PENDING
+
+
+def test_halting_failed_head_blocks_until_retry(store):
+    head, second = submit(store, new(group="g", halt_group_on_failure=True), new(group="g"))
+    rec = claim_one(store)
+    assert finish(store, rec, State.FAILED, error="boom")
+    assert claim(store, 10) == []
+    assert status_of(store, second) is State.PENDING
+    assert store.retry(head) is True
+    rec2 = claim_one(store)
+    assert rec2.id == head
+    assert claim(store, 10) == []
+    assert finish(store, rec2)
+    assert claimed_ids(claim(store, 10)) == [second]
+
+
+def test_halting_head_canceled_also_lets_group_go(store):
+    # halt_group_on_failure holds only for FAILED heads
+    head, second = submit(store, new(group="g", halt_group_on_failure=True), new(group="g"))
+    rec = claim_one(store)
+    assert finish(store, rec, State.CANCELED)
+    assert claimed_ids(claim(store, 10)) == [second]
+
+
+@pytest.mark.parametrize("status", [State.FAILED, State.TIMEOUT, State.CANCELED, State.SUCCESS])
+def test_normal_final_head_lets_group_go_on(store, status):
+    head, second, third = submit(store, new(group="g"), new(group="g"), new(group="g"))
+    rec = claim_one(store)
+    assert finish(store, rec, status, error=None if status is State.SUCCESS else "x")
+    assert claimed_ids(claim(store, 10)) == [second]
+
+
+def test_canceled_pending_head_lets_group_go_on(store):
+    head, second = submit(store, new(group="g"), new(group="g"))
+    assert store.cancel(head).status == State.CANCELED
+    assert claimed_ids(claim(store, 10)) == [second]
+
+
+# ---- chunks -------------------------------------------------------------------
+
+
+def test_chunk_takes_consecutive_tasks_of_one_group(store):
+    ids = submit(store, *[new(group="g") for _ in range(7)])
+    other = submit_one(store, "t", group="h")
+    got = claim(store, 1, chunk_size=5)
+    assert len(got) == 1
+    (c,) = got
+    assert c.group == "g"
+    assert [t.id for t in c.tasks] == ids[:5]
+    for t in c.tasks:
+        assert t.status == State.RUNNING
+        assert t.lease_token == c.token
+        stored = store.get(t.id)
+        assert stored.status == State.RUNNING and stored.lease_token == c.token
+    first, rest = c.tasks[0], c.tasks[1:]
+    assert first.attempt == 1 and first.started_at is not None
+    for t in rest:
+        assert t.attempt == 0 and t.started_at is None
+    # the group is in flight: its sixth task is not claimable, other groups are
+    assert claimed_ids(claim(store, 10, chunk_size=5)) == [other]
+
+
+def test_chunk_is_limited_by_group_length(store):
+    ids = submit(store, *[new(group="g") for _ in range(3)])
+    (c,) = claim(store, 1, chunk_size=5)
+    assert [t.id for t in c.tasks] == ids
+
+
+def test_chunk_per_group_with_several_units(store):
+    a = submit(store, *[new(group="a") for _ in range(3)])
+    b = submit(store, *[new(group="b") for _ in range(2)])
+    got = claim(store, 5, chunk_size=4)
+    assert len(got) == 2
+    by_group = {c.group: [t.id for t in c.tasks] for c in got}
+    assert by_group == {"a": a, "b": b}
+    assert got[0].token != got[1].token
+
+
+def test_chunk_stops_at_a_task_that_is_not_ready(store):
+    g1, g2 = submit(store, new(group="g"), new(group="g"))
+    g3 = submit_one(store, "t", group="g", run_at=store.now() + 3600)
+    g4 = submit_one(store, "t", group="g")
+    (c,) = claim(store, 1, chunk_size=5)
+    assert [t.id for t in c.tasks] == [g1, g2]
+    assert claim(store, 5, chunk_size=5) == []
+    assert status_of(store, g3) is State.PENDING and status_of(store, g4) is State.PENDING
+
+
+def test_chunk_stops_at_a_task_of_another_name(store):
+    g1 = submit_one(store, "known", group="g")
+    g2 = submit_one(store, "unknown", group="g")
+    submit_one(store, "known", group="g")
+    (c,) = claim(store, 1, chunk_size=5, names=["known"])
+    assert [t.id for t in c.tasks] == [g1]
+    assert status_of(store, g2) is State.PENDING
+
+
+def test_mark_started_on_a_chunk_member(store):
+    ids = submit(store, *[new(group="g") for _ in range(3)])
+    (c,) = claim(store, 1, chunk_size=3)
+    member = c.tasks[1]
+    assert store.mark_started(member.id, "wrong-token") is False
+    assert store.get(member.id).attempt == 0
+    assert store.mark_started(member.id, c.token) is True
+    after = store.get(member.id)
+    assert after.attempt == 1
+    assert after.started_at is not None
+    assert after.version == member.version + 1
+    assert after.status == State.RUNNING
+    # the caller completes with version + 1
+    assert store.complete([Outcome(member.id, c.token, member.version + 1, State.SUCCESS)]) == [True]
+    assert status_of(store, member.id) is State.SUCCESS
+    assert status_of(store, ids[2]) is State.RUNNING
+
+
+def test_chunk_members_complete_in_order_then_group_moves_on(store):
+    ids = submit(store, *[new(group="g") for _ in range(4)])
+    (c,) = claim(store, 1, chunk_size=3)
+    first, second, third = c.tasks
+    assert finish(store, first)
+    for t in (second, third):
+        assert store.mark_started(t.id, c.token)
+        t.version += 1
+        assert finish(store, t)
+    got = claim(store, 1, chunk_size=3)
+    assert claimed_ids(got) == [ids[3]]
+
+
+# ---- round robin -------------------------------------------------------------
+
+
+def test_round_robin_serves_a_small_group_early(store):
+    big = submit(store, *[new(group="big") for _ in range(100)])
+    small = submit(store, *[new(group="small") for _ in range(5)])
+    order = []
+    for _ in range(12):
+        rec = claim_one(store)
+        order.append(rec.id)
+        assert finish(store, rec)
+    served_small = [i for i in order if i in small]
+    assert served_small == small, f"small group not served within 12 claims: {order}"
+    assert order[0] == big[0]
+    assert order.index(small[0]) <= 2
+    # the big group kept its own order meanwhile
+    served_big = [i for i in order if i in big]
+    assert served_big == big[: len(served_big)]

@@ -1,0 +1,156 @@
+"""submit() and get(): ids, atomic batches, idempotency keys, round trips, run_at."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corral.core.model import LimitSpec, TaskFilter
+from corral.core.states import State
+from corral.errors import SubmitError
+
+from .conftest import claim, claimed_ids, finish, claim_one, new, submit, submit_one, wait_for
+
+
+def all_ids(store) -> list[int]:
+    return [t.id for t in store.list_tasks(TaskFilter(limit=10_000, newest_first=False))]
+
+
+def test_ids_increase_in_submit_order(store):
+    first = submit(store, new("a"), new("b"), new("c"))
+    second = submit(store, new("d"))
+    third = submit(store, new("e"), new("f"))
+    ids = first + second + third
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 6
+    assert [store.get(i).name for i in ids] == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_submit_result_says_created(store):
+    results = store.submit([new("a"), new("b")])
+    assert [r.created for r in results] == [True, True]
+
+
+def test_bulk_submit_is_atomic(store):
+    before = submit_one(store, "before")
+    with pytest.raises(SubmitError):
+        store.submit([new("x1"), new("x2", depends_on=(before + 10_000,)), new("x3")])
+    assert all_ids(store) == [before]
+    assert sum(store.counts().values()) == 1
+    # the store is still usable and the next ids still increase
+    after = submit_one(store, "after")
+    assert after > before
+    assert [t.name for t in store.list_tasks(TaskFilter(newest_first=False))] == ["before", "after"]
+
+
+def test_unknown_dependency_alone_raises_and_stores_nothing(store):
+    with pytest.raises(SubmitError):
+        store.submit([new("x", depends_on=(424242,))])
+    assert all_ids(store) == []
+
+
+def test_idempotency_key_returns_existing_id(store):
+    (r1,) = store.submit([new("a", key="k1", args='{"args":[1],"kwargs":{}}')])
+    assert r1.created is True
+    (r2,) = store.submit([new("a", key="k1", args='{"args":[2],"kwargs":{}}')])
+    assert r2.created is False
+    assert r2.id == r1.id
+    assert all_ids(store) == [r1.id]
+    assert json.loads(store.get(r1.id).args) == {"args": [1], "kwargs": {}}
+
+
+def test_idempotency_key_in_a_mixed_batch(store):
+    (existing,) = submit(store, new("a", key="k1"))
+    results = store.submit([new("b"), new("a", key="k1"), new("c", key="k2")])
+    assert [r.created for r in results] == [True, False, True]
+    assert results[1].id == existing
+    assert results[0].id > existing and results[2].id > results[0].id
+    assert sorted(all_ids(store)) == sorted({existing, results[0].id, results[2].id})
+    # keys stay taken after the task ends
+    rec = claim_one(store)
+    assert rec.id == existing
+    assert finish(store, rec)
+    (again,) = store.submit([new("a", key="k1")])
+    assert again.created is False and again.id == existing
+
+
+def test_get_round_trips_every_field(store):
+    store.set_limit(LimitSpec("api", concurrency=3))
+    store.set_limit(LimitSpec("db", concurrency=5))
+    dep = submit_one(store, "dep")
+    args = '{"args":[1,"two",[3.5,null]],"kwargs":{"x":{"y":true},"u":"é"}}'
+    before = store.now()
+    (tid,) = submit(
+        store,
+        new(
+            "full.task",
+            group="g-1",
+            args=args,
+            queue="q1",
+            priority=7,
+            max_retries=4,
+            timeout=12.5,
+            batch="batch-1",
+            key="key-1",
+            trace_id="trace-abc",
+            limits=("api", "db"),
+            depends_on=(dep,),
+            halt_group_on_failure=True,
+        ),
+    )
+    rec = store.get(tid)
+    assert rec is not None
+    assert rec.id == tid
+    assert rec.name == "full.task"
+    assert json.loads(rec.args) == json.loads(args)
+    assert rec.arguments == ([1, "two", [3.5, None]], {"x": {"y": True}, "u": "é"})
+    assert rec.queue == "q1"
+    assert rec.priority == 7
+    assert rec.max_retries == 4
+    assert rec.timeout == pytest.approx(12.5)
+    assert rec.group == "g-1"
+    assert rec.batch == "batch-1"
+    assert rec.key == "key-1"
+    assert rec.trace_id == "trace-abc"
+    assert sorted(rec.limits) == ["api", "db"]
+    assert tuple(rec.depends_on) == (dep,)
+    assert rec.halt_group_on_failure is True
+    assert State(rec.status) is State.WAITING
+    assert rec.attempt == 0
+    assert rec.created_at >= before - 1.0
+    assert rec.started_at is None and rec.finished_at is None
+    assert rec.result is None and rec.error is None
+    assert rec.lease_token is None and rec.worker_id is None
+    assert rec.cancel_requested is False
+
+
+def test_defaults_round_trip(store):
+    tid = submit_one(store, "plain")
+    rec = store.get(tid)
+    assert State(rec.status) is State.PENDING
+    assert rec.queue == "default"
+    assert rec.priority == 0
+    assert rec.max_retries == 0
+    assert rec.timeout is None
+    assert rec.group is None and rec.batch is None and rec.key is None and rec.trace_id is None
+    assert tuple(rec.limits) == () and tuple(rec.depends_on) == ()
+    assert rec.halt_group_on_failure is False
+    assert abs(rec.run_at - store.now()) < 5.0
+
+
+def test_get_unknown_is_none(store):
+    assert store.get(987654) is None
+
+
+def test_future_run_at_not_claimable_until_it_comes(store):
+    soon = submit_one(store, "later", run_at=store.now() + 0.4)
+    assert store.get(soon).status == State.PENDING
+    assert claim(store, 5) == []
+    claims = wait_for(lambda: claim(store, 5), timeout=10, message="delayed task claimable")
+    assert claimed_ids(claims) == [soon]
+
+
+def test_past_run_at_is_claimable(store):
+    tid = submit_one(store, "overdue", run_at=store.now() - 60)
+    assert claimed_ids(claim(store, 5)) == [tid]
