@@ -1,0 +1,58 @@
+# corral: set-up and test harness.
+#
+#   make demo   create the virtualenv (if needed) and run the demo on SQLite
+#   make test   create the virtualenv (if needed), start a throwaway
+#               PostgreSQL on loopback (unless CORRAL_TEST_PG_URL is set)
+#               and run the whole test suite
+#   make clean  remove the virtualenv and build/test leftovers
+#
+# Extra pytest arguments: make test PYTEST_ARGS='-k lease -x'
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.corral-installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv demo test clean
+
+help:
+	@echo "make demo   set everything up and run the demo (SQLite)"
+	@echo "make test   set everything up and run the whole test suite"
+	@echo "make clean  remove the virtualenv and build/test leftovers"
+
+venv: $(STAMP)
+
+# Re-installs whenever pyproject.toml is newer than the stamp; otherwise a no-op.
+$(STAMP): pyproject.toml
+	@if [ ! -x $(VENV)/bin/python ]; then \
+	  echo "make: creating virtualenv in $(VENV)"; \
+	  if ! $(PYTHON) -m venv $(VENV); then \
+	    rm -rf $(VENV); \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	      echo "make: '$(PYTHON) -m venv' failed; installing python3-venv"; \
+	      apt-get update -qq </dev/null; \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv </dev/null >/dev/null; \
+	      $(PYTHON) -m venv $(VENV); \
+	    else \
+	      echo "make: '$(PYTHON) -m venv' failed; install the python3-venv package (as root: apt-get install python3-venv)" >&2; \
+	      exit 1; \
+	    fi; \
+	  fi; \
+	fi
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+demo: venv
+	$(VENV)/bin/corral demo
+
+test: venv
+	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .pgtest
+	find . -path ./.git -prune -o \( -name __pycache__ -o -name '*.egg-info' \) -type d -prune -exec rm -rf {} +

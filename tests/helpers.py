@@ -1,0 +1,41 @@
+"""Small helpers shared by the test suite.
+
+Tests never sleep to synchronise: they poll a condition with ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["wait_for"]
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 10.0,
+    interval: float = 0.005,
+    message: str = "",
+) -> T:
+    """Poll ``predicate`` until it returns something truthy and return that value.
+
+    Raises AssertionError (mentioning ``message``) if ``timeout`` seconds pass
+    first. The predicate is always evaluated at least once, and once more at
+    the deadline, so a condition that became true just in time still passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(interval, remaining))
+    value = predicate()
+    if value:
+        return value
+    what = message or getattr(predicate, "__name__", repr(predicate))
+    raise AssertionError(f"timed out after {timeout:g}s waiting for: {what} (last value: {value!r})")
