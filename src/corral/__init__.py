@@ -1,0 +1,39 @@
+"""corral: parallel task management for Python.
+
+Decides who runs, how many run, in what order, and what happens when a run
+dies half-way. See README.md for a tour and docs/architecture.md for the map.
+"""
+
+from corral.app import App, Handle, TaskDef
+from corral.core.groups import subgroup
+from corral.core.retries import Backoff
+from corral.core.states import State
+from corral.engine.context import Context
+from corral.errors import (
+    AppClosed,
+    BadArguments,
+    Cancelled,
+    ConfigError,
+    CorralError,
+    GroupDeadlock,
+    IllegalTransition,
+    PermanentError,
+    QueueFull,
+    ResultTimeout,
+    Retry,
+    StoreError,
+    StoreUnavailable,
+    SubmitError,
+    TaskFailed,
+    TaskNotFound,
+    UnknownTask,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App", "Handle", "TaskDef", "State", "Context", "Backoff", "subgroup",
+    "CorralError", "ConfigError", "SubmitError", "UnknownTask", "BadArguments", "QueueFull",
+    "AppClosed", "StoreError", "StoreUnavailable", "IllegalTransition", "TaskNotFound",
+    "ResultTimeout", "TaskFailed", "GroupDeadlock", "Retry", "PermanentError", "Cancelled",
+]

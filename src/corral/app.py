@@ -1,0 +1,370 @@
+"""The public face: ``App``, ``@app.task``, ``submit`` and handles."""
+
+from __future__ import annotations
+
+import inspect
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter, TaskRecord, dumps
+from corral.core.retries import DEFAULT_PERMANENT, Backoff
+from corral.core.states import ACTIVE, FINAL, QUEUED, State
+from corral.engine.context import current
+from corral.errors import (
+    AppClosed,
+    BadArguments,
+    ConfigError,
+    GroupDeadlock,
+    QueueFull,
+    ResultTimeout,
+    TaskFailed,
+    TaskNotFound,
+    UnknownTask,
+)
+from corral.stores import Store, open_store
+
+ISOLATIONS = ("thread", "process")
+_SUBMIT_OPTIONS = frozenset(
+    {"group", "batch", "depends_on", "key", "trace_id", "delay", "priority", "timeout", "retries", "queue"}
+)
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    """A registered task: the function and its options, validated once."""
+
+    app: App
+    fn: Callable
+    name: str
+    retries: int = 0
+    timeout: float | None = None
+    queue: str = "default"
+    priority: int = 0
+    limits: tuple[str, ...] = ()
+    isolation: str = "thread"
+    retry_on: tuple[type[BaseException], ...] | None = None
+    permanent_on: tuple[type[BaseException], ...] = DEFAULT_PERMANENT
+    backoff: Backoff = Backoff()
+    halt_group_on_failure: bool = False
+    takes_ctx: bool = False
+
+    def __call__(self, *args, **kwargs):
+        """Calling the task runs the plain function here and now."""
+        return self.fn(*args, **kwargs)
+
+    def submit(self, *args: Any, **options: Any) -> Handle:
+        """Queue one run. Keyword options are those of ``App.submit``; other
+        keyword arguments go to the function."""
+        opts = {k: options.pop(k) for k in list(options) if k in _SUBMIT_OPTIONS}
+        return self.app.submit(self, args=args, kwargs=options, **opts)
+
+    def submit_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]], **common: Any) -> list[Handle]:
+        """Queue many runs in one store write. Each call is a tuple of
+        positional arguments, or a mapping with ``args``/``kwargs`` and any
+        submit option; ``common`` options apply to every call."""
+        items = []
+        for call in calls:
+            if isinstance(call, Mapping):
+                item = dict(common)
+                item.update(call)
+            else:
+                item = dict(common, args=tuple(call))
+            items.append(item)
+        return self.app.submit_many(self, items)
+
+
+class Handle:
+    """A submitted task: its id, its status, and a way to wait for its result."""
+
+    __slots__ = ("app", "id", "group", "created")
+
+    def __init__(self, app: App, task_id: int, group: str | None = None, created: bool = True):
+        self.app = app
+        self.id = task_id
+        self.group = group
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"<Handle {self.id}>"
+
+    def get(self) -> TaskRecord:
+        return self.app.get(self.id)
+
+    def status(self) -> State:
+        return self.get().status
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the task to end; return its value or raise TaskFailed/ResultTimeout."""
+        ctx = current()
+        if ctx is not None and ctx.group is not None and ctx.group == self.group and self.id > ctx.task_id:
+            raise GroupDeadlock(
+                f"task {ctx.task_id} waits on task {self.id}, queued behind it in group {self.group!r}: "
+                "it cannot start until the waiting task ends (seed 003 §5.1). Submit it without waiting, "
+                "or do the work inline."
+            )
+        rec = self.app.wait(self.id, timeout)
+        if rec.status is State.SUCCESS:
+            return rec.result_value
+        raise TaskFailed(rec.id, rec.status.value, rec.error)
+
+
+class App:
+    """A set of tasks, the store they live in, and (optionally) an in-process worker."""
+
+    def __init__(
+        self,
+        store: str | Store | None = None,
+        *,
+        max_queued: int | None = None,
+        on_full: str = "raise",
+        full_timeout: float = 30.0,
+    ):
+        if on_full not in ("raise", "block"):
+            raise ConfigError("on_full must be 'raise' or 'block'")
+        self.store: Store = store if isinstance(store, Store) else open_store(store)
+        self.store.migrate()
+        self.registry: dict[str, TaskDef] = {}
+        self.max_queued = max_queued
+        self.on_full = on_full
+        self.full_timeout = full_timeout
+        self._closed = False
+        self._worker = None
+        self._emergency = False
+        self._lock = threading.Lock()
+
+    # ---- declaring -------------------------------------------------------------
+    def task(
+        self,
+        fn: Callable | None = None,
+        *,
+        name: str | None = None,
+        retries: int = 0,
+        timeout: float | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        limits: Sequence[str] = (),
+        isolation: str = "thread",
+        retry_on: Sequence[type[BaseException]] | None = None,
+        permanent_on: Sequence[type[BaseException]] | None = None,
+        backoff: Backoff | None = None,
+        halt_group_on_failure: bool = False,
+    ):
+        """Register a function as a task. Usable bare (``@app.task``) or with options."""
+
+        def register(f: Callable) -> TaskDef:
+            if isolation not in ISOLATIONS:
+                raise ConfigError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
+            if retries < 0:
+                raise ConfigError("retries must be >= 0")
+            if timeout is not None and timeout <= 0:
+                raise ConfigError("timeout must be > 0 seconds")
+            task_name = name or f.__name__
+            if task_name in self.registry:
+                raise ConfigError(f"a task named {task_name!r} is already registered")
+            params = list(inspect.signature(f).parameters)
+            tdef = TaskDef(
+                app=self, fn=f, name=task_name, retries=retries, timeout=timeout, queue=queue,
+                priority=priority, limits=tuple(limits), isolation=isolation,
+                retry_on=tuple(retry_on) if retry_on is not None else None,
+                permanent_on=tuple(permanent_on) if permanent_on is not None else DEFAULT_PERMANENT,
+                backoff=backoff or Backoff(), halt_group_on_failure=halt_group_on_failure,
+                takes_ctx=bool(params) and params[0] == "ctx",
+            )
+            self.registry[task_name] = tdef
+            return tdef
+
+        return register(fn) if fn is not None else register
+
+    def limit(self, name: str, *, concurrency: int | None = None, rate: str | None = None) -> None:
+        """Declare a named limit shared by every worker of this store."""
+        if concurrency is not None and concurrency < 1:
+            raise ConfigError("a limit's concurrency must be at least 1")
+        self.store.set_limit(LimitSpec(name, concurrency, rate))
+
+    @property
+    def task_names(self) -> frozenset[str]:
+        return frozenset(self.registry)
+
+    # ---- submitting ----------------------------------------------------------------
+    def _resolve(self, task: TaskDef | str) -> TaskDef:
+        if isinstance(task, TaskDef):
+            return task
+        tdef = self.registry.get(task)
+        if tdef is None:
+            raise UnknownTask(f"unknown task {task!r}; registered: {', '.join(sorted(self.registry)) or 'none'}")
+        return tdef
+
+    def _new_task(self, tdef: TaskDef, item: Mapping[str, Any], now: float) -> NewTask:
+        unknown = set(item) - _SUBMIT_OPTIONS - {"args", "kwargs"}
+        if unknown:
+            raise BadArguments(f"unknown submit option(s): {', '.join(sorted(unknown))}")
+        args = list(item.get("args") or ())
+        kwargs = dict(item.get("kwargs") or {})
+        try:
+            payload = dumps({"args": args, "kwargs": kwargs})
+        except (TypeError, ValueError) as exc:
+            raise BadArguments(f"arguments of {tdef.name} must be JSON-serialisable: {exc}") from None
+        delay = float(item.get("delay") or 0)
+        deps = item.get("depends_on") or ()
+        dep_ids = tuple(int(d.id if isinstance(d, Handle) else d) for d in deps)
+        retries = item.get("retries", tdef.retries)
+        timeout = item.get("timeout", tdef.timeout)
+        if retries is None or retries < 0:
+            raise BadArguments("retries must be >= 0")
+        if timeout is not None and timeout <= 0:
+            raise BadArguments("timeout must be > 0 seconds")
+        group = item.get("group")
+        return NewTask(
+            name=tdef.name, args=payload, queue=item.get("queue") or tdef.queue,
+            priority=int(item.get("priority", tdef.priority) or 0), max_retries=int(retries),
+            timeout=timeout, group=str(group) if group is not None else None, batch=item.get("batch"),
+            key=item.get("key"), trace_id=item.get("trace_id") or uuid.uuid4().hex,
+            run_at=now + delay if delay > 0 else None, depends_on=dep_ids, limits=tdef.limits,
+            halt_group_on_failure=tdef.halt_group_on_failure,
+        )
+
+    def submit(self, task: TaskDef | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options) -> Handle:
+        """Queue one run of ``task`` (a TaskDef or a registered name)."""
+        return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})])[0]
+
+    def submit_many(self, task: TaskDef | str, items: Sequence[Mapping[str, Any]]) -> list[Handle]:
+        """Queue many runs in one atomic store write: all are stored, or none."""
+        if self._closed:
+            raise AppClosed("this app is closed; it accepts no new tasks")
+        tdef = self._resolve(task)
+        now = self.store.now()
+        new = [self._new_task(tdef, item, now) for item in items]
+        self._backpressure(len(new))
+        results = self.store.submit(new)
+        return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
+
+    def _backpressure(self, n: int) -> None:
+        if self.max_queued is None:
+            return
+        deadline = time.monotonic() + self.full_timeout
+        delay = 0.001
+        while True:
+            counts = self.store.counts()
+            queued = sum(counts.get(s.value, 0) for s in (State.PENDING, State.RETRYING, State.WAITING))
+            if queued + n <= self.max_queued:
+                return
+            if self.on_full == "raise" or time.monotonic() >= deadline:
+                raise QueueFull(f"queue bound reached: {queued} queued, bound {self.max_queued}")
+            time.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+    # ---- reading and operating -------------------------------------------------------
+    def get(self, task_id: int) -> TaskRecord:
+        rec = self.store.get(int(task_id))
+        if rec is None:
+            raise TaskNotFound(f"no task with id {task_id}")
+        return rec
+
+    def wait(self, task_id: int, timeout: float | None = None) -> TaskRecord:
+        """Wait for a task to reach a final state and return it."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while True:
+            rec = self.get(task_id)
+            if rec.status in FINAL:
+                return rec
+            if end is not None and time.monotonic() >= end:
+                raise ResultTimeout(f"task {task_id} is still {rec.status.value} after {timeout}s")
+            time.sleep(delay if end is None else max(0.0, min(delay, end - time.monotonic())))
+            delay = min(0.05, delay * 1.5)
+
+    def cancel(self, task_id: int) -> TaskRecord:
+        rec = self.store.cancel(int(task_id))
+        if rec is None:
+            raise TaskNotFound(f"no task with id {task_id}")
+        if rec.status is State.RUNNING and self._worker is not None:
+            self._worker.cancel_local(rec.id)
+        return rec
+
+    def retry(self, task_id: int) -> bool:
+        return self.store.retry(int(task_id))
+
+    def tasks(self, **filters) -> list[TaskRecord]:
+        return self.store.list_tasks(TaskFilter(**filters))
+
+    def batch_status(self, batch: str):
+        return self.store.batch_summary(batch)
+
+    def counts(self) -> dict[str, int]:
+        return self.store.counts()
+
+    # ---- degradation hook (full levels come with limits) ------------------------------
+    def dispatch_mode(self) -> int | None:
+        """How many units a worker may claim now; None stops dispatch (EMERGENCY)."""
+        return None if self._emergency else 1 << 30
+
+    def _notify_outcomes(self, outcomes: list[Outcome], applied: list[bool]) -> None:
+        """Hook for metrics and event streams."""
+
+    # ---- running -----------------------------------------------------------------
+    def start(self, workers: int = 10, **options) -> App:
+        """Start an in-process worker with ``workers`` slots; returns at once."""
+        from corral.engine.worker import Worker
+
+        with self._lock:
+            if self._worker is None:
+                self._worker = Worker(self, concurrency=workers, **options).start()
+        return self
+
+    def run(self, workers: int = 10, *, until_idle: bool = False, **options) -> None:
+        """Run a worker in this process until SIGINT/SIGTERM (or, with
+        ``until_idle``, until nothing is queued or running)."""
+        self.start(workers, **options)
+        stop = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda *_: stop.set())
+        try:
+            while not stop.is_set():
+                if until_idle and self.drain(timeout=0.2):
+                    break
+                stop.wait(0.2)
+        finally:
+            self._worker.stop()
+            self._worker = None
+
+    def active_count(self) -> int:
+        counts = self.store.counts()
+        return sum(counts.get(s.value, 0) for s in ACTIVE)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is queued, waiting or running; True if reached."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while True:
+            if self.active_count() == 0 and (self._worker is None or self._worker.wait_idle(0)):
+                return True
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(delay)
+            delay = min(0.05, delay * 1.5)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Refuse new submits, finish everything queued and in flight, then stop.
+
+        With no worker in this process, queued work stays in the store for
+        other workers. Returns False if ``timeout`` ran out first (what is
+        unfinished is handed back, never lost)."""
+        self._closed = True
+        drained = True
+        if self._worker is not None:
+            drained = self.drain(timeout)
+            self._worker.stop(grace=0 if not drained else 30.0)
+            self._worker = None
+        return drained
+
+    def __enter__(self) -> App:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,102 @@
+"""``ctx``: what a running task may ask of corral.
+
+A task that declares a first parameter named ``ctx`` receives one. Every call
+is a cancel point: once the task's cancel flag is set, the next ``ctx`` call
+raises :class:`~corral.errors.Cancelled`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from corral.core.model import dumps, loads
+from corral.errors import Cancelled, Retry
+
+_current = threading.local()
+
+logger = logging.getLogger("corral.task")
+
+
+class _TraceAdapter(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        extra = dict(kwargs.get("extra") or {})
+        extra.setdefault("trace_id", self.extra["trace_id"])
+        extra.setdefault("task_id", self.extra["task_id"])
+        kwargs["extra"] = extra
+        return f"[trace_id={self.extra['trace_id']} task={self.extra['task_id']}] {msg}", kwargs
+
+
+class Context:
+    """Per-run handle: progress, checkpoints, cancel, retries, logging."""
+
+    def __init__(self, store, record, token: str, attempt: int):
+        self._store = store
+        self._token = token
+        self.task_id: int = record.id
+        self.name: str = record.name
+        self.trace_id: str | None = record.trace_id
+        self.attempt: int = attempt
+        self.group: str | None = record.group
+        self.batch: str | None = record.batch
+        self._checkpoint: dict = loads(record.checkpoint) or {}
+        self._cancel = threading.Event()
+        if record.cancel_requested:
+            self._cancel.set()
+        self.log = _TraceAdapter(logger, {"trace_id": self.trace_id, "task_id": self.task_id})
+
+    # ---- cancel -----------------------------------------------------------
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        if self._cancel.is_set():
+            raise Cancelled(f"task {self.task_id} was canceled")
+
+    def _request_cancel(self) -> None:
+        self._cancel.set()
+
+    # ---- progress and checkpoints ------------------------------------------
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Persist progress (0..1) and a short message, visible while it runs."""
+        self.check_cancelled()
+        self._store.set_progress(self.task_id, self._token, float(fraction), message)
+
+    def checkpoint(self, stage: str, data: Any = None) -> None:
+        """Record that ``stage`` finished with ``data``; a re-run can skip it."""
+        self.check_cancelled()
+        text = dumps(data)
+        self._checkpoint.pop(stage, None)
+        self._checkpoint[stage] = loads(text)
+        self._store.save_checkpoint(self.task_id, self._token, stage, text)
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        """Every stage recorded by earlier attempts (and this one), in order."""
+        return dict(self._checkpoint)
+
+    @property
+    def last_checkpoint(self) -> tuple[str, Any] | None:
+        if not self._checkpoint:
+            return None
+        stage = next(reversed(self._checkpoint))
+        return stage, self._checkpoint[stage]
+
+    def done(self, stage: str) -> bool:
+        return stage in self._checkpoint
+
+    # ---- retries ------------------------------------------------------------
+    def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
+        """Stop this attempt and ask for another one ``after`` seconds from now."""
+        raise Retry(after=after, reason=reason)
+
+
+def current() -> Context | None:
+    """The context of the task running in this thread, if any."""
+    return getattr(_current, "ctx", None)
+
+
+def _set_current(ctx: Context | None) -> None:
+    _current.ctx = ctx

@@ -1,0 +1,190 @@
+"""How one task body runs: in the slot's thread, on an event loop, or in a child process.
+
+Only the process executor can be stopped from outside: threads cannot be
+killed safely (seed 000 §2.2), so a timed-out thread task is abandoned and its
+late result is discarded by the store's version check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import threading
+import traceback
+from typing import Any, Callable
+
+from corral.core.model import dumps, loads
+from corral.errors import Cancelled, PermanentError, Retry
+
+
+class _LoopThread:
+    """One event loop per worker for ``async def`` tasks."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="corral-async", daemon=True)
+        self._thread.start()
+
+    def run(self, coro, on_future=None) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if on_future is not None:
+            on_future(fut)
+        return fut.result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+_loop: _LoopThread | None = None
+_loop_lock = threading.Lock()
+
+
+def run_async(coro, on_future=None) -> Any:
+    global _loop
+    with _loop_lock:
+        if _loop is None:
+            _loop = _LoopThread()
+    return _loop.run(coro, on_future)
+
+
+# ---- process isolation -------------------------------------------------------
+
+
+class _ChildContext:
+    """The ``ctx`` a child process sees: calls travel to the parent over a pipe."""
+
+    def __init__(self, conn, task_id, trace_id, attempt, checkpoints):
+        self._conn = conn
+        self.task_id = task_id
+        self.trace_id = trace_id
+        self.attempt = attempt
+        self.cancelled = False
+        self._checkpoint = checkpoints
+        import logging
+
+        self.log = logging.LoggerAdapter(logging.getLogger("corral.task"), {"trace_id": trace_id})
+
+    def check_cancelled(self) -> None:  # the parent kills us on cancel
+        return None
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        self._conn.send(("progress", float(fraction), message))
+
+    def checkpoint(self, stage: str, data: Any = None) -> None:
+        text = dumps(data)
+        self._checkpoint[stage] = loads(text)
+        self._conn.send(("checkpoint", stage, text))
+
+    @property
+    def checkpoints(self) -> dict:
+        return dict(self._checkpoint)
+
+    @property
+    def last_checkpoint(self):
+        if not self._checkpoint:
+            return None
+        stage = next(reversed(self._checkpoint))
+        return stage, self._checkpoint[stage]
+
+    def done(self, stage: str) -> bool:
+        return stage in self._checkpoint
+
+    def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
+        raise Retry(after=after, reason=reason)
+
+
+def _child_main(conn, fn, takes_ctx, args, kwargs, meta) -> None:
+    os.setpgrp() if hasattr(os, "setpgrp") else None
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        if takes_ctx:
+            ctx = _ChildContext(conn, *meta)
+            value = fn(ctx, *args, **kwargs)
+        else:
+            value = fn(*args, **kwargs)
+        if asyncio.iscoroutine(value):
+            value = asyncio.run(value)
+        conn.send(("ok", dumps(value)))
+    except Retry as exc:
+        conn.send(("retry", exc.after, str(exc)))
+    except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
+        from corral.core.retries import is_retryable
+
+        conn.send(("error", type(exc).__name__, "".join(traceback.format_exception(exc)), is_retryable(exc)))
+    finally:
+        conn.close()
+
+
+class ChildFailed(Exception):
+    """An exception raised in a child process, carried back as text."""
+
+    def __init__(self, kind: str, text: str, retryable: bool):
+        super().__init__(text.strip().splitlines()[-1] if text.strip() else kind)
+        self.kind = kind
+        self.text = text
+        self.retryable = retryable
+
+
+class ProcessRun:
+    """One task body in a forked child that the worker can kill."""
+
+    _ctx = multiprocessing.get_context("fork")
+
+    def __init__(self, fn: Callable, takes_ctx: bool, args, kwargs, meta, on_message: Callable):
+        self._parent, child = self._ctx.Pipe(duplex=False)
+        self._on_message = on_message
+        self.killed_for: str | None = None
+        self.proc = self._ctx.Process(target=_child_main, args=(child, fn, takes_ctx, args, kwargs, meta), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def kill(self, why: str) -> None:
+        self.killed_for = why
+        try:
+            self.proc.kill()
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def wait(self, deadline_s: float | None) -> Any:
+        """Return the body's result; raise its exception, or Cancelled/TimeoutError when killed."""
+        import time
+
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        while True:
+            remaining = None if end is None else end - time.monotonic()
+            if remaining is not None and remaining <= 0 and self.killed_for is None:
+                self.kill("timeout")
+            if self.killed_for is not None:
+                self.proc.join(5)
+                if self.killed_for == "cancel":
+                    raise Cancelled("killed on cancel")
+                raise TimeoutError("killed on timeout")
+            wait = 0.05 if remaining is None else max(0.0, min(0.05, remaining))
+            if self._parent.poll(wait):
+                try:
+                    msg = self._parent.recv()
+                except EOFError:
+                    self.proc.join(5)
+                    if self.killed_for is not None:
+                        continue
+                    raise ChildFailed("ChildDied", f"child process exited with code {self.proc.exitcode}", True)
+                kind = msg[0]
+                if kind == "ok":
+                    self.proc.join(5)
+                    return loads(msg[1])
+                if kind == "retry":
+                    self.proc.join(5)
+                    raise Retry(after=msg[1], reason=msg[2])
+                if kind == "error":
+                    self.proc.join(5)
+                    if not msg[3]:
+                        raise PermanentError(msg[2].strip().splitlines()[-1])
+                    raise ChildFailed(msg[1], msg[2], msg[3])
+                self._on_message(msg)
+            elif not self.proc.is_alive() and not self._parent.poll(0):
+                if self.killed_for is not None:
+                    continue
+                raise ChildFailed("ChildDied", f"child process exited with code {self.proc.exitcode}", True)

@@ -1,0 +1,469 @@
+"""The worker: claim, run, complete; plus its watchdog and heartbeat.
+
+Threads, each with one job:
+
+- the *dispatcher* claims at most as many units as there are free slots and
+  hands them to slot threads (so a worker never holds work it cannot start);
+- *slots* run a unit's tasks in order and report outcomes;
+- the *watchdog* times out overdue tasks without their help (seed 000 §2.2)
+  and replaces an abandoned slot so concurrency holds;
+- the *heartbeat* renews leases and picks up cancel requests;
+- the *completer* (durable stores) writes outcomes in batches;
+- an optional *sweeper* loop, one leader at a time across the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from corral.core.model import Claim, Outcome, TaskRecord, dumps
+from corral.core.retries import is_retryable, retry_delay
+from corral.core.states import State
+from corral.engine.context import Context, _set_current
+from corral.engine.executors import ChildFailed, ProcessRun, run_async
+from corral.errors import Cancelled, PermanentError, Retry
+
+if TYPE_CHECKING:
+    from corral.app import App
+
+log = logging.getLogger("corral.worker")
+
+#: What a run raises when it was canceled (by ctx, or its coroutine was cancelled).
+_CANCELLED = (Cancelled, asyncio.CancelledError, concurrent.futures.CancelledError)
+
+
+@dataclass(eq=False)
+class _Unit:
+    claim: Claim
+    index: int = 0  # task of the claim now running
+    done: bool = False  # accounting settled (by its slot or by the watchdog)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(eq=False)
+class _Run:
+    unit: _Unit
+    record: TaskRecord
+    ctx: Context
+    deadline: float | None
+    abandoned: bool = False
+    finished: bool = False
+    proc: ProcessRun | None = None
+    future: Any = None
+
+
+class Worker:
+    """Runs tasks of one :class:`~corral.App` from its store."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        concurrency: int = 10,
+        queues: tuple[str, ...] | list[str] = ("default",),
+        chunk_size: int = 1,
+        lease_seconds: float = 30.0,
+        heartbeat_interval: float | None = None,
+        poll_interval: float = 0.5,
+        sweep_interval: float | None = None,
+        worker_id: str | None = None,
+    ):
+        if concurrency < 1:
+            from corral.errors import ConfigError
+
+            raise ConfigError("concurrency must be at least 1")
+        self.app = app
+        self.store = app.store
+        self.concurrency = concurrency
+        self.queues = tuple(queues)
+        self.chunk_size = max(1, chunk_size)
+        self.lease_seconds = lease_seconds
+        self.heartbeat_interval = heartbeat_interval or min(1.0, lease_seconds / 3)
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._cond = threading.Condition()
+        self._inflight = 0  # units claimed and not settled
+        self._units: set[_Unit] = set()
+        self._runs: dict[int, _Run] = {}
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop_claiming = threading.Event()
+        self._stopped = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._slots = 0
+        self._completer_q: queue.SimpleQueue | None = queue.SimpleQueue() if self.store.shared else None
+        self._completer_idle = threading.Event()
+        self._completer_idle.set()
+        self.started = False
+
+    # ---- life cycle -------------------------------------------------------
+    def start(self) -> Worker:
+        if self.started:
+            return self
+        self.started = True
+        for _ in range(self.concurrency):
+            self._spawn_slot()
+        self._thread(self._dispatch_loop, "dispatcher")
+        self._thread(self._watchdog_loop, "watchdog")
+        self._thread(self._heartbeat_loop, "heartbeat")
+        if self._completer_q is not None:
+            self._thread(self._completer_loop, "completer")
+        if self.sweep_interval:
+            self._thread(self._sweep_loop, "sweeper")
+        return self
+
+    def _thread(self, target, name: str) -> threading.Thread:
+        t = threading.Thread(target=target, name=f"corral-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+        return t
+
+    def _spawn_slot(self) -> None:
+        self._slots += 1
+        threading.Thread(target=self._slot_loop, name=f"corral-slot-{self._slots}", daemon=True).start()
+
+    @property
+    def busy(self) -> int:
+        with self._cond:
+            return self._inflight
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no unit is in flight here and every outcome is written."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self._inflight == 0, None if end is None else max(0, end - time.monotonic()))
+        if not ok:
+            return False
+        return self._flush(None if end is None else max(0.0, end - time.monotonic()))
+
+    def stop(self, grace: float = 30.0) -> bool:
+        """Stop claiming, let in-flight work finish for ``grace`` seconds, hand
+        back what did not, and stop. Returns True if nothing had to be handed back."""
+        self._stop_claiming.set()
+        with self._cond:
+            self._cond.notify_all()
+        clean = self.wait_idle(grace)
+        if not clean:
+            self._hand_back_all()
+        self._flush(10.0)
+        self._stopped.set()
+        for _ in range(self._slots):
+            self._inbox.put(None)
+        return clean
+
+    def cancel_local(self, task_id: int) -> None:
+        """Apply a cancel request to a task running here, without waiting for the heartbeat."""
+        run = self._runs.get(task_id)
+        if run is None:
+            return
+        run.ctx._request_cancel()
+        if run.proc is not None:
+            run.proc.kill("cancel")
+        elif run.future is not None:
+            run.future.cancel()
+
+    # ---- dispatch -----------------------------------------------------------
+    def _dispatch_loop(self) -> None:
+        names = self.app.task_names
+        while not self._stop_claiming.is_set():
+            with self._cond:
+                free = self.concurrency - self._inflight
+                if free <= 0:
+                    self._cond.wait(self.poll_interval)
+                    continue
+            mode = self.app.dispatch_mode()
+            if mode is None:
+                self.store.wait_for_work(self.poll_interval)
+                continue
+            try:
+                claims = self.store.claim(
+                    self.id, self.queues, min(free, mode), names=names,
+                    chunk_size=self.chunk_size, lease_seconds=self.lease_seconds,
+                )
+            except Exception as exc:  # noqa: BLE001 - a store outage must not kill the worker
+                log.warning("claim failed, will retry: %s", exc)
+                self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
+                continue
+            if not claims:
+                self.store.wait_for_work(self.poll_interval)
+                continue
+            with self._cond:
+                self._inflight += len(claims)
+            for c in claims:
+                unit = _Unit(c)
+                with self._cond:
+                    self._units.add(unit)
+                self._inbox.put(unit)
+
+    def _settle(self, unit: _Unit) -> bool:
+        """Mark a unit's slot free exactly once."""
+        with unit.lock:
+            if unit.done:
+                return False
+            unit.done = True
+        with self._cond:
+            self._inflight -= 1
+            self._units.discard(unit)
+            self._cond.notify_all()
+        return True
+
+    # ---- slots ---------------------------------------------------------------
+    def _slot_loop(self) -> None:
+        while True:
+            unit = self._inbox.get()
+            if unit is None:
+                return
+            try:
+                if not self._run_unit(unit):
+                    return  # abandoned by the watchdog: a new slot replaced this one
+            except Exception:  # noqa: BLE001 - never lose a slot to a bug
+                log.exception("slot crashed running a unit")
+                self._settle(unit)
+
+    def _run_unit(self, unit: _Unit) -> bool:
+        tasks = unit.claim.tasks
+        token = unit.claim.token
+        for i, rec in enumerate(tasks):
+            if unit.done:
+                return True
+            unit.index = i
+            if i > 0:
+                if self._stop_claiming.is_set() and self._stopped.is_set():
+                    break
+                if not self.store.mark_started(rec.id, token):
+                    break  # lease lost: the sweeper owns the rest
+                rec.version += 1
+                rec.attempt += 1
+            status = self._run_task(unit, rec, token)
+            if status is None:
+                return False  # abandoned
+            if status in (State.RETRYING, State.PENDING) or (status is State.FAILED and rec.halt_group_on_failure):
+                self._hand_back(unit, tasks[i + 1 :], token)
+                break
+        self._settle(unit)
+        return True
+
+    def _run_task(self, unit: _Unit, rec: TaskRecord, token: str) -> State | None:
+        """Run one task; return its outcome state, or None if the watchdog took it."""
+        tdef = self.app.registry.get(rec.name)
+        now = time.monotonic()
+        started_at = time.time()
+        ctx = Context(self.store, rec, token, rec.attempt)
+        timeout = rec.timeout
+        run = _Run(unit, rec, ctx, None if timeout is None else now + timeout)
+        outcome: Outcome
+        self._runs[rec.id] = run
+        _set_current(ctx)
+        try:
+            if tdef is None:
+                raise PermanentError(f"unknown task {rec.name!r}: not registered in this worker's app")
+            try:
+                args, kwargs = rec.arguments
+            except Exception as exc:  # noqa: BLE001
+                raise PermanentError(f"cannot decode the task's arguments: {exc}") from exc
+            if ctx.cancelled:
+                raise Cancelled("canceled before start")
+            if tdef.isolation == "process":
+                run.deadline = None  # the process run times itself out and kills the child
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints)
+                run.proc = ProcessRun(tdef.fn, tdef.takes_ctx, args, kwargs, meta, lambda m: self._child_message(ctx, m))
+                value = run.proc.wait(timeout)
+            else:
+                call_args = (ctx, *args) if tdef.takes_ctx else tuple(args)
+                value = tdef.fn(*call_args, **kwargs)
+                if inspect.iscoroutine(value):
+                    value = run_async(value, on_future=lambda f: setattr(run, "future", f))
+            try:
+                result = dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise PermanentError(f"result is not JSON-serialisable: {exc}") from exc
+            outcome = Outcome(rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at)
+        except _CANCELLED:
+            outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
+        except TimeoutError as exc:
+            if run.proc is not None and run.proc.killed_for == "timeout":
+                outcome = self._timeout_outcome(rec, token, started_at)
+            else:
+                outcome = self._failure_outcome(rec, token, exc, tdef, started_at)
+        except BaseException as exc:  # noqa: BLE001 - a task's error is data
+            outcome = self._failure_outcome(rec, token, exc, tdef, started_at)
+        finally:
+            _set_current(None)
+            self._runs.pop(rec.id, None)
+        with unit.lock:
+            if run.abandoned:
+                return None
+            run.finished = True
+        self._write(outcome)
+        return outcome.status
+
+    def _failure_outcome(self, rec: TaskRecord, token: str, exc: BaseException, tdef, started_at: float) -> Outcome:
+        if isinstance(exc, ChildFailed):
+            retryable, text = exc.retryable, exc.text
+        else:
+            retryable = tdef is not None and is_retryable(exc, tdef.retry_on, tdef.permanent_on)
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        if retryable and rec.attempt <= rec.max_retries:
+            delay = retry_delay(exc, rec.attempt, tdef.backoff)
+            return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
+                           run_at=self.store.now() + delay, started_at=started_at)
+        if retryable and rec.max_retries:
+            text = f"{text} (gave up after {rec.attempt} attempts)"
+        return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
+
+    def _timeout_outcome(self, rec: TaskRecord, token: str, started_at: float) -> Outcome:
+        text = f"timed out after {rec.timeout:g}s (attempt {rec.attempt})"
+        if rec.attempt <= rec.max_retries:
+            tdef = self.app.registry.get(rec.name)
+            delay = tdef.backoff.delay(rec.attempt) if tdef else 1.0
+            return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
+                           run_at=self.store.now() + delay, started_at=started_at)
+        return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at)
+
+    def _child_message(self, ctx: Context, msg: tuple) -> None:
+        if msg[0] == "progress":
+            self.store.set_progress(ctx.task_id, ctx._token, msg[1], msg[2])
+        elif msg[0] == "checkpoint":
+            self.store.save_checkpoint(ctx.task_id, ctx._token, msg[1], msg[2])
+
+    def _hand_back(self, unit: _Unit, rest: list[TaskRecord], token: str) -> None:
+        """Give unstarted tasks of a chunk back to the queue, attempts intact."""
+        for rec in rest:
+            if self.store.mark_started(rec.id, token):
+                self._write(Outcome(rec.id, token, rec.version + 1, State.PENDING, burn_attempt=False))
+
+    def _hand_back_all(self) -> None:
+        with self._cond:
+            units = list(self._units)
+        for unit in units:
+            with unit.lock:
+                if unit.done:
+                    continue
+                run = self._runs.get(unit.claim.tasks[unit.index].id)
+                if run is not None:
+                    run.abandoned = True
+            if run is not None:
+                if run.proc is not None:
+                    run.proc.kill("shutdown")
+                self._write(Outcome(run.record.id, unit.claim.token, run.record.version, State.PENDING, burn_attempt=False))
+                rest = unit.claim.tasks[unit.index + 1 :]
+            else:
+                rest = unit.claim.tasks[unit.index :]
+            self._hand_back(unit, rest, unit.claim.token)
+            self._settle(unit)
+
+    # ---- writing outcomes ------------------------------------------------------
+    def _write(self, outcome: Outcome) -> None:
+        if self._completer_q is None:
+            self._apply([outcome])
+        else:
+            self._completer_idle.clear()
+            self._completer_q.put(outcome)
+
+    def _apply(self, outcomes: list[Outcome]) -> None:
+        for attempt in range(5):
+            try:
+                applied = self.store.complete(outcomes)
+                break
+            except Exception as exc:  # noqa: BLE001 - retry through a store outage
+                log.warning("completing %d outcome(s) failed (%s); retrying", len(outcomes), exc)
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+        else:
+            log.error("gave up writing %d outcome(s); the sweeper will recover them", len(outcomes))
+            return
+        for o, ok in zip(outcomes, applied):
+            if not ok:
+                log.info("task %s: late or stale outcome %s discarded", o.task_id, o.status.value)
+        self.app._notify_outcomes(outcomes, applied)
+
+    def _completer_loop(self) -> None:
+        q = self._completer_q
+        while True:
+            first = q.get()
+            batch = [first]
+            while len(batch) < 512:
+                try:
+                    batch.append(q.get_nowait())
+                except queue.Empty:
+                    break
+            self._apply(batch)
+            if q.empty():
+                self._completer_idle.set()
+
+    def _flush(self, timeout: float | None) -> bool:
+        if self._completer_q is None:
+            return True
+        end = None if timeout is None else time.monotonic() + timeout
+        while not (self._completer_q.empty() and self._completer_idle.is_set()):
+            if end is not None and time.monotonic() > end:
+                return False
+            self._completer_idle.wait(0.01)
+        return True
+
+    # ---- watchdog, heartbeat, sweeper ---------------------------------------------
+    def _watchdog_loop(self) -> None:
+        while not self._stopped.is_set():
+            now = time.monotonic()
+            next_check = 0.05
+            for run in list(self._runs.values()):
+                if run.deadline is None or run.finished:
+                    continue
+                if run.deadline <= now:
+                    self._time_out(run)
+                else:
+                    next_check = min(next_check, run.deadline - now)
+            self._stopped.wait(max(0.005, next_check))
+
+    def _time_out(self, run: _Run) -> None:
+        unit = run.unit
+        with unit.lock:
+            if run.finished or run.abandoned or unit.done:
+                return
+            run.abandoned = True
+        rec = run.record
+        log.warning("task %s (%s) timed out after %ss; abandoning its thread", rec.id, rec.name, rec.timeout)
+        if run.future is not None:
+            run.future.cancel()
+        self._runs.pop(rec.id, None)
+        self._write(self._timeout_outcome(rec, unit.claim.token, time.time() - (rec.timeout or 0)))
+        self._hand_back(unit, unit.claim.tasks[unit.index + 1 :], unit.claim.token)
+        if self._settle(unit):
+            self._spawn_slot()
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopped.wait(self.heartbeat_interval):
+            with self._cond:
+                tokens = {u.claim.token for u in self._units}
+            if not tokens:
+                continue
+            try:
+                reply = self.store.heartbeat(tokens, self.lease_seconds)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            for tid in reply.cancel_requested:
+                self.cancel_local(tid)
+            if reply.lost_tokens:
+                log.warning("lost %d lease(s); their results will be discarded", len(reply.lost_tokens))
+
+    def _sweep_loop(self) -> None:
+        while not self._stopped.wait(self.sweep_interval):
+            try:
+                if self.store.try_lead("sweeper", self.id, self.sweep_interval * 3):
+                    report = self.store.sweep()
+                    if report.total:
+                        log.warning("sweeper: %s", report)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("sweep failed: %s", exc)
