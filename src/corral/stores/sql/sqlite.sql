@@ -1,0 +1,384 @@
+-- SQLite dialect of the corral store (see corral/stores/sqlite.py).
+--
+-- Every block below is a named query; the SQL text never changes at run time,
+-- so sqlite3's statement cache keeps them prepared. Timestamps are REAL epoch
+-- seconds; args, result and checkpoint are JSON text; limits is a JSON array
+-- (NULL when empty).
+
+-- name: schema
+CREATE TABLE IF NOT EXISTS corral_schema (
+    version INTEGER NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS tasks (
+    id                    INTEGER PRIMARY KEY AUTOINCREMENT,
+    name                  TEXT    NOT NULL,
+    args                  TEXT    NOT NULL,
+    status                TEXT    NOT NULL,
+    queue                 TEXT    NOT NULL DEFAULT 'default',
+    priority              INTEGER NOT NULL DEFAULT 0,
+    attempt               INTEGER NOT NULL DEFAULT 0,
+    max_retries           INTEGER NOT NULL DEFAULT 0,
+    timeout               REAL,
+    group_key             TEXT,
+    batch                 TEXT,
+    idem_key              TEXT,
+    trace_id              TEXT,
+    limits                TEXT,
+    halt_group_on_failure INTEGER NOT NULL DEFAULT 0,
+    created_at            REAL    NOT NULL,
+    run_at                REAL    NOT NULL,
+    started_at            REAL,
+    finished_at           REAL,
+    result                TEXT,
+    error                 TEXT,
+    version               INTEGER NOT NULL DEFAULT 0,
+    lease_token           TEXT,
+    lease_expires_at      REAL,
+    worker_id             TEXT,
+    progress              REAL,
+    progress_message      TEXT,
+    checkpoint            TEXT,
+    cancel_requested      INTEGER NOT NULL DEFAULT 0
+);
+
+-- Claim candidates: only queued rows are in this index, so its size follows
+-- the backlog, never the number of finished tasks.
+CREATE INDEX IF NOT EXISTS tasks_queued
+    ON tasks (queue, priority DESC, run_at, id)
+    WHERE status IN ('PENDING', 'RETRYING');
+
+-- The tasks that still occupy their group (the head rule looks here).
+CREATE INDEX IF NOT EXISTS tasks_group_line
+    ON tasks (group_key, id)
+    WHERE group_key IS NOT NULL
+      AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+           OR (status = 'FAILED' AND halt_group_on_failure = 1));
+
+CREATE INDEX IF NOT EXISTS tasks_running_token
+    ON tasks (lease_token)
+    WHERE status = 'RUNNING';
+
+CREATE INDEX IF NOT EXISTS tasks_running_expiry
+    ON tasks (lease_expires_at)
+    WHERE status = 'RUNNING';
+
+CREATE UNIQUE INDEX IF NOT EXISTS tasks_idem_key
+    ON tasks (idem_key)
+    WHERE idem_key IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS tasks_batch
+    ON tasks (batch)
+    WHERE batch IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS task_deps (
+    task_id    INTEGER NOT NULL,
+    pos        INTEGER NOT NULL,
+    depends_on INTEGER NOT NULL,
+    PRIMARY KEY (task_id, pos)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS task_deps_upstream
+    ON task_deps (depends_on, task_id);
+
+CREATE TABLE IF NOT EXISTS task_groups (
+    group_key       TEXT PRIMARY KEY,
+    last_claimed_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS named_limits (
+    name        TEXT PRIMARY KEY,
+    concurrency INTEGER,
+    rate        TEXT
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS leadership (
+    role       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+
+-- name: schema_version_table
+CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
+
+-- name: schema_version_get
+SELECT max(version) FROM corral_schema
+
+-- name: schema_version_set
+INSERT INTO corral_schema (version) VALUES (?)
+
+-- ---- submit ------------------------------------------------------------------
+
+-- name: next_id_base
+SELECT max(
+    coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'tasks'), 0),
+    coalesce((SELECT max(id) FROM tasks), 0))
+
+-- name: find_key
+SELECT id FROM tasks WHERE idem_key = ?
+
+-- name: dep_states
+SELECT id, status FROM tasks WHERE id IN (SELECT value FROM json_each(?))
+
+-- name: insert_task
+INSERT INTO tasks (
+    id, name, args, status, queue, priority, max_retries, timeout, group_key,
+    batch, idem_key, trace_id, limits, halt_group_on_failure, created_at,
+    run_at, finished_at, error)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: insert_dep
+INSERT INTO task_deps (task_id, pos, depends_on) VALUES (?, ?, ?)
+
+-- ---- reading tasks -------------------------------------------------------------
+
+-- name: select_tasks
+SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested
+FROM tasks
+
+-- name: get_task
+SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested
+FROM tasks WHERE id = ?
+
+-- name: deps_of
+SELECT task_id, depends_on FROM task_deps
+WHERE task_id IN (SELECT value FROM json_each(?))
+ORDER BY task_id, pos
+
+-- name: counts_all
+SELECT status, count(*) FROM tasks GROUP BY status
+
+-- name: counts_queue
+SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
+
+-- ---- claim ---------------------------------------------------------------------
+
+-- Queued, due tasks of one queue in index order; a grouped task only when it
+-- is its group's head (nothing ACTIVE or halting-FAILED before it).
+-- name: claim_candidates
+SELECT t.id, t.priority, t.run_at, t.group_key, t.name, t.limits, t.queue, t.status
+FROM tasks AS t
+WHERE t.status IN ('PENDING', 'RETRYING')
+  AND t.queue = ?
+  AND t.run_at <= ?
+  AND (t.group_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM tasks AS h
+        WHERE h.group_key = t.group_key
+          AND h.id < t.id
+          AND h.group_key IS NOT NULL
+          AND (h.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+               OR (h.status = 'FAILED' AND h.halt_group_on_failure = 1))))
+ORDER BY t.priority DESC, t.run_at, t.id
+
+-- The tasks after a head that still occupy its group, in id order (chunks).
+-- name: group_followers
+SELECT id, priority, run_at, group_key, name, limits, queue, status
+FROM tasks
+WHERE group_key = ?
+  AND id > ?
+  AND group_key IS NOT NULL
+  AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+       OR (status = 'FAILED' AND halt_group_on_failure = 1))
+ORDER BY id
+LIMIT ?
+
+-- name: group_last_claimed
+SELECT last_claimed_at FROM task_groups WHERE group_key = ?
+
+-- name: touch_group
+INSERT INTO task_groups (group_key, last_claimed_at) VALUES (?, ?)
+ON CONFLICT (group_key) DO UPDATE SET last_claimed_at = excluded.last_claimed_at
+
+-- name: claim_head
+UPDATE tasks
+SET status = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker_id = ?,
+    started_at = ?, attempt = attempt + 1, version = version + 1
+WHERE id = ? AND status IN ('PENDING', 'RETRYING')
+RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested
+
+-- name: claim_member
+UPDATE tasks
+SET status = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker_id = ?,
+    started_at = NULL, version = version + 1
+WHERE id = ? AND status IN ('PENDING', 'RETRYING')
+RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested
+
+-- ---- limits --------------------------------------------------------------------
+
+-- name: limit_specs
+SELECT name, concurrency, rate FROM named_limits ORDER BY name
+
+-- name: set_limit
+INSERT INTO named_limits (name, concurrency, rate) VALUES (?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate
+
+-- Distinct lease tokens among RUNNING tasks, per limit name.
+-- name: limit_usage
+SELECT j.value, count(DISTINCT t.lease_token)
+FROM tasks AS t, json_each(t.limits) AS j
+WHERE t.status = 'RUNNING' AND t.limits IS NOT NULL
+GROUP BY j.value
+
+-- ---- workers -------------------------------------------------------------------
+
+-- name: mark_started
+UPDATE tasks
+SET started_at = ?, attempt = attempt + 1, version = version + 1
+WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
+
+-- name: heartbeat_extend
+UPDATE tasks SET lease_expires_at = ?
+WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
+
+-- name: heartbeat_held
+SELECT id, lease_token, cancel_requested FROM tasks
+WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
+
+-- name: set_progress
+UPDATE tasks SET progress = ?, progress_message = ?
+WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
+
+-- name: checkpoint_get
+SELECT checkpoint FROM tasks WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
+
+-- name: checkpoint_set
+UPDATE tasks SET checkpoint = ?
+WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
+
+-- Outcome of a final state (finished_at set, result/error as given).
+-- Parameters: status, result, error(flag, value), finished_at, started_at,
+-- give_back, id, token, version.
+-- name: complete_final
+UPDATE tasks
+SET status = ?, result = coalesce(?, result),
+    error = CASE WHEN ? THEN ? ELSE error END,
+    finished_at = ?, started_at = coalesce(?, started_at),
+    attempt = max(0, attempt - ?),
+    lease_token = NULL, lease_expires_at = NULL, version = version + 1
+WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
+
+-- Outcome that queues the task again (RETRYING, or PENDING when handed back).
+-- Parameters: status, result, error(flag, value), run_at, started_at,
+-- give_back, id, token, version.
+-- name: complete_requeue
+UPDATE tasks
+SET status = ?, result = coalesce(?, result),
+    error = CASE WHEN ? THEN ? ELSE error END,
+    run_at = ?, started_at = coalesce(?, started_at),
+    attempt = max(0, attempt - ?), worker_id = NULL,
+    lease_token = NULL, lease_expires_at = NULL, version = version + 1
+WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
+
+-- ---- dependencies --------------------------------------------------------------
+
+-- name: has_dependents
+SELECT DISTINCT depends_on FROM task_deps
+WHERE depends_on IN (SELECT value FROM json_each(?))
+
+-- name: promote_dependents
+UPDATE tasks SET status = 'PENDING', version = version + 1
+WHERE status = 'WAITING'
+  AND id IN (SELECT task_id FROM task_deps WHERE depends_on = ?)
+  AND NOT EXISTS (
+        SELECT 1 FROM task_deps AS d JOIN tasks AS u ON u.id = d.depends_on
+        WHERE d.task_id = tasks.id AND u.status <> 'SUCCESS')
+
+-- name: fail_dependents
+UPDATE tasks SET status = 'FAILED', error = ?, finished_at = ?, version = version + 1
+WHERE status = 'WAITING'
+  AND id IN (SELECT task_id FROM task_deps WHERE depends_on = ?)
+RETURNING id
+
+-- ---- operators -----------------------------------------------------------------
+
+-- name: status_of
+SELECT status, version FROM tasks WHERE id = ?
+
+-- name: cancel_queued
+UPDATE tasks SET status = 'CANCELED', finished_at = ?, error = 'canceled', version = version + 1
+WHERE id = ? AND status IN ('WAITING', 'PENDING', 'RETRYING')
+
+-- name: cancel_running
+UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
+
+-- name: retry_task
+UPDATE tasks
+SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
+    cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
+    version = version + 1
+WHERE id = ? AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+
+-- name: batch_counts
+SELECT status, count(*), min(created_at), max(finished_at)
+FROM tasks WHERE batch = ? GROUP BY status
+
+-- name: batch_durations
+SELECT finished_at - started_at FROM tasks
+WHERE batch = ? AND finished_at IS NOT NULL AND started_at IS NOT NULL
+ORDER BY 1
+
+-- ---- maintenance ---------------------------------------------------------------
+
+-- name: sweep_expired
+SELECT id, version, started_at, attempt, max_retries FROM tasks
+WHERE status = 'RUNNING' AND lease_expires_at < ?
+ORDER BY lease_expires_at
+LIMIT ?
+
+-- name: sweep_overdue
+SELECT id, version FROM tasks
+WHERE status = 'RUNNING' AND timeout IS NOT NULL AND started_at IS NOT NULL
+  AND started_at + 2 * timeout < ?
+ORDER BY id
+LIMIT ?
+
+-- name: sweep_exhausted
+SELECT id, version FROM tasks
+WHERE status = 'RUNNING' AND attempt > max_retries + 1
+ORDER BY id
+LIMIT ?
+
+-- name: sweep_stale_pending
+SELECT id, version FROM tasks
+WHERE status IN ('PENDING', 'RETRYING') AND status = 'PENDING' AND run_at < ?
+ORDER BY id
+LIMIT ?
+
+-- name: sweep_requeue
+UPDATE tasks
+SET status = ?, run_at = ?, error = coalesce(?, error), worker_id = NULL,
+    lease_token = NULL, lease_expires_at = NULL, version = version + 1
+WHERE id = ? AND status = 'RUNNING' AND version = ?
+
+-- name: sweep_fail
+UPDATE tasks
+SET status = 'FAILED', error = ?, finished_at = ?,
+    lease_token = NULL, lease_expires_at = NULL, version = version + 1
+WHERE id = ? AND status = 'RUNNING' AND version = ?
+
+-- name: sweep_cancel_pending
+UPDATE tasks
+SET status = 'CANCELED', error = ?, finished_at = ?, version = version + 1
+WHERE id = ? AND status = 'PENDING' AND version = ?
+
+-- name: try_lead
+INSERT INTO leadership (role, holder, expires_at) VALUES (?, ?, ?)
+ON CONFLICT (role) DO UPDATE
+SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE leadership.holder = excluded.holder OR leadership.expires_at < ?

@@ -1,0 +1,772 @@
+"""``sqlite:///path``: the default store, one file shared by worker processes.
+
+URL forms: ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db``;
+options go in the query string: ``?synchronous=FULL`` (default ``NORMAL``) and
+``?busy_timeout=<ms>`` (default 5000).
+
+How it is made safe and fast for several processes on one file:
+
+* The database runs in WAL mode: readers never block the writer and the
+  writer never blocks readers. Every write is one short ``BEGIN IMMEDIATE``
+  transaction (the write lock is taken up front, so two writers never deadlock
+  upgrading a read lock); a writer that finds the lock taken waits up to
+  ``busy_timeout`` ms.
+* ``synchronous=NORMAL`` (the default here): in WAL mode a commit is not
+  fsynced, the WAL is at checkpoints. A power loss or OS crash may therefore
+  lose the last transactions committed before it, but never corrupts the
+  database; a crash of a process alone loses nothing. ``?synchronous=FULL``
+  fsyncs every commit instead, for durability over throughput.
+* One connection per thread (``threading.local``), opened with
+  ``isolation_level=None``: this module begins and ends every transaction
+  itself. A process forked from one that used the store opens fresh
+  connections (SQLite connections must not cross a fork).
+* Claims, completions and submits are batched: one transaction claims up to
+  ``max_units`` claims, applies a whole list of outcomes, or inserts a whole
+  submit (``executemany``). The SQL text is constant (``sql/sqlite.sql``), so
+  sqlite3 keeps every statement prepared.
+* Claim cost does not grow with finished tasks: candidates come from a
+  partial index holding only queued rows, the head rule from one holding only
+  the tasks that still occupy a group, leases from ones holding only RUNNING
+  rows.
+* :meth:`SQLiteStore.wait_for_work` polls ``PRAGMA data_version`` (which
+  changes when another connection, in any process, commits) about every
+  millisecond, so an idle worker starts a new task within a few ms.
+
+Claim order (rule 4 of :mod:`corral.stores.base`) sorts by an *eligible* time
+that for a group head is ``max(run_at, group.last_claimed_at)``, which no index
+can hold. Candidates are read in index order ``(priority DESC, run_at, id)``;
+since the eligible time is never before ``run_at``, a candidate read so far
+may be taken as soon as its key is not after the index key of the row just
+read (a small heap), so only as many rows are read as the claim needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import parse_qsl
+
+from corral.core.model import (
+    Claim,
+    LimitSpec,
+    NewTask,
+    Outcome,
+    SubmitResult,
+    SweepReport,
+    TaskFilter,
+    TaskRecord,
+    dumps,
+    loads,
+)
+from corral.core.states import FINAL, QUEUED, State, check_transition
+from corral.errors import ConfigError, CorralError, StoreError, StoreUnavailable, SubmitError
+from corral.stores import base
+from corral.stores.base import BatchSummary, HeartbeatReply, Store
+from corral.stores.sql import load
+
+SCHEMA_VERSION = 1
+Q = load("sqlite")
+
+_SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_PENDING, _RETRYING, _RUNNING = State.PENDING.value, State.RETRYING.value, State.RUNNING.value
+_BAD_END = (State.FAILED, State.TIMEOUT, State.CANCELED)
+_UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
+
+# Columns of select_tasks, in order; TaskRecord field names.
+_FIELDS = (
+    "id", "name", "args", "status", "queue", "priority", "attempt", "max_retries", "timeout",
+    "group", "batch", "key", "trace_id", "limits", "halt_group_on_failure",
+    "created_at", "run_at", "started_at", "finished_at", "result", "error", "version",
+    "lease_token", "lease_expires_at", "worker_id", "progress", "progress_message",
+    "checkpoint", "cancel_requested",
+)
+# Fields transition(**fields) may set, and their columns.
+_SETTABLE = {
+    "result": "result", "error": "error", "run_at": "run_at", "started_at": "started_at",
+    "finished_at": "finished_at", "progress": "progress", "progress_message": "progress_message",
+    "checkpoint": "checkpoint", "worker_id": "worker_id", "lease_token": "lease_token",
+    "lease_expires_at": "lease_expires_at", "attempt": "attempt", "priority": "priority",
+    "queue": "queue", "cancel_requested": "cancel_requested", "max_retries": "max_retries",
+    "timeout": "timeout",
+}
+
+
+def parse_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///rel.db`` -> ``("rel.db", {})``; ``sqlite:////abs.db?x=y`` -> ``("/abs.db", {"x": "y"})``."""
+    prefix = "sqlite://"
+    if not url.lower().startswith(prefix):
+        raise ConfigError(f"not a SQLite store URL: {url!r} (expected sqlite:///path)")
+    rest = url[len(prefix):]
+    rest, _, query = rest.partition("?")
+    if not rest.startswith("/"):
+        raise ConfigError(f"cannot parse SQLite URL {url!r}: expected sqlite:///relative or sqlite:////absolute path")
+    path = rest[1:]
+    if not path:
+        raise ConfigError(f"SQLite URL {url!r} names no file")
+    if path == ":memory:":
+        raise ConfigError("sqlite:///:memory: is not shared between connections; use memory:// instead")
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    for name in options:
+        if name not in ("synchronous", "busy_timeout"):
+            raise ConfigError(f"unknown SQLite URL option {name!r} (known: synchronous, busy_timeout)")
+    return os.path.expanduser(path), options
+
+
+def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError) and any(
+        h in text.lower() for h in _UNAVAILABLE_HINTS
+    ):
+        return StoreUnavailable(f"cannot use SQLite database {path!r}: {text}")
+    return StoreError(f"SQLite store {path!r}: {text}")
+
+
+def _guard(fn):
+    """Translate sqlite3 errors into corral's StoreError tree at the boundary."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    return wrapper
+
+
+def _record(row: Sequence, deps: tuple[int, ...] = ()) -> TaskRecord:
+    rec = TaskRecord(**dict(zip(_FIELDS, row)))
+    rec.status = State(rec.status)
+    rec.limits = tuple(json.loads(rec.limits)) if rec.limits else ()
+    rec.halt_group_on_failure = bool(rec.halt_group_on_failure)
+    rec.cancel_requested = bool(rec.cancel_requested)
+    rec.depends_on = deps
+    return rec
+
+
+def _split_script(script: str) -> list[str]:
+    """Split a script into statements (executescript would COMMIT our transaction)."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            out.append(buf.strip())
+            buf = ""
+    if buf.strip() and not all(l.strip().startswith("--") or not l.strip() for l in buf.splitlines()):
+        out.append(buf.strip())
+    return out
+
+
+class SQLiteStore(Store):
+    """The store on one SQLite file (see the module docstring)."""
+
+    shared = True
+
+    def __init__(self, url: str):
+        self.url = url
+        self.path, options = parse_url(url)
+        sync = options.get("synchronous", "NORMAL").upper()
+        if sync not in _SYNCHRONOUS:
+            raise ConfigError(f"synchronous must be one of {', '.join(_SYNCHRONOUS)}, not {sync!r}")
+        self.synchronous = sync
+        try:
+            self.busy_timeout_ms = int(options.get("busy_timeout", "5000"))
+        except ValueError:
+            raise ConfigError(f"busy_timeout must be milliseconds, not {options['busy_timeout']!r}") from None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._conns: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+        self._closed = False
+        directory = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(directory):
+            raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: directory {directory!r} does not exist")
+        self._con()  # fail now, not at first use, when the file cannot be opened
+        self.migrate()  # idempotent and cheap once done; a store is usable as opened
+
+    def __reduce__(self):  # a store travels to a spawned process as its URL
+        return (type(self), (self.url,))
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.url!r})"
+
+    # ---- connections --------------------------------------------------------
+    def _con(self) -> sqlite3.Connection:
+        if self._pid != os.getpid():  # forked: the parent's connections are not ours
+            self._pid = os.getpid()
+            self._local = threading.local()
+            self._conns = []
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            return con
+        if self._closed:
+            raise StoreError("SQLite store is closed")
+        try:
+            con = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout_ms / 1000.0,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
+            )
+            con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            self._set_wal(con)
+            con.execute(f"PRAGMA synchronous = {self.synchronous}")
+            con.execute("PRAGMA temp_store = MEMORY")
+            con.execute("PRAGMA cache_size = -16000")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {str(exc).splitlines()[0]}") from exc
+        self._local.con = con
+        with self._lock:
+            self._conns.append(con)
+        return con
+
+    def _set_wal(self, con: sqlite3.Connection) -> None:
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000.0
+        while True:
+            try:
+                mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:  # another process is converting it
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+        if str(mode).lower() != "wal":
+            raise StoreUnavailable(f"cannot put SQLite database {self.path!r} in WAL mode (got {mode!r})")
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One short write transaction that holds the write lock from its start."""
+        con = self._con()
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            yield con
+            con.execute("COMMIT")
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A consistent snapshot for several reads."""
+        con = self._con()
+        con.execute("BEGIN")
+        try:
+            yield con
+        finally:
+            if con.in_transaction:
+                con.execute("COMMIT")
+
+    # ---- life cycle -------------------------------------------------------
+    @_guard
+    def migrate(self) -> None:
+        with self._write() as con:
+            con.execute(Q["schema_version_table"])
+            version = con.execute(Q["schema_version_get"]).fetchone()[0] or 0
+            if version >= SCHEMA_VERSION:
+                return
+            for stmt in _split_script(Q["schema"]):
+                con.execute(stmt)
+            con.execute(Q["schema_version_set"], (SCHEMA_VERSION,))
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for con in conns:
+            try:
+                con.close()
+            except sqlite3.Error:  # pragma: no cover - closing is best effort
+                pass
+        self._local = threading.local()
+
+    def now(self) -> float:
+        return time.time()
+
+    # ---- helpers ------------------------------------------------------------
+    def _deps(self, con: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, ...]]:
+        if not ids:
+            return {}
+        out: dict[int, list[int]] = {}
+        for tid, dep in con.execute(Q["deps_of"], (dumps(list(ids)),)):
+            out.setdefault(tid, []).append(dep)
+        return {k: tuple(v) for k, v in out.items()}
+
+    def _records(self, con: sqlite3.Connection, rows: Sequence[Sequence]) -> list[TaskRecord]:
+        deps = self._deps(con, [r[0] for r in rows])
+        return [_record(r, deps.get(r[0], ())) for r in rows]
+
+    def _after_final(self, con: sqlite3.Connection, ended: Sequence[tuple[int, State]], now: float) -> None:
+        """Dependents of tasks that just reached a final state."""
+        if not ended:
+            return
+        with_dependents = {r[0] for r in con.execute(Q["has_dependents"], (dumps([i for i, _ in ended]),))}
+        if not with_dependents:
+            return
+        frontier = []
+        for tid, status in ended:
+            if tid not in with_dependents:
+                continue
+            if status is State.SUCCESS:
+                con.execute(Q["promote_dependents"], (tid,))
+            else:
+                frontier.append((tid, status))
+        while frontier:  # fail WAITING dependents, and theirs
+            nxt = []
+            for tid, status in frontier:
+                for (did,) in con.execute(Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)).fetchall():
+                    nxt.append((did, State.FAILED))
+            frontier = nxt
+
+    # ---- producers --------------------------------------------------------
+    @_guard
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        with self._write() as con:
+            now = time.time()
+            all_deps = {d for t in tasks for d in t.depends_on}
+            dep_state: dict[int, State] = {}
+            if all_deps:
+                dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
+                missing = sorted(all_deps - dep_state.keys())
+                if missing:
+                    raise SubmitError(f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}")
+            next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+            results: list[SubmitResult] = []
+            rows, edges = [], []
+            batch_keys: dict[str, int] = {}
+            for nt in tasks:
+                if nt.key is not None:
+                    existing = batch_keys.get(nt.key)
+                    if existing is None:
+                        hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
+                        existing = hit[0] if hit else None
+                    if existing is not None:
+                        results.append(SubmitResult(existing, False))
+                        continue
+                tid = next_id
+                next_id += 1
+                status, error, finished_at = State.PENDING, None, None
+                seen: set[int] = set()
+                for dep in nt.depends_on:
+                    if dep in seen:
+                        continue
+                    seen.add(dep)
+                    edges.append((tid, len(seen) - 1, dep))
+                    ds = dep_state[dep]
+                    if status is State.FAILED or ds is State.SUCCESS:
+                        continue
+                    if ds in FINAL:
+                        status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
+                    else:
+                        status = State.WAITING
+                rows.append((
+                    tid, nt.name, nt.args, status.value, nt.queue, nt.priority, nt.max_retries,
+                    nt.timeout, nt.group, nt.batch, nt.key, nt.trace_id,
+                    dumps(list(nt.limits)) if nt.limits else None,
+                    1 if nt.halt_group_on_failure else 0, now,
+                    nt.run_at if nt.run_at is not None else now, finished_at, error,
+                ))
+                if nt.key is not None:
+                    batch_keys[nt.key] = tid
+                results.append(SubmitResult(tid, True))
+            if rows:
+                con.executemany(Q["insert_task"], rows)
+            if edges:
+                con.executemany(Q["insert_dep"], edges)
+        return results
+
+    # ---- workers ----------------------------------------------------------
+    @_guard
+    def claim(
+        self,
+        worker_id: str,
+        queues: Collection[str],
+        max_units: int,
+        *,
+        names: Collection[str] | None = None,
+        chunk_size: int = 1,
+        lease_seconds: float = 30.0,
+    ) -> list[Claim]:
+        if max_units <= 0 or not queues:
+            return []
+        known = None if names is None else set(names)
+        with self._write() as con:
+            now = time.time()
+            picked = self._pick(con, sorted(set(queues)), max_units, known, chunk_size, now)
+            if not picked:
+                return []
+            expires = now + lease_seconds
+            claims: list[Claim] = []
+            rows_by_claim: list[tuple[str, str | None, list]] = []
+            touched: dict[str, float] = {}
+            for members in picked:
+                token = uuid.uuid4().hex
+                rows = con.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
+                for m in members[1:]:
+                    rows += con.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
+                group = members[0][3]
+                if group is not None:
+                    touched[group] = now
+                rows_by_claim.append((token, group, rows))
+            if touched:
+                con.executemany(Q["touch_group"], list(touched.items()))
+            deps = self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows])
+            for token, group, rows in rows_by_claim:
+                if rows:
+                    claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
+        return claims
+
+    def _pick(self, con, queues, max_units, known, chunk_size, now) -> list[list[tuple]]:
+        """Choose the claims (lists of candidate rows) by the claim rules; writes nothing."""
+        last_claimed: dict[str, float] = {}
+        specs: dict[str, int] | None = None
+        usage: dict[str, int] | None = None
+
+        def eligible_key(row) -> tuple:
+            tid, prio, run_at, group = row[0], row[1], row[2], row[3]
+            if group is None:
+                return (-prio, run_at, tid)
+            lca = last_claimed.get(group)
+            if lca is None:
+                hit = con.execute(Q["group_last_claimed"], (group,)).fetchone()
+                lca = last_claimed[group] = hit[0] if hit else 0.0
+            return (-prio, max(run_at, lca), tid)
+
+        def fits(limit_names) -> bool:
+            nonlocal specs, usage
+            if specs is None:
+                specs = {n: c for n, c, _ in con.execute(Q["limit_specs"]) if c is not None}
+                usage = dict(con.execute(Q["limit_usage"]).fetchall())
+            return all(usage.get(n, 0) < specs[n] for n in limit_names if n in specs)
+
+        cursors = [con.execute(Q["claim_candidates"], (q, now)) for q in queues]
+        stream = cursors[0] if len(cursors) == 1 else heapq.merge(*cursors, key=lambda r: (-r[1], r[2], r[0]))
+        heap: list = []
+        picked: list[list[tuple]] = []
+
+        def take(row) -> bool:
+            """Try to make a claim headed by ``row``; True when max_units is reached."""
+            if known is not None and row[4] not in known:
+                return False
+            lims = set(json.loads(row[5])) if row[5] else set()
+            if lims and not fits(lims):
+                return False
+            members = [row]
+            if row[3] is not None and chunk_size > 1:
+                for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
+                    if f[7] not in (_PENDING, _RETRYING) or f[2] > now or f[6] != row[6]:
+                        break
+                    if known is not None and f[4] not in known:
+                        break
+                    more = (set(json.loads(f[5])) if f[5] else set()) - lims
+                    if more and not fits(more):
+                        break
+                    lims |= more
+                    members.append(f)
+            if lims and usage is not None:
+                for n in lims:
+                    usage[n] = usage.get(n, 0) + 1
+            picked.append(members)
+            return len(picked) >= max_units
+
+        try:
+            done = False
+            for row in stream:
+                index_key = (-row[1], row[2], row[0])
+                heapq.heappush(heap, (eligible_key(row), row))
+                while heap and heap[0][0] <= index_key:
+                    if take(heapq.heappop(heap)[1]):
+                        done = True
+                        break
+                if done:
+                    break
+            while not done and heap:
+                done = take(heapq.heappop(heap)[1])
+        finally:
+            for c in cursors:
+                c.close()
+        return picked
+
+    @_guard
+    def mark_started(self, task_id: int, token: str) -> bool:
+        with self._write() as con:
+            return con.execute(Q["mark_started"], (time.time(), task_id, token)).rowcount == 1
+
+    @_guard
+    def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
+        tokens = set(tokens)
+        reply = HeartbeatReply()
+        if not tokens:
+            return reply
+        arg = dumps(sorted(tokens))
+        with self._write() as con:
+            con.execute(Q["heartbeat_extend"], (time.time() + lease_seconds, arg))
+            held = set()
+            for tid, token, cancel in con.execute(Q["heartbeat_held"], (arg,)):
+                held.add(token)
+                if cancel:
+                    reply.cancel_requested.add(tid)
+        reply.lost_tokens = tokens - held
+        return reply
+
+    @_guard
+    def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        outcomes = list(outcomes)
+        for o in outcomes:
+            check_transition(State.RUNNING, o.status)
+        if not outcomes:
+            return []
+        applied: list[bool] = []
+        ended: list[tuple[int, State]] = []
+        with self._write() as con:
+            now = time.time()
+            cur = con.cursor()
+            final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
+            for o in outcomes:
+                status = State(o.status)
+                set_error = o.error is not None or status is State.SUCCESS
+                give_back = 0 if o.burn_attempt else 1
+                if status in FINAL:
+                    cur.execute(final_sql, (
+                        status.value, o.result, set_error, o.error, o.finished_at or now, o.started_at,
+                        give_back, o.task_id, o.token, o.version,
+                    ))
+                else:
+                    cur.execute(requeue_sql, (
+                        status.value, o.result, set_error, o.error,
+                        o.run_at if o.run_at is not None else now, o.started_at,
+                        give_back, o.task_id, o.token, o.version,
+                    ))
+                ok = cur.rowcount == 1
+                applied.append(ok)
+                if ok and status in FINAL:
+                    ended.append((o.task_id, status))
+            self._after_final(con, ended, now)
+        return applied
+
+    def wait_for_work(self, timeout: float) -> None:
+        """Return when another connection (any process) commits, or after ``timeout``."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            con = self._con()
+            pragma = "PRAGMA data_version"
+            seen = con.execute(pragma).fetchone()[0]
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                time.sleep(min(0.001, remaining))
+                if con.execute(pragma).fetchone()[0] != seen:
+                    return
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    @_guard
+    def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
+        with self._write() as con:
+            return con.execute(Q["set_progress"], (fraction, message, task_id, token)).rowcount == 1
+
+    @_guard
+    def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
+        with self._write() as con:
+            row = con.execute(Q["checkpoint_get"], (task_id, token)).fetchone()
+            if row is None:
+                return False
+            cp = loads(row[0]) or {}
+            cp.pop(stage, None)
+            cp[stage] = loads(data_json)
+            return con.execute(Q["checkpoint_set"], (dumps(cp), task_id, token)).rowcount == 1
+
+    # ---- operators --------------------------------------------------------
+    @_guard
+    def get(self, task_id: int) -> TaskRecord | None:
+        with self._read() as con:
+            row = con.execute(Q["get_task"], (task_id,)).fetchone()
+            if row is None:
+                return None
+            return self._records(con, [row])[0]
+
+    @_guard
+    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
+        where, params = [], []
+        for column, value in (
+            ("status", State(flt.status).value if flt.status is not None else None),
+            ("queue", flt.queue),
+            ("batch", flt.batch),
+            ("group_key", flt.group),
+            ("name", flt.name),
+        ):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = Q["select_tasks"]
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC" if flt.newest_first else " ORDER BY id"
+        sql += " LIMIT ? OFFSET ?"
+        params += [max(0, flt.limit), max(0, flt.offset)]
+        with self._read() as con:
+            return self._records(con, con.execute(sql, params).fetchall())
+
+    @_guard
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        con = self._con()
+        if queue is None:
+            rows = con.execute(Q["counts_all"]).fetchall()
+        else:
+            rows = con.execute(Q["counts_queue"], (queue,)).fetchall()
+        return {status: n for status, n in rows}
+
+    @_guard
+    def cancel(self, task_id: int) -> TaskRecord | None:
+        with self._write() as con:
+            row = con.execute(Q["status_of"], (task_id,)).fetchone()
+            if row is None:
+                return None
+            status = State(row[0])
+            now = time.time()
+            if status is State.RUNNING:
+                con.execute(Q["cancel_running"], (task_id,))
+            elif status in (State.WAITING, State.PENDING, State.RETRYING):
+                con.execute(Q["cancel_queued"], (now, task_id))
+                self._after_final(con, [(task_id, State.CANCELED)], now)
+            return self._records(con, [con.execute(Q["get_task"], (task_id,)).fetchone()])[0]
+
+    @_guard
+    def retry(self, task_id: int) -> bool:
+        with self._write() as con:
+            return con.execute(Q["retry_task"], (time.time(), task_id)).rowcount == 1
+
+    @_guard
+    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
+        to = State(to)
+        unknown = set(fields) - _SETTABLE.keys()
+        if unknown:
+            raise StoreError(f"transition() cannot set {', '.join(sorted(unknown))}")
+        with self._write() as con:
+            row = con.execute(Q["status_of"], (task_id,)).fetchone()
+            if row is None or row[1] != expected_version:
+                return False
+            current = State(row[0])
+            check_transition(current, to)
+            now = time.time()
+            values = {_SETTABLE[k]: v for k, v in fields.items()}
+            if to in FINAL:
+                values.setdefault("finished_at", now)
+            if to is State.RUNNING:
+                values.setdefault("lease_token", uuid.uuid4().hex)
+                values.setdefault("lease_expires_at", now + 30.0)
+                values.setdefault("started_at", now)
+            elif current is State.RUNNING:
+                values.setdefault("lease_token", None)
+                values.setdefault("lease_expires_at", None)
+            if to in QUEUED:
+                values.setdefault("finished_at", None)
+                if current in FINAL or current is State.RUNNING:
+                    values.setdefault("run_at", now)
+            if "cancel_requested" in values:
+                values["cancel_requested"] = 1 if values["cancel_requested"] else 0
+            assignments = "".join(f", {col} = ?" for col in sorted(values))
+            params = [to.value, *(values[c] for c in sorted(values)), task_id, expected_version]
+            sql = f"UPDATE tasks SET status = ?, version = version + 1{assignments} WHERE id = ? AND version = ?"
+            if con.execute(sql, params).rowcount != 1:  # pragma: no cover - serialised by the write lock
+                return False
+            if to in FINAL:
+                self._after_final(con, [(task_id, to)], now)
+            return True
+
+    @_guard
+    def batch_summary(self, batch: str) -> BatchSummary:
+        with self._read() as con:
+            counts: dict[str, int] = {}
+            first, last = None, None
+            for status, n, created, finished in con.execute(Q["batch_counts"], (batch,)):
+                counts[status] = n
+                first = created if first is None else min(first, created)
+                if finished is not None:
+                    last = finished if last is None else max(last, finished)
+            durations = [d for (d,) in con.execute(Q["batch_durations"], (batch,))]
+        return BatchSummary(
+            batch=batch,
+            counts=counts,
+            status=base.batch_status(counts),
+            total=sum(counts.values()),
+            avg_duration=sum(durations) / len(durations) if durations else None,
+            p99_duration=base.percentile(durations, 0.99),
+            first_created_at=first,
+            last_finished_at=last,
+        )
+
+    # ---- limits -----------------------------------------------------------
+    @_guard
+    def set_limit(self, spec: LimitSpec) -> None:
+        with self._write() as con:
+            con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate))
+
+    @_guard
+    def limits(self) -> dict[str, LimitSpec]:
+        return {n: LimitSpec(n, c, r) for n, c, r in self._con().execute(Q["limit_specs"])}
+
+    @_guard
+    def limit_usage(self) -> dict[str, int]:
+        return {n: c for n, c in self._con().execute(Q["limit_usage"]) if c}
+
+    # ---- maintenance ------------------------------------------------------
+    @_guard
+    def sweep(self, *, stale_pending_age: float | None = base.DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
+        rep = SweepReport()
+        with self._write() as con:
+            now = time.time()
+            ended: list[tuple[int, State]] = []
+
+            def budget() -> int:
+                return max(0, max_rows - rep.total)
+
+            for tid, version, started_at, attempt, max_retries in con.execute(
+                Q["sweep_expired"], (now, budget())
+            ).fetchall():
+                if started_at is None:  # a chunk member that never started: attempt intact
+                    if con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version)).rowcount:
+                        rep.lost_leases_retried.append(tid)
+                elif attempt <= max_retries:
+                    if con.execute(Q["sweep_requeue"], (_RETRYING, now, base.LOST_LEASE_ERROR, tid, version)).rowcount:
+                        rep.lost_leases_retried.append(tid)
+                elif con.execute(Q["sweep_fail"], (base.LOST_LEASE_ERROR, now, tid, version)).rowcount:
+                    rep.lost_leases_failed.append(tid)
+                    ended.append((tid, State.FAILED))
+            for tid, version in con.execute(Q["sweep_overdue"], (now, budget())).fetchall():
+                if con.execute(Q["sweep_fail"], (base.OVERDUE_ERROR, now, tid, version)).rowcount:
+                    rep.overdue_failed.append(tid)
+                    ended.append((tid, State.FAILED))
+            if stale_pending_age is not None:
+                for tid, version in con.execute(Q["sweep_stale_pending"], (now - stale_pending_age, budget())).fetchall():
+                    if con.execute(Q["sweep_cancel_pending"], (base.STALE_PENDING_ERROR, now, tid, version)).rowcount:
+                        rep.stale_pending_canceled.append(tid)
+                        ended.append((tid, State.CANCELED))
+            for tid, version in con.execute(Q["sweep_exhausted"], (budget(),)).fetchall():
+                if con.execute(Q["sweep_fail"], (base.EXHAUSTED_ERROR, now, tid, version)).rowcount:
+                    rep.exhausted_failed.append(tid)
+                    ended.append((tid, State.FAILED))
+            self._after_final(con, ended, now)
+        return rep
+
+    @_guard
+    def try_lead(self, role: str, holder: str, ttl: float) -> bool:
+        with self._write() as con:
+            now = time.time()
+            return con.execute(Q["try_lead"], (role, holder, now + ttl, now)).rowcount == 1
+
+
+__all__ = ["SQLiteStore", "parse_url", "SCHEMA_VERSION"]
