@@ -737,9 +737,8 @@ class SQLiteStore(Store):
             for tid, version, started_at, attempt, max_retries in con.execute(
                 Q["sweep_expired"], (now, budget())
             ).fetchall():
-                if started_at is None:  # a chunk member that never started: attempt intact
-                    if con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version)).rowcount:
-                        rep.lost_leases_retried.append(tid)
+                if started_at is None:  # a chunk member that never started: back, attempt intact
+                    con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version))
                 elif attempt <= max_retries:
                     if con.execute(Q["sweep_requeue"], (_RETRYING, now, base.LOST_LEASE_ERROR, tid, version)).rowcount:
                         rep.lost_leases_retried.append(tid)
