@@ -1,0 +1,159 @@
+"""Leases and cancel: heartbeat extends, reports lost leases and cancel flags."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from corral.core.states import State
+
+from .conftest import (
+    claim,
+    claim_one,
+    expire_lease,
+    finish,
+    new,
+    status_of,
+    submit,
+    submit_one,
+    wait_for,
+)
+
+
+def test_heartbeat_extends_the_lease(store):
+    tid = submit_one(store)
+    (c,) = claim(store, 1, lease_seconds=5)
+    before = store.get(tid).lease_expires_at
+    reply = store.heartbeat([c.token], 120)
+    assert reply.lost_tokens == set()
+    assert reply.cancel_requested == set()
+    after = store.get(tid)
+    assert after.lease_expires_at >= before + 100
+    assert after.status == State.RUNNING
+    assert after.lease_token == c.token
+
+
+def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(store):
+    tid = submit_one(store, max_retries=3)
+    (c,) = claim(store, 1, lease_seconds=0.3)
+    first_expiry = store.get(tid).lease_expires_at
+    store.heartbeat([c.token], 60)
+    wait_for(lambda: store.now() > first_expiry + 0.05, message="first lease expiry")
+    report = store.sweep()
+    assert tid not in report.lost_leases_retried + report.lost_leases_failed
+    assert status_of(store, tid) is State.RUNNING
+    assert store.heartbeat([c.token], 60).lost_tokens == set()
+
+
+def test_heartbeat_extends_every_task_of_a_chunk(store):
+    ids = submit(store, *[new(group="g") for _ in range(3)])
+    (c,) = claim(store, 1, chunk_size=3, lease_seconds=5)
+    store.heartbeat([c.token], 120)
+    now = store.now()
+    for tid in ids:
+        assert store.get(tid).lease_expires_at >= now + 100
+
+
+def test_heartbeat_reports_unknown_tokens_as_lost(store):
+    submit_one(store)
+    (c,) = claim(store, 1)
+    reply = store.heartbeat([c.token, "never-issued"], 30)
+    assert reply.lost_tokens == {"never-issued"}
+
+
+def test_heartbeat_reports_lost_token_after_sweep(store):
+    tid = submit_one(store, max_retries=3)
+    (c,) = claim(store, 1, lease_seconds=0.2)
+    expire_lease(store, c.tasks[0])
+    report = store.sweep()
+    assert tid in report.lost_leases_retried
+    reply = store.heartbeat([c.token], 30)
+    assert c.token in reply.lost_tokens
+    # the heartbeat did not revive it
+    rec = store.get(tid)
+    assert rec.status == State.RETRYING
+    assert rec.lease_token != c.token
+
+
+def test_heartbeat_reports_lost_token_after_completion(store):
+    submit_one(store)
+    (c,) = claim(store, 1)
+    assert finish(store, c.tasks[0])
+    assert c.token in store.heartbeat([c.token], 30).lost_tokens
+
+
+def test_cancel_running_sets_flag_and_heartbeat_reports_it(store):
+    tid = submit_one(store)
+    other = submit_one(store)
+    got = claim(store, 2)
+    tokens = [c.token for c in got]
+    rec = store.cancel(tid)
+    assert rec.status == State.RUNNING
+    assert rec.cancel_requested is True
+    assert store.get(tid).cancel_requested is True
+    assert store.get(other).cancel_requested is False
+    reply = store.heartbeat(tokens, 30)
+    assert reply.cancel_requested == {tid}
+    assert reply.lost_tokens == set()
+    # the worker then ends it CANCELED
+    (mine,) = [t for c in got for t in c.tasks if t.id == tid]
+    assert finish(store, mine, State.CANCELED)
+    assert status_of(store, tid) is State.CANCELED
+
+
+def test_cancel_pending_is_immediate(store):
+    tid = submit_one(store)
+    rec = store.cancel(tid)
+    assert rec.status == State.CANCELED
+    assert store.get(tid).status == State.CANCELED
+    assert store.get(tid).finished_at is not None
+    assert claim(store, 5) == []
+
+
+def test_cancel_retrying_is_immediate(store):
+    tid = submit_one(store, max_retries=3)
+    assert finish(store, claim_one(store), State.RETRYING, run_at=store.now())
+    assert store.cancel(tid).status == State.CANCELED
+    assert status_of(store, tid) is State.CANCELED
+    assert claim(store, 5) == []
+
+
+def test_cancel_waiting_is_immediate(store):
+    up = submit_one(store, "up")
+    tid = submit_one(store, "down", depends_on=(up,))
+    assert store.cancel(tid).status == State.CANCELED
+    assert status_of(store, tid) is State.CANCELED
+
+
+def test_cancel_final_changes_nothing(store):
+    tid = submit_one(store)
+    assert finish(store, claim_one(store), State.FAILED, error="x")
+    version = store.get(tid).version
+    rec = store.cancel(tid)
+    assert rec.status == State.FAILED
+    assert store.get(tid).version == version
+
+
+def test_cancel_unknown_is_none(store):
+    assert store.cancel(123456) is None
+
+
+def test_wait_for_work_returns_early_on_submit(store):
+    done = threading.Event()
+    timeout = 10.0
+
+    def waiter():
+        store.wait_for_work(timeout)
+        done.set()
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=waiter, daemon=True)
+    th.start()
+
+    def submitted_and_woken():
+        submit_one(store, "wake")
+        return done.wait(0.05)
+
+    wait_for(submitted_and_woken, timeout=5, message="wait_for_work woke up")
+    assert time.monotonic() - t0 < timeout / 2
+    th.join(timeout)
