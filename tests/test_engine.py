@@ -1,0 +1,526 @@
+"""The engine on memory://: retries, timeouts, cancel, groups, drain, backpressure, ctx."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+
+import pytest
+
+import corral
+from corral import State
+from corral.errors import AppClosed, BadArguments, GroupDeadlock, QueueFull, TaskFailed, UnknownTask
+from helpers import wait_for
+
+FAST = corral.Backoff(base=0.001, cap=0.01, jitter=0.5)
+
+
+@pytest.fixture
+def app():
+    a = corral.App("memory://")
+    yield a
+    a.close(timeout=10)
+
+
+def test_submit_returns_handle_and_result(app):
+    @app.task
+    def add(a, b):
+        return a + b
+
+    h = add.submit(2, 3)
+    app.start(workers=2)
+    assert h.result(timeout=5) == 5
+    assert h.status() is State.SUCCESS
+    rec = h.get()
+    assert rec.attempt == 1 and rec.started_at <= rec.finished_at and rec.trace_id
+
+
+def test_plain_function_stays_plain(app):
+    @app.task(retries=2)
+    def double(x):
+        return 2 * x
+
+    assert double(4) == 8  # calling the task runs the function
+
+
+def test_bad_args_and_unknown_names_are_rejected_with_nothing_stored(app):
+    @app.task
+    def t(x):
+        return x
+
+    with pytest.raises(BadArguments):
+        t.submit(object())
+    with pytest.raises(BadArguments):
+        t.submit_many([(1,), (object(),)])  # the whole bulk is refused
+    with pytest.raises(UnknownTask):
+        app.submit("nope", args=[1])
+    with pytest.raises(BadArguments):
+        t.submit(1, retries=-1)
+    assert app.counts() == {}
+
+
+def test_permanent_error_is_not_retried(app):
+    calls = []
+
+    @app.task(retries=5, backoff=FAST)
+    def bad(x):
+        calls.append(x)
+        raise ValueError("invalid sku")
+
+    h = bad.submit(1)
+    app.start(workers=2)
+    with pytest.raises(TaskFailed) as exc:
+        h.result(timeout=5)
+    assert exc.value.state == "FAILED" and "invalid sku" in exc.value.error
+    assert calls == [1]
+    assert h.get().attempt == 1
+
+
+def test_retryable_error_retries_then_succeeds_and_exhausts_to_failed(app):
+    attempts = {"ok": 0, "never": 0}
+
+    @app.task(retries=3, backoff=FAST)
+    def flaky(kind, ctx=None):
+        attempts[kind] += 1
+        if kind == "never" or attempts[kind] < 3:
+            raise ConnectionError("reset by peer")
+        return attempts[kind]
+
+    ok, never = flaky.submit("ok"), flaky.submit("never")
+    app.start(workers=2)
+    assert ok.result(timeout=5) == 3
+    with pytest.raises(TaskFailed):
+        never.result(timeout=5)
+    assert attempts["never"] == 4  # 1 + 3 retries
+    rec = never.get()
+    assert rec.status is State.FAILED and rec.attempt == 4 and "gave up after 4 attempts" in rec.error
+
+
+def test_ctx_retry_after_and_attempt(app):
+    seen = []
+
+    @app.task(retries=2)
+    def t(ctx):
+        seen.append(ctx.attempt)
+        if ctx.attempt == 1:
+            ctx.retry(after=0.0)
+        return ctx.attempt
+
+    h = t.submit()
+    app.start(workers=1)
+    assert h.result(timeout=5) == 2
+    assert seen == [1, 2]
+
+
+def test_retry_does_not_jump_ahead_of_fresh_work(app):
+    order = []
+
+    @app.task(retries=1)
+    def t(ctx, name):
+        order.append((name, ctx.attempt))
+        if name == "a" and ctx.attempt == 1:
+            ctx.retry(after=0.0)
+
+    for name in "abc":
+        t.submit(name)
+    app.start(workers=1)
+    assert app.drain(5)
+    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 2)]
+
+
+def test_hung_thread_task_times_out_and_its_slot_is_replaced(app):
+    release = threading.Event()
+    finished_late = threading.Event()
+
+    @app.task(timeout=0.2)
+    def hang():
+        release.wait(20)
+        finished_late.set()
+        return "late"
+
+    @app.task
+    def quick(i):
+        return i
+
+    h = hang.submit()
+    app.start(workers=1)  # one slot: the quick tasks can only run if it is replaced
+    wait_for(lambda: h.status() is State.TIMEOUT, message="hung task should time out")
+    quick_handles = [quick.submit(i) for i in range(5)]
+    assert [q.result(timeout=5) for q in quick_handles] == list(range(5))
+    assert not finished_late.is_set()  # the hung thread is still blocked, yet work went on
+    release.set()
+    wait_for(finished_late.is_set)
+    rec = h.get()
+    assert rec.status is State.TIMEOUT and rec.result is None  # late result discarded
+    assert "timed out" in rec.error
+
+
+def test_timeout_with_retries_left_retries(app):
+    runs = []
+
+    @app.task(timeout=0.2, retries=1, backoff=FAST)
+    def slow_once(ctx):
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            threading.Event().wait(2)
+        return "ok"
+
+    h = slow_once.submit()
+    app.start(workers=2)
+    assert h.result(timeout=10) == "ok"
+    assert runs[:2] == [1, 2]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_process_task_is_killed_on_timeout(app, tmp_path):
+    pidfile = tmp_path / "pid"
+
+    @app.task(timeout=0.5, isolation="process")
+    def stuck(path):
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+
+    h = stuck.submit(str(pidfile))
+    app.start(workers=1)
+    wait_for(lambda: h.status() is State.TIMEOUT, message="process task should time out")
+    pid = int(pidfile.read_text())
+    wait_for(lambda: not _pid_alive(pid), message="child process should be killed")
+
+
+def test_process_task_is_killed_on_cancel(app, tmp_path):
+    pidfile = tmp_path / "pid"
+
+    @app.task(isolation="process")
+    def stuck(path):
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        while True:
+            time.sleep(0.05)
+
+    h = stuck.submit(str(pidfile))
+    app.start(workers=1)
+    wait_for(pidfile.exists)
+    pid = int(wait_for(lambda: pidfile.read_text()))
+    app.cancel(h.id)
+    wait_for(lambda: h.status() is State.CANCELED, message="process task should be canceled")
+    wait_for(lambda: not _pid_alive(pid), message="child process should be killed")
+
+
+def test_process_task_returns_result_and_reports_progress(app):
+    @app.task(isolation="process")
+    def compute(ctx, n):
+        ctx.progress(0.5, "half way")
+        ctx.checkpoint("stage1", {"n": n})
+        return n * n
+
+    h = compute.submit(7)
+    app.start(workers=1)
+    assert h.result(timeout=10) == 49
+    rec = h.get()
+    assert rec.progress == 0.5 and rec.progress_message == "half way"
+    assert '"stage1"' in rec.checkpoint
+
+
+def test_cancel_pending_is_immediate_and_running_sees_flag(app):
+    started = threading.Event()
+    go = threading.Event()
+
+    @app.task
+    def coop(ctx):
+        started.set()
+        go.wait(10)
+        ctx.check_cancelled()
+        return "not canceled"
+
+    @app.task
+    def never():
+        return 1
+
+    pend = never.submit()
+    assert app.cancel(pend.id).status is State.CANCELED
+    running = coop.submit()
+    app.start(workers=2)
+    wait_for(started.is_set)
+    rec = app.cancel(running.id)
+    assert rec.status is State.RUNNING and rec.cancel_requested
+    go.set()
+    wait_for(lambda: running.status() is State.CANCELED)
+    assert pend.status() is State.CANCELED
+
+
+def test_async_tasks_run_on_an_event_loop(app):
+    import asyncio
+
+    @app.task
+    async def fetch(x):
+        await asyncio.sleep(0.01)
+        return x + 1
+
+    hs = [fetch.submit(i) for i in range(20)]
+    app.start(workers=10)
+    assert [h.result(timeout=5) for h in hs] == list(range(1, 21))
+
+
+def test_order_holds_in_every_group_under_8_workers_with_random_failures(app):
+    """The heart: strict submit order per group, one in flight per group,
+    across retries, with random durations and random retryable failures."""
+    rng = random.Random(42)
+    lock = threading.Lock()
+    done: dict[str, list[int]] = {}
+    in_flight: dict[str, int] = {}
+    max_in_flight = {"value": 0}
+    fail_plan = {(g, i) for g in range(12) for i in range(40) if rng.random() < 0.15}
+
+    @app.task(retries=10, backoff=FAST)
+    def step(ctx, g, i, dur):
+        with lock:
+            in_flight[g] = in_flight.get(g, 0) + 1
+            max_in_flight["value"] = max(max_in_flight["value"], in_flight[g])
+        try:
+            time.sleep(dur)
+            if (int(g[1:]), i) in fail_plan and ctx.attempt == 1:
+                raise ConnectionError("downstream hiccup")
+            with lock:
+                done.setdefault(g, []).append(i)
+        finally:
+            with lock:
+                in_flight[g] -= 1
+
+    calls = [
+        {"args": (f"g{g}", i, rng.uniform(0, 0.003)), "group": f"g{g}"}
+        for i in range(40) for g in range(12)
+    ]
+    step.submit_many(calls)
+    app.start(workers=8, chunk_size=4)
+    assert app.drain(60)
+    assert max_in_flight["value"] == 1, "a group had two tasks in flight"
+    for g in range(12):
+        assert done[f"g{g}"] == list(range(40)), f"group g{g} out of order"
+    assert app.counts() == {"SUCCESS": 480}
+    assert len(fail_plan) > 10  # the failures really happened
+
+
+def test_round_robin_keeps_small_group_latency_low(app):
+    order = []
+
+    @app.task
+    def t(g, i):
+        order.append(g)
+
+    t.submit_many([{"args": ("big", i), "group": "big"} for i in range(500)])
+    t.submit_many([{"args": ("small", i), "group": "small"} for i in range(5)])
+    app.start(workers=1)
+    assert app.drain(30)
+    last_small = max(i for i, g in enumerate(order) if g == "small")
+    assert last_small < 15, f"small group finished at position {last_small} of {len(order)}"
+
+
+def test_failing_head_blocks_group_and_halting_group_waits_for_operator(app):
+    order = []
+    fixed = threading.Event()
+
+    @app.task(retries=2, backoff=FAST, halt_group_on_failure=True)
+    def strict(ctx, i):
+        if i == 0 and not fixed.is_set():
+            raise ConnectionError("down")
+        order.append(i)
+
+    hs = strict.submit_many([{"args": (i,), "group": "m1"} for i in range(3)])
+    app.start(workers=4)
+    wait_for(lambda: hs[0].status() is State.FAILED)
+    assert hs[1].status() is State.PENDING and hs[2].status() is State.PENDING  # halted
+    assert order == []
+    # the operator fixes the cause and retries the head: the group resumes in order
+    fixed.set()
+    assert app.retry(hs[0].id)
+    assert app.drain(10)
+    assert order == [0, 1, 2]
+
+
+def test_group_goes_on_after_a_final_failure_by_default(app):
+    order = []
+
+    @app.task(backoff=FAST)
+    def t(i):
+        if i == 0:
+            raise ValueError("bad")
+        order.append(i)
+
+    hs = t.submit_many([{"args": (i,), "group": "g"} for i in range(3)])
+    app.start(workers=2)
+    assert app.drain(10)
+    assert hs[0].status() is State.FAILED and order == [1, 2]
+
+
+def test_waiting_on_own_group_raises_instead_of_deadlock(app):
+    @app.task
+    def child(x):
+        return x
+
+    @app.task
+    def parent(ctx):
+        h = child.submit(1, group=ctx.group)
+        try:
+            h.result(timeout=5)
+        except GroupDeadlock as exc:
+            return f"refused: {exc}"
+        return "waited"
+
+    h = parent.submit(group="merchant-1")
+    app.start(workers=2)
+    assert h.result(timeout=10).startswith("refused")
+
+
+def test_drain_loses_nothing_and_close_refuses_new_work(app):
+    done = []
+
+    @app.task
+    def t(i):
+        time.sleep(0.001)
+        done.append(i)
+
+    t.submit_many([(i,) for i in range(300)])
+    app.start(workers=8)
+    assert app.close(timeout=30)
+    assert sorted(done) == list(range(300))
+    assert app.counts() == {"SUCCESS": 300}
+    with pytest.raises(AppClosed):
+        t.submit(1)
+
+
+def test_backpressure_raise_and_block():
+    app = corral.App("memory://", max_queued=5)
+
+    @app.task
+    def t(i):
+        return i
+
+    t.submit_many([(i,) for i in range(5)])
+    with pytest.raises(QueueFull):
+        t.submit(99)
+    assert sum(app.counts().values()) == 5  # the refused one is not stored
+
+    blocking = corral.App("memory://", max_queued=5, on_full="block", full_timeout=10)
+
+    @blocking.task
+    def u(i):
+        return i
+
+    u.submit_many([(i,) for i in range(5)])
+    blocking.start(workers=2)
+    h = u.submit(5)  # waits for room, then is accepted
+    assert h.result(timeout=10) == 5
+    blocking.close(10)
+    app.close(1)
+
+
+def test_ctx_progress_checkpoint_and_rerun_skips_finished_stage(app):
+    stages_run = []
+
+    @app.task(retries=1, backoff=FAST)
+    def pipeline(ctx):
+        if not ctx.done("fetch"):
+            stages_run.append("fetch")
+            ctx.checkpoint("fetch", {"rows": 3})
+        ctx.progress(0.5, "fetched")
+        if ctx.attempt == 1:
+            raise ConnectionError("lost connection during load")
+        stages_run.append("load")
+        return ctx.checkpoints["fetch"]["rows"]
+
+    h = pipeline.submit()
+    app.start(workers=1)
+    assert h.result(timeout=5) == 3
+    assert stages_run == ["fetch", "load"]  # fetch was not redone on the re-run
+    rec = h.get()
+    assert rec.progress == 0.5 and rec.progress_message == "fetched"
+
+
+def test_log_lines_carry_trace_id(app, caplog):
+    @app.task
+    def t(ctx):
+        ctx.log.info("syncing")
+        return ctx.trace_id
+
+    h = t.submit(trace_id="sku_sync_0801_001")
+    with caplog.at_level(logging.INFO, logger="corral.task"):
+        app.start(workers=1)
+        assert h.result(timeout=5) == "sku_sync_0801_001"
+        wait_for(lambda: any("sku_sync_0801_001" in r.getMessage() for r in caplog.records))
+    assert h.get().trace_id == "sku_sync_0801_001"
+
+
+def test_idempotency_key_makes_submit_exactly_once(app):
+    @app.task
+    def t(x):
+        return x
+
+    a = t.submit(1, key="A1:tmall:0801")
+    b = t.submit(1, key="A1:tmall:0801")
+    assert a.id == b.id and a.created and not b.created
+    assert sum(app.counts().values()) == 1
+
+
+def test_dependencies_run_after_upstream(app):
+    order = []
+
+    @app.task
+    def step(name):
+        order.append(name)
+
+    first = step.submit("detail")
+    second = step.submit("images", depends_on=[first])
+    assert second.status() is State.WAITING
+    app.start(workers=4)
+    assert app.drain(10)
+    assert order == ["detail", "images"]
+
+
+def test_named_limit_caps_concurrency(app):
+    app.limit("partner_api", concurrency=3)
+    lock = threading.Lock()
+    now = {"n": 0, "max": 0}
+
+    @app.task(limits=["partner_api"])
+    def call(i):
+        with lock:
+            now["n"] += 1
+            now["max"] = max(now["max"], now["n"])
+        time.sleep(0.005)
+        with lock:
+            now["n"] -= 1
+
+    call.submit_many([(i,) for i in range(60)])
+    app.start(workers=10)
+    assert app.drain(30)
+    assert now["max"] <= 3
+    assert now["max"] == 3  # and the limit, not something else, was the cap
+
+
+def test_batch_status(app):
+    @app.task
+    def t(i):
+        if i == 2:
+            raise ValueError("bad")
+
+    t.submit_many([(i,) for i in range(4)], batch="sku-sync-0801")
+    app.start(workers=2)
+    assert app.drain(10)
+    s = app.batch_status("sku-sync-0801")
+    assert s.status == "PARTIAL_SUCCESS" and s.total == 4 and s.counts == {"SUCCESS": 3, "FAILED": 1}
