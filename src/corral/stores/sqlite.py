@@ -305,8 +305,25 @@ class SQLiteStore(Store):
         deps = self._deps(con, [r[0] for r in rows])
         return [_record(r, deps.get(r[0], ())) for r in rows]
 
-    def _after_final(self, con: sqlite3.Connection, ended: Sequence[tuple[int, State]], now: float) -> None:
-        """Dependents of tasks that just reached a final state."""
+    @staticmethod
+    def _refresh_heads(con: sqlite3.Connection, groups: Collection[str | None]) -> None:
+        """Recompute ``is_head`` of groups whose line may have changed."""
+        for g in groups:
+            if g is not None:
+                con.execute(Q["head_clear"], (g, g))
+                con.execute(Q["head_set"], (g,))
+
+    def _after_final(
+        self, con: sqlite3.Connection, ended: Sequence[tuple[int, State]], now: float, groups: set | None = None
+    ) -> None:
+        """Dependents of tasks that just reached a final state, then group heads."""
+        groups = set() if groups is None else groups
+        try:
+            self._dependents_after_final(con, ended, now, groups)
+        finally:
+            self._refresh_heads(con, groups)
+
+    def _dependents_after_final(self, con, ended, now, groups: set) -> None:
         if not ended:
             return
         with_dependents = {r[0] for r in con.execute(Q["has_dependents"], (dumps([i for i, _ in ended]),))}
@@ -323,8 +340,9 @@ class SQLiteStore(Store):
         while frontier:  # fail WAITING dependents, and theirs
             nxt = []
             for tid, status in frontier:
-                for (did,) in con.execute(Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)).fetchall():
+                for did, group in con.execute(Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)).fetchall():
                     nxt.append((did, State.FAILED))
+                    groups.add(group)
             frontier = nxt
 
     # ---- producers --------------------------------------------------------
@@ -385,6 +403,7 @@ class SQLiteStore(Store):
                 con.executemany(Q["insert_task"], rows)
             if edges:
                 con.executemany(Q["insert_dep"], edges)
+            self._refresh_heads(con, {r[8] for r in rows})
         return results
 
     # ---- workers ----------------------------------------------------------
@@ -530,6 +549,7 @@ class SQLiteStore(Store):
             return []
         applied: list[bool] = []
         ended: list[tuple[int, State]] = []
+        groups: set[str] = set()
         with self._write() as con:
             now = time.time()
             cur = con.cursor()
@@ -539,21 +559,23 @@ class SQLiteStore(Store):
                 set_error = o.error is not None or status is State.SUCCESS
                 give_back = 0 if o.burn_attempt else 1
                 if status in FINAL:
-                    cur.execute(final_sql, (
+                    rows = cur.execute(final_sql, (
                         status.value, o.result, set_error, o.error, o.finished_at or now, o.started_at,
                         give_back, o.task_id, o.token, o.version,
-                    ))
-                else:
+                    )).fetchall()
+                    if rows:
+                        ended.append((o.task_id, status))
+                        if rows[0][0] is not None:
+                            groups.add(rows[0][0])
+                    applied.append(bool(rows))
+                else:  # back in the queue: the group's line is unchanged
                     cur.execute(requeue_sql, (
                         status.value, o.result, set_error, o.error,
                         o.run_at if o.run_at is not None else now, o.started_at,
                         give_back, o.task_id, o.token, o.version,
                     ))
-                ok = cur.rowcount == 1
-                applied.append(ok)
-                if ok and status in FINAL:
-                    ended.append((o.task_id, status))
-            self._after_final(con, ended, now)
+                    applied.append(cur.rowcount == 1)
+            self._after_final(con, ended, now, groups)
         return applied
 
     def wait_for_work(self, timeout: float) -> None:
@@ -641,13 +663,15 @@ class SQLiteStore(Store):
                 con.execute(Q["cancel_running"], (task_id,))
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
                 con.execute(Q["cancel_queued"], (now, task_id))
-                self._after_final(con, [(task_id, State.CANCELED)], now)
+                self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
             return self._records(con, [con.execute(Q["get_task"], (task_id,)).fetchone()])[0]
 
     @_guard
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
-            return con.execute(Q["retry_task"], (time.time(), task_id)).rowcount == 1
+            rows = con.execute(Q["retry_task"], (time.time(), task_id)).fetchall()
+            self._refresh_heads(con, {r[0] for r in rows})
+            return bool(rows)
 
     @_guard
     def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
@@ -683,8 +707,7 @@ class SQLiteStore(Store):
             sql = f"UPDATE tasks SET status = ?, version = version + 1{assignments} WHERE id = ? AND version = ?"
             if con.execute(sql, params).rowcount != 1:  # pragma: no cover - serialised by the write lock
                 return False
-            if to in FINAL:
-                self._after_final(con, [(task_id, to)], now)
+            self._after_final(con, [(task_id, to)] if to in FINAL else [], now, {row[2]})
             return True
 
     @_guard
@@ -730,13 +753,15 @@ class SQLiteStore(Store):
         with self._write() as con:
             now = time.time()
             ended: list[tuple[int, State]] = []
+            groups: set[str] = set()
 
             def budget() -> int:
                 return max(0, max_rows - rep.total)
 
-            for tid, version, started_at, attempt, max_retries in con.execute(
+            for tid, version, started_at, attempt, max_retries, group in con.execute(
                 Q["sweep_expired"], (now, budget())
             ).fetchall():
+                groups.add(group)
                 if started_at is None:  # a chunk member that never started: back, attempt intact
                     con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version))
                 elif attempt <= max_retries:
@@ -745,20 +770,23 @@ class SQLiteStore(Store):
                 elif con.execute(Q["sweep_fail"], (base.LOST_LEASE_ERROR, now, tid, version)).rowcount:
                     rep.lost_leases_failed.append(tid)
                     ended.append((tid, State.FAILED))
-            for tid, version in con.execute(Q["sweep_overdue"], (now, budget())).fetchall():
+            for tid, version, group in con.execute(Q["sweep_overdue"], (now, budget())).fetchall():
+                groups.add(group)
                 if con.execute(Q["sweep_fail"], (base.OVERDUE_ERROR, now, tid, version)).rowcount:
                     rep.overdue_failed.append(tid)
                     ended.append((tid, State.FAILED))
             if stale_pending_age is not None:
-                for tid, version in con.execute(Q["sweep_stale_pending"], (now - stale_pending_age, budget())).fetchall():
+                for tid, version, group in con.execute(Q["sweep_stale_pending"], (now - stale_pending_age, budget())).fetchall():
+                    groups.add(group)
                     if con.execute(Q["sweep_cancel_pending"], (base.STALE_PENDING_ERROR, now, tid, version)).rowcount:
                         rep.stale_pending_canceled.append(tid)
                         ended.append((tid, State.CANCELED))
-            for tid, version in con.execute(Q["sweep_exhausted"], (budget(),)).fetchall():
+            for tid, version, group in con.execute(Q["sweep_exhausted"], (budget(),)).fetchall():
+                groups.add(group)
                 if con.execute(Q["sweep_fail"], (base.EXHAUSTED_ERROR, now, tid, version)).rowcount:
                     rep.exhausted_failed.append(tid)
                     ended.append((tid, State.FAILED))
-            self._after_final(con, ended, now)
+            self._after_final(con, ended, now, groups)
         return rep
 
     @_guard

@@ -39,14 +39,26 @@ CREATE TABLE IF NOT EXISTS tasks (
     progress              REAL,
     progress_message      TEXT,
     checkpoint            TEXT,
-    cancel_requested      INTEGER NOT NULL DEFAULT 0
+    cancel_requested      INTEGER NOT NULL DEFAULT 0,
+    is_head               INTEGER NOT NULL DEFAULT 0  -- first task still in its group's line
 );
 
--- Claim candidates: only queued rows are in this index, so its size follows
--- the backlog, never the number of finished tasks.
-CREATE INDEX IF NOT EXISTS tasks_queued
+-- Claim candidates: queued rows that are ungrouped or their group's head.
+-- Its size follows the claimable backlog, never the number of finished
+-- tasks, nor the length of a group's line.
+CREATE INDEX IF NOT EXISTS tasks_ready
     ON tasks (queue, priority DESC, run_at, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);
+
+-- Every queued row by run_at (the sweeper's stale-PENDING rule).
+CREATE INDEX IF NOT EXISTS tasks_queued_run_at
+    ON tasks (run_at)
     WHERE status IN ('PENDING', 'RETRYING');
+
+-- The head of each group (at most one row per group).
+CREATE INDEX IF NOT EXISTS tasks_group_head
+    ON tasks (group_key)
+    WHERE is_head = 1;
 
 -- The tasks that still occupy their group (the head rule looks here).
 CREATE INDEX IF NOT EXISTS tasks_group_line
@@ -164,19 +176,33 @@ SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
 -- Queued, due tasks of one queue in index order; a grouped task only when it
 -- is its group's head (nothing ACTIVE or halting-FAILED before it).
 -- name: claim_candidates
-SELECT t.id, t.priority, t.run_at, t.group_key, t.name, t.limits, t.queue, t.status
-FROM tasks AS t
-WHERE t.status IN ('PENDING', 'RETRYING')
-  AND t.queue = ?
-  AND t.run_at <= ?
-  AND (t.group_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM tasks AS h
-        WHERE h.group_key = t.group_key
-          AND h.id < t.id
-          AND h.group_key IS NOT NULL
-          AND (h.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-               OR (h.status = 'FAILED' AND h.halt_group_on_failure = 1))))
-ORDER BY t.priority DESC, t.run_at, t.id
+SELECT id, priority, run_at, group_key, name, limits, queue, status
+FROM tasks INDEXED BY tasks_ready
+WHERE status IN ('PENDING', 'RETRYING')
+  AND (group_key IS NULL OR is_head = 1)
+  AND queue = ?
+  AND run_at <= ?
+ORDER BY priority DESC, run_at, id
+
+-- Keep is_head right for one group after its line changed: the head is the
+-- smallest id still ACTIVE or halting-FAILED.
+-- name: head_clear
+UPDATE tasks SET is_head = 0
+WHERE group_key = ? AND is_head = 1
+  AND id IS NOT (SELECT min(id) FROM tasks
+                 WHERE group_key = ?
+                   AND group_key IS NOT NULL
+                   AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                        OR (status = 'FAILED' AND halt_group_on_failure = 1)))
+
+-- name: head_set
+UPDATE tasks SET is_head = 1
+WHERE is_head = 0
+  AND id = (SELECT min(id) FROM tasks
+            WHERE group_key = ?
+              AND group_key IS NOT NULL
+              AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
 -- The tasks after a head that still occupy its group, in id order (chunks).
 -- name: group_followers
@@ -231,7 +257,7 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
 -- Distinct lease tokens among RUNNING tasks, per limit name.
 -- name: limit_usage
 SELECT j.value, count(DISTINCT t.lease_token)
-FROM tasks AS t, json_each(t.limits) AS j
+FROM tasks AS t INDEXED BY tasks_running_token, json_each(t.limits) AS j
 WHERE t.status = 'RUNNING' AND t.limits IS NOT NULL
 GROUP BY j.value
 
@@ -272,6 +298,7 @@ SET status = ?, result = coalesce(?, result),
     attempt = max(0, attempt - ?),
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
+RETURNING group_key
 
 -- Outcome that queues the task again (RETRYING, or PENDING when handed back).
 -- Parameters: status, result, error(flag, value), run_at, started_at,
@@ -303,12 +330,12 @@ WHERE status = 'WAITING'
 UPDATE tasks SET status = 'FAILED', error = ?, finished_at = ?, version = version + 1
 WHERE status = 'WAITING'
   AND id IN (SELECT task_id FROM task_deps WHERE depends_on = ?)
-RETURNING id
+RETURNING id, group_key
 
 -- ---- operators -----------------------------------------------------------------
 
 -- name: status_of
-SELECT status, version FROM tasks WHERE id = ?
+SELECT status, version, group_key FROM tasks WHERE id = ?
 
 -- name: cancel_queued
 UPDATE tasks SET status = 'CANCELED', finished_at = ?, error = 'canceled', version = version + 1
@@ -323,6 +350,7 @@ SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
     version = version + 1
 WHERE id = ? AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+RETURNING group_key
 
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
@@ -336,26 +364,26 @@ ORDER BY 1
 -- ---- maintenance ---------------------------------------------------------------
 
 -- name: sweep_expired
-SELECT id, version, started_at, attempt, max_retries FROM tasks
+SELECT id, version, started_at, attempt, max_retries, group_key FROM tasks
 WHERE status = 'RUNNING' AND lease_expires_at < ?
 ORDER BY lease_expires_at
 LIMIT ?
 
 -- name: sweep_overdue
-SELECT id, version FROM tasks
+SELECT id, version, group_key FROM tasks INDEXED BY tasks_running_expiry
 WHERE status = 'RUNNING' AND timeout IS NOT NULL AND started_at IS NOT NULL
   AND started_at + 2 * timeout < ?
 ORDER BY id
 LIMIT ?
 
 -- name: sweep_exhausted
-SELECT id, version FROM tasks
+SELECT id, version, group_key FROM tasks INDEXED BY tasks_running_expiry
 WHERE status = 'RUNNING' AND attempt > max_retries + 1
 ORDER BY id
 LIMIT ?
 
 -- name: sweep_stale_pending
-SELECT id, version FROM tasks
+SELECT id, version, group_key FROM tasks INDEXED BY tasks_queued_run_at
 WHERE status IN ('PENDING', 'RETRYING') AND status = 'PENDING' AND run_at < ?
 ORDER BY id
 LIMIT ?
