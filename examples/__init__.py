@@ -1,0 +1,1 @@
+"""Example corral apps, importable from the repository root (``examples.shop:app``)."""

@@ -1,0 +1,229 @@
+"""Capacity planning: the seeds' formulas as pure functions.
+
+Nothing here touches a store or a clock; ``corral plan`` prints what these
+return, and the numbers are unit-tested against the seeds' worked examples.
+
+- :func:`concurrency_limit` (seed 000 §3.1): how many requests may be in flight
+  against a downstream service, ``QPS limit x latency (s) x safety factor``.
+  100 QPS at 200 ms allows 20 in flight; with a 0.7 safety factor, 14.
+- :func:`littles_law` (seed 002): ``concurrency = throughput x mean duration``,
+  units aligned. 392 tasks in 48 h with 4 workers is 8.17 tasks/h, so a task
+  takes 4 / 8.17 h, about 29 minutes; 720 tasks in 48 h (15/h) then need
+  15 x 0.49 = 7.3, so 8 concurrent workers.
+- :func:`workers_per_process` (seed 002): ``1 + io_wait / cpu_time``, capped
+  (more threads than that only fill the database pool and memory).
+  25 min of I/O per 4 min of CPU gives 1 + 6.25, so 7.
+- :func:`process_layout` (seed 002): processes x workers per process covers
+  the target concurrency; lanes (Kafka partitions there, sub-groups here)
+  are at least the concurrency, with head-room, because a lane is served by
+  one worker at a time and cannot be split later without breaking order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+
+#: Seed 000: "keep 30% in reserve"; the usual range is 0.6-0.8.
+DEFAULT_SAFETY = 0.7
+#: Seed 002: "never more than 4-8 workers per process" (database pool, memory).
+DEFAULT_WORKER_CAP = 8
+#: Seed 002: 10 partitions for 8 workers, "2 spare for scaling out".
+DEFAULT_LANE_HEADROOM = 0.25
+
+_EPS = 1e-9  # so 100 x 0.2 x 0.7 = 13.999999999999998 still floors to 14
+
+_UNITS = {
+    "ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str | float | int, default_unit: str = "s") -> float:
+    """Seconds in ``text``: ``"90"``, ``"90s"``, ``"200ms"``, ``"29m"``, ``"48h"``, ``"2d"``.
+
+    A bare number is in ``default_unit``. Raises ValueError on anything else.
+    """
+    if isinstance(text, (int, float)):
+        value, unit = float(text), default_unit
+    else:
+        m = _DURATION.match(str(text))
+        if not m:
+            raise ValueError(f"cannot parse duration {text!r}: expected a number with an optional unit (ms, s, m, h, d)")
+        value, unit = float(m.group(1)), (m.group(2).lower() or default_unit)
+    if unit not in _UNITS:
+        raise ValueError(f"unknown duration unit {unit!r} in {text!r}: use ms, s, m, h or d")
+    if value < 0 or not math.isfinite(value):
+        raise ValueError(f"duration must be a finite number >= 0, not {text!r}")
+    return value * _UNITS[unit]
+
+
+def format_duration(seconds: float) -> str:
+    """A short human form: ``450ms``, ``12.5s``, ``29.4 min``, ``2.5 h``, ``3.0 d``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def _positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a number > 0, not {value!r}")
+
+
+# ---- (a) downstream concurrency limit ---------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ConcurrencyLimit:
+    qps: float
+    latency_s: float
+    safety: float
+    per_request_qps: float  # what one in-flight request achieves: 1 / latency
+    theoretical: float  # qps x latency: in flight at exactly the downstream cap
+    limit: int  # floor(theoretical x safety), at least 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def concurrency_limit(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -> ConcurrencyLimit:
+    """Seed 000: concurrency limit = downstream QPS cap x latency (s) x safety factor."""
+    _positive("qps", qps)
+    _positive("latency", latency_s)
+    if not (0 < safety <= 1):
+        raise ValueError(f"safety factor must be in (0, 1], not {safety!r}")
+    theoretical = qps * latency_s
+    limit = max(1, math.floor(theoretical * safety + _EPS))
+    return ConcurrencyLimit(qps, latency_s, safety, 1.0 / latency_s, theoretical, limit)
+
+
+# ---- (b) Little's law ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LittlesLaw:
+    done: int
+    window_s: float
+    workers: float
+    throughput_per_h: float  # measured: done / window
+    mean_duration_s: float  # workers / throughput
+    target: int | None = None
+    target_window_s: float | None = None
+    target_throughput_per_h: float | None = None
+    required_concurrency: float | None = None  # target throughput x mean duration
+    required_workers: int | None = None  # rounded up
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def mean_duration(done: int, window_s: float, workers: float) -> float:
+    """Little's law solved for the duration: ``workers / (done / window)``, in seconds."""
+    _positive("done", done)
+    _positive("window", window_s)
+    _positive("workers", workers)
+    return workers * window_s / done
+
+
+def required_concurrency(target: int, window_s: float, mean_duration_s: float) -> float:
+    """Little's law solved for the concurrency: ``(target / window) x mean duration``."""
+    _positive("target", target)
+    _positive("window", window_s)
+    _positive("mean duration", mean_duration_s)
+    return target * mean_duration_s / window_s
+
+
+def littles_law(
+    done: int,
+    window_s: float,
+    workers: float,
+    target: int | None = None,
+    target_window_s: float | None = None,
+) -> LittlesLaw:
+    """Seed 002: from a measured run (``done`` tasks in ``window_s`` with
+    ``workers`` busy) find the mean task duration, and optionally the workers
+    needed to finish ``target`` tasks in ``target_window_s`` (default: the same window)."""
+    mean = mean_duration(done, window_s, workers)
+    throughput_h = done / (window_s / 3600.0)
+    if target is None:
+        return LittlesLaw(done, window_s, workers, throughput_h, mean)
+    twindow = window_s if target_window_s is None else target_window_s
+    need = required_concurrency(target, twindow, mean)
+    return LittlesLaw(
+        done, window_s, workers, throughput_h, mean, target, twindow,
+        target / (twindow / 3600.0), need, max(1, math.ceil(need - _EPS)),
+    )
+
+
+# ---- (c) workers per process ----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class WorkersPerProcess:
+    io_wait: float
+    cpu_time: float
+    raw: float  # 1 + io / cpu
+    workers: int  # floor(raw), capped
+    cap: int
+    capped: bool
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def workers_per_process(io_wait: float, cpu_time: float, cap: int = DEFAULT_WORKER_CAP) -> WorkersPerProcess:
+    """Seed 002: workers (threads) per process = 1 + I/O wait / CPU time, capped.
+
+    ``io_wait`` and ``cpu_time`` are in the same unit (any). The raw value is
+    rounded down: a fraction of a thread cannot be waiting, and rounding up
+    only adds contention.
+    """
+    if not (io_wait >= 0 and math.isfinite(io_wait)):
+        raise ValueError(f"io wait must be a number >= 0, not {io_wait!r}")
+    _positive("cpu time", cpu_time)
+    if cap < 1:
+        raise ValueError("the worker cap must be at least 1")
+    raw = 1.0 + io_wait / cpu_time
+    n = max(1, math.floor(raw + _EPS))
+    return WorkersPerProcess(io_wait, cpu_time, raw, min(n, cap), cap, n > cap)
+
+
+# ---- (d) processes and lanes ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ProcessLayout:
+    concurrency: int
+    workers_per_process: int
+    processes: int  # ceil(concurrency / workers per process)
+    total_slots: int  # processes x workers per process
+    lanes: int  # sub-groups / partitions: concurrency plus head-room
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def process_layout(concurrency: int, workers_per_proc: int, headroom: float = DEFAULT_LANE_HEADROOM) -> ProcessLayout:
+    """Seed 002: total concurrency = processes x workers per process, and at
+    least as many lanes (partitions; here, sub-groups of a hot group) as
+    concurrency, with head-room since lanes cannot be re-cut without
+    breaking order (8 workers -> 10 lanes)."""
+    if concurrency < 1 or workers_per_proc < 1:
+        raise ValueError("concurrency and workers per process must be at least 1")
+    if headroom < 0:
+        raise ValueError("head-room must be >= 0")
+    processes = math.ceil(concurrency / workers_per_proc)
+    lanes = max(concurrency, math.ceil(concurrency * (1 + headroom) - _EPS))
+    return ProcessLayout(concurrency, workers_per_proc, processes, processes * workers_per_proc, lanes)
+
+
+__all__ = [
+    "DEFAULT_SAFETY", "DEFAULT_WORKER_CAP", "DEFAULT_LANE_HEADROOM",
+    "parse_duration", "format_duration",
+    "ConcurrencyLimit", "concurrency_limit",
+    "LittlesLaw", "littles_law", "mean_duration", "required_concurrency",
+    "WorkersPerProcess", "workers_per_process",
+    "ProcessLayout", "process_layout",
+]

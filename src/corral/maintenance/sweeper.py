@@ -1,0 +1,124 @@
+"""The sweeper loop: recover what crashed workers left behind.
+
+One skeleton, like every maintenance loop: options, a timer, a leader check,
+and one bounded store call per tick. Each tick the sweeper asks the store to
+lead (``store.try_lead("sweeper", holder, ttl)``); only the holder sweeps, so
+a fleet where every worker runs ``--sweep`` still sweeps once per interval.
+The sweep itself (``store.sweep``) applies the seed 000 §5.2 rules with
+guarded writes, so even two sweepers racing change each row at most once.
+
+Run it inside a worker (``corral worker APP --sweep``) or as its own process
+(``corral sweep --loop``); seed 000 recommends the latter, so the cleaner is
+not killed with the workers it cleans up after.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+
+from corral.core.model import SweepReport
+from corral.stores.base import DEFAULT_STALE_PENDING_AGE, Store
+
+log = logging.getLogger("corral.sweeper")
+
+ROLE = "sweeper"
+
+
+class Sweeper:
+    """Sweep ``store`` every ``interval`` seconds while this process leads."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval: float = 30.0,
+        stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE,
+        max_rows: int = 1000,
+        holder: str | None = None,
+        on_report: Callable[[SweepReport], None] | None = None,
+    ):
+        if interval <= 0:
+            raise ValueError("the sweep interval must be > 0 seconds")
+        if max_rows < 1:
+            raise ValueError("max_rows must be at least 1")
+        self.store = store
+        self.interval = float(interval)
+        self.stale_pending_age = stale_pending_age
+        self.max_rows = max_rows
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.on_report = on_report
+        #: Leadership lasts three intervals, so one slow tick does not lose it
+        #: but a dead leader is replaced within a few intervals.
+        self.lead_ttl = self.interval * 3
+        self.is_leader = False
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def tick(self) -> SweepReport | None:
+        """One pass: take or renew the lead, then one bounded sweep.
+
+        Returns the report, or None when another process leads."""
+        self.ticks += 1
+        leading = self.store.try_lead(ROLE, self.holder, self.lead_ttl)
+        if leading != self.is_leader:
+            log.info("sweeper %s %s the lead", self.holder, "took" if leading else "lost")
+            self.is_leader = leading
+        if not leading:
+            return None
+        report = self.store.sweep(stale_pending_age=self.stale_pending_age, max_rows=self.max_rows)
+        if report.total:
+            log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
+        if self.on_report is not None:
+            self.on_report(report)
+        return report
+
+    def run(self) -> None:
+        """Tick until :meth:`stop` is called (a store error skips one tick)."""
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # noqa: BLE001 - an outage must not end the loop
+                log.warning("sweep failed, will try again: %s", exc)
+            self._stop.wait(self.interval)
+
+    def start(self) -> Sweeper:
+        """Run the loop in a daemon thread; returns at once."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name="corral-sweeper", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+
+_LABELS = {
+    "lost_leases_retried": "lost leases retried",
+    "lost_leases_failed": "lost leases failed",
+    "overdue_failed": "overdue failed",
+    "stale_pending_canceled": "stale pending canceled",
+    "exhausted_failed": "retries exhausted failed",
+}
+
+
+def describe(report: SweepReport) -> str:
+    """One line: ``lost leases retried: 2 (ids 4, 7); overdue failed: 1 (id 9)``."""
+    parts = []
+    for field, label in _LABELS.items():
+        ids = getattr(report, field)
+        if ids:
+            shown = ", ".join(str(i) for i in ids[:10]) + (", ..." if len(ids) > 10 else "")
+            parts.append(f"{label}: {len(ids)} (id{'s' if len(ids) > 1 else ''} {shown})")
+    return "; ".join(parts) or "nothing to do"
