@@ -1,0 +1,767 @@
+"""PostgreSQL store: ``postgresql://user@host:port/dbname`` (or ``postgres://``).
+
+Every worker process sharing the database sees the same tasks. All SQL lives
+in ``sql/postgres.sql`` as named blocks; this module only binds parameters,
+runs them through a small :class:`psycopg_pool.ConnectionPool` and turns rows
+into :mod:`corral.core.model` objects.
+
+Design notes
+------------
+* Times are epoch seconds from the database clock (``now()``), never the
+  worker's.
+* ``claim`` is one statement: ``FOR UPDATE SKIP LOCKED`` over the ordered
+  candidate scans, the group-head rule decided inside it by ``NOT EXISTS`` on a
+  partial index, chunk followers and the state change in the same statement.
+  Two claimers can never hold two tasks of one group: a lower task of a group
+  is seen either ACTIVE (which blocks every higher one) or final (permanent),
+  and the head row itself is locked.
+* Tasks under a capped limit are claimed only inside a transaction that holds
+  ``pg_advisory_xact_lock`` on each such limit, after counting the lease tokens
+  in RUNNING; unlimited work never takes that path.
+* Submits (and completions that free a group head, a limit slot or promote a
+  dependent) ``NOTIFY corral_work`` once per statement and queue;
+  :meth:`PostgresStore.wait_for_work` waits on one listening connection per
+  store instance.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from corral.core.model import (
+    Claim,
+    LimitSpec,
+    NewTask,
+    Outcome,
+    SubmitResult,
+    SweepReport,
+    TaskFilter,
+    TaskRecord,
+    dumps,
+)
+from corral.core.states import FINAL, State, check_transition
+from corral.errors import (
+    CorralError,
+    StoreError,
+    StoreUnavailable,
+    SubmitError,
+)
+from corral.stores import sql as _sql
+from corral.stores.base import (
+    DEFAULT_STALE_PENDING_AGE,
+    EXHAUSTED_ERROR,
+    LOST_LEASE_ERROR,
+    OVERDUE_ERROR,
+    STALE_PENDING_ERROR,
+    BatchSummary,
+    HeartbeatReply,
+    Store,
+    batch_status,
+    percentile,
+)
+
+try:  # the driver is an optional dependency (pip install corral[postgres])
+    import psycopg
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool, PoolTimeout
+except ImportError:  # pragma: no cover - reported when a store is opened
+    psycopg = None  # type: ignore[assignment]
+
+T = TypeVar("T")
+
+CHANNEL = "corral_work"
+#: pg_advisory_lock key held around schema migration.
+MIGRATE_LOCK_KEY = 7429000
+SCHEMA_VERSION = 1
+BAD_FINAL = ("FAILED", "TIMEOUT", "CANCELED")
+
+#: TaskRecord field -> column, for transition(**fields).
+_FIELD_COLUMNS = {
+    "result": "result",
+    "error": "error",
+    "run_at": "run_at",
+    "started_at": "started_at",
+    "finished_at": "finished_at",
+    "lease_token": "lease_token",
+    "lease_expires_at": "lease_expires_at",
+    "worker_id": "worker_id",
+    "progress": "progress",
+    "progress_message": "progress_message",
+    "checkpoint": "checkpoint",
+    "cancel_requested": "cancel_requested",
+    "attempt": "attempt",
+    "priority": "priority",
+    "max_retries": "max_retries",
+    "timeout": "timeout",
+    "queue": "queue",
+}
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is not None:
+            host = parts.hostname or ""
+            if parts.port:
+                host = f"{host}:{parts.port}"
+            user = parts.username or ""
+            return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
+    except ValueError:
+        pass
+    return url
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    # psycopg says 'connection failed: connection to server at "h", port 1 failed: Connection refused'
+    if "failed:" in line:
+        line = line.rsplit("failed:", 1)[1].strip()
+    return line[:1].lower() + line[1:] if line else line
+
+
+def _rec(row: dict[str, Any]) -> TaskRecord:
+    return TaskRecord(
+        id=row["id"],
+        name=row["name"],
+        args=row["args"],
+        status=State(row["status"]),
+        queue=row["queue"],
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_retries=row["max_retries"],
+        timeout=row["timeout"],
+        group=row["group_key"],
+        batch=row["batch"],
+        key=row["idem_key"],
+        trace_id=row["trace_id"],
+        limits=tuple(row["limits"] or ()),
+        depends_on=tuple(row["depends_on"] or ()),
+        halt_group_on_failure=row["halt_group_on_failure"],
+        created_at=row["created_at"],
+        run_at=row["run_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        result=row["result"],
+        error=row["error"],
+        version=row["version"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        worker_id=row["worker_id"],
+        progress=row["progress"],
+        progress_message=row["progress_message"],
+        checkpoint=row["checkpoint"],
+        cancel_requested=row["cancel_requested"],
+    )
+
+
+class PostgresStore(Store):
+    shared = True
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5.0):
+        if psycopg is None:  # pragma: no cover
+            raise StoreUnavailable("the PostgreSQL store needs psycopg: pip install 'corral[postgres]'")
+        self.url = url
+        self._shown = _redact(url)
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://") :]
+        self._dsn = url
+        self._q = _sql.load("postgres")
+        self._connect_timeout = connect_timeout
+        try:
+            psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot parse store URL {self._shown}: {_first_line(exc)}") from None
+        # Connect once directly: a clear one-line error beats a pool timeout.
+        try:
+            psycopg.connect(url, connect_timeout=max(1, int(connect_timeout))).close()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self._shown}: {_first_line(exc)}") from None
+        self._pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
+            timeout=connect_timeout * 2,
+            name="corral",
+            open=False,
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout * 2)
+        except PoolTimeout:
+            self._pool.close()
+            raise StoreUnavailable(f"cannot connect to {self._shown}: timed out") from None
+        self._closed = False
+        # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
+        self._cond = threading.Condition()
+        self._gen = 0
+        self._listener: threading.Thread | None = None
+        self._listening = threading.Event()
+        self._local = threading.local()
+
+    # ---- plumbing -----------------------------------------------------------
+    def _run(self, fn: Callable[[Any], T], *, retry: bool = True) -> T:
+        """Run ``fn(conn)`` on a pooled connection; retry once on a broken
+        connection (a database restart), translate driver errors."""
+        if self._closed:
+            raise StoreError("store is closed")
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn)
+            except CorralError:
+                raise
+            except PoolTimeout as exc:
+                raise StoreUnavailable(f"cannot connect to {self._shown}: {_first_line(exc)}") from None
+            except psycopg.OperationalError as exc:
+                if attempt + 1 < attempts:
+                    try:
+                        self._pool.check()
+                    except Exception:  # pragma: no cover - best effort
+                        pass
+                    continue
+                raise StoreUnavailable(f"cannot reach {self._shown}: {_first_line(exc)}") from None
+            except psycopg.Error as exc:
+                raise StoreError(f"{type(exc).__name__}: {_first_line(exc)}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _fetchall(self, name: str, params: dict | None = None, *, dicts: bool = False) -> list:
+        def go(conn):
+            cur = conn.cursor(row_factory=dict_row) if dicts else conn.cursor()
+            cur.execute(self._q[name], params)
+            return cur.fetchall() if cur.description is not None else []
+
+        return self._run(go)
+
+    def _rowcount(self, name: str, params: dict) -> int:
+        return self._run(lambda conn: conn.execute(self._q[name], params).rowcount)
+
+    # ---- life cycle -----------------------------------------------------------
+    def migrate(self) -> None:
+        migrations = sorted(
+            (int(k.rsplit("_", 1)[1]), k) for k in self._q if k.startswith("migration_")
+        )
+
+        def go(conn):
+            conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
+            try:
+                conn.execute(self._q["meta_table"])
+                row = conn.execute(self._q["schema_version"]).fetchone()
+                current = row[0] if row else 0
+                for version, key in migrations:
+                    if version <= current:
+                        continue
+                    with conn.transaction():
+                        conn.execute(self._q[key])
+                        conn.execute(self._q["set_schema_version"], {"v": version})
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+
+        self._run(go)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            self._gen += 1
+            self._cond.notify_all()
+        if self._listener is not None:
+            self._listener.join(timeout=3)
+        self._pool.close()
+
+    def now(self) -> float:
+        return self._run(lambda conn: conn.execute(self._q["now"]).fetchone()[0])
+
+    # ---- producers --------------------------------------------------------------
+    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        tasks = list(tasks)
+        if not tasks:
+            return []
+        # Idempotency keys repeated inside this call: the first one wins.
+        first_of_key: dict[str, int] = {}
+        dup_of: dict[int, int] = {}
+        rows: list[NewTask] = []
+        row_index: list[int] = []
+        for i, t in enumerate(tasks):
+            if t.key is not None:
+                if t.key in first_of_key:
+                    dup_of[i] = first_of_key[t.key]
+                    continue
+                first_of_key[t.key] = i
+            rows.append(t)
+            row_index.append(i)
+        all_deps = sorted({d for t in rows for d in t.depends_on})
+
+        def go(conn):
+            with conn.transaction():
+                states: dict[int, str] = {}
+                if all_deps:
+                    for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
+                        states[dep_id] = status
+                    missing = [d for d in all_deps if d not in states]
+                    if missing:
+                        raise SubmitError(f"unknown dependency id(s): {', '.join(map(str, missing))}")
+                status_col: list[str] = []
+                error_col: list[str | None] = []
+                for t in rows:
+                    status, error = "PENDING", None
+                    for d in t.depends_on:
+                        if states[d] in BAD_FINAL:
+                            status, error = "FAILED", f"dependency {d} ended {states[d]}"
+                            break
+                        if states[d] != "SUCCESS":
+                            status = "WAITING"
+                    status_col.append(status)
+                    error_col.append(error)
+                params = {
+                    "name": [t.name for t in rows],
+                    "args": [t.args for t in rows],
+                    "status": status_col,
+                    "queue": [t.queue for t in rows],
+                    "priority": [t.priority for t in rows],
+                    "max_retries": [t.max_retries for t in rows],
+                    "timeout": [t.timeout for t in rows],
+                    "grp": [t.group for t in rows],
+                    "batch": [t.batch for t in rows],
+                    "key": [t.key for t in rows],
+                    "trace_id": [t.trace_id for t in rows],
+                    "run_at": [t.run_at for t in rows],
+                    "limits": [json.dumps(list(t.limits)) if t.limits else None for t in rows],
+                    "deps": [json.dumps(list(t.depends_on)) if t.depends_on else None for t in rows],
+                    "halt": [bool(t.halt_group_on_failure) for t in rows],
+                    "error": error_col,
+                }
+                inserted = conn.execute(self._q["submit"], params).fetchall()
+                by_key = {k: i for i, k, _ in inserted if k is not None}
+                new_ids = [i for i, _, _ in inserted]
+                existing: dict[str, int] = {}
+                keys = [t.key for t in rows if t.key is not None and t.key not in by_key]
+                if keys:
+                    existing = dict(conn.execute(self._q["ids_by_key"], {"keys": keys}).fetchall())
+                return new_ids, by_key, existing
+
+        new_ids, by_key, existing = self._run(go)
+        out: list[SubmitResult | None] = [None] * len(tasks)
+        it = iter(new_ids)
+        for pos, t in zip(row_index, rows):
+            if t.key is not None and t.key not in by_key:
+                out[pos] = SubmitResult(existing[t.key], False)
+            else:
+                out[pos] = SubmitResult(next(it), True)
+        for i, j in dup_of.items():
+            out[i] = SubmitResult(out[j].id, False)
+        return out  # type: ignore[return-value]
+
+    # ---- workers ----------------------------------------------------------------
+    def claim(
+        self,
+        worker_id: str,
+        queues: Collection[str],
+        max_units: int,
+        *,
+        names: Collection[str] | None = None,
+        chunk_size: int = 1,
+        lease_seconds: float = 30.0,
+    ) -> list[Claim]:
+        if max_units <= 0:
+            return []
+        # Remember what this thread has seen, so wait_for_work() returns at
+        # once if a notification arrived between this claim and the wait.
+        self._local.seen = self._gen
+        base = {
+            "queues": list(queues),
+            "all_names": names is None,
+            "names": list(names) if names is not None else [],
+            "chunk": max(1, int(chunk_size)),
+            "lease": float(lease_seconds),
+            "worker": worker_id,
+        }
+
+        def go(conn):
+            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
+            cur = conn.cursor(row_factory=dict_row)
+            if not limited:
+                cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
+                return cur.fetchall()
+            return self._claim_limited(conn, cur, base, max_units, limited)
+
+        rows = self._run(go)
+        claims: dict[str, Claim] = {}
+        for row in rows:
+            rec = _rec(row)
+            c = claims.get(rec.lease_token)
+            if c is None:
+                claims[rec.lease_token] = Claim(rec.lease_token, [rec], rec.group)
+            else:
+                c.tasks.append(rec)
+        return list(claims.values())
+
+    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str]) -> list[dict]:
+        """Claim while holding the advisory locks of the capped limits that have
+        ready work; a claim uses at most one slot of each limit, so taking at most
+        ``min(free)`` claims per statement can never overfill a limit."""
+        out: list[dict] = []
+        with conn.transaction():
+            conn.execute(self._q["limit_lock"], {"names": names})
+            free = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
+            remaining = max_units
+            k = remaining
+            while remaining > 0 and k > 0:
+                allowed = [n for n, f in free.items() if f >= k]
+                cur.execute(self._q["claim"], {**base, "n": k, "allowed": allowed})
+                rows = cur.fetchall()
+                out.extend(rows)
+                got = len({r["lease_token"] for r in rows})
+                remaining -= got
+                used: dict[str, set[str]] = {}
+                for r in rows:
+                    for n in r["limits"] or ():
+                        used.setdefault(n, set()).add(r["lease_token"])
+                for n, toks in used.items():
+                    if n in free:
+                        free[n] -= len(toks)
+                small = [f for f in free.values() if 0 < f < k]
+                if got < k and not small:
+                    break  # nothing more this allowed set can take
+                open_slots = [f for f in free.values() if f > 0]
+                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
+        return out
+
+    def mark_started(self, task_id: int, token: str) -> bool:
+        return self._rowcount("mark_started", {"id": task_id, "token": token}) == 1
+
+    def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
+        tokens = list(tokens)
+        if not tokens:
+            return HeartbeatReply()
+        rows = self._fetchall("heartbeat", {"tokens": tokens, "lease": float(lease_seconds)})
+        held = {tok for _, tok, _ in rows}
+        return HeartbeatReply(
+            lost_tokens=set(tokens) - held,
+            cancel_requested={tid for tid, _, flag in rows if flag},
+        )
+
+    def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
+        outcomes = list(outcomes)
+        if not outcomes:
+            return []
+        for o in outcomes:
+            check_transition(State.RUNNING, o.status)
+        params = {
+            "id": [o.task_id for o in outcomes],
+            "token": [o.token for o in outcomes],
+            "version": [o.version for o in outcomes],
+            "status": [State(o.status).value for o in outcomes],
+            "result": [o.result for o in outcomes],
+            "error": [o.error for o in outcomes],
+            "run_at": [o.run_at for o in outcomes],
+            "burn": [bool(o.burn_attempt) for o in outcomes],
+            "started_at": [o.started_at for o in outcomes],
+            "finished_at": [o.finished_at for o in outcomes],
+        }
+        final_ids = [o.task_id for o in outcomes if State(o.status) in FINAL]
+
+        def go(conn):
+            with conn.transaction():
+                if final_ids:
+                    # both statements in one round trip; the second has its own
+                    # snapshot, so it sees dependents submitted meanwhile
+                    with conn.pipeline():
+                        c1 = conn.execute(self._q["complete"], params)
+                        conn.execute(self._q["settle_dependents"], {"ids": final_ids})
+                    return c1.fetchall()
+                return conn.execute(self._q["complete"], params).fetchall()
+
+        applied = {row[0] for row in self._run(go)}
+        return [i + 1 in applied for i in range(len(outcomes))]
+
+    def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
+        return (
+            self._rowcount(
+                "set_progress", {"id": task_id, "token": token, "fraction": float(fraction), "message": message}
+            )
+            == 1
+        )
+
+    def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
+        value = json.loads(data_json)
+
+        def go(conn):
+            with conn.transaction():
+                row = conn.execute(self._q["checkpoint_for_update"], {"id": task_id, "token": token}).fetchone()
+                if row is None:
+                    return False
+                data = json.loads(row[0]) if row[0] else {}
+                data.pop(stage, None)  # last stage last
+                data[stage] = value
+                cur = conn.execute(
+                    self._q["set_checkpoint"], {"id": task_id, "token": token, "checkpoint": dumps(data)}
+                )
+                return cur.rowcount == 1
+
+        return self._run(go)
+
+    # ---- LISTEN/NOTIFY ----------------------------------------------------------
+    def _ensure_listener(self) -> bool:
+        """Start the listener thread; True if it was already listening."""
+        if self._listener is not None and self._listening.is_set():
+            return True
+        with self._cond:
+            if self._listener is None:
+                self._listener = threading.Thread(target=self._listen_loop, name="corral-pg-listen", daemon=True)
+                self._listener.start()
+        return False
+
+    def _bump(self) -> None:
+        with self._cond:
+            self._gen += 1
+            self._cond.notify_all()
+
+    def _listen_loop(self) -> None:
+        backoff = 0.05
+        while not self._closed:
+            try:
+                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._listening.set()
+                    self._bump()  # anything may have been missed while not listening
+                    backoff = 0.05
+                    while not self._closed:
+                        got = False
+                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                            got = True
+                        if got:
+                            self._bump()
+            except Exception:
+                self._listening.clear()
+                self._bump()  # wake waiters: they poll while we reconnect
+                if self._closed:
+                    return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        self._listening.clear()
+
+    def wait_for_work(self, timeout: float) -> None:
+        if self._closed:
+            return
+        seen = getattr(self._local, "seen", None)
+        if not self._ensure_listener():
+            # first wait: return once LISTEN is in place (work may have come before)
+            self._listening.wait(timeout)
+            return
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            start = self._gen if seen is None else seen
+            while self._gen == start and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            self._local.seen = self._gen
+
+    # ---- operators ---------------------------------------------------------------
+    def get(self, task_id: int) -> TaskRecord | None:
+        rows = self._fetchall("get", {"id": task_id}, dicts=True)
+        return _rec(rows[0]) if rows else None
+
+    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
+        where, params = [], {}
+        for attr, col in (("queue", "queue"), ("batch", "batch"), ("group", "group_key"), ("name", "name")):
+            value = getattr(flt, attr)
+            if value is not None:
+                where.append(f"{col} = %({attr})s")
+                params[attr] = value
+        if flt.status is not None:
+            where.append("status = %(status)s")
+            params["status"] = State(flt.status).value
+        sql = "SELECT * FROM corral_tasks"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY id {'DESC' if flt.newest_first else 'ASC'} LIMIT %(limit)s OFFSET %(offset)s"
+        params["limit"] = max(0, int(flt.limit))
+        params["offset"] = max(0, int(flt.offset))
+
+        def go(conn):
+            cur = conn.cursor(row_factory=dict_row)
+            return [_rec(r) for r in cur.execute(sql, params).fetchall()]
+
+        return self._run(go)
+
+    def counts(self, queue: str | None = None) -> dict[str, int]:
+        if queue is None:
+            rows = self._fetchall("counts")
+        else:
+            rows = self._fetchall("counts_queue", {"queue": queue})
+        return {status: n for status, n in rows}
+
+    def cancel(self, task_id: int) -> TaskRecord | None:
+        def go(conn):
+            with conn.transaction():
+                row = conn.execute(self._q["cancel_queued"], {"id": task_id}).fetchone()
+                if row is not None:
+                    conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
+                    if row[2] is not None:  # the next task of its group may start
+                        conn.execute(self._q["notify"], {"queue": row[1]})
+                else:
+                    conn.execute(self._q["cancel_running"], {"id": task_id})
+
+        self._run(go)
+        return self.get(task_id)
+
+    def retry(self, task_id: int) -> bool:
+        def go(conn):
+            with conn.transaction():
+                row = conn.execute(self._q["retry"], {"id": task_id}).fetchone()
+                if row is not None:
+                    conn.execute(self._q["notify"], {"queue": row[1]})
+                return row is not None
+
+        return self._run(go)
+
+    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
+        to = State(to)
+        sets = ["status = %(to)s", "version = version + 1"]
+        params: dict[str, Any] = {"id": task_id, "to": to.value, "version": expected_version}
+        for name, value in fields.items():
+            col = _FIELD_COLUMNS.get(name)
+            if col is None:
+                raise StoreError(f"transition() cannot set {name!r}")
+            sets.append(f"{col} = %(f_{name})s")
+            params[f"f_{name}"] = value
+        if to in FINAL and "finished_at" not in fields:
+            sets.append("finished_at = extract(epoch FROM now())::float8")
+        if not to.final and to is not State.RUNNING and "finished_at" not in fields:
+            sets.append("finished_at = NULL")
+        if to is not State.RUNNING and "lease_token" not in fields:
+            sets.append("lease_token = NULL")
+            if "lease_expires_at" not in fields:
+                sets.append("lease_expires_at = NULL")
+        if to is State.PENDING and "run_at" not in fields:
+            sets.append("run_at = greatest(run_at, extract(epoch FROM now())::float8)")
+
+        def go(conn):
+            with conn.transaction():
+                row = conn.execute(
+                    "SELECT status, version FROM corral_tasks WHERE id = %(id)s FOR UPDATE", {"id": task_id}
+                ).fetchone()
+                if row is None:
+                    return False
+                status, version = row
+                check_transition(status, to)
+                if version != expected_version:
+                    return False
+                params["from"] = status
+                cur = conn.execute(
+                    f"UPDATE corral_tasks SET {', '.join(sets)} "
+                    "WHERE id = %(id)s AND version = %(version)s AND status = %(from)s "
+                    "RETURNING queue, group_key",
+                    params,
+                )
+                done = cur.fetchone()
+                if done is None:
+                    return False
+                if to in FINAL:
+                    conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
+                if to in (State.PENDING, State.RETRYING) or (to in FINAL and done[1] is not None):
+                    conn.execute(self._q["notify"], {"queue": done[0]})
+                return True
+
+        return self._run(go)
+
+    def batch_summary(self, batch: str) -> BatchSummary:
+        def go(conn):
+            counts_rows = conn.execute(self._q["batch_counts"], {"batch": batch}).fetchall()
+            durations = [r[0] for r in conn.execute(self._q["batch_durations"], {"batch": batch})]
+            return counts_rows, durations
+
+        counts_rows, durations = self._run(go)
+        counts = {status: n for status, n, _, _ in counts_rows}
+        created = [c for _, _, c, _ in counts_rows if c is not None]
+        finished = [f for _, _, _, f in counts_rows if f is not None]
+        return BatchSummary(
+            batch=batch,
+            counts=counts,
+            status=batch_status(counts),
+            total=sum(counts.values()),
+            avg_duration=(sum(durations) / len(durations)) if durations else None,
+            p99_duration=percentile(durations, 0.99),
+            first_created_at=min(created) if created else None,
+            last_finished_at=max(finished) if finished else None,
+        )
+
+    # ---- limits -------------------------------------------------------------------
+    def set_limit(self, spec: LimitSpec) -> None:
+        self._rowcount("set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate})
+        # a raised limit may free slots for waiting work
+        self._rowcount("notify", {"queue": ""})
+
+    def limits(self) -> dict[str, LimitSpec]:
+        return {n: LimitSpec(n, c, r) for n, c, r in self._fetchall("limits")}
+
+    def limit_usage(self) -> dict[str, int]:
+        usage = {n: 0 for n in self.limits()}
+        for name, used in self._fetchall("limit_usage"):
+            usage[name] = used
+        return usage
+
+    # ---- maintenance --------------------------------------------------------------
+    def sweep(self, *, stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
+        report = SweepReport()
+
+        def go(conn):
+            ended: list[int] = []
+            queues: set[str] = set()
+            for tid, status, queue in conn.execute(
+                self._q["sweep_lost_leases"], {"max_rows": max_rows, "lost_error": LOST_LEASE_ERROR}
+            ):
+                queues.add(queue)
+                if status == "FAILED":
+                    report.lost_leases_failed.append(tid)
+                    ended.append(tid)
+                else:
+                    report.lost_leases_retried.append(tid)
+            for tid, queue in conn.execute(self._q["sweep_overdue"], {"max_rows": max_rows, "error": OVERDUE_ERROR}):
+                report.overdue_failed.append(tid)
+                ended.append(tid)
+                queues.add(queue)
+            if stale_pending_age is not None:
+                for tid, queue in conn.execute(
+                    self._q["sweep_stale_pending"],
+                    {"max_rows": max_rows, "age": float(stale_pending_age), "error": STALE_PENDING_ERROR},
+                ):
+                    report.stale_pending_canceled.append(tid)
+                    ended.append(tid)
+                    queues.add(queue)
+            for tid, queue in conn.execute(
+                self._q["sweep_exhausted"], {"max_rows": max_rows, "error": EXHAUSTED_ERROR}
+            ):
+                report.exhausted_failed.append(tid)
+                ended.append(tid)
+                queues.add(queue)
+            if ended:
+                conn.execute(self._q["settle_dependents"], {"ids": ended})
+            for q in queues:
+                conn.execute(self._q["notify"], {"queue": q})
+
+        self._run(go, retry=False)
+        for f in report.__dataclass_fields__:
+            getattr(report, f).sort()
+        return report
+
+    def try_lead(self, role: str, holder: str, ttl: float) -> bool:
+        rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})
+        return bool(rows)
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex

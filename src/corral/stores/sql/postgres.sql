@@ -1,0 +1,537 @@
+-- PostgreSQL dialect of the corral store.
+--
+-- Times are double precision epoch seconds taken from the database clock.
+-- Task states are text; the partial indexes below only hold the rows a claim,
+-- a heartbeat or a group check can need, so their cost does not grow with the
+-- number of finished tasks.
+
+-- name: meta_table
+CREATE TABLE IF NOT EXISTS corral_meta (
+    key   text PRIMARY KEY,
+    value text NOT NULL
+);
+
+-- name: schema_version
+SELECT value::int FROM corral_meta WHERE key = 'schema_version';
+
+-- name: set_schema_version
+INSERT INTO corral_meta (key, value) VALUES ('schema_version', %(v)s::text)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+
+-- name: migration_0001
+CREATE TABLE corral_tasks (
+    id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name                  text NOT NULL,
+    args                  text NOT NULL,
+    status                text NOT NULL,
+    queue                 text NOT NULL DEFAULT 'default',
+    priority              integer NOT NULL DEFAULT 0,
+    attempt               integer NOT NULL DEFAULT 0,
+    max_retries           integer NOT NULL DEFAULT 0,
+    timeout               double precision,
+    group_key             text,
+    batch                 text,
+    idem_key              text,
+    trace_id              text,
+    limits                text[] NOT NULL DEFAULT '{}',
+    depends_on            bigint[] NOT NULL DEFAULT '{}',
+    halt_group_on_failure boolean NOT NULL DEFAULT false,
+    created_at            double precision NOT NULL,
+    run_at                double precision NOT NULL,
+    started_at            double precision,
+    finished_at           double precision,
+    result                text,
+    error                 text,
+    version               integer NOT NULL DEFAULT 0,
+    lease_token           text,
+    lease_expires_at      double precision,
+    worker_id             text,
+    progress              double precision,
+    progress_message      text,
+    checkpoint            text,
+    cancel_requested      boolean NOT NULL DEFAULT false
+) WITH (fillfactor = 85);
+
+-- ungrouped claim candidates, in claim order
+CREATE INDEX corral_tasks_ready_free ON corral_tasks (priority DESC, run_at, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL;
+-- groups that have queued tasks (walked with a loose index scan), lowest id first
+CREATE INDEX corral_tasks_ready_group ON corral_tasks (group_key, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL;
+-- everything that holds a group's place: decides the group head
+CREATE INDEX corral_tasks_group_block ON corral_tasks (group_key, id)
+    WHERE status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+       OR (status = 'FAILED' AND halt_group_on_failure);
+-- queued tasks under a named limit (the probe that decides on the limited path)
+CREATE INDEX corral_tasks_ready_limited ON corral_tasks (priority DESC, run_at, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) > 0;
+-- running tasks by lease (heartbeat, limit usage, sweep)
+CREATE INDEX corral_tasks_running ON corral_tasks (lease_token)
+    WHERE status = 'RUNNING';
+CREATE INDEX corral_tasks_waiting ON corral_tasks (id) WHERE status = 'WAITING';
+CREATE UNIQUE INDEX corral_tasks_idem_key ON corral_tasks (idem_key) WHERE idem_key IS NOT NULL;
+CREATE INDEX corral_tasks_batch ON corral_tasks (batch) WHERE batch IS NOT NULL;
+
+CREATE TABLE corral_deps (
+    task_id bigint NOT NULL,
+    dep_id  bigint NOT NULL,
+    PRIMARY KEY (task_id, dep_id)
+);
+CREATE INDEX corral_deps_dep ON corral_deps (dep_id);
+
+CREATE TABLE corral_groups (
+    group_key       text PRIMARY KEY,
+    last_claimed_at double precision NOT NULL DEFAULT 0
+);
+
+CREATE TABLE corral_limits (
+    name        text PRIMARY KEY,
+    concurrency integer,
+    rate        text
+);
+
+CREATE TABLE corral_leaders (
+    role       text PRIMARY KEY,
+    holder     text NOT NULL,
+    expires_at double precision NOT NULL
+);
+
+-- name: now
+SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: dep_states
+-- Lock the dependencies so a concurrent completion waits for this submit to
+-- commit (and then sees its WAITING tasks), or this submit sees its outcome.
+SELECT id, status FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE;
+
+-- name: submit
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+src AS (
+    SELECT * FROM unnest(
+        %(name)s::text[], %(args)s::text[], %(status)s::text[], %(queue)s::text[],
+        %(priority)s::int[], %(max_retries)s::int[], %(timeout)s::float8[],
+        %(grp)s::text[], %(batch)s::text[], %(key)s::text[], %(trace_id)s::text[],
+        %(run_at)s::float8[], %(limits)s::text[], %(deps)s::text[], %(halt)s::bool[],
+        %(error)s::text[]
+    ) WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
+                           grp, batch, key, trace_id, run_at, limits, deps, halt, error, ord)
+),
+ins AS (
+    INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
+                              group_key, batch, idem_key, trace_id, limits, depends_on,
+                              halt_group_on_failure, created_at, run_at, error, finished_at)
+    SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
+           s.grp, s.batch, s.key, s.trace_id,
+           CASE WHEN s.limits IS NULL THEN '{}'::text[]
+                ELSE ARRAY(SELECT jsonb_array_elements_text(s.limits::jsonb)) END,
+           CASE WHEN s.deps IS NULL THEN '{}'::bigint[]
+                ELSE ARRAY(SELECT jsonb_array_elements_text(s.deps::jsonb)::bigint) END,
+           s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
+           CASE WHEN s.status = 'FAILED' THEN clk.now END
+    FROM src s, clk
+    ORDER BY s.ord
+    ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
+    RETURNING id, idem_key, depends_on, group_key, queue, status
+),
+edges AS (
+    INSERT INTO corral_deps (task_id, dep_id)
+    SELECT DISTINCT i.id, d FROM ins i, unnest(i.depends_on) AS d
+    ON CONFLICT DO NOTHING
+),
+grps AS (
+    INSERT INTO corral_groups (group_key)
+    SELECT DISTINCT group_key FROM ins WHERE group_key IS NOT NULL
+    ON CONFLICT DO NOTHING
+),
+note AS (
+    SELECT pg_notify('corral_work', q.queue)
+    FROM (SELECT DISTINCT queue FROM ins WHERE status = 'PENDING') q
+)
+SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY id;
+
+-- name: ids_by_key
+SELECT idem_key, id FROM corral_tasks WHERE idem_key = ANY(%(keys)s::text[]);
+
+-- name: claim_probe
+-- Which capped limits have a ready task waiting? Empty for unlimited work.
+SELECT coalesce(array_agg(l.name ORDER BY l.name), '{}')
+FROM corral_limits l
+WHERE l.concurrency IS NOT NULL
+  AND EXISTS (
+    SELECT 1 FROM corral_tasks t
+    WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
+      AND l.name = ANY(t.limits)
+      AND t.run_at <= extract(epoch FROM now())::float8
+      AND t.queue = ANY(%(queues)s::text[])
+  );
+
+-- name: limit_lock
+SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]) AS n ORDER BY n;
+
+-- name: limit_free
+SELECT l.name, l.concurrency - (
+    SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
+    WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)
+) AS free
+FROM corral_limits l
+WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
+
+-- name: claim
+-- One statement: lock up to n ungrouped candidates and up to n group heads
+-- (SKIP LOCKED, in claim order), keep the best n, add chunk followers, and
+-- move them all to RUNNING. A task under a capped limit not in %(allowed)s
+-- is never a candidate.
+WITH RECURSIVE
+clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+free_locked AS MATERIALIZED (
+    SELECT t.id, t.priority, t.run_at AS elig, t.group_key
+    FROM corral_tasks t
+    WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
+      AND t.run_at <= (SELECT now FROM clk)
+      AND t.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND (cardinality(t.limits) = 0 OR NOT EXISTS (
+            SELECT 1 FROM corral_limits l
+            WHERE l.name = ANY(t.limits) AND l.concurrency IS NOT NULL
+              AND NOT (l.name = ANY(%(allowed)s::text[]))))
+    ORDER BY t.priority DESC, t.run_at, t.id
+    LIMIT %(n)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+gkeys(group_key) AS (
+    (SELECT group_key FROM corral_tasks
+     WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL
+     ORDER BY group_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.group_key FROM corral_tasks t
+            WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NOT NULL
+              AND t.group_key > g.group_key
+            ORDER BY t.group_key LIMIT 1)
+    FROM gkeys g WHERE g.group_key IS NOT NULL
+),
+heads AS MATERIALIZED (
+    SELECT q.id, q.priority, greatest(q.run_at, coalesce(gr.last_claimed_at, 0)) AS elig, q.group_key
+    FROM gkeys g
+    CROSS JOIN LATERAL (
+        SELECT * FROM corral_tasks x
+        WHERE x.group_key = g.group_key AND x.status IN ('PENDING', 'RETRYING')
+        ORDER BY x.id LIMIT 1
+    ) q
+    LEFT JOIN corral_groups gr ON gr.group_key = q.group_key
+    WHERE g.group_key IS NOT NULL
+      AND q.run_at <= (SELECT now FROM clk)
+      AND q.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR q.name = ANY(%(names)s::text[]))
+      AND (cardinality(q.limits) = 0 OR NOT EXISTS (
+            SELECT 1 FROM corral_limits l
+            WHERE l.name = ANY(q.limits) AND l.concurrency IS NOT NULL
+              AND NOT (l.name = ANY(%(allowed)s::text[]))))
+      AND NOT EXISTS (
+            SELECT 1 FROM corral_tasks p
+            WHERE p.group_key = q.group_key AND p.id < q.id
+              AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (p.status = 'FAILED' AND p.halt_group_on_failure)))
+),
+heads_locked AS MATERIALIZED (
+    SELECT t.id, h.priority, h.elig, t.group_key
+    FROM heads h JOIN corral_tasks t ON t.id = h.id
+    WHERE t.status IN ('PENDING', 'RETRYING')
+    ORDER BY h.priority DESC, h.elig, h.id
+    LIMIT %(n)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+picked AS MATERIALIZED (
+    SELECT u.id, u.group_key, replace(gen_random_uuid()::text, '-', '') AS token,
+           row_number() OVER (ORDER BY u.priority DESC, u.elig, u.id) AS rk
+    FROM (SELECT * FROM free_locked UNION ALL SELECT * FROM heads_locked) u
+    ORDER BY u.priority DESC, u.elig, u.id
+    LIMIT %(n)s
+),
+followers AS MATERIALIZED (
+    SELECT f.id, p.token, p.rk
+    FROM picked p
+    CROSS JOIN LATERAL (
+        SELECT z.id, bool_and(z.ok) OVER (ORDER BY z.id) AS run_ok
+        FROM (
+            SELECT x.id,
+                   (x.status IN ('PENDING', 'RETRYING')
+                    AND x.run_at <= (SELECT now FROM clk)
+                    AND x.queue = ANY(%(queues)s::text[])
+                    AND (%(all_names)s::bool OR x.name = ANY(%(names)s::text[]))
+                    AND (cardinality(x.limits) = 0 OR NOT EXISTS (
+                          SELECT 1 FROM corral_limits l
+                          WHERE l.name = ANY(x.limits) AND l.concurrency IS NOT NULL
+                            AND NOT (l.name = ANY(%(allowed)s::text[]))))) AS ok
+            FROM corral_tasks x
+            WHERE x.group_key = p.group_key AND x.id > p.id
+              AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+            ORDER BY x.id
+            LIMIT %(chunk)s - 1
+        ) z
+    ) f
+    WHERE p.group_key IS NOT NULL AND f.run_ok
+),
+members AS (
+    SELECT id, token, rk, true AS is_head FROM picked
+    UNION ALL
+    SELECT id, token, rk, false FROM followers
+),
+upd AS (
+    UPDATE corral_tasks t
+    SET status = 'RUNNING',
+        lease_token = m.token,
+        lease_expires_at = clk.now + %(lease)s::float8,
+        worker_id = %(worker)s,
+        version = t.version + 1,
+        started_at = CASE WHEN m.is_head THEN clk.now END,
+        attempt = t.attempt + CASE WHEN m.is_head THEN 1 ELSE 0 END,
+        finished_at = NULL
+    FROM members m, clk
+    WHERE t.id = m.id AND t.status IN ('PENDING', 'RETRYING')
+    RETURNING t.*, m.rk
+),
+touch AS (
+    UPDATE corral_groups g SET last_claimed_at = (SELECT now FROM clk)
+    WHERE g.group_key IN (SELECT group_key FROM upd WHERE group_key IS NOT NULL)
+)
+SELECT * FROM upd ORDER BY rk, id;
+
+-- name: mark_started
+UPDATE corral_tasks
+SET started_at = extract(epoch FROM now())::float8, attempt = attempt + 1, version = version + 1
+WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
+
+-- name: heartbeat
+UPDATE corral_tasks
+SET lease_expires_at = extract(epoch FROM now())::float8 + %(lease)s::float8
+WHERE status = 'RUNNING' AND lease_token = ANY(%(tokens)s::text[])
+RETURNING id, lease_token, cancel_requested;
+
+-- name: complete
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+o AS (
+    SELECT * FROM unnest(
+        %(id)s::bigint[], %(token)s::text[], %(version)s::int[], %(status)s::text[],
+        %(result)s::text[], %(error)s::text[], %(run_at)s::float8[], %(burn)s::bool[],
+        %(started_at)s::float8[], %(finished_at)s::float8[]
+    ) WITH ORDINALITY AS o(id, token, version, status, result, error, run_at, burn,
+                           started_at, finished_at, ord)
+),
+upd AS (
+    UPDATE corral_tasks t
+    SET status = o.status,
+        result = o.result,
+        error = o.error,
+        run_at = CASE WHEN o.status = 'RETRYING' THEN coalesce(o.run_at, clk.now)
+                      WHEN o.status = 'PENDING' THEN coalesce(o.run_at, clk.now)
+                      ELSE t.run_at END,
+        started_at = coalesce(o.started_at, t.started_at),
+        finished_at = CASE WHEN o.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+                           THEN coalesce(o.finished_at, clk.now) END,
+        attempt = t.attempt - CASE WHEN o.burn THEN 0 ELSE 1 END,
+        lease_token = NULL,
+        lease_expires_at = NULL,
+        version = t.version + 1
+    FROM o, clk
+    WHERE t.id = o.id AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
+    RETURNING o.ord, t.queue, t.group_key, t.limits, t.status
+),
+note AS (
+    SELECT pg_notify('corral_work', q.queue)
+    FROM (SELECT DISTINCT queue FROM upd
+          WHERE group_key IS NOT NULL OR cardinality(limits) > 0
+             OR status IN ('PENDING', 'RETRYING')) q
+)
+SELECT ord, (SELECT count(*) FROM note) AS notified FROM upd;
+
+-- name: settle_dependents
+-- After tasks in %(ids)s ended: fail the WAITING tasks that (transitively)
+-- depend on one that ended badly, and promote WAITING tasks whose
+-- dependencies all succeeded. Runs as its own statement, so it sees tasks
+-- submitted while the completion waited for their dependency locks.
+WITH RECURSIVE
+clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+bad(id, via, via_status) AS (
+    SELECT d.task_id, t.id, t.status
+    FROM corral_tasks t
+    JOIN corral_deps d ON d.dep_id = t.id
+    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING'
+    WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+    UNION
+    SELECT d.task_id, b.id, 'FAILED'
+    FROM bad b
+    JOIN corral_deps d ON d.dep_id = b.id
+    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING'
+),
+failed AS (
+    UPDATE corral_tasks w
+    SET status = 'FAILED', error = 'dependency ' || b.via || ' ended ' || b.via_status,
+        finished_at = clk.now, version = w.version + 1
+    FROM (SELECT DISTINCT ON (id) id, via, via_status FROM bad ORDER BY id, via) b, clk
+    WHERE w.id = b.id AND w.status = 'WAITING'
+    RETURNING w.id, w.queue, w.group_key
+),
+promoted AS (
+    UPDATE corral_tasks w
+    SET status = 'PENDING', version = w.version + 1
+    WHERE w.status = 'WAITING'
+      AND w.id IN (SELECT d.task_id FROM corral_deps d JOIN corral_tasks s ON s.id = d.dep_id
+                   WHERE d.dep_id = ANY(%(ids)s::bigint[]) AND s.status = 'SUCCESS')
+      AND NOT EXISTS (SELECT 1 FROM corral_deps d2 JOIN corral_tasks u ON u.id = d2.dep_id
+                      WHERE d2.task_id = w.id AND u.status <> 'SUCCESS')
+    RETURNING w.id, w.queue
+),
+note AS (
+    SELECT pg_notify('corral_work', q.queue)
+    FROM (SELECT queue FROM promoted
+          UNION SELECT queue FROM failed WHERE group_key IS NOT NULL) q
+)
+SELECT (SELECT count(*) FROM failed) AS failed, (SELECT count(*) FROM promoted) AS promoted,
+       (SELECT count(*) FROM note) AS notified;
+
+-- name: set_progress
+UPDATE corral_tasks SET progress = %(fraction)s, progress_message = %(message)s
+WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
+
+-- name: checkpoint_for_update
+SELECT checkpoint FROM corral_tasks
+WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s
+FOR UPDATE;
+
+-- name: set_checkpoint
+UPDATE corral_tasks SET checkpoint = %(checkpoint)s
+WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
+
+-- name: get
+SELECT * FROM corral_tasks WHERE id = %(id)s;
+
+-- name: counts
+SELECT status, count(*) FROM corral_tasks GROUP BY status;
+
+-- name: counts_queue
+SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status;
+
+-- name: cancel_queued
+UPDATE corral_tasks
+SET status = 'CANCELED', finished_at = extract(epoch FROM now())::float8, version = version + 1,
+    lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND status IN ('WAITING', 'PENDING', 'RETRYING')
+RETURNING id, queue, group_key;
+
+-- name: cancel_running
+UPDATE corral_tasks SET cancel_requested = true
+WHERE id = %(id)s AND status = 'RUNNING';
+
+-- name: retry
+UPDATE corral_tasks
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
+    finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
+    lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
+    progress = NULL, progress_message = NULL, version = version + 1
+WHERE id = %(id)s AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+RETURNING id, queue;
+
+-- name: status_version
+SELECT status, version FROM corral_tasks WHERE id = %(id)s;
+
+-- name: notify
+SELECT pg_notify('corral_work', %(queue)s);
+
+-- name: batch_counts
+SELECT status, count(*), min(created_at), max(finished_at)
+FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
+
+-- name: batch_durations
+SELECT finished_at - started_at AS d FROM corral_tasks
+WHERE batch = %(batch)s AND finished_at IS NOT NULL AND started_at IS NOT NULL
+ORDER BY d;
+
+-- name: set_limit
+INSERT INTO corral_limits (name, concurrency, rate) VALUES (%(name)s, %(concurrency)s, %(rate)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate;
+
+-- name: limits
+SELECT name, concurrency, rate FROM corral_limits ORDER BY name;
+
+-- name: limit_usage
+SELECT n AS name, count(DISTINCT t.lease_token) AS used
+FROM corral_tasks t, unnest(t.limits) AS n
+WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0
+GROUP BY n;
+
+-- name: sweep_lost_leases
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+c AS (
+    SELECT t.id FROM corral_tasks t, clk
+    WHERE t.status = 'RUNNING' AND t.lease_expires_at < clk.now
+    ORDER BY t.id LIMIT %(max_rows)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE corral_tasks t
+SET status = CASE WHEN t.started_at IS NULL THEN 'PENDING'
+                  WHEN t.attempt <= t.max_retries THEN 'RETRYING'
+                  ELSE 'FAILED' END,
+    run_at = CASE WHEN t.started_at IS NULL OR t.attempt <= t.max_retries THEN clk.now ELSE t.run_at END,
+    error = CASE WHEN t.started_at IS NULL THEN t.error
+                 WHEN t.attempt <= t.max_retries THEN %(lost_error)s
+                 ELSE %(lost_error)s END,
+    finished_at = CASE WHEN t.started_at IS NOT NULL AND t.attempt > t.max_retries THEN clk.now END,
+    lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
+FROM c, clk
+WHERE t.id = c.id AND t.status = 'RUNNING' AND t.lease_expires_at < clk.now
+RETURNING t.id, t.status, t.queue;
+
+-- name: sweep_overdue
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+c AS (
+    SELECT t.id FROM corral_tasks t, clk
+    WHERE t.status = 'RUNNING' AND t.timeout IS NOT NULL AND t.started_at IS NOT NULL
+      AND t.started_at + 2 * t.timeout < clk.now
+    ORDER BY t.id LIMIT %(max_rows)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE corral_tasks t
+SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
+    lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
+FROM c, clk
+WHERE t.id = c.id AND t.status = 'RUNNING' AND t.timeout IS NOT NULL
+  AND t.started_at + 2 * t.timeout < clk.now
+RETURNING t.id, t.queue;
+
+-- name: sweep_stale_pending
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+c AS (
+    SELECT t.id FROM corral_tasks t, clk
+    WHERE t.status = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
+    ORDER BY t.id LIMIT %(max_rows)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE corral_tasks t
+SET status = 'CANCELED', error = %(error)s, finished_at = clk.now, version = t.version + 1
+FROM c, clk
+WHERE t.id = c.id AND t.status = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
+RETURNING t.id, t.queue;
+
+-- name: sweep_exhausted
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+c AS (
+    SELECT t.id FROM corral_tasks t
+    WHERE t.status = 'RUNNING' AND t.attempt > t.max_retries + 1
+    ORDER BY t.id LIMIT %(max_rows)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE corral_tasks t
+SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
+    lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
+FROM c, clk
+WHERE t.id = c.id AND t.status = 'RUNNING' AND t.attempt > t.max_retries + 1
+RETURNING t.id, t.queue;
+
+-- name: try_lead
+INSERT INTO corral_leaders AS l (role, holder, expires_at)
+VALUES (%(role)s, %(holder)s, extract(epoch FROM now())::float8 + %(ttl)s::float8)
+ON CONFLICT (role) DO UPDATE
+SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE l.holder = excluded.holder OR l.expires_at < extract(epoch FROM now())::float8
+RETURNING holder;
