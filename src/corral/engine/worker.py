@@ -455,8 +455,10 @@ class Worker:
                 continue
             for tid in reply.cancel_requested:
                 self.cancel_local(tid)
-            if reply.lost_tokens:
-                log.warning("lost %d lease(s); their results will be discarded", len(reply.lost_tokens))
+            with self._cond:
+                lost = reply.lost_tokens & {u.claim.token for u in self._units}
+            if lost:  # tokens of units that finished meanwhile are not lost
+                log.warning("lost %d lease(s); their results will be discarded", len(lost))
 
     def _sweep_loop(self) -> None:
         while not self._stopped.wait(self.sweep_interval):
