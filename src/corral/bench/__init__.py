@@ -1,0 +1,155 @@
+"""``corral bench``: reproducible benchmarks (see docs/benchmarks.md).
+
+``groups``      the seed 003 §4 (Bgrp) experiment: ordered groups under a
+                shared downstream cap, corral against two thread-pool baselines;
+``throughput``  enqueue and processing rates, I/O efficiency and idle
+                submit-to-start latency of one store.
+
+Each measured run happens in a child process; progress goes to stderr and
+``--json`` keeps stdout to one JSON object.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from corral.bench import common
+
+STORES = ("memory", "sqlite", "postgres")
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: `groups` (seed 003 Bgrp experiment) and `throughput`."""
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+@bench.command("groups")
+@click.option("--tasks", default=100_000, show_default=True, help="Number of tasks.")
+@click.option("--groups", "n_groups", default=200, show_default=True, help="Number of groups.")
+@click.option("--variants", default="A,B,C", show_default=True,
+              help="Which to run: A (global queue + pool), B (group locks + pool), C (corral).")
+@click.option("--chunk-size", default=50, show_default=True, help="corral: tasks of one group taken per claim.")
+@click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
+@click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
+@click.option("--store", type=click.Choice(STORES), default="memory", show_default=True, help="corral's store (C).")
+@click.option("--workers", default=1, show_default=True, help="Worker processes for a durable store (C).")
+@click.option("--pg-url", default=None,
+              help=f"Admin URL of a PostgreSQL server (default $CORRAL_BENCH_PG_URL or {common.DEFAULT_PG_URL}); "
+                   "a fresh database is created for the run and dropped after.")
+@click.option("--poll-interval", default=0.5, show_default=True, help="corral worker poll interval (s).")
+@click.option("--seed", default=3, show_default=True, help="Seed of the workload plan.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concurrency: int, limit: int,
+               store: str, workers: int, pg_url: str | None, poll_interval: float, seed: int,
+               as_json: bool, no_progress: bool) -> None:
+    """Seed 003 §4: ordered groups under a downstream cap, A/B/C side by side."""
+    from corral.bench.groups import VARIANTS, child_argv
+
+    chosen = [v.strip().upper() for v in variants.split(",") if v.strip()]
+    bad = [v for v in chosen if v not in VARIANTS]
+    if bad or not chosen:
+        raise click.BadParameter(f"unknown variant(s) {', '.join(bad) or '(none)'}; choose from A, B, C",
+                                 param_hint="--variants")
+    if tasks < 1 or n_groups < 1 or chunk_size < 1 or concurrency < 1 or limit < 1 or workers < 1:
+        raise click.UsageError("--tasks, --groups, --chunk-size, --concurrency, --limit and --workers must be >= 1")
+    results = []
+    for v in chosen:
+        argv = child_argv(v, tasks=tasks, groups=n_groups, chunk_size=chunk_size, concurrency=concurrency,
+                          limit=limit, store=store, workers=workers, pg_url=pg_url, poll_interval=poll_interval,
+                          seed=seed, progress=not no_progress)
+        label = f"{v}: {VARIANTS[v]}" + (f" ({store}, {workers} proc)" if v == "C" else "")
+        try:
+            results.append(common.run_child(argv, label, show_progress=not no_progress))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    report = {"scenario": "groups", "tasks": tasks, "groups": n_groups, "limit": limit, "variants": results}
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"groups: {tasks:,} tasks, {n_groups} groups, downstream cap {limit}")
+    for col in ("variant", "wall s", "ideal s", "efficiency", "p95 latency ms", "out of order",
+                "rejections", "peak RSS MB"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    for r in results:
+        name = f"{r['variant']} {r['label']}"
+        if r["variant"] == "C":
+            name += f" [{r['store']}, chunk {r['chunk_size']}" + (f", {r['workers']} proc]" if r["store"] != "memory" else "]")
+        rss = _fmt(r["peak_rss_mb"], 1)
+        if r.get("worker_peak_rss_mb") is not None:
+            rss += f" (+workers {_fmt(r['worker_peak_rss_mb'], 1)})"
+        table.add_row(name, _fmt(r["wall_s"], 2), _fmt(r["ideal_s"], 2), _fmt(r["efficiency"], 3),
+                      _fmt(r["p95_latency_ms"], 0), _fmt(r["out_of_order"]), _fmt(r["rejections"]), rss)
+    Console().print(table)
+
+
+@bench.command("throughput")
+@click.option("--store", type=click.Choice(STORES), default="sqlite", show_default=True)
+@click.option("--tasks", default=20_000, show_default=True, help="No-op tasks per enqueue/processing run.")
+@click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
+@click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
+@click.option("--pause", default=0.02, show_default=True, help="Pause between idle-latency submits (s).")
+@click.option("--concurrency", default=10, show_default=True, help="Worker slots per process for no-op tasks.")
+@click.option("--io-concurrency", default=20, show_default=True, help="Worker slots for the I/O run.")
+@click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
+@click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
+@click.option("--only", default="enqueue,process,io,latency", show_default=True,
+              help="Which parts to run (comma-separated).")
+@click.option("--poll-interval", default=0.5, show_default=True)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-progress", is_flag=True)
+def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pause: float, concurrency: int,
+                   io_concurrency: int, processes: str, finished_rows: int, only: str, poll_interval: float,
+                   pg_url: str | None, as_json: bool, no_progress: bool) -> None:
+    """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
+    from corral.bench.throughput import PARTS, child_argv, render
+
+    parts = [p.strip() for p in only.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        raise click.BadParameter(f"unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)}", param_hint="--only")
+    try:
+        procs = [int(x) for x in processes.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--processes") from None
+    if not procs or min(procs) < 1 or tasks < 1:
+        raise click.UsageError("--processes and --tasks must be >= 1")
+    argv = child_argv(store=store, tasks=tasks, io_tasks=io_tasks, latency_tasks=latency_tasks, pause=pause,
+                      concurrency=concurrency, io_concurrency=io_concurrency, processes=",".join(map(str, procs)),
+                      finished_rows=finished_rows, only=",".join(parts), poll_interval=poll_interval,
+                      pg_url=pg_url, progress=not no_progress)
+    try:
+        report = common.run_child(argv, f"throughput ({store})", show_progress=not no_progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    render(report)
+
+
+def main() -> None:  # pragma: no cover - `python -m corral.bench`
+    bench(prog_name="corral bench")
+
+
+__all__ = ["bench", "main"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
