@@ -1,0 +1,338 @@
+"""SQLite-specific behaviour of ``sqlite:///`` (the shared semantics live in tests/conformance)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import random
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from corral.core.model import NewTask, Outcome, TaskFilter
+from corral.core.states import State
+from corral.errors import ConfigError, StoreError, StoreUnavailable
+from corral.stores import open_store
+from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
+
+ARGS = '{"args":[],"kwargs":{}}'
+
+
+def new(name: str = "t", **kw) -> NewTask:
+    return NewTask(name=name, args=ARGS, **kw)
+
+
+@pytest.fixture
+def store(sqlite_url):
+    s = SQLiteStore(sqlite_url)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def raw(store: SQLiteStore) -> sqlite3.Connection:
+    return sqlite3.connect(store.path, isolation_level=None)
+
+
+# ---- URL, pragmas, opening ---------------------------------------------------------
+
+
+def test_url_forms(tmp_path, monkeypatch):
+    assert parse_url("sqlite:////abs/dir/x.db") == ("/abs/dir/x.db", {})
+    assert parse_url("sqlite:///rel/x.db") == ("rel/x.db", {})
+    assert parse_url("sqlite:///x.db?synchronous=FULL") == ("x.db", {"synchronous": "FULL"})
+    monkeypatch.chdir(tmp_path)
+    rel = SQLiteStore("sqlite:///rel.db")
+    absolute = SQLiteStore(f"sqlite:///{tmp_path}/abs.db")  # sqlite:////tmp/... form
+    try:
+        (r,) = rel.submit([new()])
+        assert rel.get(r.id).name == "t"
+        assert (tmp_path / "rel.db").exists()
+        absolute.submit([new()])
+        assert (tmp_path / "abs.db").exists()
+    finally:
+        rel.close()
+        absolute.close()
+
+
+@pytest.mark.parametrize("url", ["sqlite:///x.db?bogus=1", "sqlite:///x.db?synchronous=SOMETIMES", "sqlite://x.db", "sqlite:///:memory:"])
+def test_bad_urls_are_config_errors(url):
+    with pytest.raises(ConfigError):
+        SQLiteStore(url)
+
+
+def test_wal_busy_timeout_and_synchronous(store, sqlite_url):
+    con = store._con()
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert con.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    assert con.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    # WAL is a property of the file: a plain connection sees it too
+    other = raw(store)
+    try:
+        assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        other.close()
+    full = SQLiteStore(sqlite_url + "?synchronous=FULL")
+    try:
+        assert full._con().execute("PRAGMA synchronous").fetchone()[0] == 2
+    finally:
+        full.close()
+
+
+def test_one_connection_per_thread(store):
+    mine = store._con()
+    assert store._con() is mine
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(store._con()))
+    t.start()
+    t.join()
+    assert seen and seen[0] is not mine
+
+
+def test_missing_directory_is_unavailable(tmp_path):
+    with pytest.raises(StoreUnavailable) as info:
+        open_store(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    assert "\n" not in str(info.value)
+
+
+def test_unopenable_files_are_unavailable(tmp_path):
+    (tmp_path / "a_dir.db").mkdir()
+    with pytest.raises(StoreUnavailable):
+        SQLiteStore(f"sqlite:///{tmp_path}/a_dir.db")
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, just some bytes" * 200)
+    with pytest.raises(StoreUnavailable) as info:
+        SQLiteStore(f"sqlite:///{junk}")
+    assert "\n" not in str(info.value)
+
+
+def test_driver_errors_are_translated(sqlite_url):
+    s = SQLiteStore(sqlite_url + "?busy_timeout=50")
+    s.submit([new()])
+    holder = raw(s)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+        with pytest.raises(StoreError) as info:
+            s.claim("w", ["default"], 1)
+        assert not isinstance(info.value, sqlite3.Error)
+        holder.execute("ROLLBACK")
+        assert len(s.claim("w", ["default"], 1)) == 1  # usable again afterwards
+    finally:
+        holder.close()
+        s.close()
+
+
+def test_store_pickles_as_its_url(store):
+    again = pickle.loads(pickle.dumps(store))
+    try:
+        assert isinstance(again, SQLiteStore) and again.url == store.url
+    finally:
+        again.close()
+
+
+# ---- migrate -----------------------------------------------------------------------
+
+
+def _open_and_submit(url, barrier, q):
+    barrier.wait()
+    s = SQLiteStore(url)
+    s.migrate()
+    s.submit([new("m")])
+    q.put(os.getpid())
+    s.close()
+
+
+def test_concurrent_migrate_from_several_processes(tmp_path):
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    ctx = multiprocessing.get_context("spawn")
+    barrier, q = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_open_and_submit, args=(url, barrier, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    pids = [q.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert len(set(pids)) == 4
+    s = SQLiteStore(url)
+    try:
+        s.migrate()
+        s.migrate()
+        con = s._con()
+        assert con.execute("SELECT version FROM corral_schema").fetchall() == [(SCHEMA_VERSION,)]
+        assert s.counts() == {"PENDING": 4}
+    finally:
+        s.close()
+
+
+# ---- claims across processes --------------------------------------------------------
+
+
+def _claim_loop(url, max_units, barrier, q, cap=1600):
+    """Claim until nothing is left, or until this process holds ``cap`` tasks
+    (so the other process surely gets a share even if this one ran alone)."""
+    s = SQLiteStore(url)
+    got, calls, empty = [], [], 0
+    barrier.wait()
+    while empty < 3 and len(got) < cap:
+        claims = s.claim(f"w{os.getpid()}", ["default"], max_units, lease_seconds=600)
+        calls.append(len(claims))
+        if not claims:
+            empty += 1
+            continue
+        empty = 0
+        got.extend((c.token, t.id) for c in claims for t in c.tasks)
+    q.put((got, calls))
+    s.close()
+
+
+def test_two_processes_never_claim_a_task_twice(store):
+    free = [r.id for r in store.submit([new() for _ in range(3000)])]
+    grouped = {g: [r.id for r in store.submit([new(group=g) for _ in range(15)])] for g in ("a", "b", "c")}
+    ctx = multiprocessing.get_context("spawn")
+    barrier, q = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_claim_loop, args=(store.url, 5, barrier, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    ids = [tid for got, _ in results for _, tid in got]
+    assert len(ids) == len(set(ids)), "a task was claimed twice"
+    for _, calls in results:
+        assert max(calls) <= 5, "more claims than asked"
+    assert all(got for got, _ in results), "both processes should have claimed"
+    # every free task once, and only the head of each group (the rest waits for it)
+    assert sorted(ids) == sorted(free + [ids_[0] for ids_ in grouped.values()])
+    tokens = [tok for got, _ in results for tok, _ in got]
+    assert len(set(tokens)) == len(tokens)
+    assert store.counts() == {"RUNNING": 3003, "PENDING": 42}
+
+
+# ---- query plans: claim cost does not follow finished rows ---------------------------
+
+
+def _plan(con, sql, params):
+    return " | ".join(r[3] for r in con.execute("EXPLAIN QUERY PLAN " + sql, params))
+
+
+def test_claim_uses_partial_indexes_not_a_scan(store):
+    con = store._con()
+    now = time.time()
+    con.execute("BEGIN IMMEDIATE")
+    con.execute(
+        """WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 20000)
+        INSERT INTO tasks (name, args, status, queue, group_key, created_at, run_at, started_at, finished_at, version)
+        SELECT 'done', '{}', 'SUCCESS', 'default', CASE WHEN i % 2 THEN 'g' END, ?, ?, ?, ?, 2 FROM c""",
+        (now, now, now, now),
+    )
+    con.execute("COMMIT")
+    store.submit([new() for _ in range(50)] + [new(group="g") for _ in range(50)])
+    con.execute("ANALYZE")
+    plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
+    assert "USING INDEX tasks_ready" in plan and "SCAN" not in plan, plan
+    assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
+    for name, params in (
+        ("head_clear", ("g", "g")),
+        ("head_set", ("g",)),
+        ("group_followers", ("g", 1, 5)),
+        ("heartbeat_held", ('["x"]',)),
+        ("sweep_expired", (now, 10)),
+        ("sweep_stale_pending", (now, 10)),
+    ):
+        plan = _plan(con, Q[name], params)
+        assert "SCAN tasks" not in plan, (name, plan)
+    # the ready index holds queued heads and free tasks only
+    ready = con.execute(
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready "
+        "WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1) AND queue = 'default'"
+    ).fetchone()[0]
+    assert ready == 51
+    claims = store.claim("w", ["default"], 200)
+    assert len(claims) == 51
+
+
+# ---- the group head flag stays right --------------------------------------------------
+
+
+def _check_heads(store):
+    con = store._con()
+    wrong = con.execute(
+        """SELECT g.group_key FROM (SELECT DISTINCT group_key FROM tasks WHERE group_key IS NOT NULL) AS g
+        WHERE (SELECT group_concat(id) FROM tasks WHERE group_key = g.group_key AND is_head = 1)
+          IS NOT (SELECT CAST(min(id) AS TEXT) FROM tasks WHERE group_key = g.group_key AND
+                  (status IN ('WAITING','PENDING','RETRYING','RUNNING') OR (status = 'FAILED' AND halt_group_on_failure = 1)))"""
+    ).fetchall()
+    assert wrong == [], f"is_head wrong for groups {wrong}"
+
+
+def test_group_head_flag_survives_a_random_workload(store):
+    rng = random.Random(7)
+    running = []
+    for step in range(400):
+        op = rng.random()
+        if op < 0.3:
+            store.submit([new(group=rng.choice("abc"), halt_group_on_failure=rng.random() < 0.2, max_retries=1)
+                          for _ in range(rng.randint(1, 4))])
+        elif op < 0.55:
+            for c in store.claim("w", ["default"], rng.randint(1, 3), chunk_size=rng.randint(1, 3)):
+                running.extend((c.token, t) for t in c.tasks)
+        elif op < 0.8 and running:
+            token, t = running.pop(rng.randrange(len(running)))
+            rec = store.get(t.id)
+            status = rng.choice([State.SUCCESS, State.FAILED, State.CANCELED, State.RETRYING, State.PENDING])
+            store.complete([Outcome(t.id, token, rec.version, status, run_at=store.now())])
+        elif op < 0.9:
+            failed = store.list_tasks(TaskFilter(status=State.FAILED, limit=5))
+            if failed:
+                store.retry(rng.choice(failed).id)
+        else:
+            pending = store.list_tasks(TaskFilter(status=State.PENDING, limit=5))
+            if pending:
+                store.cancel(rng.choice(pending).id)
+        _check_heads(store)
+
+
+# ---- wait_for_work ---------------------------------------------------------------------
+
+
+def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url):
+    other = SQLiteStore(sqlite_url)
+    done = threading.Event()
+    elapsed = []
+
+    def waiter():
+        t0 = time.monotonic()
+        store.wait_for_work(30.0)
+        elapsed.append(time.monotonic() - t0)
+        done.set()
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not done.is_set() and time.monotonic() < deadline:
+            other.submit([new()])  # keep committing until the waiter has seen one
+            done.wait(0.05)
+    finally:
+        t.join(40)
+        other.close()
+    assert done.is_set() and elapsed[0] < 10
+
+
+def test_wait_for_work_times_out_without_commits(store):
+    t0 = time.monotonic()
+    store.wait_for_work(0.05)
+    assert time.monotonic() - t0 >= 0.05
+
+
+def test_close_makes_store_unusable(sqlite_url):
+    s = SQLiteStore(sqlite_url)
+    s.close()
+    with pytest.raises(StoreError):
+        s.submit([new()])
