@@ -8,7 +8,7 @@ import time
 from corral.core.states import State
 from corral.stores import open_store
 
-from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
 
 
 def test_never_more_than_max_units(store):
@@ -169,3 +169,21 @@ def test_finished_task_is_not_claimed(store):
     assert finish(store, rec)
     assert claim(store, 5) == []
     assert status_of(store, tid) is State.SUCCESS
+
+
+def test_earlier_run_at_goes_before_smaller_id(store):
+    late = submit_one(store, "late")
+    early = submit_one(store, "early", run_at=store.now() - 60)
+    assert claim_one(store).id == early
+    assert claim_one(store).id == late
+
+
+def test_retry_queues_behind_work_submitted_during_its_backoff(store):
+    first = submit_one(store, "first", max_retries=2)
+    rec = claim_one(store)
+    run_at = store.now() + 0.3
+    assert finish(store, rec, State.RETRYING, run_at=run_at)
+    fresh = submit_one(store, "fresh")
+    wait_for(lambda: store.now() > run_at + 0.01, message="backoff over")
+    assert claim_one(store).id == fresh
+    assert claim_one(store).id == first

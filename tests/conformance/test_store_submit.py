@@ -154,3 +154,21 @@ def test_future_run_at_not_claimable_until_it_comes(store):
 def test_past_run_at_is_claimable(store):
     tid = submit_one(store, "overdue", run_at=store.now() - 60)
     assert claimed_ids(claim(store, 5)) == [tid]
+
+
+def test_migrate_again_keeps_tasks(store):
+    tid = submit_one(store, "kept", key="k")
+    store.migrate()
+    assert store.get(tid).name == "kept"
+    (again,) = store.submit([new("kept", key="k")])
+    assert again.id == tid and again.created is False
+
+
+def test_tasks_are_shared_between_instances(store, second_store):
+    tid = submit_one(store, "shared", args='{"args":[7],"kwargs":{}}')
+    rec = second_store.get(tid)
+    assert rec is not None and rec.arguments == ([7], {})
+    (c,) = second_store.claim("w2", ["default"], 5)
+    assert [t.id for t in c.tasks] == [tid]
+    assert store.get(tid).status == State.RUNNING
+    assert store.claim("w1", ["default"], 5) == []
