@@ -196,27 +196,30 @@ def workers_per_process(io_wait: float, cpu_time: float, cap: int = DEFAULT_WORK
 @dataclass(frozen=True, slots=True)
 class ProcessLayout:
     concurrency: int
-    workers_per_process: int
-    processes: int  # ceil(concurrency / workers per process)
-    total_slots: int  # processes x workers per process
+    max_per_process: int  # the most workers one process should run (from (c))
+    processes: int  # ceil(concurrency / max per process)
+    per_process: int  # the concurrency spread evenly: ceil(concurrency / processes)
+    total_slots: int  # processes x per process
     lanes: int  # sub-groups / partitions: concurrency plus head-room
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def process_layout(concurrency: int, workers_per_proc: int, headroom: float = DEFAULT_LANE_HEADROOM) -> ProcessLayout:
-    """Seed 002: total concurrency = processes x workers per process, and at
-    least as many lanes (partitions; here, sub-groups of a hot group) as
-    concurrency, with head-room since lanes cannot be re-cut without
-    breaking order (8 workers -> 10 lanes)."""
-    if concurrency < 1 or workers_per_proc < 1:
+def process_layout(concurrency: int, max_per_process: int, headroom: float = DEFAULT_LANE_HEADROOM) -> ProcessLayout:
+    """Seed 002: total concurrency = processes x workers per process, with at
+    most ``max_per_process`` workers in one process, spread evenly (8 with at
+    most 7 a process: 2 processes of 4). Lanes (partitions there; sub-groups
+    of a hot group here) are at least the concurrency, with head-room, since
+    lanes cannot be re-cut later without breaking order (8 workers -> 10 lanes)."""
+    if concurrency < 1 or max_per_process < 1:
         raise ValueError("concurrency and workers per process must be at least 1")
     if headroom < 0:
         raise ValueError("head-room must be >= 0")
-    processes = math.ceil(concurrency / workers_per_proc)
+    processes = math.ceil(concurrency / max_per_process)
+    per = math.ceil(concurrency / processes)
     lanes = max(concurrency, math.ceil(concurrency * (1 + headroom) - _EPS))
-    return ProcessLayout(concurrency, workers_per_proc, processes, processes * workers_per_proc, lanes)
+    return ProcessLayout(concurrency, max_per_process, processes, per, processes * per, lanes)
 
 
 __all__ = [
