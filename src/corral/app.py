@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -222,7 +223,7 @@ class App:
         return NewTask(
             name=tdef.name, args=payload, queue=item.get("queue") or tdef.queue,
             priority=int(item.get("priority", tdef.priority) or 0), max_retries=int(retries),
-            timeout=timeout, group=str(group) if group is not None else None, batch=item.get("batch"),
+            timeout=timeout, group=sys.intern(str(group)) if group is not None else None, batch=item.get("batch"),
             key=item.get("key"), trace_id=item.get("trace_id") or uuid.uuid4().hex,
             run_at=now + delay if delay > 0 else None, depends_on=dep_ids, limits=tdef.limits,
             halt_group_on_failure=tdef.halt_group_on_failure,

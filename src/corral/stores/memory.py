@@ -8,6 +8,7 @@ holding the ids that still occupy the group in id order.
 from __future__ import annotations
 
 import heapq
+import sys
 import itertools
 import threading
 import time
@@ -70,6 +71,7 @@ class MemoryStore(Store):
         self._usage: dict[str, int] = {}
         self._leaders: dict[str, tuple[str, float]] = {}
         self._changes = 0
+        self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
 
     def now(self) -> float:
         return time.time()
@@ -146,6 +148,8 @@ class MemoryStore(Store):
             self._group_advance(t.group, now)
 
     def _set(self, t: TaskRecord, status: State, **fields) -> None:
+        self._count[t.status] -= 1
+        self._count[status] += 1
         t.status = status
         t.version += 1
         for k, v in fields.items():
@@ -212,6 +216,7 @@ class MemoryStore(Store):
                     finished_at=now if status is State.FAILED else None,
                 )
                 self._tasks[tid] = t
+                self._count[status] += 1
                 if nt.key is not None:
                     self._keys[nt.key] = tid
                     batch_keys[nt.key] = tid
@@ -271,6 +276,8 @@ class MemoryStore(Store):
                 expires = now + lease_seconds
                 for i, m in enumerate(members):
                     self._stamp.pop(m.id, None)
+                    self._count[m.status] -= 1
+                    self._count[State.RUNNING] += 1
                     m.status = State.RUNNING
                     m.version += 1
                     m.lease_token = token
@@ -348,8 +355,8 @@ class MemoryStore(Store):
                     fields["started_at"] = o.started_at
                 if o.status in FINAL:
                     fields["finished_at"] = o.finished_at or now
-                if o.result is not None:
-                    fields["result"] = o.result
+                if o.result is not None:  # small results repeat a lot ("null", "true")
+                    fields["result"] = sys.intern(o.result) if len(o.result) <= 16 else o.result
                 if o.error is not None or o.status is State.SUCCESS:
                     fields["error"] = o.error
                 if not o.burn_attempt:
@@ -416,8 +423,10 @@ class MemoryStore(Store):
     def counts(self, queue: str | None = None) -> dict[str, int]:
         out: dict[str, int] = {}
         with self._lock:
+            if queue is None:
+                return {s.value: n for s, n in self._count.items() if n}
             for t in self._tasks.values():
-                if queue is None or t.queue == queue:
+                if t.queue == queue:
                     out[t.status.value] = out.get(t.status.value, 0) + 1
         return out
 
