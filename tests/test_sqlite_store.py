@@ -47,7 +47,7 @@ def test_url_forms(tmp_path, monkeypatch):
     assert parse_url("sqlite:///x.db?synchronous=FULL") == ("x.db", {"synchronous": "FULL"})
     monkeypatch.chdir(tmp_path)
     rel = SQLiteStore("sqlite:///rel.db")
-    absolute = SQLiteStore(f"sqlite:///{tmp_path}/abs.db")  # sqlite:////tmp/... form
+    absolute = SQLiteStore(f"sqlite:///{tmp_path}/abs.db")  # the sqlite:////absolute form
     try:
         (r,) = rel.submit([new()])
         assert rel.get(r.id).name == "t"

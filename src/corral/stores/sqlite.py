@@ -67,7 +67,7 @@ from corral.core.model import (
     loads,
 )
 from corral.core.states import FINAL, QUEUED, State, check_transition
-from corral.errors import ConfigError, CorralError, StoreError, StoreUnavailable, SubmitError
+from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
 from corral.stores import base
 from corral.stores.base import BatchSummary, HeartbeatReply, Store
 from corral.stores.sql import load
