@@ -690,6 +690,7 @@ def demo(store_url, skus, merchants, workers, latency_ms, qps, seed):
 
 # ---- plan ---------------------------------------------------------------------------------------
 @cli.command()
+@store_option
 @click.option("--qps", type=float, help="(a) Downstream QPS cap.")
 @click.option("--latency-ms", type=float, help="(a) Mean latency of one downstream request, in ms.")
 @click.option("--latency", "latency_text", metavar="DURATION", help="(a) The same as a duration (200ms, 0.2s).")
@@ -707,9 +708,11 @@ def demo(store_url, skus, merchants, workers, latency_ms, qps, seed):
 @click.option("--concurrency", type=click.IntRange(min=1), help="(d) Target concurrency (default: from (b)).")
 @click.option("--per-process", type=click.IntRange(min=1), help="(d) Workers per process (default: from (c)).")
 @json_option
-def plan(qps, latency_ms, latency_text, safety, done, hours, window_text, workers, mean_text, target, target_hours,
+def plan(store_url, qps, latency_ms, latency_text, safety, done, hours, window_text, workers, mean_text, target, target_hours,
          io_minutes, cpu_minutes, cap, concurrency, per_process, as_json):
     """Capacity planner: the seeds' formulas.
+
+    Pure arithmetic: --store is accepted, like everywhere, and not used.
 
     \b
     (a) limit   = downstream QPS x latency (s) x safety     --qps 100 --latency-ms 200

@@ -1,0 +1,105 @@
+"""The capacity planner against the seeds' worked examples."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.core.planning import (
+    concurrency_limit,
+    format_duration,
+    littles_law,
+    mean_duration,
+    parse_duration,
+    process_layout,
+    required_concurrency,
+    workers_per_process,
+)
+
+
+def test_seed_000_qps_times_latency_times_safety():
+    # Partner API: 100 QPS, 200 ms a request -> 20 in flight at the cap, 14 with 0.7.
+    plan = concurrency_limit(100, 0.2)
+    assert plan.per_request_qps == pytest.approx(5.0)
+    assert plan.theoretical == pytest.approx(20.0)
+    assert plan.limit == 14
+    assert concurrency_limit(100, 0.2, safety=1.0).limit == 20
+    assert concurrency_limit(100, 0.2, safety=0.6).limit == 12
+
+
+def test_concurrency_limit_never_below_one_and_rejects_nonsense():
+    assert concurrency_limit(1, 0.01).limit == 1
+    for bad in [(0, 0.2, 0.7), (100, 0, 0.7), (100, 0.2, 0), (100, 0.2, 1.5), (-5, 0.2, 0.7)]:
+        with pytest.raises(ValueError):
+            concurrency_limit(*bad)
+
+
+def test_seed_002_littles_law_mean_duration_and_required_workers():
+    law = littles_law(done=392, window_s=48 * 3600, workers=4, target=720)
+    assert law.throughput_per_h == pytest.approx(8.17, abs=0.01)
+    assert law.mean_duration_s / 60 == pytest.approx(29, abs=0.5)  # "about 29 minutes"
+    assert law.target_throughput_per_h == pytest.approx(15.0)
+    assert law.required_concurrency == pytest.approx(7.32, abs=0.05)  # seed: 15 x 0.488 = 7.32
+    assert law.required_workers == 8
+
+
+def test_littles_law_units_do_not_matter():
+    # The same run measured in seconds or in days gives the same duration.
+    assert mean_duration(392, 48 * 3600, 4) == pytest.approx(mean_duration(392, 2 * 86400, 4))
+    # Required concurrency is a plain number: 15/h for 0.5 h is 7.5 in flight.
+    assert required_concurrency(15, 3600, 1800) == pytest.approx(7.5)
+    # A target over a different window than the measurement.
+    law = littles_law(392, 48 * 3600, 4, target=360, target_window_s=24 * 3600)
+    assert law.required_workers == 8
+    assert littles_law(392, 48 * 3600, 4).required_workers is None
+
+
+def test_exact_integer_concurrency_is_not_rounded_up():
+    # 10 tasks/h at 0.5 h each is exactly 5, not 6.
+    law = littles_law(done=10, window_s=3600, workers=5, target=10)
+    assert law.required_workers == 5
+
+
+def test_seed_002_workers_per_process():
+    w = workers_per_process(io_wait=25, cpu_time=4)
+    assert w.raw == pytest.approx(7.25)
+    assert w.workers == 7
+    assert not w.capped
+    capped = workers_per_process(io_wait=25, cpu_time=4, cap=4)
+    assert capped.workers == 4 and capped.capped
+    assert workers_per_process(0, 4).workers == 1  # pure CPU: one per process
+    with pytest.raises(ValueError):
+        workers_per_process(25, 0)
+
+
+def test_seed_002_layout_processes_and_lanes():
+    # 8 workers needed, at most 2 per process (the seed's choice): 4 processes, 10 partitions.
+    lay = process_layout(8, 2)
+    assert (lay.processes, lay.per_process, lay.total_slots, lay.lanes) == (4, 2, 8, 10)
+    # At most 7 per process: 2 processes of 4, not 7 + 1.
+    lay = process_layout(8, 7)
+    assert (lay.processes, lay.per_process, lay.total_slots) == (2, 4, 8)
+    assert process_layout(1, 8).lanes == 2
+    with pytest.raises(ValueError):
+        process_layout(0, 2)
+
+
+@pytest.mark.parametrize(
+    "text,unit,seconds",
+    [("200ms", "s", 0.2), ("0.2s", "s", 0.2), ("29m", "s", 29 * 60), ("48h", "s", 48 * 3600), ("2d", "s", 172800),
+     ("90", "s", 90), ("200", "ms", 0.2), ("48", "h", 48 * 3600), (" 1.5 min ", "s", 90)],
+)
+def test_parse_duration(text, unit, seconds):
+    assert parse_duration(text, unit) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "abc", "10 parsecs", "-5s", "1e3s"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_format_duration():
+    assert format_duration(0.2) == "200ms"
+    assert format_duration(12.5) == "12.5s"
+    assert format_duration(29.4 * 60) == "29.4 min"
+    assert format_duration(5 * 3600) == "5.0 h"
