@@ -19,6 +19,7 @@ import click
 from corral.bench import common
 
 STORES = ("memory", "sqlite", "postgres")
+SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 
 @click.group()
@@ -88,7 +89,7 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
                 "rejections", "peak RSS MB"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for r in results:
-        name = f"{r['variant']} {r['label']}"
+        name = f"{r['variant']} {SHORT[r['variant']]}"
         if r["variant"] == "C":
             name += f" [{r['store']}, chunk {r['chunk_size']}" + (f", {r['workers']} proc]" if r["store"] != "memory" else "]")
         rss = _fmt(r["peak_rss_mb"], 1)
@@ -96,7 +97,7 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
             rss += f" (+workers {_fmt(r['worker_peak_rss_mb'], 1)})"
         table.add_row(name, _fmt(r["wall_s"], 2), _fmt(r["ideal_s"], 2), _fmt(r["efficiency"], 3),
                       _fmt(r["p95_latency_ms"], 0), _fmt(r["out_of_order"]), _fmt(r["rejections"]), rss)
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)
 
 
 @bench.command("throughput")

@@ -71,17 +71,25 @@ def build_app(url: str, *, limit: int | None = 20, retries: int = 1000) -> App:
 
 
 def worker_process(url: str, rec: Recorder | None, n: int, groups: int, seed: int,
-                   worker_opts: dict[str, Any], ready, stop) -> None:
-    """Body of a worker process: run a Worker on ``url`` until ``stop`` is set."""
+                   worker_opts: dict[str, Any], ready, stop, go=None) -> None:
+    """Body of a worker process: run a Worker on ``url`` until ``stop`` is set
+    (starting it only once ``go`` is set, when given)."""
     from corral.engine.worker import Worker
 
     set_recorder(rec, n, groups, seed)
     app = build_app(url, limit=None)
-    worker = Worker(app, **worker_opts).start()
-    ready.set()
+    worker = Worker(app, **worker_opts)
+    if go is None:
+        worker.start()
+        ready.set()
+    else:
+        ready.set()
+        go.wait()
+        worker.start()
     stop.wait()
     worker.stop(grace=30.0)
-    app.store.close()
+    # the store is not closed here: Worker.stop() does not join its dispatcher,
+    # which may still be inside store.wait_for_work(); the process exit closes it
 
 
 _app: App | None = None

@@ -1,0 +1,340 @@
+"""``corral bench throughput``: raw rates of one store.
+
+Parts (all on one fresh store, in this order):
+
+- ``enqueue``: no-op tasks submitted with ``submit_many`` in batches of 1000;
+  tasks/s.
+- ``process``: N queued no-op tasks run by P worker processes (each with
+  ``--concurrency`` slots), for each P of ``--processes``; tasks/s from the
+  first task's start to the last task's end (workers are started and ready
+  before they are let go). ``memory://`` is one process: its worker runs in
+  process and P > 1 is skipped.
+- ``io``: 10 ms sleeping tasks, one worker with ``--io-concurrency`` slots;
+  efficiency = (sum of measured task durations / slots) / wall.
+- ``latency``: tasks submitted one at a time with a pause between, an idle
+  worker waiting; submit-to-start latency p50/p99 (from before the submit
+  call to the first line of the task).
+
+``--finished-rows N`` first fills the store with N finished rows (straight
+through its SQL for the durable stores), to show claim cost does not grow
+with history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from corral.bench import common
+from corral.bench.common import Recorder, emit_progress
+
+PARTS = ("enqueue", "process", "io", "latency")
+SUBMIT_BATCH = 1000
+
+
+class _Workers:
+    """P worker processes (durable stores) or one in-process worker (memory)."""
+
+    def __init__(self, app, url: str, rec: Recorder, processes: int, opts: dict[str, Any]):
+        self.app, self.url, self.rec, self.processes, self.opts = app, url, rec, processes, opts
+        self.memory = common.store_kind(url) == "memory"
+        self.procs: list = []
+
+    def __enter__(self):
+        if self.memory:
+            return self
+        from corral.bench import tasks
+
+        ctx = common.spawn_context()
+        self.stop, self.go = ctx.Event(), ctx.Event()
+        readies = [ctx.Event() for _ in range(self.processes)]
+        self.procs = [
+            ctx.Process(target=tasks.worker_process, name=f"corral-bench-worker-{k}",
+                        args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.stop, self.go))
+            for k in range(self.processes)
+        ]
+        for p in self.procs:
+            p.start()
+        for ev in readies:
+            if not ev.wait(120):
+                raise RuntimeError("a worker process did not start")
+        return self
+
+    def go_now(self) -> None:
+        if self.memory:
+            from corral.bench import tasks
+            from corral.engine.worker import Worker
+
+            tasks.set_recorder(self.rec)
+            self.worker = Worker(self.app, **self.opts).start()
+        else:
+            self.go.set()
+
+    def __exit__(self, *exc) -> None:
+        if self.memory:
+            w = getattr(self, "worker", None)
+            if w is not None:
+                w.stop(grace=30.0)
+            return
+        self.stop.set()
+        for p in self.procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _submit(app, name: str, start: int, end: int, kwargs: dict | None = None, rec: Recorder | None = None) -> None:
+    tdef = app.registry[name]
+    for b in range(start, end, SUBMIT_BATCH):
+        e = min(end, b + SUBMIT_BATCH)
+        items = [{"args": (i - start,), "kwargs": kwargs or {}} for i in range(b, e)]
+        if rec is not None:
+            ts = time.monotonic()
+            for i in range(b - start, e - start):
+                rec.submit_ts[i] = ts
+        app.submit_many(tdef, items)
+
+
+def _span(rec: Recorder) -> tuple[float, float]:
+    first = min(x for x in rec.start_ts if x)
+    last = max(rec.finish_ts)
+    return first, last
+
+
+def prefill(app, url: str, rows: int, progress) -> float:
+    """Add ``rows`` finished (SUCCESS) tasks; returns the seconds it took."""
+    t0 = time.monotonic()
+    kind = common.store_kind(url)
+    if kind == "memory":
+        store = app.store
+        tdef = app.registry["bench.noop"]
+        done = 0
+        while done < rows:
+            k = min(SUBMIT_BATCH, rows - done)
+            app.submit_many(tdef, [{"args": (0,)} for _ in range(k)])
+            claims = store.claim("prefill", ["default"], k, names=None, lease_seconds=60)
+            from corral.core.model import Outcome
+            from corral.core.states import State
+
+            store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS, result="null")
+                            for c in claims for t in c.tasks])
+            done += k
+            progress(done, rows)
+        return time.monotonic() - t0
+    # durable: one real row, made SUCCESS, then doubled with INSERT ... SELECT
+    h = app.submit_many(app.registry["bench.noop"], [{"args": (0,)}])[0]
+    now = time.time()
+    if kind == "sqlite":
+        import sqlite3
+
+        from corral.stores.sqlite import parse_url
+
+        con = sqlite3.connect(parse_url(url)[0], isolation_level=None, timeout=60)
+        ph = "?"
+        cols = [r[1] for r in con.execute("PRAGMA table_info(tasks)")]
+    else:
+        import psycopg
+
+        con = psycopg.connect(url, autocommit=True)
+        ph = "%s"
+        cols = [r[0] for r in con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'tasks' "
+            "AND table_schema = current_schema() ORDER BY ordinal_position")]
+    if not cols:
+        raise RuntimeError("cannot find the store's tasks table")
+    try:
+        con.execute(f"UPDATE tasks SET status = 'SUCCESS', attempt = 1, started_at = {ph}, finished_at = {ph}, "
+                    f"result = 'null', version = version + 2 WHERE id = {ph}", (now, now, h.id))
+        cols = [c for c in cols if c != "id"]
+        col_list = ", ".join(cols)
+        have = 1
+        while have < rows:
+            k = min(have, rows - have, 200_000)
+            con.execute(f"INSERT INTO tasks ({col_list}) SELECT {col_list} FROM tasks "
+                        f"WHERE status = 'SUCCESS' LIMIT {ph}", (k,))
+            have += k
+            progress(have, rows)
+        con.execute("ANALYZE tasks" if kind != "sqlite" else "ANALYZE")
+    finally:
+        con.close()
+    return time.monotonic() - t0
+
+
+def run(args) -> dict[str, Any]:
+    from corral.bench import tasks
+
+    parts = args.only.split(",")
+    procs = [int(x) for x in args.processes.split(",")]
+    prog = emit_progress if args.progress else (lambda *a: None)
+    out: dict[str, Any] = {"scenario": "throughput", "store": args.store, "finished_rows": args.finished_rows,
+                           "tasks": args.tasks}
+    with common.temp_store_url(args.store, args.pg_url) as url:
+        app = tasks.build_app(url, limit=None)
+        memory = args.store == "memory"
+        try:
+            if args.finished_rows:
+                out["prefill_s"] = round(prefill(app, url, args.finished_rows, prog), 3)
+
+            def opts(conc: int) -> dict[str, Any]:
+                return {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
+
+            if "enqueue" in parts:
+                n = args.tasks
+                t0 = time.perf_counter()
+                _submit(app, "bench.noop", 0, n)
+                dt = time.perf_counter() - t0
+                out["enqueue"] = {"tasks": n, "batch": SUBMIT_BATCH, "seconds": round(dt, 4), "rate": round(n / dt, 1)}
+                # these tasks are processed (untimed) by the first process run below, or left queued
+                queued = n
+            else:
+                queued = 0
+
+            if "process" in parts:
+                out["process"] = []
+                for p in procs:
+                    if memory and p > 1:
+                        out["process"].append({"processes": p, "skipped": "memory:// is one process"})
+                        continue
+                    n = args.tasks
+                    if queued:  # run the enqueue part's tasks away first, untimed
+                        rec0 = Recorder(queued, 1 << 30, shared=not memory)
+                        with _Workers(app, url, rec0, 1, opts(args.concurrency)) as w:
+                            w.go_now()
+                            rec0.wait_done(queued, timeout=args.timeout)
+                        queued = 0
+                    rec = Recorder(n, 1 << 30, shared=not memory)
+                    _submit(app, "bench.noop", 0, n)
+                    with _Workers(app, url, rec, p, opts(args.concurrency)) as w:
+                        w.go_now()
+                        if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
+                            raise RuntimeError(f"process run timed out: {rec.done}/{n}")
+                    first, last = _span(rec)
+                    out["process"].append({
+                        "processes": p if not memory else 1, "in_process": memory,
+                        "concurrency": args.concurrency, "tasks": n,
+                        "seconds": round(last - first, 4), "rate": round(n / (last - first), 1),
+                        "duplicates": rec.counters[common.DUPLICATES],
+                    })
+
+            if "io" in parts:
+                n = args.io_tasks
+                rec = Recorder(n, 1 << 30, shared=not memory)
+                _submit(app, "bench.io_sleep", 0, n, {"ms": 10.0})
+                with _Workers(app, url, rec, 1, opts(args.io_concurrency)) as w:
+                    w.go_now()
+                    if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
+                        raise RuntimeError(f"io run timed out: {rec.done}/{n}")
+                first, last = _span(rec)
+                ideal = sum(rec.dur) / args.io_concurrency
+                out["io"] = {"tasks": n, "sleep_ms": 10.0, "concurrency": args.io_concurrency,
+                             "wall_s": round(last - first, 4), "ideal_s": round(ideal, 4),
+                             "efficiency": round(ideal / (last - first), 4)}
+
+            if "latency" in parts:
+                n = args.latency_tasks
+                rec = Recorder(n, 1 << 30, shared=not memory)
+                tdef = app.registry["bench.noop"]
+                lat = []
+                with _Workers(app, url, rec, 1, opts(args.concurrency)) as w:
+                    w.go_now()
+                    time.sleep(0.5)  # let it settle into waiting for work
+                    for i in range(n):
+                        t0 = time.monotonic()
+                        rec.submit_ts[i] = t0
+                        app.submit_many(tdef, [{"args": (i,)}])
+                        end = t0 + 30
+                        while rec.start_ts[i] == 0.0 and time.monotonic() < end:
+                            time.sleep(0.0002)
+                        if rec.start_ts[i]:
+                            lat.append(rec.start_ts[i] - t0)
+                        if args.progress and i % 20 == 0:
+                            prog(i, n)
+                        time.sleep(args.pause)
+                    rec.wait_done(n, timeout=30)
+                out["latency"] = {"tasks": n, "measured": len(lat), "pause_s": args.pause,
+                                  "p50_ms": _ms(common.percentile(lat, 0.50)),
+                                  "p99_ms": _ms(common.percentile(lat, 0.99)),
+                                  "max_ms": _ms(max(lat) if lat else None)}
+        finally:
+            app.store.close()
+    out["peak_rss_mb"] = round(common.peak_rss_mb(), 1)
+    if not memory:
+        out["worker_peak_rss_mb"] = round(common.peak_rss_mb(common.resource.RUSAGE_CHILDREN), 1)
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000.0, 3)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m corral.bench.throughput")
+    p.add_argument("--store", default="sqlite", choices=["memory", "sqlite", "postgres"])
+    p.add_argument("--tasks", type=int, default=20_000)
+    p.add_argument("--io-tasks", type=int, default=2_000)
+    p.add_argument("--latency-tasks", type=int, default=200)
+    p.add_argument("--pause", type=float, default=0.02)
+    p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument("--io-concurrency", type=int, default=20)
+    p.add_argument("--processes", default="1,2")
+    p.add_argument("--finished-rows", type=int, default=0)
+    p.add_argument("--only", default=",".join(PARTS))
+    p.add_argument("--poll-interval", type=float, default=0.5)
+    p.add_argument("--pg-url", default=None)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--progress", action="store_true")
+    return p
+
+
+def child_argv(**opts: Any) -> list[str]:
+    argv = ["-m", "corral.bench.throughput"]
+    for k, v in opts.items():
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    return argv
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(100, Console().width))
+    t = Table(title=f"throughput: {report['store']}"
+              + (f", {report['finished_rows']:,} finished rows pre-filled" if report.get("finished_rows") else ""))
+    t.add_column("measure")
+    t.add_column("value", justify="right")
+    if "enqueue" in report:
+        e = report["enqueue"]
+        t.add_row(f"enqueue (submit_many x{e['batch']})", f"{e['rate']:,.0f} tasks/s")
+    for p in report.get("process", []):
+        if "skipped" in p:
+            t.add_row(f"no-op processing, {p['processes']} processes", f"skipped ({p['skipped']})")
+        else:
+            who = "in-process worker" if p.get("in_process") else f"{p['processes']} worker proc"
+            t.add_row(f"no-op processing, {who} x{p['concurrency']} slots", f"{p['rate']:,.0f} tasks/s")
+    if "io" in report:
+        io = report["io"]
+        t.add_row(f"I/O 10 ms tasks x{io['tasks']:,}, {io['concurrency']} slots: efficiency",
+                  f"{io['efficiency']:.3f} ({io['wall_s']:.2f}s vs ideal {io['ideal_s']:.2f}s)")
+    if "latency" in report:
+        la = report["latency"]
+        t.add_row(f"idle submit-to-start latency p50 / p99 ({la['measured']} tasks)",
+                  f"{la['p50_ms']:.2f} / {la['p99_ms']:.2f} ms")
+    t.add_row("peak RSS (bench process)", f"{report['peak_rss_mb']:.1f} MB")
+    console.print(t)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    result = run(args)
+    sys.stdout.write(common.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
