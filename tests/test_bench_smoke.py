@@ -1,0 +1,68 @@
+"""Tiny runs of `corral bench`: the JSON has its fields and corral keeps group
+order. No timing is asserted here; timing goals live in docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from corral.bench import bench
+
+GROUP_FIELDS = {
+    "variant", "label", "tasks", "completed", "wall_s", "ideal_s", "efficiency", "p95_latency_ms",
+    "out_of_order", "rejections", "duplicates", "peak_rss_mb",
+}
+
+
+def _run(*args: str) -> dict:
+    result = CliRunner().invoke(bench, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_groups_memory_all_variants():
+    report = _run("groups", "--tasks", "300", "--groups", "10", "--chunk-size", "5", "--json", "--no-progress")
+    assert report["scenario"] == "groups"
+    by_variant = {r["variant"]: r for r in report["variants"]}
+    assert set(by_variant) == {"A", "B", "C"}
+    for r in by_variant.values():
+        assert GROUP_FIELDS <= set(r)
+        assert r["completed"] == 300
+    c = by_variant["C"]
+    assert c["out_of_order"] == 0
+    assert c["rejections"] == 0
+    assert c["duplicates"] == 0
+
+
+def test_groups_sqlite_worker_process():
+    report = _run("groups", "--tasks", "200", "--groups", "8", "--variants", "C", "--store", "sqlite",
+                  "--workers", "1", "--chunk-size", "5", "--json", "--no-progress")
+    (c,) = report["variants"]
+    assert GROUP_FIELDS <= set(c)
+    assert c["store"] == "sqlite"
+    assert c["completed"] == 200
+    assert c["out_of_order"] == 0
+
+
+def test_throughput_memory():
+    report = _run("throughput", "--store", "memory", "--tasks", "300", "--io-tasks", "60",
+                  "--latency-tasks", "5", "--pause", "0.005", "--json", "--no-progress")
+    assert report["scenario"] == "throughput"
+    assert report["enqueue"]["rate"] > 0
+    assert report["process"][0]["rate"] > 0
+    assert report["process"][1]["skipped"]
+    assert 0 < report["io"]["efficiency"]
+    assert report["latency"]["measured"] == 5
+
+
+def test_bad_variant_is_a_usage_error():
+    result = CliRunner().invoke(bench, ["groups", "--variants", "Z"])
+    assert result.exit_code != 0
+    assert "unknown variant" in result.output
+
+
+@pytest.mark.parametrize("args", [["groups", "--tasks", "0"], ["throughput", "--processes", "x"]])
+def test_bad_numbers(args):
+    assert CliRunner().invoke(bench, args).exit_code != 0
