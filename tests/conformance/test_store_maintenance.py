@@ -237,11 +237,11 @@ def test_try_lead_taken_over_after_ttl(store):
 
 
 def test_try_lead_renewal_extends(store):
-    assert store.try_lead("sweeper", "a", ttl=0.5)
+    assert store.try_lead("sweeper", "a", ttl=0.2)
     assert store.try_lead("sweeper", "a", ttl=60)
     t0 = store.now()
     # well past the first ttl, the renewed lead still holds
-    wait_for(lambda: store.now() > t0 + 0.6, message="first ttl passed")
+    wait_for(lambda: store.now() > t0 + 0.3, message="first ttl passed")
     assert store.try_lead("sweeper", "b", ttl=30) is False
 
 
