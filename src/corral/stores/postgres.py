@@ -663,7 +663,7 @@ class PostgresStore(Store):
                 params["from"] = status
                 cur = conn.execute(
                     f"UPDATE corral_tasks SET {', '.join(sets)} "
-                    "WHERE id = %(id)s AND version = %(version)s AND status = %(from)s "
+                    "WHERE id = %(id)s AND version = %(version)s AND (status || '') = %(from)s "
                     "RETURNING queue, group_key",
                     params,
                 )

@@ -4,6 +4,11 @@
 -- Task states are text; the partial indexes below only hold the rows a claim,
 -- a heartbeat or a group check can need, so their cost does not grow with the
 -- number of finished tasks.
+--
+-- A guard written `(status || '') = ...` is checked on a row found by id:
+-- the expression keeps the planner from answering it with a scan of a partial
+-- index whose size it guesses from statistics, which a queue makes stale all
+-- the time (they may say "no PENDING rows" while there are a million).
 
 -- name: meta_table
 CREATE TABLE IF NOT EXISTS corral_meta (
@@ -209,15 +214,17 @@ gkeys(group_key) AS (
             ORDER BY t.group_key LIMIT 1)
     FROM gkeys g WHERE g.group_key IS NOT NULL
 ),
+-- Plan shape is fixed by the query (LATERAL ... LIMIT 1 probes, OFFSET 0 in
+-- NOT EXISTS, = ANY(ARRAY(...)) lookups) so that stale statistics on a table
+-- whose queued share swings all the time cannot turn them into scans.
 heads AS MATERIALIZED (
-    SELECT q.id, q.priority, greatest(q.run_at, coalesce(gr.last_claimed_at, 0)) AS elig, q.group_key
+    SELECT q.id
     FROM gkeys g
     CROSS JOIN LATERAL (
-        SELECT * FROM corral_tasks x
+        SELECT x.id, x.group_key, x.run_at, x.queue, x.name, x.limits FROM corral_tasks x
         WHERE x.group_key = g.group_key AND x.status IN ('PENDING', 'RETRYING')
         ORDER BY x.id LIMIT 1
     ) q
-    LEFT JOIN corral_groups gr ON gr.group_key = q.group_key
     WHERE g.group_key IS NOT NULL
       AND q.run_at <= (SELECT now FROM clk)
       AND q.queue = ANY(%(queues)s::text[])
@@ -226,17 +233,22 @@ heads AS MATERIALIZED (
             SELECT 1 FROM corral_limits l
             WHERE l.name = ANY(q.limits) AND l.concurrency IS NOT NULL
               AND NOT (l.name = ANY(%(allowed)s::text[]))))
+      -- the group-head rule: nothing lower in the group holds its place
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks p
             WHERE p.group_key = q.group_key AND p.id < q.id
               AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-                   OR (p.status = 'FAILED' AND p.halt_group_on_failure)))
+                   OR (p.status = 'FAILED' AND p.halt_group_on_failure))
+            OFFSET 0)
 ),
 heads_locked AS MATERIALIZED (
-    SELECT t.id, h.priority, h.elig, t.group_key
-    FROM heads h JOIN corral_tasks t ON t.id = h.id
-    WHERE t.status IN ('PENDING', 'RETRYING')
-    ORDER BY h.priority DESC, h.elig, h.id
+    SELECT t.id, t.priority,
+           greatest(t.run_at, coalesce((SELECT gr.last_claimed_at FROM corral_groups gr
+                                        WHERE gr.group_key = t.group_key), 0)) AS elig,
+           t.group_key
+    FROM corral_tasks t
+    WHERE t.id = ANY(ARRAY(SELECT id FROM heads)) AND (t.status || '') IN ('PENDING', 'RETRYING')
+    ORDER BY 2 DESC, 3, 1
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -288,7 +300,7 @@ upd AS (
         attempt = t.attempt + CASE WHEN m.is_head THEN 1 ELSE 0 END,
         finished_at = NULL
     FROM members m, clk
-    WHERE t.id = m.id AND t.status IN ('PENDING', 'RETRYING')
+    WHERE t.id = m.id AND (t.status || '') IN ('PENDING', 'RETRYING')
     RETURNING t.*, m.rk
 ),
 touch AS (
@@ -416,12 +428,12 @@ SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY statu
 UPDATE corral_tasks
 SET status = 'CANCELED', finished_at = extract(epoch FROM now())::float8, version = version + 1,
     lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND status IN ('WAITING', 'PENDING', 'RETRYING')
+WHERE id = %(id)s AND (status || '') IN ('WAITING', 'PENDING', 'RETRYING')
 RETURNING id, queue, group_key;
 
 -- name: cancel_running
 UPDATE corral_tasks SET cancel_requested = true
-WHERE id = %(id)s AND status = 'RUNNING';
+WHERE id = %(id)s AND (status || '') = 'RUNNING';
 
 -- name: retry
 UPDATE corral_tasks
@@ -479,7 +491,7 @@ SET status = CASE WHEN t.started_at IS NULL THEN 'PENDING'
     finished_at = CASE WHEN t.started_at IS NOT NULL AND t.attempt > t.max_retries THEN clk.now END,
     lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
 FROM c, clk
-WHERE t.id = c.id AND t.status = 'RUNNING' AND t.lease_expires_at < clk.now
+WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.lease_expires_at < clk.now
 RETURNING t.id, t.status, t.queue;
 
 -- name: sweep_overdue
@@ -495,7 +507,7 @@ UPDATE corral_tasks t
 SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
     lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
 FROM c, clk
-WHERE t.id = c.id AND t.status = 'RUNNING' AND t.timeout IS NOT NULL
+WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.timeout IS NOT NULL
   AND t.started_at + 2 * t.timeout < clk.now
 RETURNING t.id, t.queue;
 
@@ -510,7 +522,7 @@ c AS (
 UPDATE corral_tasks t
 SET status = 'CANCELED', error = %(error)s, finished_at = clk.now, version = t.version + 1
 FROM c, clk
-WHERE t.id = c.id AND t.status = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
+WHERE t.id = c.id AND (t.status || '') = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
 RETURNING t.id, t.queue;
 
 -- name: sweep_exhausted
@@ -525,7 +537,7 @@ UPDATE corral_tasks t
 SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
     lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
 FROM c, clk
-WHERE t.id = c.id AND t.status = 'RUNNING' AND t.attempt > t.max_retries + 1
+WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.attempt > t.max_retries + 1
 RETURNING t.id, t.queue;
 
 -- name: try_lead
