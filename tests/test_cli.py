@@ -292,3 +292,37 @@ def test_demo_leaves_results_for_status_and_tasks(sqlite_url):
         for prev, nxt in zip(ordered, ordered[1:]):
             assert prev["finished_at"] <= nxt["started_at"], (prev["id"], nxt["id"])
     assert f"batch {rows[0]['batch']}" in out
+
+
+# ---- the Sweeper loop behind `sweep --loop` and `worker --sweep` --------------------------------
+def test_sweeper_only_the_leader_sweeps(sqlite_url):
+    from corral.maintenance import Sweeper
+
+    store = open_store(sqlite_url)
+    a = Sweeper(store, interval=10, holder="a")
+    b = Sweeper(store, interval=10, holder="b")
+    assert a.tick() is not None and a.is_leader
+    assert b.tick() is None and not b.is_leader, "one sweeper at a time across the fleet"
+    assert a.tick() is not None, "the leader renews its lead"
+    assert Sweeper(store, interval=0.05).lead_ttl == pytest.approx(0.15), "a dead leader is replaced within 3 ticks"
+    with pytest.raises(ValueError):
+        Sweeper(store, interval=0)
+    store.close()
+
+
+def test_sweeper_thread_recovers_and_stops(sqlite_url):
+    from corral.maintenance import Sweeper
+
+    s = ("--store", sqlite_url)
+    tid = int(run("submit", "notify_merchant", '["m", "x"]', "--app", SHOP, *s).stdout)
+    store = open_store(sqlite_url)
+    store.claim("ghost", ["default"], 1, lease_seconds=0.1)
+    reports = []
+    sweeper = Sweeper(store, interval=0.05, on_report=reports.append).start()
+    try:
+        wait_for(lambda: store.get(tid).status is State.RETRYING, timeout=10, message="recovered by the loop")
+        assert any(tid in r.lost_leases_retried for r in reports)
+    finally:
+        sweeper.stop()
+    assert sweeper.stopped and sweeper.ticks >= 1
+    store.close()

@@ -273,6 +273,8 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     app = load_app(app_spec, store_url)
     if not app.registry:
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
+    if not getattr(app.store, "shared", True):
+        log.warning("store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url)
     w = Worker(app, concurrency=concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s)
     sweeper = Sweeper(app.store, interval=sweep_s, holder=w.id) if sweep else None
 
@@ -313,10 +315,8 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-    try:
-        app.store.close()
-    except Exception:  # noqa: BLE001
-        pass
+    # The store is left open: the worker's daemon threads may still be in a
+    # store call (Worker.stop does not join them); the process exit closes it.
 
 
 # ---- submit ----------------------------------------------------------------------------
