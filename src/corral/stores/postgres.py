@@ -657,9 +657,9 @@ class PostgresStore(Store):
                 if row is None:
                     return False
                 status, version = row
-                check_transition(status, to)
                 if version != expected_version:
-                    return False
+                    return False  # stale: someone moved it first
+                check_transition(status, to)
                 params["from"] = status
                 cur = conn.execute(
                     f"UPDATE corral_tasks SET {', '.join(sets)} "
