@@ -326,3 +326,17 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
         sweeper.stop()
     assert sweeper.stopped and sweeper.ticks >= 1
     store.close()
+
+
+def test_cli_works_without_the_bench_package(sqlite_url):
+    code = ("import sys; sys.modules['corral.bench'] = None\n"
+            "from corral.cli import main\n"
+            "main(sys.argv[1:])")
+    status = subprocess.run([sys.executable, "-c", code, "status", "--json", "--store", sqlite_url],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["total"] == 0
+    bench = subprocess.run([sys.executable, "-c", code, "bench", "groups"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert bench.returncode == 1
+    assert bench.stderr.strip().startswith("error: benchmarks are not available")
+    assert len(bench.stderr.strip().splitlines()) == 1
