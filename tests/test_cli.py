@@ -340,3 +340,9 @@ def test_cli_works_without_the_bench_package(sqlite_url):
     assert bench.returncode == 1
     assert bench.stderr.strip().startswith("error: benchmarks are not available")
     assert len(bench.stderr.strip().splitlines()) == 1
+
+
+def test_store_may_be_given_before_the_command(sqlite_url):
+    tid = int(run("--store", sqlite_url, "submit", "notify_merchant", '["m", "x"]', "--app", SHOP).stdout)
+    assert run_json("show", str(tid), "--store", sqlite_url)["name"] == "notify_merchant"
+    assert json.loads(run("--store", sqlite_url, "status", "--json").stdout)["total"] == 1

@@ -105,10 +105,15 @@ def json_option(f: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(f)
 
 
-def _url(store_url: str | None) -> str:
+def _given(store_url: str | None) -> str | None:
+    """The URL given on the command line (``corral --store X cmd`` or ``cmd --store X``), if any."""
     ctx = click.get_current_context(silent=True)
     group_url = ctx.find_root().params.get("store_url") if ctx is not None else None
-    return store_url or group_url or default_url()
+    return store_url or group_url
+
+
+def _url(store_url: str | None) -> str:
+    return _given(store_url) or default_url()
 
 
 def _open(store_url: str | None):
@@ -270,7 +275,7 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     queue_list = tuple(q.strip() for q in queues.split(",") if q.strip())
     if not queue_list:
         raise CLIError("--queues names no queue")
-    app = load_app(app_spec, store_url)
+    app = load_app(app_spec, _given(store_url))
     if not app.registry:
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
     if not getattr(app.store, "shared", True):
@@ -356,7 +361,7 @@ def submit(task_name, args_json, app_spec, store_url, kwargs_json, group, batch,
         options["timeout"] = _duration_arg(timeout, "--timeout")
     if depends_on:
         options["depends_on"] = list(depends_on)
-    app = load_app(app_spec, store_url)
+    app = load_app(app_spec, _given(store_url))
     h = app.submit(task_name, args=args, kwargs=kwargs, **options)
     if as_json:
         _print_json({"id": h.id, "created": h.created})
