@@ -1,0 +1,315 @@
+"""PostgreSQL-specific behaviour of PostgresStore: concurrency under real
+row locks, LISTEN/NOTIFY wake-ups, reconnects and connection errors.
+
+The cross-store semantics are checked by tests/conformance; these tests are
+about what only a shared database server can get wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from corral.core.model import LimitSpec, NewTask, Outcome
+from corral.core.states import State
+from corral.errors import StoreUnavailable
+from corral.stores import open_store
+
+from helpers import wait_for
+
+pytestmark = pytest.mark.postgres
+
+ARGS = '{"args":[],"kwargs":{}}'
+
+
+def task(name: str = "t", **kw) -> NewTask:
+    return NewTask(name=name, args=ARGS, **kw)
+
+
+@pytest.fixture
+def pg(pg_url):
+    s = open_store(pg_url)
+    s.migrate()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def stores(pg_url, pg):
+    """Three more instances on the same database (separate pools)."""
+    others = [open_store(pg_url) for _ in range(3)]
+    try:
+        yield [pg, *others]
+    finally:
+        for s in others:
+            s.close()
+
+
+def run_threads(n: int, fn) -> list:
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+    errors: list = []
+
+    def body(i):
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors, errors
+    return results
+
+
+def test_claim_race_never_claims_twice_nor_more_than_max_units(pg, stores):
+    ids = [r.id for r in pg.submit([task() for _ in range(1500)])]
+    max_units = 9
+
+    def claimer(i):
+        store = stores[i % len(stores)]
+        got = []
+        while True:
+            claims = store.claim(f"w{i}", ["default"], max_units)
+            assert len(claims) <= max_units
+            if not claims:
+                return got
+            got += [t.id for c in claims for t in c.tasks]
+
+    claimed = [tid for r in run_threads(12, claimer) for tid in r]
+    dupes = [tid for tid, n in Counter(claimed).items() if n > 1]
+    assert dupes == []
+    assert sorted(claimed) == ids
+    assert pg.counts() == {"RUNNING": len(ids)}
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3])
+def test_groups_stay_exclusive_under_concurrent_claimers(pg, stores, chunk_size):
+    n_groups, per_group = 25, 12
+    tasks = [task(group=f"g{g}") for _ in range(per_group) for g in range(n_groups)]
+    tasks += [task() for _ in range(100)]  # ungrouped work mixed in
+    pg.submit(tasks)
+    lock = threading.Lock()
+    in_flight: set[str] = set()
+    violations: list[str] = []
+    order: dict[str, list[int]] = {}
+    done = Counter()
+
+    def worker(i):
+        store = stores[i % len(stores)]
+        idle = 0
+        while idle < 3:
+            claims = store.claim(f"w{i}", ["default"], 4, chunk_size=chunk_size)
+            if not claims:
+                idle += 1
+                store.wait_for_work(0.05)
+                continue
+            idle = 0
+            with lock:
+                for c in claims:
+                    if c.group is None:
+                        continue
+                    if c.group in in_flight:
+                        violations.append(c.group)
+                    in_flight.add(c.group)
+                    order.setdefault(c.group, []).extend(t.id for t in c.tasks)
+            outcomes = []
+            for c in claims:
+                for n, t in enumerate(c.tasks):
+                    version = t.version
+                    if n > 0:
+                        assert store.mark_started(t.id, c.token)
+                        version += 1
+                    outcomes.append(Outcome(t.id, c.token, version, State.SUCCESS))
+            with lock:  # leave the group before its completion becomes visible
+                for c in claims:
+                    in_flight.discard(c.group)
+            assert all(store.complete(outcomes))
+            done[i] += len(outcomes)
+        # the queue may look empty while other workers still hold chunks
+
+    run_threads(8, worker)
+    assert violations == []
+    assert pg.counts() == {"SUCCESS": len(tasks)}
+    for group, ids in order.items():
+        assert ids == sorted(ids), f"{group} ran out of order"
+        assert len(ids) == per_group
+
+
+def test_no_group_ever_has_two_running_tasks_in_the_database(pg, stores):
+    pg.submit([task(group=f"g{g % 10}") for g in range(300)])
+    stop = threading.Event()
+    worst: list[int] = []
+
+    def watcher():
+        import psycopg
+
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            while not stop.is_set():
+                row = conn.execute(
+                    "SELECT coalesce(max(n), 0) FROM (SELECT count(DISTINCT lease_token) AS n "
+                    "FROM corral_tasks WHERE status = 'RUNNING' GROUP BY group_key) x"
+                ).fetchone()
+                worst.append(row[0])
+
+    w = threading.Thread(target=watcher)
+    w.start()
+    try:
+
+        def worker(i):
+            store = stores[i % len(stores)]
+            for _ in range(200):
+                claims = store.claim(f"w{i}", ["default"], 3)
+                if not claims:
+                    if store.counts().get("PENDING", 0) == 0:
+                        return
+                    continue
+                store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
+
+        run_threads(8, worker)
+    finally:
+        stop.set()
+        w.join(10)
+    assert worst and max(worst) <= 1
+    assert pg.counts() == {"SUCCESS": 300}
+
+
+def test_named_limit_holds_across_store_instances(pg, stores):
+    pg.set_limit(LimitSpec("api", concurrency=2))
+    pg.submit([task(limits=("api",)) for _ in range(40)] + [task() for _ in range(40)])
+    lock = threading.Lock()
+    holding: set[str] = set()
+    peak = [0]
+
+    def worker(i):
+        store = stores[i % len(stores)]
+        idle = 0
+        while idle < 5:
+            claims = store.claim(f"w{i}", ["default"], 5)
+            if not claims:
+                idle += 1
+                store.wait_for_work(0.05)
+                continue
+            idle = 0
+            with lock:
+                for c in claims:
+                    if any("api" in t.limits for t in c.tasks):
+                        holding.add(c.token)
+                peak[0] = max(peak[0], len(holding))
+            with lock:
+                for c in claims:
+                    holding.discard(c.token)
+            store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
+
+    run_threads(6, worker)
+    assert 1 <= peak[0] <= 2
+    assert pg.counts() == {"SUCCESS": 80}
+    assert pg.limit_usage() == {"api": 0}
+
+
+def test_wait_for_work_wakes_on_submit_from_another_instance(pg, pg_url):
+    producer = open_store(pg_url)
+    try:
+        pg.claim("w", ["default"], 1)
+        pg.wait_for_work(5)  # first call: returns once LISTEN is in place
+        timeout = 30.0
+        woke: list[float] = []
+        got: list[int] = []
+
+        def consumer():
+            start = time.monotonic()
+            while time.monotonic() - start < timeout:
+                claims = pg.claim("w", ["default"], 1)
+                if claims:
+                    got.append(claims[0].tasks[0].id)
+                    woke.append(time.monotonic() - start)
+                    return
+                pg.wait_for_work(timeout)
+
+        t = threading.Thread(target=consumer)
+        t.start()
+        (tid,) = [r.id for r in producer.submit([task()])]
+        t.join(timeout + 5)
+        assert got == [tid]
+        # a wake-up, not the polling fallback: far before the wait's timeout
+        assert woke[0] < timeout / 3
+    finally:
+        producer.close()
+
+
+def test_wait_for_work_times_out_without_work(pg):
+    pg.wait_for_work(5)  # start listening
+    pg.claim("w", ["default"], 1)
+    start = time.monotonic()
+    pg.wait_for_work(0.2)
+    assert time.monotonic() - start >= 0.15
+
+
+def test_unreachable_server_is_store_unavailable():
+    with pytest.raises(StoreUnavailable) as info:
+        open_store("postgresql://postgres@127.0.0.1:1/nothing")
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith("cannot connect to postgresql://postgres@127.0.0.1:1/nothing")
+
+
+def test_password_is_not_shown_in_errors():
+    with pytest.raises(StoreUnavailable) as info:
+        open_store("postgresql://bob:s3cret@127.0.0.1:1/nothing")
+    assert "s3cret" not in str(info.value)
+
+
+def test_unparsable_url_is_store_unavailable():
+    with pytest.raises(StoreUnavailable) as info:
+        open_store("postgresql://127.0.0.1:notaport/db")
+    assert "\n" not in str(info.value)
+
+
+def test_concurrent_migrate_from_many_threads(pg_url):
+    def boot(i):
+        s = open_store(pg_url)
+        try:
+            s.migrate()
+            s.migrate()  # idempotent
+            return s.submit([task()])[0].id
+        finally:
+            s.close()
+
+    ids = run_threads(6, boot)
+    assert sorted(ids) == list(range(min(ids), min(ids) + 6))
+
+
+def test_reconnects_after_connections_are_killed(pg, pg_admin_url):
+    import psycopg
+
+    pg.submit([task()])
+    assert pg.counts() == {"PENDING": 1}
+    dbname = pg.url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
+    # the pool's connections are dead now; the next calls must carry on
+    claims = pg.claim("w", ["default"], 5)
+    assert len(claims) == 1
+    assert pg.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks]) == [True]
+
+
+def test_claim_takes_at_most_max_units_with_many_ready(pg):
+    pg.submit([task(priority=p % 3) for p in range(500)])
+    claims = pg.claim("w", ["default"], 37)
+    assert len(claims) == 37
+    prios = [c.tasks[0].priority for c in claims]
+    assert prios == sorted(prios, reverse=True)
+    assert all(p == 2 for p in prios)
