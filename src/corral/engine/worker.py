@@ -107,6 +107,7 @@ class Worker:
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
+        self._sweeper = None
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -121,7 +122,9 @@ class Worker:
         if self._completer_q is not None:
             self._thread(self._completer_loop, "completer")
         if self.sweep_interval:
-            self._thread(self._sweep_loop, "sweeper")
+            from corral.maintenance.sweeper import Sweeper
+
+            self._sweeper = Sweeper(self.store, interval=self.sweep_interval, holder=self.id).start()
         return self
 
     def _thread(self, target, name: str) -> threading.Thread:
@@ -159,8 +162,14 @@ class Worker:
             self._hand_back_all()
         self._flush(10.0)
         self._stopped.set()
+        if self._sweeper is not None:
+            self._sweeper.stop()
         for _ in range(self._slots):
             self._inbox.put(None)
+        # the dispatcher may sit in wait_for_work: let it return before the caller closes the store
+        for t in self._threads:
+            if t.name != "corral-completer":
+                t.join(self.poll_interval + 2.0)
         return clean
 
     def cancel_local(self, task_id: int) -> None:
@@ -459,13 +468,3 @@ class Worker:
                 lost = reply.lost_tokens & {u.claim.token for u in self._units}
             if lost:  # tokens of units that finished meanwhile are not lost
                 log.warning("lost %d lease(s); their results will be discarded", len(lost))
-
-    def _sweep_loop(self) -> None:
-        while not self._stopped.wait(self.sweep_interval):
-            try:
-                if self.store.try_lead("sweeper", self.id, self.sweep_interval * 3):
-                    report = self.store.sweep()
-                    if report.total:
-                        log.warning("sweeper: %s", report)
-            except Exception as exc:  # noqa: BLE001
-                log.warning("sweep failed: %s", exc)
