@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from corral.core.model import Outcome
 from corral.core.states import State
 
@@ -115,12 +113,16 @@ def test_halting_head_canceled_also_lets_group_go(store):
     assert claimed_ids(claim(store, 10)) == [second]
 
 
-@pytest.mark.parametrize("status", [State.FAILED, State.TIMEOUT, State.CANCELED, State.SUCCESS])
-def test_normal_final_head_lets_group_go_on(store, status):
-    head, second, third = submit(store, new(group="g"), new(group="g"), new(group="g"))
-    rec = claim_one(store)
-    assert finish(store, rec, status, error=None if status is State.SUCCESS else "x")
-    assert claimed_ids(claim(store, 10)) == [second]
+def test_normal_final_head_lets_group_go_on(store):
+    for status in (State.FAILED, State.TIMEOUT, State.CANCELED, State.SUCCESS):
+        group = f"g-{status.value}"
+        head, second = submit(store, new(group=group), new(group=group))
+        rec = claim_one(store)
+        assert rec.id == head
+        assert finish(store, rec, status, error=None if status is State.SUCCESS else "x")
+        (c,) = claim(store, 10)
+        assert claimed_ids([c]) == [second], f"group stuck after a {status.value} head"
+        assert finish(store, c.tasks[0])
 
 
 def test_canceled_pending_head_lets_group_go_on(store):

@@ -7,23 +7,24 @@ import pytest
 from corral.core.model import TaskFilter
 from corral.core.states import State
 
-from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
+from .conftest import claim, claim_one, claimed_ids, finish, new, submit, submit_one
 
 
-@pytest.mark.parametrize("final", [State.FAILED, State.TIMEOUT, State.CANCELED])
-def test_retry_brings_a_final_task_back(store, final):
-    tid = submit_one(store, max_retries=1)
-    rec = claim_one(store)
-    assert finish(store, rec, final, error="bad")
-    assert store.retry(tid) is True
-    got = store.get(tid)
-    assert got.status == State.PENDING
-    assert got.attempt == 0
-    assert got.cancel_requested is False
-    assert got.lease_token is None
-    assert abs(got.run_at - store.now()) < 5
-    again = claim_one(store)
-    assert again.id == tid and again.attempt == 1
+def test_retry_brings_a_final_task_back(store):
+    for final in (State.FAILED, State.TIMEOUT, State.CANCELED):
+        tid = submit_one(store, max_retries=1)
+        rec = claim_one(store)
+        assert finish(store, rec, final, error="bad")
+        assert store.retry(tid) is True, final
+        got = store.get(tid)
+        assert got.status == State.PENDING
+        assert got.attempt == 0
+        assert got.cancel_requested is False
+        assert got.lease_token is None
+        assert abs(got.run_at - store.now()) < 5
+        again = claim_one(store)
+        assert again.id == tid and again.attempt == 1
+        assert finish(store, again)
 
 
 def test_retry_of_canceled_pending_task(store):
