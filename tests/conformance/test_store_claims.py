@@ -181,7 +181,7 @@ def test_earlier_run_at_goes_before_smaller_id(store):
 def test_retry_queues_behind_work_submitted_during_its_backoff(store):
     first = submit_one(store, "first", max_retries=2)
     rec = claim_one(store)
-    run_at = store.now() + 0.3
+    run_at = store.now() + 0.5
     assert finish(store, rec, State.RETRYING, run_at=run_at)
     fresh = submit_one(store, "fresh")
     wait_for(lambda: store.now() > run_at + 0.01, message="backoff over")

@@ -70,7 +70,7 @@ def test_retried_head_runs_before_the_rest_of_its_group(store):
 def test_later_task_waits_until_the_head_is_final(store):
     head, second = submit(store, new(group="g", max_retries=3), new(group="g"))
     rec = claim_one(store)
-    assert finish(store, rec, State.RETRYING, run_at=store.now() + 0.3)
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 0.5)
     assert claim(store, 10) == []
     again = wait_for(lambda: claim(store, 10), timeout=10, message="head retried")
     assert claimed_ids(again) == [head]

@@ -211,7 +211,7 @@ def test_second_complete_of_same_claim_is_stale(store):
 def test_retrying_sets_run_at_and_waits_for_it(store):
     tid = submit_one(store, max_retries=3)
     rec = claim_one(store)
-    run_at = store.now() + 0.3
+    run_at = store.now() + 0.5
     assert finish(store, rec, State.RETRYING, error="try again", run_at=run_at)
     mid = store.get(tid)
     assert mid.status == State.RETRYING

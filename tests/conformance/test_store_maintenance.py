@@ -229,8 +229,8 @@ def test_try_lead_one_holder_at_a_time(store):
 
 
 def test_try_lead_taken_over_after_ttl(store):
-    assert store.try_lead("sweeper", "a", ttl=0.3) is True
-    assert store.try_lead("sweeper", "b", ttl=0.3) is False
+    assert store.try_lead("sweeper", "a", ttl=0.5) is True
+    assert store.try_lead("sweeper", "b", ttl=0.5) is False
     wait_for(lambda: store.try_lead("sweeper", "b", ttl=30), message="b takes over after ttl")
     assert store.try_lead("sweeper", "a", ttl=30) is False
     assert store.try_lead("sweeper", "b", ttl=30) is True

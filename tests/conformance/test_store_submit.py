@@ -144,7 +144,7 @@ def test_get_unknown_is_none(store):
 
 
 def test_future_run_at_not_claimable_until_it_comes(store):
-    soon = submit_one(store, "later", run_at=store.now() + 0.3)
+    soon = submit_one(store, "later", run_at=store.now() + 0.5)
     assert store.get(soon).status == State.PENDING
     assert claim(store, 5) == []
     claims = wait_for(lambda: claim(store, 5), timeout=10, message="delayed task claimable")
