@@ -128,6 +128,11 @@ def _first_line(exc: BaseException) -> str:
     return line[:1].lower() + line[1:] if line else line
 
 
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
 def _rec(row: dict[str, Any]) -> TaskRecord:
     return TaskRecord(
         id=row["id"],
@@ -189,7 +194,13 @@ class PostgresStore(Store):
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(1, int(connect_timeout)),
+                # The statements are few and run constantly: plan them once
+                # (psycopg prepares them) instead of re-planning on every call.
+                "options": "-c plan_cache_mode=force_generic_plan",
+            },
             timeout=connect_timeout * 2,
             name="corral",
             open=False,
@@ -303,7 +314,9 @@ class PostgresStore(Store):
         all_deps = sorted({d for t in rows for d in t.depends_on})
 
         def go(conn):
-            with conn.transaction():
+            # Without dependencies the insert is one atomic statement; with
+            # them, the dependency rows are locked first in the same transaction.
+            with conn.transaction() if all_deps else _nothing():
                 states: dict[int, str] = {}
                 if all_deps:
                     for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
