@@ -127,6 +127,7 @@ def prefill(app, url: str, rows: int, progress) -> float:
     # durable: one real row, made SUCCESS, then doubled with INSERT ... SELECT
     h = app.submit_many(app.registry["bench.noop"], [{"args": (0,)}])[0]
     now = time.time()
+    candidates = ("corral_tasks", "tasks")  # the stores' task table, whichever this schema uses
     if kind == "sqlite":
         import sqlite3
 
@@ -134,30 +135,35 @@ def prefill(app, url: str, rows: int, progress) -> float:
 
         con = sqlite3.connect(parse_url(url)[0], isolation_level=None, timeout=60)
         ph = "?"
-        cols = [r[1] for r in con.execute("PRAGMA table_info(tasks)")]
+
+        def columns(table: str) -> list[str]:
+            return [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
     else:
         import psycopg
 
         con = psycopg.connect(url, autocommit=True)
         ph = "%s"
-        cols = [r[0] for r in con.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'tasks' "
-            "AND table_schema = current_schema() ORDER BY ordinal_position")]
-    if not cols:
-        raise RuntimeError("cannot find the store's tasks table")
+
+        def columns(table: str) -> list[str]:
+            return [r[0] for r in con.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                "AND table_schema = current_schema() ORDER BY ordinal_position", (table,))]
     try:
-        con.execute(f"UPDATE tasks SET status = 'SUCCESS', attempt = 1, started_at = {ph}, finished_at = {ph}, "
+        table, cols = next(((t, c) for t in candidates if (c := columns(t))), (None, []))
+        if table is None:
+            raise RuntimeError("cannot find the store's task table")
+        con.execute(f"UPDATE {table} SET status = 'SUCCESS', attempt = 1, started_at = {ph}, finished_at = {ph}, "
                     f"result = 'null', version = version + 2 WHERE id = {ph}", (now, now, h.id))
         cols = [c for c in cols if c != "id"]
         col_list = ", ".join(cols)
         have = 1
         while have < rows:
             k = min(have, rows - have, 200_000)
-            con.execute(f"INSERT INTO tasks ({col_list}) SELECT {col_list} FROM tasks "
+            con.execute(f"INSERT INTO {table} ({col_list}) SELECT {col_list} FROM {table} "
                         f"WHERE status = 'SUCCESS' LIMIT {ph}", (k,))
             have += k
             progress(have, rows)
-        con.execute("ANALYZE tasks" if kind != "sqlite" else "ANALYZE")
+        con.execute(f"ANALYZE {table}" if kind != "sqlite" else "ANALYZE")
     finally:
         con.close()
     return time.monotonic() - t0
