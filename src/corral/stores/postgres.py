@@ -482,18 +482,18 @@ class PostgresStore(Store):
             "started_at": [o.started_at for o in outcomes],
             "finished_at": [o.finished_at for o in outcomes],
         }
-        final_ids = [o.task_id for o in outcomes if State(o.status) in FINAL]
 
         def go(conn):
-            with conn.transaction():
-                if final_ids:
-                    # both statements in one round trip; the second has its own
-                    # snapshot, so it sees dependents submitted meanwhile
-                    with conn.pipeline():
-                        c1 = conn.execute(self._q["complete"], params)
-                        conn.execute(self._q["settle_dependents"], {"ids": final_ids})
-                    return c1.fetchall()
-                return conn.execute(self._q["complete"], params).fetchall()
+            rows = conn.execute(self._q["complete"], params).fetchall()
+            settle = [outcomes[ord_ - 1].task_id for ord_, has_deps, _ in rows if has_deps]
+            if settle:
+                # its own statement (fresh snapshot), after the rows above
+                # committed; if it fails, sweep() settles those dependents later
+                try:
+                    conn.execute(self._q["settle_dependents"], {"ids": settle})
+                except psycopg.Error:
+                    pass
+            return rows
 
         applied = {row[0] for row in self._run(go)}
         return [i + 1 in applied for i in range(len(outcomes))]
@@ -761,6 +761,8 @@ class PostgresStore(Store):
                 report.exhausted_failed.append(tid)
                 ended.append(tid)
                 queues.add(queue)
+            # dependents a crashed completion left WAITING behind a finished task
+            ended += [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": max_rows})]
             if ended:
                 conn.execute(self._q["settle_dependents"], {"ids": ended})
             for q in queues:

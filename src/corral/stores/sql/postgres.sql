@@ -54,7 +54,10 @@ CREATE TABLE corral_tasks (
     progress              double precision,
     progress_message      text,
     checkpoint            text,
-    cancel_requested      boolean NOT NULL DEFAULT false
+    cancel_requested      boolean NOT NULL DEFAULT false,
+    -- set (under the row lock) by a submit naming this task in depends_on, so
+    -- a completion knows from its own row whether dependents need settling
+    has_dependents        boolean NOT NULL DEFAULT false
 ) WITH (fillfactor = 85);
 
 -- ungrouped claim candidates, in claim order
@@ -105,9 +108,12 @@ CREATE TABLE corral_leaders (
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
 -- name: dep_states
--- Lock the dependencies so a concurrent completion waits for this submit to
--- commit (and then sees its WAITING tasks), or this submit sees its outcome.
-SELECT id, status FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR SHARE;
+-- Mark (and so lock) the dependencies: a completion racing this submit either
+-- ends first (and this sees its outcome) or waits for this commit and then
+-- reads has_dependents = true from the row it updates.
+WITH d AS (SELECT id FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE)
+UPDATE corral_tasks t SET has_dependents = true FROM d WHERE t.id = d.id
+RETURNING t.id, t.status;
 
 -- name: submit
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
@@ -347,7 +353,7 @@ upd AS (
         version = t.version + 1
     FROM o, clk
     WHERE t.id = o.id AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
-    RETURNING o.ord, t.queue, t.group_key, t.limits, t.status
+    RETURNING o.ord, t.queue, t.group_key, t.limits, t.status, t.has_dependents
 ),
 note AS (
     SELECT pg_notify('corral_work', q.queue)
@@ -355,7 +361,9 @@ note AS (
           WHERE group_key IS NOT NULL OR cardinality(limits) > 0
              OR status IN ('PENDING', 'RETRYING')) q
 )
-SELECT ord, (SELECT count(*) FROM note) AS notified FROM upd;
+SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'),
+       (SELECT count(*) FROM note) AS notified
+FROM upd;
 
 -- name: settle_dependents
 -- After tasks in %(ids)s ended: fail the WAITING tasks that (transitively)
@@ -539,6 +547,14 @@ SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
 FROM c, clk
 WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.attempt > t.max_retries + 1
 RETURNING t.id, t.queue;
+
+-- name: unsettled
+SELECT DISTINCT d.dep_id
+FROM corral_tasks w
+JOIN corral_deps d ON d.task_id = w.id
+JOIN corral_tasks u ON u.id = d.dep_id
+WHERE w.status = 'WAITING' AND u.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+LIMIT %(max_rows)s;
 
 -- name: try_lead
 INSERT INTO corral_leaders AS l (role, holder, expires_at)
