@@ -119,6 +119,7 @@ class Outcome:
     error: str | None = None
     run_at: float | None = None  # for RETRYING: when it may run again
     burn_attempt: bool = True  # False for hand-back: the attempt is given back
+    attempt: int | None = None  # when set, the stored attempt count becomes this (wins over burn_attempt)
     started_at: float | None = None
     finished_at: float | None = None
 

@@ -49,6 +49,10 @@ class _Unit:
     claim: Claim
     index: int = 0  # task of the claim now running
     done: bool = False  # accounting settled (by its slot or by the watchdog)
+    lost: bool = False  # the heartbeat found the lease gone: start nothing more
+    #: chunk members started here whose start the store has not recorded yet:
+    #: their outcome carries the attempt, so a chunk costs no extra write per task
+    uncounted: set = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -249,12 +253,10 @@ class Worker:
                 return True
             unit.index = i
             if i > 0:
-                if self._stop_claiming.is_set() and self._stopped.is_set():
-                    break
-                if not self.store.mark_started(rec.id, token):
-                    break  # lease lost: the sweeper owns the rest
-                rec.version += 1
+                if unit.lost or self._stopped.is_set():
+                    break  # the sweeper (or the next worker) owns the rest
                 rec.attempt += 1
+                unit.uncounted.add(rec.id)
             status = self._run_task(unit, rec, token)
             if status is None:
                 return False  # abandoned
@@ -311,6 +313,8 @@ class Worker:
         finally:
             _set_current(None)
             self._runs.pop(rec.id, None)
+        if rec.id in unit.uncounted:
+            outcome.attempt = rec.attempt
         with unit.lock:
             if run.abandoned:
                 return None
@@ -350,8 +354,7 @@ class Worker:
     def _hand_back(self, unit: _Unit, rest: list[TaskRecord], token: str) -> None:
         """Give unstarted tasks of a chunk back to the queue, attempts intact."""
         for rec in rest:
-            if self.store.mark_started(rec.id, token):
-                self._write(Outcome(rec.id, token, rec.version + 1, State.PENDING, burn_attempt=False))
+            self._write(Outcome(rec.id, token, rec.version, State.PENDING, attempt=rec.attempt))
 
     def _hand_back_all(self) -> None:
         with self._cond:
@@ -366,7 +369,8 @@ class Worker:
             if run is not None:
                 if run.proc is not None:
                     run.proc.kill("shutdown")
-                self._write(Outcome(run.record.id, unit.claim.token, run.record.version, State.PENDING, burn_attempt=False))
+                rec = run.record
+                self._write(Outcome(rec.id, unit.claim.token, rec.version, State.PENDING, attempt=rec.attempt - 1))
                 rest = unit.claim.tasks[unit.index + 1 :]
             else:
                 rest = unit.claim.tasks[unit.index :]
@@ -446,7 +450,10 @@ class Worker:
         if run.future is not None:
             run.future.cancel()
         self._runs.pop(rec.id, None)
-        self._write(self._timeout_outcome(rec, unit.claim.token, time.time() - (rec.timeout or 0)))
+        outcome = self._timeout_outcome(rec, unit.claim.token, time.time() - (rec.timeout or 0))
+        if rec.id in unit.uncounted:
+            outcome.attempt = rec.attempt
+        self._write(outcome)
         self._hand_back(unit, unit.claim.tasks[unit.index + 1 :], unit.claim.token)
         if self._settle(unit):
             self._spawn_slot()
@@ -465,6 +472,8 @@ class Worker:
             for tid in reply.cancel_requested:
                 self.cancel_local(tid)
             with self._cond:
-                lost = reply.lost_tokens & {u.claim.token for u in self._units}
-            if lost:  # tokens of units that finished meanwhile are not lost
-                log.warning("lost %d lease(s); their results will be discarded", len(lost))
+                lost_units = [u for u in self._units if u.claim.token in reply.lost_tokens]
+            for u in lost_units:  # units that finished meanwhile are not lost
+                u.lost = True
+            if lost_units:
+                log.warning("lost %d lease(s); their results will be discarded", len(lost_units))

@@ -160,8 +160,10 @@ class Store(abc.ABC):
         """Apply guarded outcomes; True for each that applied, False if stale.
 
         Besides the state: clear the lease, set ``finished_at`` for final
-        states, ``run_at`` for RETRYING, ``attempt - 1`` when ``burn_attempt``
-        is False; a SUCCESS promotes WAITING dependents whose dependencies have
+        states, ``run_at`` for RETRYING, ``started_at`` when given, ``attempt``
+        when given (a chunk member records its start with its outcome, so
+        running a chunk costs no extra write per task), else ``attempt - 1``
+        when ``burn_attempt`` is False; a SUCCESS promotes WAITING dependents whose dependencies have
         all succeeded; a final non-success fails its WAITING dependents (and
         theirs) with "dependency <id> ended <STATE>".
         """

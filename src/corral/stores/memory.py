@@ -359,7 +359,9 @@ class MemoryStore(Store):
                     fields["result"] = sys.intern(o.result) if len(o.result) <= 16 else o.result
                 if o.error is not None or o.status is State.SUCCESS:
                     fields["error"] = o.error
-                if not o.burn_attempt:
+                if o.attempt is not None:
+                    fields["attempt"] = o.attempt
+                elif not o.burn_attempt:
                     fields["attempt"] = max(0, t.attempt - 1)
                 if o.status in QUEUED:
                     fields["run_at"] = o.run_at if o.run_at is not None else now

@@ -289,26 +289,26 @@ WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
 -- Outcome of a final state (finished_at set, result/error as given).
 -- Parameters: status, result, error(flag, value), finished_at, started_at,
--- give_back, id, token, version.
+-- attempt, give_back, id, token, version.
 -- name: complete_final
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
     finished_at = ?, started_at = coalesce(?, started_at),
-    attempt = max(0, attempt - ?),
+    attempt = coalesce(?, max(0, attempt - ?)),
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
 RETURNING group_key
 
 -- Outcome that queues the task again (RETRYING, or PENDING when handed back).
 -- Parameters: status, result, error(flag, value), run_at, started_at,
--- give_back, id, token, version.
+-- attempt, give_back, id, token, version.
 -- name: complete_requeue
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
     run_at = ?, started_at = coalesce(?, started_at),
-    attempt = max(0, attempt - ?), worker_id = NULL,
+    attempt = coalesce(?, max(0, attempt - ?)), worker_id = NULL,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
 
