@@ -244,6 +244,28 @@ class SQLiteStore(Store):
         if str(mode).lower() != "wal":
             raise StoreUnavailable(f"cannot put SQLite database {self.path!r} in WAL mode (got {mode!r})")
 
+    def _begin_immediate(self, con: sqlite3.Connection) -> None:
+        """BEGIN IMMEDIATE, retried every fraction of a millisecond.
+
+        Another process holding the write lock usually lets go within a
+        millisecond; SQLite's own busy handler would sleep up to 100 ms.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000.0
+        pause = 0.0001
+        con.execute("PRAGMA busy_timeout = 0")
+        try:
+            while True:
+                try:
+                    con.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                        raise
+                time.sleep(pause)
+                pause = min(0.002, pause * 1.5)
+        finally:
+            con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One short write transaction that holds the write lock from its start.
@@ -254,7 +276,7 @@ class SQLiteStore(Store):
         """
         con = self._con()
         with self._write_lock:
-            con.execute("BEGIN IMMEDIATE")
+            self._begin_immediate(con)
             try:
                 yield con
                 con.execute("COMMIT")
