@@ -481,6 +481,7 @@ class PostgresStore(Store):
             "burn": [bool(o.burn_attempt) for o in outcomes],
             "started_at": [o.started_at for o in outcomes],
             "finished_at": [o.finished_at for o in outcomes],
+            "attempt": [o.attempt for o in outcomes],
         }
 
         def go(conn):

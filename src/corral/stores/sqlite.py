@@ -509,6 +509,8 @@ class SQLiteStore(Store):
             """Try to make a claim headed by ``row``; True when max_units is reached."""
             if known is not None and row[4] not in known:
                 return False
+            if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
+                return False  # an operator retried an old task while its group runs on
             lims = set(json.loads(row[5])) if row[5] else set()
             if lims and not fits(lims):
                 return False

@@ -246,6 +246,12 @@ heads AS MATERIALIZED (
               AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                    OR (p.status = 'FAILED' AND p.halt_group_on_failure))
             OFFSET 0)
+      -- and nothing of the group runs (an operator may retry an old task
+      -- while a later one of its group is in flight)
+      AND NOT EXISTS (
+            SELECT 1 FROM corral_tasks r
+            WHERE r.group_key = q.group_key AND r.status = 'RUNNING'
+            OFFSET 0)
 ),
 heads_locked AS MATERIALIZED (
     SELECT t.id, t.priority,
@@ -332,9 +338,9 @@ o AS (
     SELECT * FROM unnest(
         %(id)s::bigint[], %(token)s::text[], %(version)s::int[], %(status)s::text[],
         %(result)s::text[], %(error)s::text[], %(run_at)s::float8[], %(burn)s::bool[],
-        %(started_at)s::float8[], %(finished_at)s::float8[]
+        %(started_at)s::float8[], %(finished_at)s::float8[], %(attempt)s::int[]
     ) WITH ORDINALITY AS o(id, token, version, status, result, error, run_at, burn,
-                           started_at, finished_at, ord)
+                           started_at, finished_at, attempt, ord)
 ),
 upd AS (
     UPDATE corral_tasks t
@@ -347,7 +353,7 @@ upd AS (
         started_at = coalesce(o.started_at, t.started_at),
         finished_at = CASE WHEN o.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
                            THEN coalesce(o.finished_at, clk.now) END,
-        attempt = t.attempt - CASE WHEN o.burn THEN 0 ELSE 1 END,
+        attempt = coalesce(o.attempt, t.attempt - CASE WHEN o.burn THEN 0 ELSE 1 END),
         lease_token = NULL,
         lease_expires_at = NULL,
         version = t.version + 1

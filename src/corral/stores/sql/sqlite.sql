@@ -204,6 +204,14 @@ WHERE is_head = 0
               AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                    OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
+-- name: group_running
+SELECT 1 FROM tasks INDEXED BY tasks_group_line
+WHERE group_key = ? AND group_key IS NOT NULL
+  AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+       OR (status = 'FAILED' AND halt_group_on_failure = 1))
+  AND status = 'RUNNING'
+LIMIT 1
+
 -- The tasks after a head that still occupy its group, in id order (chunks).
 -- name: group_followers
 SELECT id, priority, run_at, group_key, name, limits, queue, status
