@@ -83,6 +83,7 @@ class Worker:
         poll_interval: float = 0.5,
         sweep_interval: float | None = None,
         worker_id: str | None = None,
+        completer_window: float = 0.005,
     ):
         if concurrency < 1:
             from corral.errors import ConfigError
@@ -94,7 +95,8 @@ class Worker:
         self.queues = tuple(queues)
         self.chunk_size = max(1, chunk_size)
         self.lease_seconds = lease_seconds
-        self.heartbeat_interval = heartbeat_interval or min(1.0, lease_seconds / 3)
+        # renewing a lease writes every row of the claim: a third of the lease is plenty
+        self.heartbeat_interval = heartbeat_interval or lease_seconds / 3
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -108,6 +110,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._slots = 0
         self._completer_q: queue.SimpleQueue | None = queue.SimpleQueue() if self.store.shared else None
+        #: how long the completer gathers outcomes into one write
+        self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
@@ -220,6 +224,17 @@ class Worker:
                     self._units.add(unit)
                 self._inbox.put(unit)
 
+    def _release(self, unit: _Unit) -> None:
+        """Free a unit's slot; for a group or a limit, only once its outcomes
+        are in the store, so the next claim already sees them free (no empty
+        claims). Other units free their slot at once."""
+        first = unit.claim.tasks[0]
+        if self._completer_q is None or (unit.claim.group is None and not first.limits):
+            self._settle(unit)
+        else:
+            self._completer_idle.clear()
+            self._completer_q.put(unit)
+
     def _settle(self, unit: _Unit) -> bool:
         """Mark a unit's slot free exactly once."""
         with unit.lock:
@@ -263,7 +278,7 @@ class Worker:
             if status in (State.RETRYING, State.PENDING) or (status is State.FAILED and rec.halt_group_on_failure):
                 self._hand_back(unit, tasks[i + 1 :], token)
                 break
-        self._settle(unit)
+        self._release(unit)
         return True
 
     def _run_task(self, unit: _Unit, rec: TaskRecord, token: str) -> State | None:
@@ -375,7 +390,7 @@ class Worker:
             else:
                 rest = unit.claim.tasks[unit.index :]
             self._hand_back(unit, rest, unit.claim.token)
-            self._settle(unit)
+            self._release(unit)
 
     # ---- writing outcomes ------------------------------------------------------
     def _write(self, outcome: Outcome) -> None:
@@ -403,15 +418,30 @@ class Worker:
 
     def _completer_loop(self) -> None:
         q = self._completer_q
+        window = self.completer_window
         while True:
-            first = q.get()
-            batch = [first]
-            while len(batch) < 512:
+            items = [q.get()]
+            # Gather for a moment: one write per batch, not per task. A unit
+            # waiting for its slot (a marker in the queue) ends the wait.
+            waiting = isinstance(items[0], _Unit)
+            deadline = time.monotonic() + window
+            while len(items) < 512:
                 try:
-                    batch.append(q.get_nowait())
+                    if waiting:
+                        item = q.get_nowait()
+                    else:
+                        left = deadline - time.monotonic()
+                        item = q.get(timeout=left) if left > 0 else q.get_nowait()
                 except queue.Empty:
                     break
-            self._apply(batch)
+                items.append(item)
+                waiting = waiting or isinstance(item, _Unit)
+            outcomes = [x for x in items if isinstance(x, Outcome)]
+            if outcomes:
+                self._apply(outcomes)
+            for x in items:
+                if isinstance(x, _Unit):
+                    self._settle(x)
             if q.empty():
                 self._completer_idle.set()
 
@@ -455,8 +485,8 @@ class Worker:
             outcome.attempt = rec.attempt
         self._write(outcome)
         self._hand_back(unit, unit.claim.tasks[unit.index + 1 :], unit.claim.token)
-        if self._settle(unit):
-            self._spawn_slot()
+        self._spawn_slot()
+        self._release(unit)
 
     def _heartbeat_loop(self) -> None:
         while not self._stopped.wait(self.heartbeat_interval):

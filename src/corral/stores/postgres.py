@@ -427,6 +427,10 @@ class PostgresStore(Store):
         with conn.transaction():
             conn.execute(self._q["limit_lock"], {"names": names})
             free = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
+            if all(f <= 0 for f in free.values()) and not conn.execute(
+                self._q["unlimited_ready"], {"queues": base["queues"]}
+            ).fetchone()[0]:
+                return out  # every limit is full and nothing else waits: skip the claim
             remaining = max_units
             k = remaining
             while remaining > 0 and k > 0:

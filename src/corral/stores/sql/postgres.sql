@@ -77,6 +77,10 @@ CREATE INDEX corral_tasks_ready_limited ON corral_tasks (priority DESC, run_at, 
 CREATE INDEX corral_tasks_running ON corral_tasks (lease_token)
     WHERE status = 'RUNNING';
 CREATE INDEX corral_tasks_waiting ON corral_tasks (id) WHERE status = 'WAITING';
+CREATE INDEX corral_tasks_ready_unlimited ON corral_tasks (queue, run_at)
+    WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) = 0;
+CREATE INDEX corral_tasks_running_group ON corral_tasks (group_key)
+    WHERE status = 'RUNNING' AND group_key IS NOT NULL;
 CREATE UNIQUE INDEX corral_tasks_idem_key ON corral_tasks (idem_key) WHERE idem_key IS NOT NULL;
 CREATE INDEX corral_tasks_batch ON corral_tasks (batch) WHERE batch IS NOT NULL;
 
@@ -176,6 +180,16 @@ WHERE l.concurrency IS NOT NULL
       AND t.queue = ANY(%(queues)s::text[])
   );
 
+-- name: unlimited_ready
+-- Is there queued, due work under no limit? When every capped limit is full
+-- this decides whether a claim can find anything at all.
+SELECT EXISTS (
+    SELECT 1 FROM corral_tasks
+    WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) = 0
+      AND queue = ANY(%(queues)s::text[])
+      AND run_at <= extract(epoch FROM now())::float8
+);
+
 -- name: limit_lock
 SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]) AS n ORDER BY n;
 
@@ -224,14 +238,19 @@ gkeys(group_key) AS (
 -- NOT EXISTS, = ANY(ARRAY(...)) lookups) so that stale statistics on a table
 -- whose queued share swings all the time cannot turn them into scans.
 heads AS MATERIALIZED (
+    -- a group's head is the first task still holding its place; it is a
+    -- candidate when it is itself queued and ready (one index probe per group)
     SELECT q.id
     FROM gkeys g
     CROSS JOIN LATERAL (
-        SELECT x.id, x.group_key, x.run_at, x.queue, x.name, x.limits FROM corral_tasks x
-        WHERE x.group_key = g.group_key AND x.status IN ('PENDING', 'RETRYING')
+        SELECT x.id, x.status, x.run_at, x.queue, x.name, x.limits FROM corral_tasks x
+        WHERE x.group_key = g.group_key
+          AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+               OR (x.status = 'FAILED' AND x.halt_group_on_failure))
         ORDER BY x.id LIMIT 1
     ) q
     WHERE g.group_key IS NOT NULL
+      AND q.status IN ('PENDING', 'RETRYING')
       AND q.run_at <= (SELECT now FROM clk)
       AND q.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR q.name = ANY(%(names)s::text[]))
@@ -239,26 +258,17 @@ heads AS MATERIALIZED (
             SELECT 1 FROM corral_limits l
             WHERE l.name = ANY(q.limits) AND l.concurrency IS NOT NULL
               AND NOT (l.name = ANY(%(allowed)s::text[]))))
-      -- the group-head rule: nothing lower in the group holds its place
-      AND NOT EXISTS (
-            SELECT 1 FROM corral_tasks p
-            WHERE p.group_key = q.group_key AND p.id < q.id
-              AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-                   OR (p.status = 'FAILED' AND p.halt_group_on_failure))
-            OFFSET 0)
       -- and nothing of the group runs (an operator may retry an old task
       -- while a later one of its group is in flight)
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks r
-            WHERE r.group_key = q.group_key AND r.status = 'RUNNING'
+            WHERE r.group_key = g.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
             OFFSET 0)
 ),
 heads_locked AS MATERIALIZED (
-    SELECT t.id, t.priority,
-           greatest(t.run_at, coalesce((SELECT gr.last_claimed_at FROM corral_groups gr
-                                        WHERE gr.group_key = t.group_key), 0)) AS elig,
-           t.group_key
+    SELECT t.id, t.priority, greatest(t.run_at, coalesce(gr.last_claimed_at, 0)) AS elig, t.group_key
     FROM corral_tasks t
+    LEFT JOIN corral_groups gr ON gr.group_key = t.group_key
     WHERE t.id = ANY(ARRAY(SELECT id FROM heads)) AND (t.status || '') IN ('PENDING', 'RETRYING')
     ORDER BY 2 DESC, 3, 1
     LIMIT %(n)s
@@ -327,10 +337,18 @@ SET started_at = extract(epoch FROM now())::float8, attempt = attempt + 1, versi
 WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 
 -- name: heartbeat
-UPDATE corral_tasks
+-- Rows are locked in id order, as complete() locks them, so the two never deadlock.
+WITH locked AS (
+    SELECT id FROM corral_tasks
+    WHERE status = 'RUNNING' AND lease_token = ANY(%(tokens)s::text[])
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE corral_tasks t
 SET lease_expires_at = extract(epoch FROM now())::float8 + %(lease)s::float8
-WHERE status = 'RUNNING' AND lease_token = ANY(%(tokens)s::text[])
-RETURNING id, lease_token, cancel_requested;
+FROM locked
+WHERE t.id = locked.id AND t.status = 'RUNNING'
+RETURNING t.id, t.lease_token, t.cancel_requested;
 
 -- name: complete
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
@@ -341,6 +359,13 @@ o AS (
         %(started_at)s::float8[], %(finished_at)s::float8[], %(attempt)s::int[]
     ) WITH ORDINALITY AS o(id, token, version, status, result, error, run_at, burn,
                            started_at, finished_at, attempt, ord)
+),
+locked AS (
+    -- lock in id order, as heartbeat does, so the two never deadlock
+    SELECT t.id FROM corral_tasks t
+    WHERE t.id = ANY(%(id)s::bigint[])
+    ORDER BY t.id
+    FOR UPDATE
 ),
 upd AS (
     UPDATE corral_tasks t
@@ -357,8 +382,9 @@ upd AS (
         lease_token = NULL,
         lease_expires_at = NULL,
         version = t.version + 1
-    FROM o, clk
-    WHERE t.id = o.id AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
+    FROM o, clk, locked
+    WHERE t.id = o.id AND locked.id = o.id
+      AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
     RETURNING o.ord, t.queue, t.group_key, t.limits, t.status, t.has_dependents
 ),
 note AS (
