@@ -211,6 +211,7 @@ class PostgresStore(Store):
             self._pool.close()
             raise StoreUnavailable(f"cannot connect to {self._shown}: timed out") from None
         self._closed = False
+        self._limited_hint = True  # probe for capped limits before claiming
         # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
         self._cond = threading.Condition()
         self._gen = 0
@@ -401,8 +402,16 @@ class PostgresStore(Store):
         }
 
         def go(conn):
-            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
             cur = conn.cursor(row_factory=dict_row)
+            if not self._limited_hint:
+                # Last time no capped limit had work waiting: claim unlimited
+                # work in one round trip, and probe only if that found nothing.
+                cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
+                rows = cur.fetchall()
+                if rows:
+                    return rows
+            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
+            self._limited_hint = bool(limited)
             if not limited:
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
