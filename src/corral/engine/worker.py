@@ -124,7 +124,10 @@ class Worker:
         self.started = True
         for _ in range(self.concurrency):
             self._spawn_slot()
-        self._thread(self._dispatch_loop, "dispatcher")
+        # Two dispatchers for durable stores: a slot freed while one waits on
+        # the database is claimed for by the other, halving the idle gap.
+        for n in range(2 if self.store.shared else 1):
+            self._thread(self._dispatch_loop, f"dispatcher-{n}")
         self._thread(self._watchdog_loop, "watchdog")
         self._thread(self._heartbeat_loop, "heartbeat")
         if self._completer_q is not None:
@@ -195,29 +198,36 @@ class Worker:
     def _dispatch_loop(self) -> None:
         names = self.app.task_names
         while not self._stop_claiming.is_set():
+            mode = self.app.dispatch_mode()
+            if mode is None:
+                self.store.wait_for_work(self.poll_interval)
+                continue
             with self._cond:
                 free = self.concurrency - self._inflight
                 if free <= 0:
                     self._cond.wait(self.poll_interval)
                     continue
-            mode = self.app.dispatch_mode()
-            if mode is None:
-                self.store.wait_for_work(self.poll_interval)
-                continue
+                # reserve the slots this claim may fill: another dispatcher
+                # claiming at the same time only sees what is left
+                want = min(free, mode)
+                self._inflight += want
             try:
                 claims = self.store.claim(
-                    self.id, self.queues, min(free, mode), names=names,
+                    self.id, self.queues, want, names=names,
                     chunk_size=self.chunk_size, lease_seconds=self.lease_seconds,
                 )
             except Exception as exc:  # noqa: BLE001 - a store outage must not kill the worker
+                claims = None
                 log.warning("claim failed, will retry: %s", exc)
+            with self._cond:
+                self._inflight -= want - len(claims or ())
+                self._cond.notify_all()
+            if claims is None:
                 self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
                 continue
             if not claims:
                 self.store.wait_for_work(self.poll_interval)
                 continue
-            with self._cond:
-                self._inflight += len(claims)
             for c in claims:
                 unit = _Unit(c)
                 with self._cond:
