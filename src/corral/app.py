@@ -238,7 +238,8 @@ class App:
         if self._closed:
             raise AppClosed("this app is closed; it accepts no new tasks")
         tdef = self._resolve(task)
-        now = self.store.now()
+        # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
+        now = self.store.now() if any(item.get("delay") for item in items) else 0.0
         new = [self._new_task(tdef, item, now) for item in items]
         self._backpressure(len(new))
         results = self.store.submit(new)

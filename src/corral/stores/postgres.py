@@ -234,6 +234,11 @@ class PostgresStore(Store):
                 raise
             except PoolTimeout as exc:
                 raise StoreUnavailable(f"cannot connect to {self._shown}: {_first_line(exc)}") from None
+            except (psycopg.errors.TransactionRollback, psycopg.errors.DeadlockDetected) as exc:
+                # a deadlock or serialization failure: the statement did nothing; run it again
+                if attempt + 1 < attempts:
+                    continue
+                raise StoreError(f"{type(exc).__name__}: {_first_line(exc)}") from None
             except psycopg.OperationalError as exc:
                 if attempt + 1 < attempts:
                     try:
