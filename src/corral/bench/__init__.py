@@ -27,6 +27,30 @@ def bench() -> None:
     """Benchmarks: `groups` (seed 003 Bgrp experiment) and `throughput`."""
 
 
+class StoreParam(click.ParamType):
+    """A store kind (memory, sqlite, postgres) or a store URL.
+
+    Benchmarks always run on a fresh store: a ``sqlite:///`` URL picks the
+    kind (the file is a temporary one), a ``postgresql://`` URL names the
+    server on which a throwaway database is created (like ``--pg-url``)."""
+
+    name = "store"
+
+    def convert(self, value, param, ctx):
+        if value in STORES:
+            return value, None
+        scheme = value.split("://", 1)[0].lower() if "://" in value else ""
+        kind = {"memory": "memory", "sqlite": "sqlite", "postgresql": "postgres", "postgres": "postgres"}.get(scheme)
+        if kind is None:
+            self.fail(f"{value!r} is neither memory, sqlite, postgres nor a store URL", param, ctx)
+        return kind, value if kind == "postgres" else None
+
+
+def _store(store: tuple[str, str | None], pg_url: str | None) -> tuple[str, str | None]:
+    kind, url = store
+    return kind, pg_url or url
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "—"
@@ -45,7 +69,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 @click.option("--chunk-size", default=50, show_default=True, help="corral: tasks of one group taken per claim.")
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
-@click.option("--store", type=click.Choice(STORES), default="memory", show_default=True, help="corral's store (C).")
+@click.option("--store", type=StoreParam(), default="memory", show_default=True,
+              help="corral's store (C): memory, sqlite, postgres, or a store URL.")
 @click.option("--workers", default=1, show_default=True, help="Worker processes for a durable store (C).")
 @click.option("--pg-url", default=None,
               help=f"Admin URL of a PostgreSQL server (default $CORRAL_BENCH_PG_URL or {common.DEFAULT_PG_URL}); "
@@ -60,6 +85,7 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
     """Seed 003 §4: ordered groups under a downstream cap, A/B/C side by side."""
     from corral.bench.groups import VARIANTS, child_argv
 
+    store, pg_url = _store(store, pg_url)
     chosen = [v.strip().upper() for v in variants.split(",") if v.strip()]
     bad = [v for v in chosen if v not in VARIANTS]
     if bad or not chosen:
@@ -101,7 +127,8 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
 
 
 @bench.command("throughput")
-@click.option("--store", type=click.Choice(STORES), default="sqlite", show_default=True)
+@click.option("--store", type=StoreParam(), default="sqlite", show_default=True,
+              help="memory, sqlite, postgres, or a store URL (a fresh store is used either way).")
 @click.option("--tasks", default=20_000, show_default=True, help="No-op tasks per enqueue/processing run.")
 @click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
 @click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
@@ -122,6 +149,7 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
     """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
     from corral.bench.throughput import PARTS, child_argv, render
 
+    store, pg_url = _store(store, pg_url)
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
