@@ -76,6 +76,10 @@ except ImportError:  # pragma: no cover - reported when a store is opened
 
 T = TypeVar("T")
 
+#: How long a claimer trusts "only plain work is queued" before it checks again
+#: (delayed grouped work coming due sends no notification).
+PLAIN_HINT_TTL = 0.2
+
 CHANNEL = "corral_work"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
@@ -212,6 +216,7 @@ class PostgresStore(Store):
             raise StoreUnavailable(f"cannot connect to {self._shown}: timed out") from None
         self._closed = False
         self._limited_hint = True  # probe for capped limits before claiming
+        self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
         # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
         self._cond = threading.Condition()
         self._gen = 0
@@ -408,6 +413,24 @@ class PostgresStore(Store):
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
+            now = time.monotonic()
+            if self._plain_until > now:
+                # Only plain work was queued a moment ago: one light statement.
+                cur.execute(self._q["claim_plain"], {**base, "n": max_units})
+                rows = cur.fetchall()
+                if rows:
+                    return rows
+            rows = full(conn, cur)
+            # Take the fast path for a while if nothing grouped or limited waits;
+            # a ":g" notification, or at the latest PLAIN_HINT_TTL, ends it.
+            plain = not any(r["group_key"] is not None or r["limits"] for r in rows)
+            if plain and not conn.execute(self._q["special_ready"]).fetchone()[0]:
+                self._plain_until = now + PLAIN_HINT_TTL
+            else:
+                self._plain_until = 0.0
+            return rows
+
+        def full(conn, cur):
             if not self._limited_hint:
                 # Last time no capped limit had work waiting: claim unlimited
                 # work in one round trip, and probe only if that found nothing.
@@ -570,8 +593,10 @@ class PostgresStore(Store):
                     backoff = 0.05
                     while not self._closed:
                         got = False
-                        for _ in conn.notifies(timeout=0.5, stop_after=1):
+                        for note in conn.notifies(timeout=0.5, stop_after=1):
                             got = True
+                            if note.payload.endswith(":g"):
+                                self._plain_until = 0.0
                         if got:
                             self._bump()
             except Exception:

@@ -146,7 +146,7 @@ ins AS (
     FROM src s, clk
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING id, idem_key, depends_on, group_key, queue, status
+    RETURNING id, idem_key, depends_on, group_key, queue, status, limits
 ),
 edges AS (
     INSERT INTO corral_deps (task_id, dep_id)
@@ -159,8 +159,11 @@ grps AS (
     ON CONFLICT DO NOTHING
 ),
 note AS (
-    SELECT pg_notify('corral_work', q.queue)
-    FROM (SELECT DISTINCT queue FROM ins WHERE status = 'PENDING') q
+    -- payload "queue" or "queue:g" when the new work is grouped or limited
+    -- (workers then leave their fast path for plain tasks)
+    SELECT pg_notify('corral_work', q.queue || CASE WHEN q.special THEN ':g' ELSE '' END)
+    FROM (SELECT queue, bool_or(group_key IS NOT NULL OR cardinality(limits) > 0) AS special
+          FROM ins WHERE status = 'PENDING' GROUP BY queue) q
 )
 SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY id;
 
@@ -331,6 +334,41 @@ touch AS (
 )
 SELECT * FROM upd ORDER BY rk, id;
 
+-- name: claim_plain
+-- The fast path for plain work (no group, no limit): what most claims are
+-- when no grouped or limited work waits. Same row shape as claim.
+WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+picked AS (
+    SELECT t.id FROM corral_tasks t
+    WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
+      AND cardinality(t.limits) = 0
+      AND t.run_at <= (SELECT now FROM clk)
+      AND t.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+    ORDER BY t.priority DESC, t.run_at, t.id
+    LIMIT %(n)s
+    FOR UPDATE OF t SKIP LOCKED
+)
+UPDATE corral_tasks t
+SET status = 'RUNNING',
+    lease_token = replace(gen_random_uuid()::text, '-', ''),
+    lease_expires_at = clk.now + %(lease)s::float8,
+    worker_id = %(worker)s,
+    version = t.version + 1,
+    started_at = clk.now,
+    attempt = t.attempt + 1,
+    finished_at = NULL
+FROM picked, clk
+WHERE t.id = picked.id
+RETURNING t.*;
+
+-- name: special_ready
+-- Is grouped or limited work queued? (decides whether the fast path may be used)
+SELECT EXISTS (SELECT 1 FROM corral_tasks
+               WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL)
+    OR EXISTS (SELECT 1 FROM corral_tasks
+               WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) > 0);
+
 -- name: mark_started
 UPDATE corral_tasks
 SET started_at = extract(epoch FROM now())::float8, attempt = attempt + 1, version = version + 1
@@ -435,7 +473,7 @@ promoted AS (
     RETURNING w.id, w.queue
 ),
 note AS (
-    SELECT pg_notify('corral_work', q.queue)
+    SELECT pg_notify('corral_work', q.queue || ':g')
     FROM (SELECT queue FROM promoted
           UNION SELECT queue FROM failed WHERE group_key IS NOT NULL) q
 )
@@ -488,7 +526,7 @@ RETURNING id, queue;
 SELECT status, version FROM corral_tasks WHERE id = %(id)s;
 
 -- name: notify
-SELECT pg_notify('corral_work', %(queue)s);
+SELECT pg_notify('corral_work', %(queue)s || ':g');
 
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
