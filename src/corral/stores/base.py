@@ -29,8 +29,11 @@ Claim rules (the heart; every store implements them the same way):
 6. Never more than ``max_units`` claims. Claimed tasks become RUNNING with a
    new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
    The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
-   the others get theirs from :meth:`Store.mark_started` when they really
-   start, so a crash hands them back without burning an attempt.
+   the others record theirs with their outcome (``Outcome.started_at`` and
+   ``Outcome.attempt``), so running a chunk costs no write per task, and a
+   crash hands back members whose start was never recorded without burning
+   an attempt. :meth:`Store.mark_started` records a start at once, for
+   callers that want it durable before the outcome.
 """
 
 from __future__ import annotations
