@@ -10,7 +10,7 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_for"]
+__all__ = ["wait_for", "run_concurrently"]
 
 
 def wait_for(
@@ -39,3 +39,30 @@ def wait_for(
         return value
     what = message or getattr(predicate, "__name__", repr(predicate))
     raise AssertionError(f"timed out after {timeout:g}s waiting for: {what} (last value: {value!r})")
+
+
+def run_concurrently(n: int, fn: Callable[[int], T], timeout: float = 90.0) -> list[T]:
+    """Run ``fn(0) .. fn(n-1)`` in ``n`` threads released together by a
+    barrier (so they really race); return their results, re-raise the first error."""
+    import threading
+
+    barrier = threading.Barrier(n)
+    results: list = [None] * n
+    errors: list[BaseException] = []
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = fn(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    if errors:
+        raise errors[0]
+    return results

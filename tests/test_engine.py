@@ -186,16 +186,17 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _write_pid_then_hang(path):
+    """A task body that never returns on its own (it is the workload, not a wait)."""
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+
+
 def test_process_task_is_killed_on_timeout(app, tmp_path):
     pidfile = tmp_path / "pid"
-
-    @app.task(timeout=0.5, isolation="process")
-    def stuck(path):
-        with open(path, "w") as f:
-            f.write(str(os.getpid()))
-        while True:
-            time.sleep(0.05)
-
+    stuck = app.task(timeout=0.5, isolation="process", name="stuck")(_write_pid_then_hang)
     h = stuck.submit(str(pidfile))
     app.start(workers=1)
     wait_for(lambda: h.status() is State.TIMEOUT, message="process task should time out")
@@ -205,14 +206,7 @@ def test_process_task_is_killed_on_timeout(app, tmp_path):
 
 def test_process_task_is_killed_on_cancel(app, tmp_path):
     pidfile = tmp_path / "pid"
-
-    @app.task(isolation="process")
-    def stuck(path):
-        with open(path, "w") as f:
-            f.write(str(os.getpid()))
-        while True:
-            time.sleep(0.05)
-
+    stuck = app.task(isolation="process", name="stuck")(_write_pid_then_hang)
     h = stuck.submit(str(pidfile))
     app.start(workers=1)
     wait_for(pidfile.exists)

@@ -18,7 +18,7 @@ from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
 
-from helpers import wait_for
+from helpers import run_concurrently, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -50,28 +50,6 @@ def stores(pg_url, pg):
             s.close()
 
 
-def run_threads(n: int, fn) -> list:
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
-    errors: list = []
-
-    def body(i):
-        try:
-            barrier.wait()
-            results[i] = fn(i)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    assert not any(t.is_alive() for t in threads), "a thread hung"
-    assert not errors, errors
-    return results
-
-
 def test_claim_race_never_claims_twice_nor_more_than_max_units(pg, stores):
     ids = [r.id for r in pg.submit([task() for _ in range(1500)])]
     max_units = 9
@@ -86,7 +64,7 @@ def test_claim_race_never_claims_twice_nor_more_than_max_units(pg, stores):
                 return got
             got += [t.id for c in claims for t in c.tasks]
 
-    claimed = [tid for r in run_threads(12, claimer) for tid in r]
+    claimed = [tid for r in run_concurrently(12, claimer) for tid in r]
     dupes = [tid for tid, n in Counter(claimed).items() if n > 1]
     assert dupes == []
     assert sorted(claimed) == ids
@@ -138,7 +116,7 @@ def test_groups_stay_exclusive_under_concurrent_claimers(pg, stores, chunk_size)
             done[i] += len(outcomes)
         # the queue may look empty while other workers still hold chunks
 
-    run_threads(8, worker)
+    run_concurrently(8, worker)
     assert violations == []
     assert pg.counts() == {"SUCCESS": len(tasks)}
     for group, ids in order.items():
@@ -176,7 +154,7 @@ def test_no_group_ever_has_two_running_tasks_in_the_database(pg, stores):
                     continue
                 store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
 
-        run_threads(8, worker)
+        run_concurrently(8, worker)
     finally:
         stop.set()
         w.join(10)
@@ -211,7 +189,7 @@ def test_named_limit_holds_across_store_instances(pg, stores):
                     holding.discard(c.token)
             store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
 
-    run_threads(6, worker)
+    run_concurrently(6, worker)
     assert 1 <= peak[0] <= 2
     assert pg.counts() == {"SUCCESS": 80}
     assert pg.limit_usage() == {"api": 0}
@@ -285,7 +263,7 @@ def test_concurrent_migrate_from_many_threads(pg_url):
         finally:
             s.close()
 
-    ids = run_threads(6, boot)
+    ids = run_concurrently(6, boot)
     assert sorted(ids) == list(range(min(ids), min(ids) + 6))
 
 

@@ -2,33 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 from corral.core.model import Outcome
 from corral.core.states import State
 
+from helpers import run_concurrently
+
 from .conftest import new, submit
-
-
-def _hammer(n_threads: int, fn):
-    barrier = threading.Barrier(n_threads)
-    results: list = [None] * n_threads
-    errors: list = []
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = fn(i)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return results
 
 
 def test_concurrent_claimers_never_share_a_task_nor_exceed_max_units(store, second_store):
@@ -44,7 +23,7 @@ def test_concurrent_claimers_never_share_a_task_nor_exceed_max_units(store, seco
                 return got
             got += [t.id for c in claims for t in c.tasks]
 
-    results = _hammer(8, claimer)
+    results = run_concurrently(8, claimer)
     claimed = [tid for r in results for tid in r]
     assert sorted(claimed) == sorted(ids)  # all claimed, none twice
 
@@ -53,7 +32,7 @@ def test_two_writers_racing_one_version_exactly_one_wins(store):
     for _ in range(10):
         tid = submit(store, new())[0]
         version = store.get(tid).version
-        wins = _hammer(6, lambda i: store.transition(tid, version, State.CANCELED))
+        wins = run_concurrently(6, lambda i: store.transition(tid, version, State.CANCELED))
         assert wins.count(True) == 1
         assert store.get(tid).status is State.CANCELED
 
@@ -64,7 +43,7 @@ def test_racing_outcomes_on_one_claim_exactly_one_applies_and_success_stays(stor
     for c in claims:
         t = c.tasks[0]
         outcomes = [State.SUCCESS, State.FAILED, State.RETRYING, State.PENDING]
-        applied = _hammer(4, lambda i: store.complete([Outcome(t.id, c.token, t.version, outcomes[i], run_at=0.0)])[0])
+        applied = run_concurrently(4, lambda i: store.complete([Outcome(t.id, c.token, t.version, outcomes[i], run_at=0.0)])[0])
         assert applied.count(True) == 1
         winner = outcomes[applied.index(True)]
         assert store.get(t.id).status is winner
@@ -85,7 +64,7 @@ def test_success_never_becomes_anything_else(store):
             store.sweep(stale_pending_age=0).total,
         ]
 
-    for complete_ok, retried, status, _ in _hammer(6, attack):
+    for complete_ok, retried, status, _ in run_concurrently(6, attack):
         assert not complete_ok and not retried and status is State.SUCCESS
     after = store.get(tid)
     assert after.status is State.SUCCESS and after.version == rec.version and after.result == "1"

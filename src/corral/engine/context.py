@@ -28,7 +28,32 @@ class _TraceAdapter(logging.LoggerAdapter):
         return f"[trace_id={self.extra['trace_id']} task={self.extra['task_id']}] {msg}", kwargs
 
 
-class Context:
+class CheckpointView:
+    """Reading checkpoints and asking for a retry: the same for every kind of ctx."""
+
+    _checkpoint: dict
+
+    @property
+    def checkpoints(self) -> dict[str, Any]:
+        """Every stage recorded by earlier attempts (and this one), in order."""
+        return dict(self._checkpoint)
+
+    @property
+    def last_checkpoint(self) -> tuple[str, Any] | None:
+        if not self._checkpoint:
+            return None
+        stage = next(reversed(self._checkpoint))
+        return stage, self._checkpoint[stage]
+
+    def done(self, stage: str) -> bool:
+        return stage in self._checkpoint
+
+    def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
+        """Stop this attempt and ask for another one ``after`` seconds from now."""
+        raise Retry(after=after, reason=reason)
+
+
+class Context(CheckpointView):
     """Per-run handle: progress, checkpoints, cancel, retries, logging."""
 
     def __init__(self, store, record, token: str, attempt: int):
@@ -72,25 +97,6 @@ class Context:
         self._checkpoint[stage] = loads(text)
         self._store.save_checkpoint(self.task_id, self._token, stage, text)
 
-    @property
-    def checkpoints(self) -> dict[str, Any]:
-        """Every stage recorded by earlier attempts (and this one), in order."""
-        return dict(self._checkpoint)
-
-    @property
-    def last_checkpoint(self) -> tuple[str, Any] | None:
-        if not self._checkpoint:
-            return None
-        stage = next(reversed(self._checkpoint))
-        return stage, self._checkpoint[stage]
-
-    def done(self, stage: str) -> bool:
-        return stage in self._checkpoint
-
-    # ---- retries ------------------------------------------------------------
-    def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
-        """Stop this attempt and ask for another one ``after`` seconds from now."""
-        raise Retry(after=after, reason=reason)
 
 
 def current() -> Context | None:

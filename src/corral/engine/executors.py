@@ -16,6 +16,7 @@ import traceback
 from typing import Any, Callable
 
 from corral.core.model import dumps, loads
+from corral.engine.context import CheckpointView
 from corral.errors import Cancelled, PermanentError, Retry
 
 
@@ -52,7 +53,7 @@ def run_async(coro, on_future=None) -> Any:
 # ---- process isolation -------------------------------------------------------
 
 
-class _ChildContext:
+class _ChildContext(CheckpointView):
     """The ``ctx`` a child process sees: calls travel to the parent over a pipe."""
 
     def __init__(self, conn, task_id, trace_id, attempt, checkpoints):
@@ -77,22 +78,6 @@ class _ChildContext:
         self._checkpoint[stage] = loads(text)
         self._conn.send(("checkpoint", stage, text))
 
-    @property
-    def checkpoints(self) -> dict:
-        return dict(self._checkpoint)
-
-    @property
-    def last_checkpoint(self):
-        if not self._checkpoint:
-            return None
-        stage = next(reversed(self._checkpoint))
-        return stage, self._checkpoint[stage]
-
-    def done(self, stage: str) -> bool:
-        return stage in self._checkpoint
-
-    def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
-        raise Retry(after=after, reason=reason)
 
 
 def _child_main(conn, fn, takes_ctx, args, kwargs, meta) -> None:

@@ -123,6 +123,14 @@ class MemoryStore(Store):
         else:
             g.ids = deque(sorted([*g.ids, t.id]))
 
+    def _requeue(self, t: TaskRecord, now: float) -> None:
+        """A final task queued again (by an operator): back into its group's line."""
+        if t.group is not None:
+            self._group_insert(t)
+            self._group_advance(t.group, now)
+        else:
+            self._enqueue(t, now)
+
     def _finish_effects(self, t: TaskRecord, now: float) -> None:
         """After ``t`` reached a final state: dependents and group."""
         deps = self._dependents.pop(t.id, ())
@@ -455,11 +463,7 @@ class MemoryStore(Store):
             if t is None or t.status not in (State.FAILED, State.TIMEOUT, State.CANCELED):
                 return False
             self._set(t, State.PENDING, attempt=0, run_at=now, finished_at=None, cancel_requested=False)
-            if t.group is not None:
-                self._group_insert(t)
-                self._group_advance(t.group, now)
-            else:
-                self._enqueue(t, now)
+            self._requeue(t, now)
             self._wake.notify_all()
             return True
 
@@ -484,11 +488,7 @@ class MemoryStore(Store):
             if to in FINAL:
                 self._finish_effects(t, now)
             elif to in QUEUED:
-                if t.group is not None:
-                    self._group_insert(t)
-                    self._group_advance(t.group, now)
-                else:
-                    self._enqueue(t, now)
+                self._requeue(t, now)
             self._wake.notify_all()
             return True
 
