@@ -65,23 +65,30 @@ class Context(CheckpointView):
         self.attempt: int = attempt
         self.group: str | None = record.group
         self.batch: str | None = record.batch
-        self._checkpoint: dict = loads(record.checkpoint) or {}
-        self._cancel = threading.Event()
-        if record.cancel_requested:
-            self._cancel.set()
-        self.log = _TraceAdapter(logger, {"trace_id": self.trace_id, "task_id": self.task_id})
+        self._checkpoint: dict = loads(record.checkpoint) if record.checkpoint else {}
+        # a plain flag, set once from another thread: nothing waits on it, and
+        # a context is made for every task, so it stays cheap
+        self._cancel_requested: bool = bool(record.cancel_requested)
+        self._log: logging.LoggerAdapter | None = None
+
+    @property
+    def log(self) -> logging.LoggerAdapter:
+        """A logger whose lines carry this task's trace id."""
+        if self._log is None:
+            self._log = _TraceAdapter(logger, {"trace_id": self.trace_id, "task_id": self.task_id})
+        return self._log
 
     # ---- cancel -----------------------------------------------------------
     @property
     def cancelled(self) -> bool:
-        return self._cancel.is_set()
+        return self._cancel_requested
 
     def check_cancelled(self) -> None:
-        if self._cancel.is_set():
+        if self._cancel_requested:
             raise Cancelled(f"task {self.task_id} was canceled")
 
     def _request_cancel(self) -> None:
-        self._cancel.set()
+        self._cancel_requested = True
 
     # ---- progress and checkpoints ------------------------------------------
     def progress(self, fraction: float, message: str | None = None) -> None:

@@ -7,8 +7,10 @@ Threads, each with one job:
 - *slots* run a unit's tasks in order and report outcomes;
 - the *watchdog* times out overdue tasks without their help (seed 000 §2.2)
   and replaces an abandoned slot so concurrency holds;
-- the *heartbeat* renews leases and picks up cancel requests;
-- the *completer* (durable stores) writes outcomes in batches;
+- the *heartbeat* renews leases every third of the lease and, in between,
+  looks for cancel requests of the tasks running here every second;
+- the *completer* (durable stores) writes outcomes in batches; a unit of a
+  group or under a limit frees its slot only once its outcomes are written;
 - an optional *sweeper* loop, one leader at a time across the fleet.
 """
 
@@ -84,6 +86,7 @@ class Worker:
         sweep_interval: float | None = None,
         worker_id: str | None = None,
         completer_window: float = 0.005,
+        cancel_poll_interval: float = 1.0,
     ):
         if concurrency < 1:
             from corral.errors import ConfigError
@@ -98,6 +101,7 @@ class Worker:
         # renewing a lease writes every row of the claim: a third of the lease is plenty
         self.heartbeat_interval = heartbeat_interval or lease_seconds / 3
         self.poll_interval = poll_interval
+        self.cancel_poll_interval = cancel_poll_interval
         self.sweep_interval = sweep_interval
         self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._cond = threading.Condition()
@@ -124,10 +128,7 @@ class Worker:
         self.started = True
         for _ in range(self.concurrency):
             self._spawn_slot()
-        # Two dispatchers for durable stores: a slot freed while one waits on
-        # the database is claimed for by the other, halving the idle gap.
-        for n in range(2 if self.store.shared else 1):
-            self._thread(self._dispatch_loop, f"dispatcher-{n}")
+        self._thread(self._dispatch_loop, "dispatcher")
         self._thread(self._watchdog_loop, "watchdog")
         self._thread(self._heartbeat_loop, "heartbeat")
         if self._completer_q is not None:
@@ -207,8 +208,8 @@ class Worker:
                 if free <= 0:
                     self._cond.wait(self.poll_interval)
                     continue
-                # reserve the slots this claim may fill: another dispatcher
-                # claiming at the same time only sees what is left
+                # reserve the slots this claim may fill, so nothing else
+                # counts them free while the claim is under way
                 want = min(free, mode)
                 self._inflight += want
             try:
@@ -499,7 +500,12 @@ class Worker:
         self._release(unit)
 
     def _heartbeat_loop(self) -> None:
-        while not self._stopped.wait(self.heartbeat_interval):
+        next_renewal = time.monotonic() + self.heartbeat_interval
+        while not self._stopped.wait(min(self.cancel_poll_interval, self.heartbeat_interval)):
+            if time.monotonic() < next_renewal:
+                self._poll_cancels()
+                continue
+            next_renewal = time.monotonic() + self.heartbeat_interval
             with self._cond:
                 tokens = {u.claim.token for u in self._units}
             if not tokens:
@@ -517,3 +523,16 @@ class Worker:
                 u.lost = True
             if lost_units:
                 log.warning("lost %d lease(s); their results will be discarded", len(lost_units))
+
+    def _poll_cancels(self) -> None:
+        """Between renewals, read the tasks running here (one small read each)
+        so a cancel from another process lands within a second."""
+        for tid, run in list(self._runs.items()):
+            if run.ctx.cancelled:
+                continue
+            try:
+                rec = self.store.get(tid)
+            except Exception:  # noqa: BLE001 - the next renewal reports it too
+                return
+            if rec is not None and rec.cancel_requested:
+                self.cancel_local(tid)

@@ -423,13 +423,21 @@ upd AS (
     FROM o, clk, locked
     WHERE t.id = o.id AND locked.id = o.id
       AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
-    RETURNING o.ord, t.queue, t.group_key, t.limits, t.status, t.has_dependents
+    RETURNING o.ord, o.token, t.queue, t.group_key, t.limits, t.status, t.has_dependents
 ),
 note AS (
-    SELECT pg_notify('corral_work', q.queue)
-    FROM (SELECT DISTINCT queue FROM upd
-          WHERE group_key IS NOT NULL OR cardinality(limits) > 0
-             OR status IN ('PENDING', 'RETRYING')) q
+    -- Wake workers only when something became claimable: a task queued again,
+    -- or the last running task of a claim under a group or a limit finished
+    -- (its group's next task and its limit slot are free now). The subquery
+    -- reads the rows as they were before this statement.
+    SELECT pg_notify('corral_work', q.queue || ':g')
+    FROM (SELECT DISTINCT u.queue FROM upd u
+          WHERE u.status IN ('PENDING', 'RETRYING')
+             OR ((u.group_key IS NOT NULL OR cardinality(u.limits) > 0)
+                 AND NOT EXISTS (
+                     SELECT 1 FROM corral_tasks r
+                     WHERE r.lease_token = u.token AND r.status = 'RUNNING'
+                       AND NOT (r.id = ANY(%(id)s::bigint[]))))) q
 )
 SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'),
        (SELECT count(*) FROM note) AS notified

@@ -1,0 +1,86 @@
+"""The engine over a durable store, as several processes see it: each App
+below opens its own store connection, as another process would."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+import corral
+from corral import State
+
+from helpers import wait_for
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request):
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def test_cancel_from_another_process_reaches_a_running_task(url):
+    worker_app = corral.App(url)
+    started = threading.Event()
+
+    @worker_app.task
+    def coop(ctx):
+        started.set()
+        while True:  # the workload: a loop with cancel points
+            ctx.check_cancelled()
+            threading.Event().wait(0.01)
+
+    operator = corral.App(url)  # e.g. `corral cancel ID` in another process
+    h = worker_app.submit("coop")
+    worker_app.start(workers=1)
+    try:
+        wait_for(started.is_set)
+        rec = operator.cancel(h.id)
+        assert rec.status is State.RUNNING and rec.cancel_requested
+        wait_for(lambda: operator.get(h.id).status is State.CANCELED, timeout=10,
+                 message="the worker should see the cancel within a poll interval")
+    finally:
+        worker_app.close(10)
+
+
+def test_process_task_killed_by_a_cancel_from_another_process(url, tmp_path):
+    worker_app = corral.App(url)
+    pidfile = tmp_path / "pid"
+
+    @worker_app.task(isolation="process")
+    def stuck(path):
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        threading.Event().wait()  # the workload never ends by itself
+
+    operator = corral.App(url)
+    h = stuck.submit(str(pidfile))
+    worker_app.start(workers=1)
+    try:
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text()))
+        operator.cancel(h.id)
+        wait_for(lambda: operator.get(h.id).status is State.CANCELED, timeout=10)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z")
+    finally:
+        worker_app.close(10)
+
+
+def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(url):
+    """Chunk members record their start with their outcome: attempts are right."""
+    app = corral.App(url)
+    seen = []
+
+    @app.task(retries=2, backoff=corral.Backoff(base=0.001, cap=0.01))
+    def step(ctx, i):
+        seen.append((i, ctx.attempt))
+        if i == 3 and ctx.attempt == 1:
+            raise ConnectionError("hiccup")
+
+    hs = step.submit_many([{"args": (i,), "group": "g"} for i in range(6)])
+    app.start(workers=2, chunk_size=6)
+    try:
+        assert app.drain(20)
+        assert [app.get(h.id).attempt for h in hs] == [1, 1, 1, 2, 1, 1]
+        assert [i for i, _ in seen] == [0, 1, 2, 3, 3, 4, 5]  # order held across the retry
+    finally:
+        app.close(10)
