@@ -18,6 +18,11 @@ Design notes
 * Tasks under a capped limit are claimed only inside a transaction that holds
   ``pg_advisory_xact_lock`` on each such limit, after counting the lease tokens
   in RUNNING; unlimited work never takes that path.
+* Durability: submits and completions commit synchronously, so an accepted
+  task and a finished result survive a crash of the database. Claims commit
+  with ``synchronous_commit = off`` (set inside the statement): if the
+  database crashes in the instant after a claim, the claim is forgotten and
+  the task is claimable again, which at-least-once delivery allows.
 * Submits (and completions that free a group head, a limit slot or promote a
   dependent) ``NOTIFY corral_work`` once per statement and queue;
   :meth:`PostgresStore.wait_for_work` waits on one listening connection per

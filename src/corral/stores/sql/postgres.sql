@@ -210,7 +210,12 @@ WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
 -- move them all to RUNNING. A task under a capped limit not in %(allowed)s
 -- is never a candidate.
 WITH RECURSIVE
-clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+-- A claim commits without waiting for its WAL flush: if the database itself
+-- crashes in that instant, the claim is forgotten and the task is simply
+-- claimable again (delivery is at least once). Submits and completions stay
+-- synchronous.
+clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
+                            set_config('synchronous_commit', 'off', true) AS async_commit),
 free_locked AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at AS elig, t.group_key
     FROM corral_tasks t
@@ -337,7 +342,12 @@ SELECT * FROM upd ORDER BY rk, id;
 -- name: claim_plain
 -- The fast path for plain work (no group, no limit): what most claims are
 -- when no grouped or limited work waits. Same row shape as claim.
-WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+WITH -- A claim commits without waiting for its WAL flush: if the database itself
+-- crashes in that instant, the claim is forgotten and the task is simply
+-- claimable again (delivery is at least once). Submits and completions stay
+-- synchronous.
+clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
+                            set_config('synchronous_commit', 'off', true) AS async_commit),
 picked AS (
     SELECT t.id FROM corral_tasks t
     WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
