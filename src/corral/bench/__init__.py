@@ -66,7 +66,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 @click.option("--groups", "n_groups", default=200, show_default=True, help="Number of groups.")
 @click.option("--variants", default="A,B,C", show_default=True,
               help="Which to run: A (global queue + pool), B (group locks + pool), C (corral).")
-@click.option("--chunk-size", default=50, show_default=True, help="corral: tasks of one group taken per claim.")
+@click.option("--chunk-size", default=100, show_default=True,
+              help="corral: tasks of one group taken per claim (seed 003 §3.2 finds 100-500 pays off).")
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
 @click.option("--store", type=StoreParam(), default="memory", show_default=True,

@@ -187,7 +187,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=200)
     p.add_argument("--limit", type=int, default=20, help="downstream concurrency cap")
     p.add_argument("--concurrency", type=int, default=20, help="threads (A, B) or worker slots (C)")
-    p.add_argument("--chunk-size", type=int, default=50)
+    p.add_argument("--chunk-size", type=int, default=100)
     p.add_argument("--poll-interval", type=float, default=0.5)
     p.add_argument("--store", default="memory", choices=["memory", "sqlite", "postgres"])
     p.add_argument("--workers", type=int, default=1)
