@@ -49,9 +49,9 @@ _CANCELLED = (Cancelled, asyncio.CancelledError, concurrent.futures.CancelledErr
 @dataclass(eq=False)
 class _Unit:
     claim: Claim
-    index: int = 0  # task of the claim now running
     done: bool = False  # accounting settled (by its slot or by the watchdog)
-    lost: bool = False  # the heartbeat found the lease gone: start nothing more
+    lost: bool = False  # lease gone, or handed back at shutdown: start nothing more
+    begun: int = -1  # index of the last task this unit's slot committed to run
     #: chunk members started here whose start the store has not recorded yet:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
     uncounted: set = field(default_factory=set)
@@ -275,15 +275,21 @@ class Worker:
         tasks = unit.claim.tasks
         token = unit.claim.token
         for i, rec in enumerate(tasks):
-            if unit.done:
-                return True
-            unit.index = i
-            if i > 0:
-                if unit.lost or self._stopped.is_set():
-                    break  # the sweeper (or the next worker) owns the rest
-                rec.attempt += 1
-                unit.uncounted.add(rec.id)
-            status = self._run_task(unit, rec, token)
+            # Commit to the next task under the unit's lock, so a shutdown
+            # handing the unit back sees exactly which task is under way.
+            with unit.lock:
+                if unit.done:
+                    return True
+                if unit.lost:
+                    break  # the sweeper (or a shutdown) owns the rest
+                unit.begun = i
+                if i > 0:
+                    rec.attempt += 1
+                    unit.uncounted.add(rec.id)
+                ctx = Context(self.store, rec, token, rec.attempt)
+                run = _Run(unit, rec, ctx, None if rec.timeout is None else time.monotonic() + rec.timeout)
+                self._runs[rec.id] = run
+            status = self._run_task(unit, rec, token, run)
             if status is None:
                 return False  # abandoned
             if status in (State.RETRYING, State.PENDING) or (status is State.FAILED and rec.halt_group_on_failure):
@@ -292,16 +298,14 @@ class Worker:
         self._release(unit)
         return True
 
-    def _run_task(self, unit: _Unit, rec: TaskRecord, token: str) -> State | None:
-        """Run one task; return its outcome state, or None if the watchdog took it."""
+    def _run_task(self, unit: _Unit, rec: TaskRecord, token: str, run: _Run) -> State | None:
+        """Run one task; return its outcome state, or None if the watchdog
+        (or a shutdown) took it over."""
         tdef = self.app.registry.get(rec.name)
-        now = time.monotonic()
         started_at = time.time()
-        ctx = Context(self.store, rec, token, rec.attempt)
+        ctx = run.ctx
         timeout = rec.timeout
-        run = _Run(unit, rec, ctx, None if timeout is None else now + timeout)
         outcome: Outcome
-        self._runs[rec.id] = run
         _set_current(ctx)
         try:
             if tdef is None:
@@ -383,23 +387,36 @@ class Worker:
             self._write(Outcome(rec.id, token, rec.version, State.PENDING, attempt=rec.attempt))
 
     def _hand_back_all(self) -> None:
+        """After the grace period: give every unfinished task back, attempts intact.
+
+        A task under way is abandoned (its process killed) and given back; its
+        thread, if it ever returns, writes nothing."""
         with self._cond:
             units = list(self._units)
+        token_tasks: list[tuple[_Unit, list[TaskRecord]]] = []
         for unit in units:
+            tasks = unit.claim.tasks
             with unit.lock:
                 if unit.done:
                     continue
-                run = self._runs.get(unit.claim.tasks[unit.index].id)
-                if run is not None:
-                    run.abandoned = True
-            if run is not None:
-                if run.proc is not None:
-                    run.proc.kill("shutdown")
-                rec = run.record
-                self._write(Outcome(rec.id, unit.claim.token, rec.version, State.PENDING, attempt=rec.attempt - 1))
-                rest = unit.claim.tasks[unit.index + 1 :]
-            else:
-                rest = unit.claim.tasks[unit.index :]
+                unit.lost = True  # its slot starts nothing more
+                if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt
+                    first = tasks[0]
+                    self._write(Outcome(first.id, unit.claim.token, first.version, State.PENDING,
+                                        attempt=first.attempt - 1))
+                    rest = tasks[1:]
+                else:
+                    run = self._runs.get(tasks[unit.begun].id)
+                    if run is not None and not run.finished:
+                        run.abandoned = True
+                        if run.proc is not None:
+                            run.proc.kill("shutdown")
+                        rec = run.record
+                        self._write(Outcome(rec.id, unit.claim.token, rec.version, State.PENDING,
+                                            attempt=rec.attempt - 1))
+                    rest = tasks[unit.begun + 1 :]
+            token_tasks.append((unit, rest))
+        for unit, rest in token_tasks:
             self._hand_back(unit, rest, unit.claim.token)
             self._release(unit)
 
@@ -495,7 +512,7 @@ class Worker:
         if rec.id in unit.uncounted:
             outcome.attempt = rec.attempt
         self._write(outcome)
-        self._hand_back(unit, unit.claim.tasks[unit.index + 1 :], unit.claim.token)
+        self._hand_back(unit, unit.claim.tasks[unit.begun + 1 :], unit.claim.token)
         self._spawn_slot()
         self._release(unit)
 
