@@ -272,6 +272,7 @@ class Worker:
                 self._settle(unit)
 
     def _run_unit(self, unit: _Unit) -> bool:
+        """Run a unit's tasks in order; False when the watchdog took this slot's task."""
         tasks = unit.claim.tasks
         token = unit.claim.token
         for i, rec in enumerate(tasks):
@@ -503,6 +504,7 @@ class Worker:
             if run.finished or run.abandoned or unit.done:
                 return
             run.abandoned = True
+            unit.lost = True  # the rest of the chunk is handed back below
         rec = run.record
         log.warning("task %s (%s) timed out after %ss; abandoning its thread", rec.id, rec.name, rec.timeout)
         if run.future is not None:
