@@ -234,6 +234,7 @@ class Worker:
                 with self._cond:
                     self._units.add(unit)
                 self._inbox.put(unit)
+            time.sleep(0)  # let the woken slots take the GIL before the next claim
 
     def _release(self, unit: _Unit) -> None:
         """Free a unit's slot; for a group or a limit, only once its outcomes
