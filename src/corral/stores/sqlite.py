@@ -9,8 +9,10 @@ How it is made safe and fast for several processes on one file:
 * The database runs in WAL mode: readers never block the writer and the
   writer never blocks readers. Every write is one short ``BEGIN IMMEDIATE``
   transaction (the write lock is taken up front, so two writers never deadlock
-  upgrading a read lock); a writer that finds the lock taken waits up to
-  ``busy_timeout`` ms.
+  upgrading a read lock). Threads of one process queue for it on a Python
+  lock; a process that finds it held by another retries every fraction of a
+  millisecond, up to ``busy_timeout`` ms (SQLite's own busy handler would
+  sleep in steps of up to 100 ms).
 * ``synchronous=NORMAL`` (the default here): in WAL mode a commit is not
   fsynced, the WAL is at checkpoints. A power loss or OS crash may therefore
   lose the last transactions committed before it, but never corrupts the
