@@ -336,3 +336,28 @@ def test_close_makes_store_unusable(sqlite_url):
     s.close()
     with pytest.raises(StoreError):
         s.submit([new()])
+
+
+def test_plain_fast_path_still_sees_grouped_work_from_another_process(store, sqlite_url):
+    """While only plain work is queued, claims take a one-statement path; work
+    with a group or a limit submitted elsewhere is still claimed, in order,
+    within the path's short re-check interval, and never through it."""
+    from helpers import wait_for
+
+    store.submit([new() for _ in range(2000)])
+    (c,) = store.claim("w", ["default"], 1)
+    assert c.group is None and store._plain_until > time.monotonic()  # on the fast path
+    other = open_store(sqlite_url)
+    try:
+        gid = other.submit([new(group="g", priority=5), new(group="g", priority=5)])[0].id
+        claimed: list = []
+
+        def got_group_task():
+            claimed.extend(t for cl in store.claim("w", ["default"], 1) for t in cl.tasks)
+            return [t for t in claimed if t.group == "g"]
+
+        grouped = wait_for(got_group_task, timeout=5, message="the grouped task is claimed")
+        assert [t.id for t in grouped] == [gid]  # its head only: the group rule held
+        assert len(claimed) < 1990  # found long before the plain backlog ran out
+    finally:
+        other.close()

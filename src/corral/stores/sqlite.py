@@ -75,6 +75,10 @@ from corral.stores.base import BatchSummary, HeartbeatReply, Store
 from corral.stores.sql import load
 
 SCHEMA_VERSION = 1
+#: How long a claimer trusts "only plain work is queued" (no group, no limit)
+#: before it looks again; a submit of grouped or limited work here ends it at once.
+PLAIN_HINT_TTL = 0.2
+
 Q = load("sqlite")
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
@@ -188,6 +192,7 @@ class SQLiteStore(Store):
         self._conns: list[sqlite3.Connection] = []
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
+        self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
         self._closed = False
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
@@ -383,6 +388,8 @@ class SQLiteStore(Store):
         tasks = list(tasks)
         if not tasks:
             return []
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
             now = time.time()
             all_deps = {d for t in tasks for d in t.depends_on}
@@ -453,9 +460,23 @@ class SQLiteStore(Store):
         if max_units <= 0 or not queues:
             return []
         known = None if names is None else set(names)
+        queues = sorted(set(queues))
         with self._write() as con:
             now = time.time()
-            picked = self._pick(con, sorted(set(queues)), max_units, known, chunk_size, now)
+            if len(queues) == 1 and self._plain_until > time.monotonic():
+                # Only plain work was queued a moment ago: one statement.
+                rows = con.execute(Q["claim_plain"], (
+                    now + lease_seconds, worker_id, now, queues[0], now,
+                    dumps(sorted(known)) if known is not None else None, max_units,
+                )).fetchall()
+                if rows:
+                    return [Claim(r.lease_token, [r]) for r in self._records(con, rows)]
+            picked = self._pick(con, queues, max_units, known, chunk_size, now)
+            plain = all(m[0][3] is None and not m[0][5] for m in picked)
+            if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
+                self._plain_until = time.monotonic() + PLAIN_HINT_TTL
+            else:
+                self._plain_until = 0.0
             if not picked:
                 return []
             expires = now + lease_seconds

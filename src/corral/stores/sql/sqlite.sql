@@ -242,6 +242,33 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        lease_token, lease_expires_at, worker_id, progress, progress_message,
        checkpoint, cancel_requested
 
+-- The fast path for plain work (no group, no limit) while nothing else is
+-- queued: one statement. Parameters: expires, worker, now, queue, now,
+-- names (JSON array, or NULL for any), n.
+-- name: claim_plain
+UPDATE tasks
+SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?,
+    worker_id = ?, started_at = ?, attempt = attempt + 1, version = version + 1
+WHERE id IN (
+    SELECT id FROM tasks INDEXED BY tasks_ready
+    WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1)
+      AND group_key IS NULL AND limits IS NULL
+      AND queue = ? AND run_at <= ?
+      AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
+    ORDER BY priority DESC, run_at, id
+    LIMIT ?7)
+RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested
+
+-- Is grouped or limited work queued? (decides whether claim_plain may be used)
+-- name: special_ready
+SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
+               WHERE status IN ('PENDING', 'RETRYING')
+                 AND (group_key IS NOT NULL OR limits IS NOT NULL))
+
 -- name: claim_member
 UPDATE tasks
 SET status = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker_id = ?,
