@@ -30,6 +30,11 @@ How it is made safe and fast for several processes on one file:
   partial index holding only queued rows, the head rule from one holding only
   the tasks that still occupy a group, leases from ones holding only RUNNING
   rows.
+* While only plain work (no group, no limit) is queued, a claim is one
+  ``UPDATE ... RETURNING`` (``claim_plain``); a full claim re-checks every
+  200 ms, and a submit of grouped or limited work in this process ends the
+  fast path at once. It can only ever take plain tasks, so group order and
+  limits never depend on it.
 * :meth:`SQLiteStore.wait_for_work` polls ``PRAGMA data_version`` (which
   changes when another connection, in any process, commits) about every
   millisecond, so an idle worker starts a new task within a few ms.
