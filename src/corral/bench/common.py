@@ -92,24 +92,14 @@ class Recorder:
             c[ACTIVE] += 1
             if c[ACTIVE] > c[PEAK]:
                 c[PEAK] = c[ACTIVE]
-        t0 = time.monotonic()
-        if self.start_ts[i] == 0.0:
-            self.start_ts[i] = t0
-        time.sleep(self.sleeps[i])
-        t1 = time.monotonic()
-        with self.lock:
-            c[ACTIVE] -= 1
-            c[SEQ] += 1
-            if self.finish_seq[i]:
-                c[DUPLICATES] += 1
-            else:
-                c[DONE] += 1
-            self.finish_seq[i] = c[SEQ]
-        self.finish_ts[i] = t1
-        self.dur[i] += t1 - t0
+        self._timed(i, self.sleeps[i], active=True)
 
     def noop(self, i: int, sleep: float = 0.0) -> None:
         """A call that never rejects: note start, (sleep,) note end."""
+        self._timed(i, sleep, active=False)
+
+    def _timed(self, i: int, sleep: float, *, active: bool) -> None:
+        """Note the start, sleep, note the end, the finishing order and duplicates."""
         t0 = time.monotonic()
         if self.start_ts[i] == 0.0:
             self.start_ts[i] = t0
@@ -118,6 +108,8 @@ class Recorder:
         t1 = time.monotonic()
         c = self.counters
         with self.lock:
+            if active:
+                c[ACTIVE] -= 1
             c[SEQ] += 1
             if self.finish_seq[i]:
                 c[DUPLICATES] += 1

@@ -216,6 +216,11 @@ WITH RECURSIVE
 -- synchronous.
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
                             set_config('synchronous_commit', 'off', true) AS async_commit),
+-- capped limits this claim may not use (full, or not allowed by the caller)
+barred AS MATERIALIZED (
+    SELECT coalesce(array_agg(name), '{}')::text[] AS names FROM corral_limits
+    WHERE concurrency IS NOT NULL AND NOT (name = ANY(%(allowed)s::text[]))
+),
 free_locked AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at AS elig, t.group_key
     FROM corral_tasks t
@@ -223,10 +228,7 @@ free_locked AS MATERIALIZED (
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      AND (cardinality(t.limits) = 0 OR NOT EXISTS (
-            SELECT 1 FROM corral_limits l
-            WHERE l.name = ANY(t.limits) AND l.concurrency IS NOT NULL
-              AND NOT (l.name = ANY(%(allowed)s::text[]))))
+      AND NOT (t.limits && (SELECT names FROM barred))
     ORDER BY t.priority DESC, t.run_at, t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -262,10 +264,7 @@ heads AS MATERIALIZED (
       AND q.run_at <= (SELECT now FROM clk)
       AND q.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR q.name = ANY(%(names)s::text[]))
-      AND (cardinality(q.limits) = 0 OR NOT EXISTS (
-            SELECT 1 FROM corral_limits l
-            WHERE l.name = ANY(q.limits) AND l.concurrency IS NOT NULL
-              AND NOT (l.name = ANY(%(allowed)s::text[]))))
+      AND NOT (q.limits && (SELECT names FROM barred))
       -- and nothing of the group runs (an operator may retry an old task
       -- while a later one of its group is in flight)
       AND NOT EXISTS (
@@ -300,10 +299,7 @@ followers AS MATERIALIZED (
                     AND x.run_at <= (SELECT now FROM clk)
                     AND x.queue = ANY(%(queues)s::text[])
                     AND (%(all_names)s::bool OR x.name = ANY(%(names)s::text[]))
-                    AND (cardinality(x.limits) = 0 OR NOT EXISTS (
-                          SELECT 1 FROM corral_limits l
-                          WHERE l.name = ANY(x.limits) AND l.concurrency IS NOT NULL
-                            AND NOT (l.name = ANY(%(allowed)s::text[]))))) AS ok
+                    AND NOT (x.limits && (SELECT names FROM barred))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
