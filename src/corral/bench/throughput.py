@@ -187,13 +187,23 @@ def run(args) -> dict[str, Any]:
             def opts(conc: int) -> dict[str, Any]:
                 return {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
 
+            def run_away(queued: int) -> int:
+                """Run the enqueue part's tasks away, untimed; returns the tasks left queued (0)."""
+                if queued:
+                    rec0 = Recorder(queued, 1 << 30, shared=not memory)
+                    with _Workers(app, url, rec0, 1, opts(args.concurrency)) as w:
+                        w.go_now()
+                        if not rec0.wait_done(queued, timeout=args.timeout):
+                            raise RuntimeError(f"enqueued tasks did not run away: {rec0.done}/{queued}")
+                return 0
+
             if "enqueue" in parts:
                 n = args.tasks
                 t0 = time.perf_counter()
                 _submit(app, "bench.noop", 0, n)
                 dt = time.perf_counter() - t0
                 out["enqueue"] = {"tasks": n, "batch": SUBMIT_BATCH, "seconds": round(dt, 4), "rate": round(n / dt, 1)}
-                # these tasks are processed (untimed) by the first process run below, or left queued
+                # these tasks are run away (untimed) before the next part
                 queued = n
             else:
                 queued = 0
@@ -205,12 +215,7 @@ def run(args) -> dict[str, Any]:
                         out["process"].append({"processes": p, "skipped": "memory:// is one process"})
                         continue
                     n = args.tasks
-                    if queued:  # run the enqueue part's tasks away first, untimed
-                        rec0 = Recorder(queued, 1 << 30, shared=not memory)
-                        with _Workers(app, url, rec0, 1, opts(args.concurrency)) as w:
-                            w.go_now()
-                            rec0.wait_done(queued, timeout=args.timeout)
-                        queued = 0
+                    queued = run_away(queued)
                     rec = Recorder(n, 1 << 30, shared=not memory)
                     _submit(app, "bench.noop", 0, n)
                     with _Workers(app, url, rec, p, opts(args.concurrency)) as w:
@@ -224,6 +229,8 @@ def run(args) -> dict[str, Any]:
                         "seconds": round(last - first, 4), "rate": round(n / (last - first), 1),
                         "duplicates": rec.counters[common.DUPLICATES],
                     })
+
+            queued = run_away(queued)  # a later part must start on an empty queue
 
             if "io" in parts:
                 n = args.io_tasks

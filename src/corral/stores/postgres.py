@@ -352,24 +352,7 @@ class PostgresStore(Store):
                             status = "WAITING"
                     status_col.append(status)
                     error_col.append(error)
-                params = {
-                    "name": [t.name for t in rows],
-                    "args": [t.args for t in rows],
-                    "status": status_col,
-                    "queue": [t.queue for t in rows],
-                    "priority": [t.priority for t in rows],
-                    "max_retries": [t.max_retries for t in rows],
-                    "timeout": [t.timeout for t in rows],
-                    "grp": [t.group for t in rows],
-                    "batch": [t.batch for t in rows],
-                    "key": [t.key for t in rows],
-                    "trace_id": [t.trace_id for t in rows],
-                    "run_at": [t.run_at for t in rows],
-                    "limits": [json.dumps(list(t.limits)) if t.limits else None for t in rows],
-                    "deps": [json.dumps(list(t.depends_on)) if t.depends_on else None for t in rows],
-                    "halt": [bool(t.halt_group_on_failure) for t in rows],
-                    "error": error_col,
-                }
+                params = {"rows": _submit_rows(rows, status_col, error_col)}
                 inserted = conn.execute(self._q["submit"], params).fetchall()
                 by_key = {k: i for i, k, _ in inserted if k is not None}
                 new_ids = [i for i, _, _ in inserted]
@@ -825,6 +808,21 @@ class PostgresStore(Store):
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})
         return bool(rows)
+
+
+def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:
+    """The rows of a submit as one JSON array (the ``submit`` query reads it
+    with ``json_to_recordset``): one parameter to encode instead of an array
+    per column, which is most of a small submit's client-side cost."""
+    return json.dumps([
+        {"name": t.name, "args": t.args, "status": st, "queue": t.queue, "priority": t.priority,
+         "max_retries": t.max_retries, "timeout": t.timeout, "grp": t.group, "batch": t.batch,
+         "key": t.key, "trace_id": t.trace_id, "run_at": t.run_at,
+         "limits": list(t.limits) if t.limits else None,
+         "deps": list(t.depends_on) if t.depends_on else None,
+         "halt": bool(t.halt_group_on_failure), "error": err}
+        for t, st, err in zip(rows, status, error)
+    ])
 
 
 def new_token() -> str:

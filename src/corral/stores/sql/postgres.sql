@@ -120,16 +120,16 @@ UPDATE corral_tasks t SET has_dependents = true FROM d WHERE t.id = d.id
 RETURNING t.id, t.status;
 
 -- name: submit
+-- The new rows arrive as one JSON array (cheap to send: one parameter, no
+-- per-column array encoding); their order is kept.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 src AS (
-    SELECT * FROM unnest(
-        %(name)s::text[], %(args)s::text[], %(status)s::text[], %(queue)s::text[],
-        %(priority)s::int[], %(max_retries)s::int[], %(timeout)s::float8[],
-        %(grp)s::text[], %(batch)s::text[], %(key)s::text[], %(trace_id)s::text[],
-        %(run_at)s::float8[], %(limits)s::text[], %(deps)s::text[], %(halt)s::bool[],
-        %(error)s::text[]
-    ) WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
-                           grp, batch, key, trace_id, run_at, limits, deps, halt, error, ord)
+    SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
+        AS (name text, args text, status text, queue text, priority int, max_retries int,
+            timeout float8, grp text, batch text, key text, trace_id text, run_at float8,
+            limits json, deps json, halt bool, error text))
+    WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
+                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ord)
 ),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
@@ -138,9 +138,9 @@ ins AS (
     SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
-                ELSE ARRAY(SELECT jsonb_array_elements_text(s.limits::jsonb)) END,
+                ELSE ARRAY(SELECT json_array_elements_text(s.limits)) END,
            CASE WHEN s.deps IS NULL THEN '{}'::bigint[]
-                ELSE ARRAY(SELECT jsonb_array_elements_text(s.deps::jsonb)::bigint) END,
+                ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
            CASE WHEN s.status = 'FAILED' THEN clk.now END
     FROM src s, clk
