@@ -18,7 +18,7 @@ from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
 
-from helpers import run_concurrently, wait_for
+from helpers import run_concurrently
 
 pytestmark = pytest.mark.postgres
 
@@ -291,3 +291,19 @@ def test_claim_takes_at_most_max_units_with_many_ready(pg):
     prios = [c.tasks[0].priority for c in claims]
     assert prios == sorted(prios, reverse=True)
     assert all(p == 2 for p in prios)
+
+
+def test_active_counts_read_partial_indexes_only(pg):
+    """Backpressure and drain ask for the unfinished states on every submit:
+    the query must be answerable from the partial indexes alone."""
+    pg.submit([task() for _ in range(3)] + [task(group="g") for _ in range(2)])
+    pg.claim("w", ["default"], 1)
+
+    def plan(conn):
+        with conn.transaction():
+            conn.execute("SET LOCAL enable_seqscan = off")
+            return "\n".join(r[0] for r in conn.execute("EXPLAIN " + pg._q["active_counts"]))
+
+    text = pg._run(plan)
+    assert "Seq Scan" not in text, text
+    assert pg.active_counts() == {"PENDING": 4, "RUNNING": 1}

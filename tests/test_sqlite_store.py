@@ -8,6 +8,7 @@ import pickle
 import random
 import sqlite3
 import threading
+import re
 import time
 
 import pytest
@@ -169,6 +170,25 @@ def test_concurrent_migrate_from_several_processes(tmp_path):
         s.close()
 
 
+def test_a_version_1_database_is_brought_up_to_date(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.db"
+    s = SQLiteStore(url)
+    s.submit([new("kept")])
+    con = s._con()
+    con.execute("DROP INDEX tasks_waiting")  # what a version 1 database lacks
+    con.execute("DELETE FROM corral_schema")
+    con.execute("INSERT INTO corral_schema (version) VALUES (1)")
+    s.close()
+    s = SQLiteStore(url)
+    try:
+        con = s._con()
+        assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
+        assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_waiting'").fetchone()[0] == 1
+        assert s.active_counts() == {"PENDING": 1}
+    finally:
+        s.close()
+
+
 # ---- claims across processes --------------------------------------------------------
 
 
@@ -234,6 +254,9 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     con.execute("COMMIT")
     store.submit([new() for _ in range(50)] + [new(group="g") for _ in range(50)])
     con.execute("ANALYZE")
+    plan = _plan(con, "SELECT * FROM (" + Q["active_counts"] + ")", ())
+    # backpressure and drain never read history: only partial indexes are scanned
+    assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX)", plan) == [], plan
     plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
     assert "USING INDEX tasks_ready" in plan and "SCAN" not in plan, plan
     assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort

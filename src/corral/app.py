@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter, TaskRecord, dumps
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
-from corral.core.states import ACTIVE, FINAL, QUEUED, State
+from corral.core.states import FINAL, State
 from corral.engine.context import current
 from corral.errors import (
     AppClosed,
@@ -251,7 +251,7 @@ class App:
         deadline = time.monotonic() + self.full_timeout
         delay = 0.001
         while True:
-            counts = self.store.counts()
+            counts = self.store.active_counts()
             queued = sum(counts.get(s.value, 0) for s in (State.PENDING, State.RETRYING, State.WAITING))
             if queued + n <= self.max_queued:
                 return
@@ -336,8 +336,7 @@ class App:
             self._worker = None
 
     def active_count(self) -> int:
-        counts = self.store.counts()
-        return sum(counts.get(s.value, 0) for s in ACTIVE)
+        return sum(self.store.active_counts().values())
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued, waiting or running; True if reached."""

@@ -60,10 +60,9 @@ def test_retry_clears_cancel_flag(store):
 
 def _make_mix(store):
     """2 PENDING, 1 RUNNING, 1 SUCCESS, 1 FAILED, 1 CANCELED, 1 WAITING, 1 RETRYING."""
-    s = submit_one(store, "s")
-    f = submit_one(store, "f")
-    r = submit_one(store, "r")
-    rt = submit_one(store, "rt", max_retries=1)
+    for name in ("s", "f", "r"):
+        submit_one(store, name)
+    submit_one(store, "rt", max_retries=1)
     assert finish(store, claim_one(store, names=["s"]))
     assert finish(store, claim_one(store, names=["f"]), State.FAILED, error="x")
     claim_one(store, names=["r"])
@@ -83,6 +82,13 @@ def test_counts_per_state(store):
     assert {k: v for k, v in counts.items() if v} == expected
     assert {k: v for k, v in store.counts(queue="q2").items() if v} == {"PENDING": 1}
     assert sum(store.counts(queue="nope").values()) == 0
+
+
+def test_active_counts_are_the_unfinished_states(store):
+    assert store.active_counts() == {}
+    _make_mix(store)
+    assert store.active_counts() == {"PENDING": 2, "RUNNING": 1, "WAITING": 1, "RETRYING": 1}
+    assert store.active_counts() == {k: v for k, v in store.counts().items() if k in ("PENDING", "RUNNING", "WAITING", "RETRYING") and v}
 
 
 def test_list_tasks_filters(store):

@@ -35,7 +35,7 @@ from corral.core.retries import is_retryable, retry_delay
 from corral.core.states import State
 from corral.engine.context import Context, _set_current
 from corral.engine.executors import ChildFailed, ProcessRun, run_async
-from corral.errors import Cancelled, PermanentError, Retry
+from corral.errors import Cancelled, PermanentError
 
 if TYPE_CHECKING:
     from corral.app import App

@@ -52,7 +52,7 @@ from corral.core.model import (
     TaskFilter,
     TaskRecord,
 )
-from corral.core.states import State
+from corral.core.states import ACTIVE, State
 
 #: The seed 000 §5.2 rule: PENDING for longer than this is canceled by the sweeper.
 DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
@@ -196,6 +196,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of tasks per state name (states with no task may be absent)."""
+
+    def active_counts(self) -> dict[str, int]:
+        """Tasks per unfinished state (WAITING, PENDING, RETRYING, RUNNING).
+
+        What backpressure and ``App.drain()`` ask, often: a durable store
+        answers it from partial indexes, so its cost follows the live work,
+        never the history of finished tasks."""
+        counts = self.counts()
+        return {s.value: counts[s.value] for s in ACTIVE if counts.get(s.value)}
 
     @abc.abstractmethod
     def cancel(self, task_id: int) -> TaskRecord | None:

@@ -649,6 +649,13 @@ class PostgresStore(Store):
             rows = self._fetchall("counts_queue", {"queue": queue})
         return {status: n for status, n in rows}
 
+    def active_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for status, n in self._fetchall("active_counts"):
+            if n:
+                out[status] = out.get(status, 0) + n
+        return out
+
     def cancel(self, task_id: int) -> TaskRecord | None:
         def go(conn):
             with conn.transaction():

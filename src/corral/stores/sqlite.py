@@ -79,7 +79,7 @@ from corral.stores import base
 from corral.stores.base import BatchSummary, HeartbeatReply, Store
 from corral.stores.sql import load
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -710,6 +710,10 @@ class SQLiteStore(Store):
         else:
             rows = con.execute(Q["counts_queue"], (queue,)).fetchall()
         return {status: n for status, n in rows}
+
+    @_guard
+    def active_counts(self) -> dict[str, int]:
+        return {status: n for status, n in self._con().execute(Q["active_counts"]) if n}
 
     @_guard
     def cancel(self, task_id: int) -> TaskRecord | None:

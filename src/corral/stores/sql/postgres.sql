@@ -513,6 +513,19 @@ SELECT * FROM corral_tasks WHERE id = %(id)s;
 -- name: counts
 SELECT status, count(*) FROM corral_tasks GROUP BY status;
 
+-- name: active_counts
+-- Unfinished tasks per state; each part matches a partial index, so the
+-- cost follows the live work, never the finished rows.
+SELECT status, count(*) FROM corral_tasks
+WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL GROUP BY status
+UNION ALL
+SELECT status, count(*) FROM corral_tasks
+WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL GROUP BY status
+UNION ALL
+SELECT 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING'
+UNION ALL
+SELECT 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING';
+
 -- name: counts_queue
 SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status;
 

@@ -55,6 +55,11 @@ CREATE INDEX IF NOT EXISTS tasks_queued_run_at
     ON tasks (run_at)
     WHERE status IN ('PENDING', 'RETRYING');
 
+-- Tasks waiting for their dependencies (counted by active_counts).
+CREATE INDEX IF NOT EXISTS tasks_waiting
+    ON tasks (id)
+    WHERE status = 'WAITING';
+
 -- The head of each group (at most one row per group).
 CREATE INDEX IF NOT EXISTS tasks_group_head
     ON tasks (group_key)
@@ -167,6 +172,16 @@ ORDER BY task_id, pos
 
 -- name: counts_all
 SELECT status, count(*) FROM tasks GROUP BY status
+
+-- Unfinished tasks per state, each part read from a partial index (never
+-- from the finished rows).
+-- name: active_counts
+SELECT status, count(*) FROM tasks INDEXED BY tasks_queued_run_at
+WHERE status IN ('PENDING', 'RETRYING') GROUP BY status
+UNION ALL
+SELECT 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING'
+UNION ALL
+SELECT 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING'
 
 -- name: counts_queue
 SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
