@@ -11,7 +11,7 @@ from corral.core.model import Outcome
 from corral.core.states import TRANSITIONS, State
 from corral.errors import IllegalTransition
 
-from .conftest import claim, claim_one, finish, new, status_of, submit, submit_one, wait_for
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
 
 ALL_STATES = list(State)
 _names = itertools.count()
@@ -199,6 +199,26 @@ def test_complete_batch_reports_each(store):
     )
     assert res == [True, False, True]
     assert [status_of(store, r.id) for r in (a, b, c)] == [State.SUCCESS, State.RUNNING, State.FAILED]
+
+
+def test_complete_batch_frees_group_heads_and_settles_dependents(store):
+    g1, g2 = submit(store, new("g", group="line"), new("g", group="line"))
+    up = submit_one(store, "up")
+    failing = submit_one(store, "bad")
+    after_up = submit_one(store, "after", depends_on=(up,), queue="later")
+    after_bad = submit_one(store, "after", depends_on=(failing,), queue="later")
+    recs = {t.id: t for c in claim(store, 10) for t in c.tasks}
+    assert set(recs) == {g1, up, failing}  # g2 waits behind g1
+    res = store.complete([
+        Outcome(g1, recs[g1].lease_token, recs[g1].version, State.SUCCESS, result="1"),
+        Outcome(up, recs[up].lease_token, recs[up].version, State.SUCCESS, result="2"),
+        Outcome(failing, recs[failing].lease_token, recs[failing].version, State.FAILED, error="boom"),
+    ])
+    assert res == [True, True, True]
+    assert (store.get(g1).result, store.get(up).result, store.get(failing).error) == ("1", "2", "boom")
+    assert claimed_ids(claim(store, 10)) == [g2]
+    assert status_of(store, after_up) == State.PENDING
+    assert status_of(store, after_bad) == State.FAILED
 
 
 def test_second_complete_of_same_claim_is_stale(store):

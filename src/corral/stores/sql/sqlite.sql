@@ -350,6 +350,28 @@ SET status = ?, result = coalesce(?, result),
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
 RETURNING group_key
 
+-- Many final outcomes in one statement (one JSON array of
+-- [id, token, version, status, result, set_error, error, finished_at,
+--  started_at, attempt, give_back] rows; ids distinct): a batch of
+-- completions holds the write lock for one statement, not one per task.
+-- name: complete_final_many
+UPDATE tasks
+SET status = o.status, result = coalesce(o.result, tasks.result),
+    error = CASE WHEN o.set_error THEN o.error ELSE tasks.error END,
+    finished_at = o.finished_at, started_at = coalesce(o.started_at, tasks.started_at),
+    attempt = coalesce(o.attempt, max(0, tasks.attempt - o.give_back)),
+    lease_token = NULL, lease_expires_at = NULL, version = tasks.version + 1
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+             json_extract(value, '$[2]') AS version, json_extract(value, '$[3]') AS status,
+             json_extract(value, '$[4]') AS result, json_extract(value, '$[5]') AS set_error,
+             json_extract(value, '$[6]') AS error, json_extract(value, '$[7]') AS finished_at,
+             json_extract(value, '$[8]') AS started_at, json_extract(value, '$[9]') AS attempt,
+             json_extract(value, '$[10]') AS give_back
+      FROM json_each(?)) AS o
+WHERE tasks.id = o.id AND tasks.status = 'RUNNING' AND tasks.lease_token = o.token
+  AND tasks.version = o.version
+RETURNING tasks.id, tasks.group_key
+
 -- Outcome that queues the task again (RETRYING, or PENDING when handed back).
 -- Parameters: status, result, error(flag, value), run_at, started_at,
 -- attempt, give_back, id, token, version.
