@@ -53,8 +53,25 @@ def test_throughput_memory():
     assert report["enqueue"]["rate"] > 0
     assert report["process"][0]["rate"] > 0
     assert report["process"][1]["skipped"]
-    assert 0 < report["io"]["efficiency"]
+    (io,) = report["io"]
+    assert 0 < io["efficiency"]
+    assert 0 < io["claims"] <= 60 and io["claim_ms"] > 0
     assert report["latency"]["measured"] == 5
+
+
+def test_throughput_memory_with_a_simulated_claim_round_trip():
+    report = _run("throughput", "--store", "memory", "--only", "io", "--io-tasks", "40",
+                  "--claim-delay-ms", "0,2", "--json", "--no-progress")
+    plain, delayed = report["io"]
+    assert (plain["claim_delay_ms"], delayed["claim_delay_ms"]) == (0, 2)
+    # the added round trip is part of every claim's measured time
+    assert delayed["claim_ms"] >= 2.0 > plain["claim_ms"]
+
+
+def test_claim_delay_is_for_memory_only():
+    result = CliRunner().invoke(bench, ["throughput", "--store", "sqlite", "--claim-delay-ms", "0.5"])
+    assert result.exit_code != 0
+    assert "memory only" in result.output
 
 
 def test_bad_variant_is_a_usage_error():
@@ -63,6 +80,7 @@ def test_bad_variant_is_a_usage_error():
     assert "unknown variant" in result.output
 
 
-@pytest.mark.parametrize("args", [["groups", "--tasks", "0"], ["throughput", "--processes", "x"]])
+@pytest.mark.parametrize("args", [["groups", "--tasks", "0"], ["throughput", "--processes", "x"],
+                                  ["throughput", "--store", "memory", "--claim-delay-ms", "-1"]])
 def test_bad_numbers(args):
     assert CliRunner().invoke(bench, args).exit_code != 0

@@ -141,12 +141,15 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
 @click.option("--only", default="enqueue,process,io,latency", show_default=True,
               help="Which parts to run (comma-separated).")
 @click.option("--poll-interval", default=0.5, show_default=True)
+@click.option("--claim-delay-ms", default="0", show_default=True, metavar="MS[,MS...]",
+              help="memory only: repeat the I/O run with this simulated round trip added to every claim "
+                   "(the efficiency ceiling against a store of that claim latency).")
 @click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-progress", is_flag=True)
 def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pause: float, concurrency: int,
                    io_concurrency: int, processes: str, finished_rows: int, only: str, poll_interval: float,
-                   pg_url: str | None, as_json: bool, no_progress: bool) -> None:
+                   claim_delay_ms: str, pg_url: str | None, as_json: bool, no_progress: bool) -> None:
     """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
     from corral.bench.throughput import PARTS, child_argv, render
 
@@ -161,10 +164,18 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
         raise click.BadParameter("a comma-separated list of integers", param_hint="--processes") from None
     if not procs or min(procs) < 1 or tasks < 1:
         raise click.UsageError("--processes and --tasks must be >= 1")
+    try:
+        delays = [float(x) for x in claim_delay_ms.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of milliseconds", param_hint="--claim-delay-ms") from None
+    if not delays or min(delays) < 0:
+        raise click.BadParameter("milliseconds >= 0", param_hint="--claim-delay-ms")
+    if any(delays) and store != "memory":
+        raise click.BadParameter("a simulated claim round trip is for --store memory only", param_hint="--claim-delay-ms")
     argv = child_argv(store=store, tasks=tasks, io_tasks=io_tasks, latency_tasks=latency_tasks, pause=pause,
                       concurrency=concurrency, io_concurrency=io_concurrency, processes=",".join(map(str, procs)),
                       finished_rows=finished_rows, only=",".join(parts), poll_interval=poll_interval,
-                      pg_url=pg_url, progress=not no_progress)
+                      claim_delay_ms=",".join(f"{d:g}" for d in delays), pg_url=pg_url, progress=not no_progress)
     try:
         report = common.run_child(argv, f"throughput ({store})", show_progress=not no_progress)
     except RuntimeError as exc:

@@ -28,8 +28,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 # counters[...] slots
-ACTIVE, SEQ, REJECTED, DONE, DUPLICATES, PEAK = range(6)
-_NCOUNTERS = 6
+ACTIVE, SEQ, REJECTED, DONE, DUPLICATES, PEAK, CLAIMS, CLAIM_NS = range(8)
+_NCOUNTERS = 8
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 PROGRESS_PREFIX = "@progress "
@@ -93,6 +93,31 @@ class Recorder:
             if c[ACTIVE] > c[PEAK]:
                 c[PEAK] = c[ACTIVE]
         self._timed(i, self.sleeps[i], active=True)
+
+    def time_claims(self, store, delay: float = 0.0) -> None:
+        """Count the claims ``store`` makes and the time they take (a worker's
+        side of the claim round trip); ``delay`` adds a simulated round trip
+        of that many seconds to each (the GIL is free meanwhile, as on a wire)."""
+        inner = store.claim
+        c = self.counters
+
+        def claim(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            got = inner(*args, **kwargs)
+            if delay:
+                time.sleep(delay)
+            dt = time.perf_counter_ns() - t0
+            with self.lock:
+                c[CLAIMS] += 1
+                c[CLAIM_NS] += dt
+            return got
+
+        store.claim = claim
+
+    def claim_stats(self) -> tuple[int, float]:
+        """(claims, mean milliseconds per claim) since the counters were zero."""
+        n = self.counters[CLAIMS]
+        return n, (self.counters[CLAIM_NS] / n / 1e6 if n else 0.0)
 
     def noop(self, i: int, sleep: float = 0.0) -> None:
         """A call that never rejects: note start, (sleep,) note end."""

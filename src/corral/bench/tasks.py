@@ -78,6 +78,8 @@ def worker_process(url: str, rec: Recorder | None, n: int, groups: int, seed: in
 
     set_recorder(rec, n, groups, seed)
     app = build_app(url, limit=None)
+    if rec is not None:
+        rec.time_claims(app.store)
     worker = Worker(app, **worker_opts)
     if go is None:
         worker.start()

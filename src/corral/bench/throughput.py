@@ -10,7 +10,11 @@ Parts (all on one fresh store, in this order):
   before they are let go). ``memory://`` is one process: its worker runs in
   process and P > 1 is skipped.
 - ``io``: 10 ms sleeping tasks, one worker with ``--io-concurrency`` slots;
-  efficiency = (sum of measured task durations / slots) / wall.
+  efficiency = (sum of measured task durations / slots) / wall. Also the
+  claims the worker made and their mean time. ``--claim-delay-ms 0,0.2,0.5``
+  (``memory://`` only) repeats it with that much simulated round trip added
+  to every claim: the ceiling a worker that never claims more than its free
+  slots can reach against a store of that claim latency.
 - ``latency``: tasks submitted one at a time with a pause between, an idle
   worker waiting; submit-to-start latency p50/p99 (from before the submit
   call to the first line of the task).
@@ -37,8 +41,9 @@ SUBMIT_BATCH = 1000
 class _Workers:
     """P worker processes (durable stores) or one in-process worker (memory)."""
 
-    def __init__(self, app, url: str, rec: Recorder, processes: int, opts: dict[str, Any]):
+    def __init__(self, app, url: str, rec: Recorder, processes: int, opts: dict[str, Any], claim_delay: float = 0.0):
         self.app, self.url, self.rec, self.processes, self.opts = app, url, rec, processes, opts
+        self.claim_delay = claim_delay
         self.memory = common.store_kind(url) == "memory"
         self.procs: list = []
 
@@ -68,6 +73,7 @@ class _Workers:
             from corral.engine.worker import Worker
 
             tasks.set_recorder(self.rec)
+            self.rec.time_claims(self.app.store, self.claim_delay)
             self.worker = Worker(self.app, **self.opts).start()
         else:
             self.go.set()
@@ -77,6 +83,7 @@ class _Workers:
             w = getattr(self, "worker", None)
             if w is not None:
                 w.stop(grace=30.0)
+                del self.app.store.claim  # the timing wrapper: back to the store's own
             return
         self.stop.set()
         for p in self.procs:
@@ -233,18 +240,24 @@ def run(args) -> dict[str, Any]:
             queued = run_away(queued)  # a later part must start on an empty queue
 
             if "io" in parts:
-                n = args.io_tasks
-                rec = Recorder(n, 1 << 30, shared=not memory)
-                _submit(app, "bench.io_sleep", 0, n, {"ms": 10.0})
-                with _Workers(app, url, rec, 1, opts(args.io_concurrency)) as w:
-                    w.go_now()
-                    if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
-                        raise RuntimeError(f"io run timed out: {rec.done}/{n}")
-                first, last = _span(rec)
-                ideal = sum(rec.dur) / args.io_concurrency
-                out["io"] = {"tasks": n, "sleep_ms": 10.0, "concurrency": args.io_concurrency,
-                             "wall_s": round(last - first, 4), "ideal_s": round(ideal, 4),
-                             "efficiency": round(ideal / (last - first), 4)}
+                out["io"] = []
+                for delay_ms in args.claim_delay_ms:
+                    n = args.io_tasks
+                    rec = Recorder(n, 1 << 30, shared=not memory)
+                    _submit(app, "bench.io_sleep", 0, n, {"ms": 10.0})
+                    with _Workers(app, url, rec, 1, opts(args.io_concurrency), claim_delay=delay_ms / 1000) as w:
+                        w.go_now()
+                        if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
+                            raise RuntimeError(f"io run timed out: {rec.done}/{n}")
+                    first, last = _span(rec)
+                    ideal = sum(rec.dur) / args.io_concurrency
+                    claims, claim_ms = rec.claim_stats()
+                    out["io"].append({
+                        "tasks": n, "sleep_ms": 10.0, "concurrency": args.io_concurrency,
+                        "wall_s": round(last - first, 4), "ideal_s": round(ideal, 4),
+                        "efficiency": round(ideal / (last - first), 4),
+                        "claims": claims, "claim_ms": round(claim_ms, 3), "claim_delay_ms": delay_ms,
+                    })
 
             if "latency" in parts:
                 n = args.latency_tasks
@@ -294,6 +307,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--io-concurrency", type=int, default=20)
     p.add_argument("--processes", default="1,2")
     p.add_argument("--finished-rows", type=int, default=0)
+    p.add_argument("--claim-delay-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0])
     p.add_argument("--only", default=",".join(PARTS))
     p.add_argument("--poll-interval", type=float, default=0.5)
     p.add_argument("--pg-url", default=None)
@@ -330,10 +344,11 @@ def render(report: dict[str, Any]) -> None:
         else:
             who = "in-process worker" if p.get("in_process") else f"{p['processes']} worker proc"
             t.add_row(f"no-op processing, {who} x{p['concurrency']} slots", f"{p['rate']:,.0f} tasks/s")
-    if "io" in report:
-        io = report["io"]
-        t.add_row(f"I/O 10 ms tasks x{io['tasks']:,}, {io['concurrency']} slots: efficiency",
+    for io in report.get("io", []):
+        added = f" +{io['claim_delay_ms']:g} ms/claim" if io["claim_delay_ms"] else ""
+        t.add_row(f"I/O 10 ms x{io['tasks']:,}, {io['concurrency']} slots{added}: efficiency",
                   f"{io['efficiency']:.3f} ({io['wall_s']:.2f}s vs ideal {io['ideal_s']:.2f}s)")
+        t.add_row("  its claims", f"{io['claims']:,} x {io['claim_ms']:.2f} ms ({io['tasks'] / max(1, io['claims']):.1f} tasks each)")
     if "latency" in report:
         la = report["latency"]
         t.add_row(f"idle submit-to-start latency p50 / p99 ({la['measured']} tasks)",
