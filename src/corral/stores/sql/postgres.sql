@@ -108,6 +108,95 @@ CREATE TABLE corral_leaders (
     expires_at double precision NOT NULL
 );
 
+-- name: migration_0002
+-- Group heads kept in the rows, so a claim reads ready heads from an index in
+-- claim order instead of visiting every group with queued work.
+--
+-- is_head marks the first task still holding its group's place; ready_at is
+-- its place in the round-robin: greatest(run_at, the group's last claim).
+-- Triggers keep both right after every statement that changes a grouped
+-- task's status or run_at (claims excepted: a claimed head stays the head),
+-- whatever path the change took. A claim still checks the exact head rule
+-- itself, so a stale flag can cost a wasted probe, never a second task of a
+-- group in flight.
+ALTER TABLE corral_tasks
+    ADD COLUMN is_head  boolean NOT NULL DEFAULT false,
+    ADD COLUMN ready_at double precision;
+
+CREATE FUNCTION corral_refresh_heads() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    gs text[];
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;  -- the refresh's own updates (is_head, ready_at)
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        SELECT array_agg(DISTINCT n.group_key ORDER BY n.group_key) INTO gs
+        FROM new_rows n WHERE n.group_key IS NOT NULL;
+    ELSE
+        SELECT array_agg(DISTINCT n.group_key ORDER BY n.group_key) INTO gs
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.group_key IS NOT NULL
+          AND NOT (n.status = 'RUNNING' AND o.status IN ('PENDING', 'RETRYING'))
+          AND (n.status IS DISTINCT FROM o.status OR n.run_at IS DISTINCT FROM o.run_at);
+    END IF;
+    IF gs IS NULL THEN
+        RETURN NULL;
+    END IF;
+    -- One refresher per group at a time; the statements below take a fresh
+    -- snapshot, so the last refresher of a group sees every change before it.
+    PERFORM 1 FROM corral_groups WHERE group_key = ANY(gs) ORDER BY group_key FOR UPDATE;
+    WITH h AS (
+        SELECT g.group_key, coalesce(gr.last_claimed_at, 0) AS last_claimed_at,
+               (SELECT x.id FROM corral_tasks x
+                WHERE x.group_key = g.group_key
+                  AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+                ORDER BY x.id LIMIT 1) AS head
+        FROM unnest(gs) AS g(group_key)
+        LEFT JOIN corral_groups gr ON gr.group_key = g.group_key
+    ),
+    -- A row another transaction holds is left alone: that transaction is
+    -- changing it, and its own refresh (after this one) decides.
+    stale AS (
+        SELECT t.id FROM corral_tasks t JOIN h ON t.group_key = h.group_key
+        WHERE t.is_head AND t.id IS DISTINCT FROM h.head
+        FOR UPDATE OF t SKIP LOCKED
+    ),
+    cleared AS (
+        UPDATE corral_tasks t SET is_head = false FROM stale WHERE t.id = stale.id
+    ),
+    head AS (
+        SELECT t.id, greatest(t.run_at, h.last_claimed_at) AS ready_at
+        FROM corral_tasks t JOIN h ON t.id = h.head
+        FOR UPDATE OF t SKIP LOCKED
+    )
+    UPDATE corral_tasks t SET is_head = true, ready_at = head.ready_at
+    FROM head
+    WHERE t.id = head.id AND (NOT t.is_head OR t.ready_at IS DISTINCT FROM head.ready_at);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER corral_heads_after_insert AFTER INSERT ON corral_tasks
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_refresh_heads();
+CREATE TRIGGER corral_heads_after_update AFTER UPDATE ON corral_tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_refresh_heads();
+
+UPDATE corral_tasks t SET is_head = true, ready_at = greatest(t.run_at, coalesce(g.last_claimed_at, 0))
+FROM (SELECT DISTINCT ON (x.group_key) x.id, x.group_key FROM corral_tasks x
+      WHERE x.group_key IS NOT NULL AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+      ORDER BY x.group_key, x.id) h
+LEFT JOIN corral_groups g ON g.group_key = h.group_key
+WHERE t.id = h.id;
+
+-- ready group heads, in claim order
+CREATE INDEX corral_tasks_ready_heads ON corral_tasks (priority DESC, ready_at, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND is_head;
+-- the flagged rows of a group (a refresh clears the ones no longer first)
+CREATE INDEX corral_tasks_heads ON corral_tasks (group_key) WHERE is_head;
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -233,51 +322,31 @@ free_locked AS MATERIALIZED (
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
-gkeys(group_key) AS (
-    (SELECT group_key FROM corral_tasks
-     WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL
-     ORDER BY group_key LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.group_key FROM corral_tasks t
-            WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NOT NULL
-              AND t.group_key > g.group_key
-            ORDER BY t.group_key LIMIT 1)
-    FROM gkeys g WHERE g.group_key IS NOT NULL
-),
--- Plan shape is fixed by the query (LATERAL ... LIMIT 1 probes, OFFSET 0 in
--- NOT EXISTS, = ANY(ARRAY(...)) lookups) so that stale statistics on a table
--- whose queued share swings all the time cannot turn them into scans.
-heads AS MATERIALIZED (
-    -- a group's head is the first task still holding its place; it is a
-    -- candidate when it is itself queued and ready (one index probe per group)
-    SELECT q.id
-    FROM gkeys g
-    CROSS JOIN LATERAL (
-        SELECT x.id, x.status, x.run_at, x.queue, x.name, x.limits FROM corral_tasks x
-        WHERE x.group_key = g.group_key
-          AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-               OR (x.status = 'FAILED' AND x.halt_group_on_failure))
-        ORDER BY x.id LIMIT 1
-    ) q
-    WHERE g.group_key IS NOT NULL
-      AND q.status IN ('PENDING', 'RETRYING')
-      AND q.run_at <= (SELECT now FROM clk)
-      AND q.queue = ANY(%(queues)s::text[])
-      AND (%(all_names)s::bool OR q.name = ANY(%(names)s::text[]))
-      AND NOT (q.limits && (SELECT names FROM barred))
-      -- and nothing of the group runs (an operator may retry an old task
-      -- while a later one of its group is in flight)
+-- Ready group heads straight from their index, in claim order (priority, then
+-- round-robin ready_at). The flag only finds candidates: the exact rule is
+-- checked again here (no earlier task holds the group's place, nothing of the
+-- group runs), so two claimers can never hold two tasks of one group.
+heads_locked AS MATERIALIZED (
+    SELECT t.id, t.priority, t.ready_at AS elig, t.group_key
+    FROM corral_tasks t
+    WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
+      AND t.ready_at <= (SELECT now FROM clk)
+      AND t.run_at <= (SELECT now FROM clk)
+      AND t.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND NOT (t.limits && (SELECT names FROM barred))
+      AND NOT EXISTS (
+            SELECT 1 FROM corral_tasks x
+            WHERE x.group_key = t.group_key AND x.id < t.id
+              AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+            OFFSET 0)
+      -- an operator may retry an old task while a later one of its group runs
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks r
-            WHERE r.group_key = g.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
+            WHERE r.group_key = t.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
             OFFSET 0)
-),
-heads_locked AS MATERIALIZED (
-    SELECT t.id, t.priority, greatest(t.run_at, coalesce(gr.last_claimed_at, 0)) AS elig, t.group_key
-    FROM corral_tasks t
-    LEFT JOIN corral_groups gr ON gr.group_key = t.group_key
-    WHERE t.id = ANY(ARRAY(SELECT id FROM heads)) AND (t.status || '') IN ('PENDING', 'RETRYING')
-    ORDER BY 2 DESC, 3, 1
+    ORDER BY t.priority DESC, t.ready_at, t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
