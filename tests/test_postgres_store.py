@@ -307,3 +307,68 @@ def test_active_counts_read_partial_indexes_only(pg):
     text = pg._run(plan)
     assert "Seq Scan" not in text, text
     assert pg.active_counts() == {"PENDING": 4, "RUNNING": 1}
+
+
+# ---- group heads kept in the rows ------------------------------------------------------
+
+
+def test_a_group_fed_while_its_last_task_finishes_never_sticks(pg, stores):
+    """Submit into a group at the moment its only task completes, from another
+    store instance, in many groups at once: every new task must be claimable
+    (each side refreshes the group's head after the other, never neither)."""
+    groups = [f"race{i}" for i in range(40)]
+    pg.submit([task(group=g) for g in groups])
+    claims = pg.claim("w", ["default"], len(groups))
+    assert len(claims) == len(groups)
+    by_group = {c.group: c for c in claims}
+
+    def side(i):
+        g = groups[i // 2]
+        if i % 2 == 0:
+            c = by_group[g]
+            t = c.tasks[0]
+            assert stores[1].complete([Outcome(t.id, c.token, t.version, State.SUCCESS)]) == [True]
+        else:
+            stores[2].submit([task(group=g)])
+
+    run_concurrently(2 * len(groups), side)
+    again = pg.claim("w", ["default"], 2 * len(groups))
+    assert sorted(c.group for c in again) == sorted(groups)
+
+
+def test_claims_find_heads_among_many_groups_in_round_robin_order(pg):
+    pg.submit([task(group=f"user{i}") for i in range(2000)] + [task(group="user0") for _ in range(3)])
+    first = pg.claim("w", ["default"], 2000)
+    assert len(first) == 2000 and len({c.group for c in first}) == 2000
+    c = next(c for c in first if c.group == "user0")
+    t = c.tasks[0]
+    assert pg.complete([Outcome(t.id, c.token, t.version, State.SUCCESS)]) == [True]
+    nxt = pg.claim("w", ["default"], 10)
+    assert [x.group for x in nxt] == ["user0"]
+
+
+def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
+    import psycopg
+
+    from corral.stores.sql import load
+
+    q = load("postgres")
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the schema as version 1 left it
+        conn.execute(q["meta_table"])
+        conn.execute(q["migration_0001"])
+        conn.execute(q["set_schema_version"], {"v": 1})
+        conn.execute(
+            "INSERT INTO corral_groups (group_key) VALUES ('a'), ('b');"
+            "INSERT INTO corral_tasks (name, args, status, group_key, created_at, run_at, finished_at) VALUES"
+            " ('t', '{}', 'SUCCESS', 'a', 0, 0, 1), ('t', '{}', 'PENDING', 'a', 0, 0, NULL),"
+            " ('t', '{}', 'PENDING', 'a', 0, 0, NULL), ('t', '{}', 'RUNNING', 'b', 0, 0, NULL),"
+            " ('t', '{}', 'PENDING', 'b', 0, 0, NULL), ('t', '{}', 'PENDING', NULL, 0, 0, NULL)"
+        )
+    s = open_store(pg_url)
+    try:
+        s.migrate()
+        got = s.claim("w", ["default"], 10)
+        # a's first queued task, and the free one; b waits for its running task
+        assert sorted(t.id for c in got for t in c.tasks) == [2, 6]
+    finally:
+        s.close()

@@ -659,6 +659,7 @@ class PostgresStore(Store):
     def cancel(self, task_id: int) -> TaskRecord | None:
         def go(conn):
             with conn.transaction():
+                conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["cancel_queued"], {"id": task_id}).fetchone()
                 if row is not None:
                     conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
@@ -673,6 +674,7 @@ class PostgresStore(Store):
     def retry(self, task_id: int) -> bool:
         def go(conn):
             with conn.transaction():
+                conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["retry"], {"id": task_id}).fetchone()
                 if row is not None:
                     conn.execute(self._q["notify"], {"queue": row[1]})
@@ -703,6 +705,7 @@ class PostgresStore(Store):
 
         def go(conn):
             with conn.transaction():
+                conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(
                     "SELECT status, version FROM corral_tasks WHERE id = %(id)s FOR UPDATE", {"id": task_id}
                 ).fetchone()

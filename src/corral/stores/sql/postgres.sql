@@ -112,8 +112,9 @@ CREATE TABLE corral_leaders (
 -- Group heads kept in the rows, so a claim reads ready heads from an index in
 -- claim order instead of visiting every group with queued work.
 --
--- is_head marks the first task still holding its group's place; ready_at is
--- its place in the round-robin: greatest(run_at, the group's last claim).
+-- is_head marks the first task still holding its group's place when that
+-- task is queued (on other rows the flag means nothing); ready_at is its
+-- place in the round-robin: greatest(run_at, the group's last claim).
 -- Triggers keep both right after every statement that changes a grouped
 -- task's status or run_at (claims excepted: a claimed head stays the head),
 -- whatever path the change took. A claim still checks the exact head rule
@@ -126,6 +127,10 @@ ALTER TABLE corral_tasks
 CREATE FUNCTION corral_refresh_heads() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     gs text[];
+    g text;
+    lca double precision;
+    head bigint;
+    queued boolean;
 BEGIN
     IF pg_trigger_depth() > 1 THEN
         RETURN NULL;  -- the refresh's own updates (is_head, ready_at)
@@ -143,36 +148,40 @@ BEGIN
     IF gs IS NULL THEN
         RETURN NULL;
     END IF;
-    -- One refresher per group at a time; the statements below take a fresh
-    -- snapshot, so the last refresher of a group sees every change before it.
-    PERFORM 1 FROM corral_groups WHERE group_key = ANY(gs) ORDER BY group_key FOR UPDATE;
-    WITH h AS (
-        SELECT g.group_key, coalesce(gr.last_claimed_at, 0) AS last_claimed_at,
-               (SELECT x.id FROM corral_tasks x
-                WHERE x.group_key = g.group_key
-                  AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (x.status = 'FAILED' AND x.halt_group_on_failure))
-                ORDER BY x.id LIMIT 1) AS head
-        FROM unnest(gs) AS g(group_key)
-        LEFT JOIN corral_groups gr ON gr.group_key = g.group_key
-    ),
-    -- A row another transaction holds is left alone: that transaction is
-    -- changing it, and its own refresh (after this one) decides.
-    stale AS (
-        SELECT t.id FROM corral_tasks t JOIN h ON t.group_key = h.group_key
-        WHERE t.is_head AND t.id IS DISTINCT FROM h.head
-        FOR UPDATE OF t SKIP LOCKED
-    ),
-    cleared AS (
-        UPDATE corral_tasks t SET is_head = false FROM stale WHERE t.id = stale.id
-    ),
-    head AS (
-        SELECT t.id, greatest(t.run_at, h.last_claimed_at) AS ready_at
-        FROM corral_tasks t JOIN h ON t.id = h.head
-        FOR UPDATE OF t SKIP LOCKED
-    )
-    UPDATE corral_tasks t SET is_head = true, ready_at = head.ready_at
-    FROM head
-    WHERE t.id = head.id AND (NOT t.is_head OR t.ready_at IS DISTINCT FROM head.ready_at);
+    -- One refresher per group at a time (groups locked in name order). Each
+    -- statement below takes a fresh snapshot, so the last refresher of a
+    -- group sees every change made before it. Small statements, one group at
+    -- a time: their plans stay cached, where one statement for all groups
+    -- would be planned again on every call.
+    FOREACH g IN ARRAY gs LOOP
+        SELECT last_claimed_at INTO lca FROM corral_groups WHERE group_key = g FOR UPDATE;
+        lca := coalesce(lca, 0);
+        SELECT x.id, x.status IN ('PENDING', 'RETRYING') INTO head, queued FROM corral_tasks x
+        WHERE x.group_key = g AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+        ORDER BY x.id LIMIT 1;
+        IF NOT coalesce(queued, false) THEN
+            head := NULL;  -- the first task runs, waits or halts the group: no ready head
+        END IF;
+        -- Only queued rows need a right flag (the claim index holds no
+        -- other); a flag left on a running or finished row is never read.
+        -- A stale flag another transaction holds is left for later (the
+        -- claim's own head check makes it harmless); the head's flag waits.
+        IF EXISTS (SELECT 1 FROM corral_tasks s
+                   WHERE s.group_key = g AND s.is_head AND s.status IN ('PENDING', 'RETRYING')
+                     AND s.id IS DISTINCT FROM head) THEN
+            UPDATE corral_tasks t SET is_head = false
+            WHERE t.id IN (SELECT s.id FROM corral_tasks s
+                           WHERE s.group_key = g AND s.is_head AND s.status IN ('PENDING', 'RETRYING')
+                             AND s.id IS DISTINCT FROM head
+                           FOR UPDATE SKIP LOCKED);
+        END IF;
+        IF head IS NOT NULL AND EXISTS (
+                SELECT 1 FROM corral_tasks t
+                WHERE t.id = head AND (NOT t.is_head OR t.ready_at IS DISTINCT FROM greatest(t.run_at, lca))) THEN
+            UPDATE corral_tasks t SET is_head = true, ready_at = greatest(t.run_at, lca)
+            WHERE t.id = head;
+        END IF;
+    END LOOP;
     RETURN NULL;
 END
 $$;
@@ -189,13 +198,14 @@ FROM (SELECT DISTINCT ON (x.group_key) x.id, x.group_key FROM corral_tasks x
       WHERE x.group_key IS NOT NULL AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (x.status = 'FAILED' AND x.halt_group_on_failure))
       ORDER BY x.group_key, x.id) h
 LEFT JOIN corral_groups g ON g.group_key = h.group_key
-WHERE t.id = h.id;
+WHERE t.id = h.id AND t.status IN ('PENDING', 'RETRYING');
 
 -- ready group heads, in claim order
 CREATE INDEX corral_tasks_ready_heads ON corral_tasks (priority DESC, ready_at, id)
     WHERE status IN ('PENDING', 'RETRYING') AND is_head;
--- the flagged rows of a group (a refresh clears the ones no longer first)
-CREATE INDEX corral_tasks_heads ON corral_tasks (group_key) WHERE is_head;
+-- a group's flagged queued rows (a refresh clears the ones no longer first)
+CREATE INDEX corral_tasks_heads ON corral_tasks (group_key)
+    WHERE is_head AND status IN ('PENDING', 'RETRYING');
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -597,6 +607,13 @@ SELECT 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING';
 
 -- name: counts_queue
 SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status;
+
+-- name: lock_group_of
+-- Operators' changes take their task's group lock first, as the head refresh
+-- does, so the two queue instead of deadlocking.
+SELECT 1 FROM corral_groups
+WHERE group_key = (SELECT group_key FROM corral_tasks WHERE id = %(id)s)
+FOR UPDATE;
 
 -- name: cancel_queued
 UPDATE corral_tasks
