@@ -9,12 +9,18 @@ Design notes
 ------------
 * Times are epoch seconds from the database clock (``now()``), never the
   worker's.
-* ``claim`` is one statement: ``FOR UPDATE SKIP LOCKED`` over the ordered
-  candidate scans, the group-head rule decided inside it by ``NOT EXISTS`` on a
-  partial index, chunk followers and the state change in the same statement.
-  Two claimers can never hold two tasks of one group: a lower task of a group
-  is seen either ACTIVE (which blocks every higher one) or final (permanent),
-  and the head row itself is locked.
+* ``claim`` is one statement: ``FOR UPDATE SKIP LOCKED`` over two ordered
+  candidate scans, one of free tasks and one of ready group heads, chunk
+  followers and the state change in the same statement. Group heads are kept
+  in the rows (``is_head``, and ``ready_at`` for the round-robin order) by
+  statement triggers that refresh a group after any change of its tasks'
+  status or ``run_at``, one refresher per group at a time (its
+  ``corral_groups`` row lock); so a claim reads heads from an index and its
+  cost does not follow the number of groups. The claim still checks the exact
+  head rule itself (``NOT EXISTS`` an earlier task holding the group's place,
+  or one of it running): two claimers can never hold two tasks of one group,
+  whatever the flags say, because a lower task is seen either active (which
+  blocks every higher one) or final (permanent), and the head row is locked.
 * Tasks under a capped limit are claimed only inside a transaction that holds
   ``pg_advisory_xact_lock`` on each such limit, after counting the lease tokens
   in RUNNING; unlimited work never takes that path.
