@@ -68,6 +68,13 @@ def test_throughput_memory_with_a_simulated_claim_round_trip():
     assert delayed["claim_ms"] >= 2.0 > plain["claim_ms"]
 
 
+def test_throughput_with_groups():
+    report = _run("throughput", "--store", "sqlite", "--only", "process", "--processes", "1", "--tasks", "120",
+                  "--groups", "7", "--json", "--no-progress")
+    (run,) = report["process"]
+    assert run["groups"] == 7 and run["rate"] > 0 and run["duplicates"] == 0
+
+
 def test_claim_delay_is_for_memory_only():
     result = CliRunner().invoke(bench, ["throughput", "--store", "sqlite", "--claim-delay-ms", "0.5"])
     assert result.exit_code != 0

@@ -138,6 +138,8 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
 @click.option("--io-concurrency", default=20, show_default=True, help="Worker slots for the I/O run.")
 @click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
 @click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
+@click.option("--groups", default=0, show_default=True,
+              help="Put the no-op processing run's tasks in this many groups (task i in group i mod N).")
 @click.option("--only", default="enqueue,process,io,latency", show_default=True,
               help="Which parts to run (comma-separated).")
 @click.option("--poll-interval", default=0.5, show_default=True)
@@ -148,7 +150,7 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-progress", is_flag=True)
 def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pause: float, concurrency: int,
-                   io_concurrency: int, processes: str, finished_rows: int, only: str, poll_interval: float,
+                   io_concurrency: int, processes: str, finished_rows: int, groups: int, only: str, poll_interval: float,
                    claim_delay_ms: str, pg_url: str | None, as_json: bool, no_progress: bool) -> None:
     """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
     from corral.bench.throughput import PARTS, child_argv, render
@@ -162,6 +164,8 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
         procs = [int(x) for x in processes.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter("a comma-separated list of integers", param_hint="--processes") from None
+    if groups < 0:
+        raise click.BadParameter("a number of groups >= 0", param_hint="--groups")
     if not procs or min(procs) < 1 or tasks < 1:
         raise click.UsageError("--processes and --tasks must be >= 1")
     try:
@@ -174,7 +178,7 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
         raise click.BadParameter("a simulated claim round trip is for --store memory only", param_hint="--claim-delay-ms")
     argv = child_argv(store=store, tasks=tasks, io_tasks=io_tasks, latency_tasks=latency_tasks, pause=pause,
                       concurrency=concurrency, io_concurrency=io_concurrency, processes=",".join(map(str, procs)),
-                      finished_rows=finished_rows, only=",".join(parts), poll_interval=poll_interval,
+                      finished_rows=finished_rows, groups=groups, only=",".join(parts), poll_interval=poll_interval,
                       claim_delay_ms=",".join(f"{d:g}" for d in delays), pg_url=pg_url, progress=not no_progress)
     try:
         report = common.run_child(argv, f"throughput ({store})", show_progress=not no_progress)

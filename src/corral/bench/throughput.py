@@ -5,7 +5,8 @@ Parts (all on one fresh store, in this order):
 - ``enqueue``: no-op tasks submitted with ``submit_many`` in batches of 1000;
   tasks/s.
 - ``process``: N queued no-op tasks run by P worker processes (each with
-  ``--concurrency`` slots), for each P of ``--processes``; tasks/s from the
+  ``--concurrency`` slots; with ``--groups G`` task i is in group i mod G,
+  to show claim cost against the number of groups), for each P of ``--processes``; tasks/s from the
   first task's start to the last task's end (workers are started and ready
   before they are let go). ``memory://`` is one process: its worker runs in
   process and P > 1 is skipped.
@@ -93,11 +94,16 @@ class _Workers:
                 p.join()
 
 
-def _submit(app, name: str, start: int, end: int, kwargs: dict | None = None, rec: Recorder | None = None) -> None:
+def _submit(app, name: str, start: int, end: int, kwargs: dict | None = None, rec: Recorder | None = None,
+            groups: int = 0) -> None:
+    """Submit tasks ``start..end``; with ``groups``, task i joins group i mod groups."""
     tdef = app.registry[name]
     for b in range(start, end, SUBMIT_BATCH):
         e = min(end, b + SUBMIT_BATCH)
         items = [{"args": (i - start,), "kwargs": kwargs or {}} for i in range(b, e)]
+        if groups:
+            for i, item in zip(range(b, e), items):
+                item["group"] = f"g{i % groups}"
         if rec is not None:
             ts = time.monotonic()
             for i in range(b - start, e - start):
@@ -224,14 +230,14 @@ def run(args) -> dict[str, Any]:
                     n = args.tasks
                     queued = run_away(queued)
                     rec = Recorder(n, 1 << 30, shared=not memory)
-                    _submit(app, "bench.noop", 0, n)
+                    _submit(app, "bench.noop", 0, n, groups=args.groups)
                     with _Workers(app, url, rec, p, opts(args.concurrency)) as w:
                         w.go_now()
                         if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
                             raise RuntimeError(f"process run timed out: {rec.done}/{n}")
                     first, last = _span(rec)
                     out["process"].append({
-                        "processes": p if not memory else 1, "in_process": memory,
+                        "processes": p if not memory else 1, "in_process": memory, "groups": args.groups,
                         "concurrency": args.concurrency, "tasks": n,
                         "seconds": round(last - first, 4), "rate": round(n / (last - first), 1),
                         "duplicates": rec.counters[common.DUPLICATES],
@@ -307,6 +313,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--io-concurrency", type=int, default=20)
     p.add_argument("--processes", default="1,2")
     p.add_argument("--finished-rows", type=int, default=0)
+    p.add_argument("--groups", type=int, default=0)
     p.add_argument("--claim-delay-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0])
     p.add_argument("--only", default=",".join(PARTS))
     p.add_argument("--poll-interval", type=float, default=0.5)
@@ -343,7 +350,8 @@ def render(report: dict[str, Any]) -> None:
             t.add_row(f"no-op processing, {p['processes']} processes", f"skipped ({p['skipped']})")
         else:
             who = "in-process worker" if p.get("in_process") else f"{p['processes']} worker proc"
-            t.add_row(f"no-op processing, {who} x{p['concurrency']} slots", f"{p['rate']:,.0f} tasks/s")
+            grouped = f", {p['groups']:,} groups" if p.get("groups") else ""
+            t.add_row(f"no-op processing, {who} x{p['concurrency']} slots{grouped}", f"{p['rate']:,.0f} tasks/s")
     for io in report.get("io", []):
         added = f" +{io['claim_delay_ms']:g} ms/claim" if io["claim_delay_ms"] else ""
         t.add_row(f"I/O 10 ms x{io['tasks']:,}, {io['concurrency']} slots{added}: efficiency",

@@ -214,7 +214,11 @@ class PostgresStore(Store):
                 "connect_timeout": max(1, int(connect_timeout)),
                 # The statements are few and run constantly: plan them once
                 # (psycopg prepares them) instead of re-planning on every call.
-                "options": "-c plan_cache_mode=force_generic_plan",
+                # They are all short ordered index probes; a bitmap scan only
+                # ever wins on statistics gone stale (a queue's contents swing
+                # faster than ANALYZE follows), and then it reads every
+                # candidate and sorts them instead of stopping at the first few.
+                "options": "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off",
             },
             timeout=connect_timeout * 2,
             name="corral",
