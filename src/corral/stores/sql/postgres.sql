@@ -135,6 +135,9 @@ BEGIN
     IF pg_trigger_depth() > 1 THEN
         RETURN NULL;  -- the refresh's own updates (is_head, ready_at)
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM new_rows WHERE group_key IS NOT NULL) THEN
+        RETURN NULL;  -- plain work: the common case, decided in one look
+    END IF;
     IF TG_OP = 'INSERT' THEN
         SELECT array_agg(DISTINCT n.group_key ORDER BY n.group_key) INTO gs
         FROM new_rows n WHERE n.group_key IS NOT NULL;
