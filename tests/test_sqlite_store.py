@@ -7,8 +7,9 @@ import os
 import pickle
 import random
 import sqlite3
-import threading
 import re
+import shutil
+import threading
 import time
 
 import pytest
@@ -18,6 +19,8 @@ from corral.core.states import State
 from corral.errors import ConfigError, StoreError, StoreUnavailable
 from corral.stores import open_store
 from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
+
+from helpers import wait_for
 
 ARGS = '{"args":[],"kwargs":{}}'
 
@@ -185,6 +188,28 @@ def test_a_version_1_database_is_brought_up_to_date(tmp_path):
         assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
         assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_waiting'").fetchone()[0] == 1
         assert s.active_counts() == {"PENDING": 1}
+    finally:
+        s.close()
+
+
+def test_checkpoints_run_in_the_background_not_in_commits(tmp_path):
+    s = SQLiteStore(f"sqlite:///{tmp_path}/ck.db")
+    try:
+        assert s._con().execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        s.submit([new("c") for _ in range(50)])
+
+        def in_main_file() -> int:
+            # the database file alone (no -wal): what checkpoints have copied there
+            shutil.copyfile(f"{tmp_path}/ck.db", f"{tmp_path}/copy.db")
+            con = sqlite3.connect(f"{tmp_path}/copy.db")
+            try:
+                return con.execute("SELECT count(*) FROM tasks").fetchone()[0]
+            except sqlite3.OperationalError:  # the schema itself not copied yet
+                return -1
+            finally:
+                con.close()
+
+        assert wait_for(lambda: in_main_file() == 50, timeout=10)
     finally:
         s.close()
 
@@ -365,7 +390,6 @@ def test_plain_fast_path_still_sees_grouped_work_from_another_process(store, sql
     """While only plain work is queued, claims take a one-statement path; work
     with a group or a limit submitted elsewhere is still claimed, in order,
     within the path's short re-check interval, and never through it."""
-    from helpers import wait_for
 
     store.submit([new() for _ in range(2000)])
     (c,) = store.claim("w", ["default"], 1)
