@@ -94,7 +94,7 @@ PLAIN_HINT_TTL = 0.2
 CHANNEL = "corral_work"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BAD_FINAL = ("FAILED", "TIMEOUT", "CANCELED")
 
 #: TaskRecord field -> column, for transition(**fields).

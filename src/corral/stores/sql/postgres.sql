@@ -210,6 +210,15 @@ CREATE INDEX corral_tasks_ready_heads ON corral_tasks (priority DESC, ready_at, 
 CREATE INDEX corral_tasks_heads ON corral_tasks (group_key)
     WHERE is_head AND status IN ('PENDING', 'RETRYING');
 
+-- name: migration_0003
+-- The index that decides group heads held every active task, grouped or not:
+-- each claim and completion of plain work wrote an entry for nothing.
+DROP INDEX corral_tasks_group_block;
+CREATE INDEX corral_tasks_group_block ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL
+      AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+           OR (status = 'FAILED' AND halt_group_on_failure));
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
