@@ -320,8 +320,9 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
     reports = []
     sweeper = Sweeper(store, interval=0.05, on_report=reports.append).start()
     try:
-        wait_for(lambda: store.get(tid).status is State.RETRYING, timeout=10, message="recovered by the loop")
-        assert any(tid in r.lost_leases_retried for r in reports)
+        # the report is handed over after the sweep committed: wait for it, not just the row
+        wait_for(lambda: any(tid in r.lost_leases_retried for r in reports), timeout=10, message="recovered by the loop")
+        assert store.get(tid).status is State.RETRYING
     finally:
         sweeper.stop()
     assert sweeper.stopped and sweeper.ticks >= 1

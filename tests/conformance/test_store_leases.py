@@ -101,6 +101,20 @@ def test_cancel_running_sets_flag_and_heartbeat_reports_it(store):
     assert status_of(store, tid) is State.CANCELED
 
 
+def test_cancel_requested_reads_the_flags_of_many_tasks_at_once(store):
+    a, b, c = submit_one(store), submit_one(store), submit_one(store)
+    got = claim(store, 3)
+    assert store.cancel_requested([a, b, c]) == set()
+    store.cancel(a)
+    store.cancel(c)
+    before = {t: store.get(t).lease_expires_at for t in (a, b, c)}
+    assert store.cancel_requested([a, b, c, 99_999]) == {a, c}
+    assert store.cancel_requested([b]) == set()
+    assert store.cancel_requested([]) == set()
+    assert {t: store.get(t).lease_expires_at for t in (a, b, c)} == before  # a read: leases untouched
+    assert len(got) == 3
+
+
 def test_cancel_pending_is_immediate(store):
     tid = submit_one(store)
     rec = store.cancel(tid)

@@ -545,14 +545,15 @@ class Worker:
                 log.warning("lost %d lease(s); their results will be discarded", len(lost_units))
 
     def _poll_cancels(self) -> None:
-        """Between renewals, read the tasks running here (one small read each)
-        so a cancel from another process lands within a second."""
-        for tid, run in list(self._runs.items()):
-            if run.ctx.cancelled:
-                continue
-            try:
-                rec = self.store.get(tid)
-            except Exception:  # noqa: BLE001 - the next renewal reports it too
-                return
-            if rec is not None and rec.cancel_requested:
-                self.cancel_local(tid)
+        """Between renewals, ask the store (one read for all) which tasks
+        running here were asked to cancel, so a cancel from another process
+        lands within a second."""
+        ids = [tid for tid, run in list(self._runs.items()) if not run.ctx.cancelled]
+        if not ids:
+            return
+        try:
+            asked = self.store.cancel_requested(ids)
+        except Exception:  # noqa: BLE001 - the next renewal reports it too
+            return
+        for tid in asked:
+            self.cancel_local(tid)

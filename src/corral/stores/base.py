@@ -158,6 +158,16 @@ class Store(abc.ABC):
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         """Extend the leases of RUNNING tasks holding ``tokens``."""
 
+    def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
+        """Which of these tasks an operator asked to cancel (a read, no lease
+        change): a worker asks it every second for all it runs, in one call."""
+        out = set()
+        for tid in task_ids:
+            rec = self.get(tid)
+            if rec is not None and rec.cancel_requested:
+                out.add(tid)
+        return out
+
     @abc.abstractmethod
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
         """Apply guarded outcomes; True for each that applied, False if stale.

@@ -503,6 +503,11 @@ class PostgresStore(Store):
             cancel_requested={tid for tid, _, flag in rows if flag},
         )
 
+    def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
+        if not task_ids:
+            return set()
+        return {r[0] for r in self._fetchall("cancel_requested", {"ids": sorted(task_ids)})}
+
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
         outcomes = list(outcomes)
         if not outcomes:

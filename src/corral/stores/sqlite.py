@@ -642,6 +642,12 @@ class SQLiteStore(Store):
         return reply
 
     @_guard
+    def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
+        if not task_ids:
+            return set()
+        return {r[0] for r in self._con().execute(Q["cancel_requested"], (dumps(sorted(task_ids)),))}
+
+    @_guard
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
         outcomes = list(outcomes)
         for o in outcomes:

@@ -601,6 +601,9 @@ WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 -- name: get
 SELECT * FROM corral_tasks WHERE id = %(id)s;
 
+-- name: cancel_requested
+SELECT id FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) AND cancel_requested;
+
 -- name: counts
 SELECT status, count(*) FROM corral_tasks GROUP BY status;
 

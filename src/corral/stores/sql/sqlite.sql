@@ -326,6 +326,9 @@ WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
 SELECT id, lease_token, cancel_requested FROM tasks
 WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
 
+-- name: cancel_requested
+SELECT id FROM tasks WHERE id IN (SELECT value FROM json_each(?)) AND cancel_requested = 1
+
 -- name: set_progress
 UPDATE tasks SET progress = ?, progress_message = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
