@@ -18,7 +18,7 @@ from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
 
-from helpers import run_concurrently
+from helpers import run_concurrently, wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -221,6 +221,35 @@ def test_wait_for_work_wakes_on_submit_from_another_instance(pg, pg_url):
         assert got == [tid]
         # a wake-up, not the polling fallback: far before the wait's timeout
         assert woke[0] < timeout / 3
+    finally:
+        producer.close()
+
+
+def test_two_waiting_threads_of_one_process_both_wake(pg, pg_url):
+    """One thread waits on the listening connection, the other for its word."""
+    producer = open_store(pg_url)
+    try:
+        pg.wait_for_work(5)  # LISTEN in place
+        timeout = 30.0
+        barrier = threading.Barrier(3)
+        woke: list[float] = []
+
+        def waiter():
+            pg.claim("w", ["default"], 1)  # nothing yet; remembers what it has seen
+            barrier.wait()
+            start = time.monotonic()
+            pg.wait_for_work(timeout)
+            woke.append(time.monotonic() - start)
+
+        threads = [threading.Thread(target=waiter) for _ in range(2)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        wait_for(lambda: pg._listen_lock.locked(), timeout=10, message="one thread listens")
+        producer.submit([task()])
+        for t in threads:
+            t.join(timeout + 5)
+        assert len(woke) == 2 and max(woke) < timeout / 3, woke
     finally:
         producer.close()
 

@@ -92,6 +92,13 @@ T = TypeVar("T")
 PLAIN_HINT_TTL = 0.2
 
 CHANNEL = "corral_work"
+#: Settings of every corral session. The statements are few and run
+#: constantly: plan them once (psycopg prepares them) instead of re-planning
+#: on every call. They are all short ordered index probes; a bitmap scan only
+#: ever wins on statistics gone stale (a queue's contents swing faster than
+#: ANALYZE follows), and then it reads every candidate and sorts them instead
+#: of stopping at the first few.
+SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 SCHEMA_VERSION = 3
@@ -212,13 +219,7 @@ class PostgresStore(Store):
             kwargs={
                 "autocommit": True,
                 "connect_timeout": max(1, int(connect_timeout)),
-                # The statements are few and run constantly: plan them once
-                # (psycopg prepares them) instead of re-planning on every call.
-                # They are all short ordered index probes; a bitmap scan only
-                # ever wins on statistics gone stale (a queue's contents swing
-                # faster than ANALYZE follows), and then it reads every
-                # candidate and sorts them instead of stopping at the first few.
-                "options": "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off",
+                "options": SESSION_OPTIONS,
             },
             timeout=connect_timeout * 2,
             name="corral",
@@ -235,8 +236,8 @@ class PostgresStore(Store):
         # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
         self._cond = threading.Condition()
         self._gen = 0
-        self._listener: threading.Thread | None = None
-        self._listening = threading.Event()
+        self._listen_lock = threading.Lock()  # held by the thread using the listening connection
+        self._listen_conn: Any = None
         self._local = threading.local()
 
     # ---- plumbing -----------------------------------------------------------
@@ -312,8 +313,14 @@ class PostgresStore(Store):
         with self._cond:
             self._gen += 1
             self._cond.notify_all()
-        if self._listener is not None:
-            self._listener.join(timeout=3)
+        # a dispatcher may still wait on the listening connection: it returns
+        # within its timeout and finds the store closed
+        got = self._listen_lock.acquire(timeout=2)
+        try:
+            self._drop_listen_conn()
+        finally:
+            if got:
+                self._listen_lock.release()
         self._pool.close()
 
     def now(self) -> float:
@@ -443,7 +450,7 @@ class PostgresStore(Store):
                 return cur.fetchall()
             return self._claim_limited(conn, cur, base, max_units, limited)
 
-        rows = self._run(go)
+        rows = self._run_hot(go)
         claims: dict[str, Claim] = {}
         for row in rows:
             rec = _rec(row)
@@ -570,64 +577,89 @@ class PostgresStore(Store):
         return self._run(go)
 
     # ---- LISTEN/NOTIFY ----------------------------------------------------------
-    def _ensure_listener(self) -> bool:
-        """Start the listener thread; True if it was already listening."""
-        if self._listener is not None and self._listening.is_set():
-            return True
-        with self._cond:
-            if self._listener is None:
-                self._listener = threading.Thread(target=self._listen_loop, name="corral-pg-listen", daemon=True)
-                self._listener.start()
-        return False
-
+    # The dispatcher waits on the listening connection itself and, woken by a
+    # notification, claims on that same connection: no hand-over from a
+    # listener thread, and the server process that just sent the notification
+    # is awake (an idle one takes 0.2-0.5 ms to wake on a small machine). A
+    # second thread of the process that waits meanwhile is woken through
+    # _cond by the one listening, or by its own timeout.
     def _bump(self) -> None:
         with self._cond:
             self._gen += 1
             self._cond.notify_all()
 
-    def _listen_loop(self) -> None:
-        backoff = 0.05
-        while not self._closed:
+    def _drop_listen_conn(self) -> None:
+        conn, self._listen_conn = self._listen_conn, None
+        if conn is not None:
             try:
-                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self._listening.set()
-                    self._bump()  # anything may have been missed while not listening
-                    backoff = 0.05
-                    while not self._closed:
-                        got = False
-                        for note in conn.notifies(timeout=0.5, stop_after=1):
-                            got = True
-                            if note.payload.endswith(":g"):
-                                self._plain_until = 0.0
-                        if got:
-                            self._bump()
-            except Exception:
-                self._listening.clear()
-                self._bump()  # wake waiters: they poll while we reconnect
-                if self._closed:
-                    return
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-        self._listening.clear()
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+
+    def _run_hot(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn`` on the listening connection if this thread was just woken
+        on it and no other thread took it since, else on a pooled one."""
+        if not getattr(self._local, "hot", False):
+            return self._run(fn)
+        self._local.hot = False
+        if not self._listen_lock.acquire(blocking=False):
+            return self._run(fn)
+        try:
+            conn = self._listen_conn
+            if conn is not None:
+                try:
+                    return fn(conn)
+                except psycopg.Error:
+                    self._drop_listen_conn()  # broken or in doubt: the pool runs it again
+        finally:
+            self._listen_lock.release()
+        return self._run(fn)
 
     def wait_for_work(self, timeout: float) -> None:
         if self._closed:
             return
+        self._local.hot = False
         seen = getattr(self._local, "seen", None)
-        if not self._ensure_listener():
-            # first wait: return once LISTEN is in place (work may have come before)
-            self._listening.wait(timeout)
+        if not self._listen_lock.acquire(blocking=False):
+            # another thread of this process listens: wait for its word
+            deadline = time.monotonic() + max(0.0, timeout)
+            with self._cond:
+                start = self._gen if seen is None else seen
+                while self._gen == start and not self._closed:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                self._local.seen = self._gen
             return
-        deadline = time.monotonic() + max(0.0, timeout)
-        with self._cond:
-            start = self._gen if seen is None else seen
-            while self._gen == start and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cond.wait(left)
-            self._local.seen = self._gen
+        woken = False
+        try:
+            if self._listen_conn is None:
+                self._listen_conn = psycopg.connect(
+                    self._dsn, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)),
+                    options=SESSION_OPTIONS,
+                )
+                self._listen_conn.execute(f"LISTEN {CHANNEL}")
+                woken = True  # work may have come before we listened: look now
+            else:
+                # notifications that came while no thread waited here are kept
+                # by the connection and returned at once
+                for note in self._listen_conn.notifies(timeout=max(0.0, timeout), stop_after=1):
+                    if note.payload.endswith(":g"):
+                        self._plain_until = 0.0
+                    woken = True
+        except psycopg.Error:
+            self._drop_listen_conn()
+            woken = None
+        finally:
+            self._listen_lock.release()
+        if woken is None:
+            time.sleep(min(max(0.0, timeout), 0.2))  # the server is away: poll meanwhile
+            return
+        self._local.seen = self._gen
+        if woken:
+            self._local.hot = True  # the claim right after may run on this connection
+            self._bump()
 
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:
