@@ -219,8 +219,8 @@ def summarize(rec: Recorder, t0: float, *, grp: Sequence[int] | None = None, gro
         "wall_s": round(wall, 4),
         "ideal_s": round(ideal, 4),
         "efficiency": round(ideal / wall, 4),
-        "p50_latency_ms": _ms(percentile(lat, 0.50)),
-        "p95_latency_ms": _ms(percentile(lat, 0.95)),
+        "p50_latency_ms": ms(percentile(lat, 0.50)),
+        "p95_latency_ms": ms(percentile(lat, 0.95)),
         "rejections": rec.counters[REJECTED],
         "duplicates": rec.counters[DUPLICATES],
         "peak_downstream_concurrency": rec.counters[PEAK],
@@ -229,8 +229,29 @@ def summarize(rec: Recorder, t0: float, *, grp: Sequence[int] | None = None, gro
     return out
 
 
-def _ms(v: float | None) -> float | None:
+def ms(v: float | None) -> float | None:
+    """Seconds to milliseconds, rounded for a report (None stays None)."""
     return None if v is None else round(v * 1000.0, 3)
+
+
+def child_argv(module: str, *head: str, **opts: Any) -> list[str]:
+    """``python`` arguments running ``module`` with ``opts`` as its flags
+    (``chunk_size=5`` -> ``--chunk-size 5``; True -> a bare flag; None and
+    False are left out)."""
+    argv = ["-m", module, *head]
+    for k, v in opts.items():
+        if v is None or v is False:
+            continue
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    return argv
+
+
+def child_main(parser, run, argv: list[str] | None = None) -> None:
+    """Body of a benchmark child process: parse, run, print one JSON object."""
+    result = run(parser().parse_args(argv))
+    sys.stdout.write(dumps(result) + "\n")
+    sys.stdout.flush()
 
 
 def emit_progress(done: int, total: int) -> None:

@@ -18,7 +18,6 @@ C. corral: ``app.limit("downstream", concurrency=20)``, tasks submitted with
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +43,12 @@ def run_a(rec: Recorder, grp, args) -> float:
         except DownstreamRejected:
             pool.submit(run, i)  # back of the global queue, as the seed's first version did
 
+    return _drive(pool, run, rec, args)
+
+
+def _drive(pool: ThreadPoolExecutor, run, rec: Recorder, args) -> float:
+    """Submit every task to ``pool`` (noting submit times), wait until all are
+    done, and return the start time."""
     t0 = time.monotonic()
     submit_ts = rec.submit_ts
     for i in range(rec.n):
@@ -69,14 +74,7 @@ def run_b(rec: Recorder, grp, args) -> float:
                     time.sleep(delay)
                     delay = min(0.05, delay * 2)
 
-    t0 = time.monotonic()
-    submit_ts = rec.submit_ts
-    for i in range(rec.n):
-        submit_ts[i] = time.monotonic()
-        pool.submit(run, i)
-    rec.wait_done(rec.n, progress=_progress(args))
-    pool.shutdown(wait=True)
-    return t0
+    return _drive(pool, run, rec, args)
 
 
 def _submit_all(app, rec: Recorder, grp, args) -> float:
@@ -199,20 +197,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def child_argv(variant: str, **opts: Any) -> list[str]:
-    argv = ["-m", "corral.bench.groups", "--variant", variant]
-    for k, v in opts.items():
-        if v is None or v is False:
-            continue
-        flag = "--" + k.replace("_", "-")
-        argv += [flag] if v is True else [flag, str(v)]
-    return argv
+    return common.child_argv("corral.bench.groups", "--variant", variant, **opts)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    result = run_variant(args)
-    sys.stdout.write(common.dumps(result) + "\n")
-    sys.stdout.flush()
+    common.child_main(parser, run_variant, argv)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ with history.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -287,19 +286,15 @@ def run(args) -> dict[str, Any]:
                         time.sleep(args.pause)
                     rec.wait_done(n, timeout=30)
                 out["latency"] = {"tasks": n, "measured": len(lat), "pause_s": args.pause,
-                                  "p50_ms": _ms(common.percentile(lat, 0.50)),
-                                  "p99_ms": _ms(common.percentile(lat, 0.99)),
-                                  "max_ms": _ms(max(lat) if lat else None)}
+                                  "p50_ms": common.ms(common.percentile(lat, 0.50)),
+                                  "p99_ms": common.ms(common.percentile(lat, 0.99)),
+                                  "max_ms": common.ms(max(lat) if lat else None)}
         finally:
             app.store.close()
     out["peak_rss_mb"] = round(common.peak_rss_mb(), 1)
     if not memory:
         out["worker_peak_rss_mb"] = round(common.peak_rss_mb(common.resource.RUSAGE_CHILDREN), 1)
     return out
-
-
-def _ms(v: float | None) -> float | None:
-    return None if v is None else round(v * 1000.0, 3)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -324,13 +319,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def child_argv(**opts: Any) -> list[str]:
-    argv = ["-m", "corral.bench.throughput"]
-    for k, v in opts.items():
-        if v is None or v is False:
-            continue
-        flag = "--" + k.replace("_", "-")
-        argv += [flag] if v is True else [flag, str(v)]
-    return argv
+    return common.child_argv("corral.bench.throughput", **opts)
 
 
 def render(report: dict[str, Any]) -> None:
@@ -366,10 +355,7 @@ def render(report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
-    result = run(args)
-    sys.stdout.write(common.dumps(result) + "\n")
-    sys.stdout.flush()
+    common.child_main(parser, run, argv)
 
 
 if __name__ == "__main__":

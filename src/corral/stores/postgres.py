@@ -656,10 +656,10 @@ class PostgresStore(Store):
         if woken is None:
             time.sleep(min(max(0.0, timeout), 0.2))  # the server is away: poll meanwhile
             return
-        self._local.seen = self._gen
         if woken:
             self._local.hot = True  # the claim right after may run on this connection
             self._bump()
+        self._local.seen = self._gen
 
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:

@@ -654,18 +654,18 @@ class SQLiteStore(Store):
             check_transition(State.RUNNING, o.status)
         if not outcomes:
             return []
+        statuses = [State(o.status) for o in outcomes]
+        if len(outcomes) > 1 and all(s in FINAL for s in statuses) \
+                and len({o.task_id for o in outcomes}) == len(outcomes):
+            return self._complete_finals(outcomes, statuses)
         applied: list[bool] = []
         ended: list[tuple[int, State]] = []
         groups: set[str] = set()
-        if len(outcomes) > 1 and all(o.status in FINAL for o in outcomes) \
-                and len({o.task_id for o in outcomes}) == len(outcomes):
-            return self._complete_finals(outcomes)
         with self._write() as con:
             now = time.time()
             cur = con.cursor()
             final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
-            for o in outcomes:
-                status = State(o.status)
+            for o, status in zip(outcomes, statuses):
                 set_error = o.error is not None or status is State.SUCCESS
                 give_back = 0 if o.burn_attempt else 1
                 if status in FINAL:
@@ -688,19 +688,19 @@ class SQLiteStore(Store):
             self._after_final(con, ended, now, groups)
         return applied
 
-    def _complete_finals(self, outcomes: list[Outcome]) -> list[bool]:
+    def _complete_finals(self, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
         with self._write() as con:
             now = time.time()
             rows = dumps([
-                [o.task_id, o.token, o.version, State(o.status).value, o.result,
-                 o.error is not None or o.status is State.SUCCESS, o.error, o.finished_at or now,
+                [o.task_id, o.token, o.version, s.value, o.result,
+                 o.error is not None or s is State.SUCCESS, o.error, o.finished_at or now,
                  o.started_at, o.attempt, 0 if o.burn_attempt else 1]
-                for o in outcomes
+                for o, s in zip(outcomes, statuses)
             ])
             done = dict(con.execute(Q["complete_final_many"], (rows,)).fetchall())
-            by_id = {o.task_id: o for o in outcomes}
-            ended = [(tid, State(by_id[tid].status)) for tid in done]
+            status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
+            ended = [(tid, status_of[tid]) for tid in done]
             self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
