@@ -160,3 +160,16 @@ class SweepReport:
     @property
     def total(self) -> int:
         return sum(len(getattr(self, f)) for f in self.__dataclass_fields__)
+
+
+#: How long a claim is held before the sweeper may take it back, unless renewed.
+DEFAULT_LEASE_SECONDS = 30.0
+
+
+def new_holder_id() -> str:
+    """``host:pid:random``: names a worker or a sweeper in leases and leadership rows."""
+    import os
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
