@@ -157,7 +157,7 @@ def littles_law(
     need = required_concurrency(target, twindow, mean)
     return LittlesLaw(
         done, window_s, workers, throughput_h, mean, target, twindow,
-        target / (twindow / 3600.0), need, max(1, math.ceil(need - _EPS)),
+        target / (twindow / 3600.0), need, _workers(need),
     )
 
 
@@ -222,6 +222,110 @@ def process_layout(concurrency: int, max_per_process: int, headroom: float = DEF
     return ProcessLayout(concurrency, max_per_process, processes, per, processes * per, lanes)
 
 
+# ---- the whole plan, as ``corral plan`` shows it -----------------------------------------------
+#: The worked examples ``corral plan`` shows when given no input: a partner API
+#: of 100 QPS at 200 ms; 392 tasks done in 48 h by 4 workers, 720 wanted; 25
+#: minutes of I/O wait per 4 of CPU.
+WORKED_EXAMPLE = {
+    "qps": 100, "latency_s": 0.2,
+    "done": 392, "window_s": 48 * 3600.0, "workers": 4, "target": 720,
+    "io_wait": 25, "cpu_time": 4,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RequiredConcurrency:
+    """Little's law from a known mean duration: ``(target / window) x mean duration``."""
+
+    target: int
+    window_s: float
+    mean_duration_s: float
+    required_concurrency: float
+    required_workers: int  # rounded up
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def required_workers(target: int, window_s: float, mean_duration_s: float) -> RequiredConcurrency:
+    """The concurrency needed to finish ``target`` tasks in ``window_s`` when a task takes
+    ``mean_duration_s``, and that rounded up to whole workers (an exact integer stays)."""
+    need = required_concurrency(target, window_s, mean_duration_s)
+    return RequiredConcurrency(target, window_s, mean_duration_s, need, _workers(need))
+
+
+def _workers(need: float) -> int:
+    return max(1, math.ceil(need - _EPS))
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    """Every part of a plan that its inputs allow; parts without inputs are None."""
+
+    concurrency_limit: ConcurrencyLimit | None = None  # (a)
+    littles_law: LittlesLaw | None = None  # (b) from a measured run
+    required: RequiredConcurrency | None = None  # (b) from a known mean duration
+    workers_per_process: WorkersPerProcess | None = None  # (c)
+    layout: ProcessLayout | None = None  # (d)
+
+    @property
+    def empty(self) -> bool:
+        return all(getattr(self, f) is None for f in self.__dataclass_fields__)
+
+    def as_dict(self) -> dict:
+        """The parts present, in order (a) to (d), each as a dict."""
+        parts = ((f, getattr(self, f)) for f in self.__dataclass_fields__)
+        return {f: part.as_dict() for f, part in parts if part is not None}
+
+
+def capacity_plan(
+    *,
+    qps: float | None = None,
+    latency_s: float | None = None,
+    safety: float = DEFAULT_SAFETY,
+    done: int | None = None,
+    window_s: float | None = None,
+    workers: float | None = None,
+    mean_duration_s: float | None = None,
+    target: int | None = None,
+    target_window_s: float | None = None,
+    io_wait: float | None = None,
+    cpu_time: float | None = None,
+    cap: int = DEFAULT_WORKER_CAP,
+    concurrency: int | None = None,
+    per_process: int | None = None,
+) -> CapacityPlan:
+    """Each part of the plan whose inputs are all given.
+
+    (a) needs ``qps`` and ``latency_s``; (b) needs ``done``, ``window_s`` and
+    ``workers`` (a measured run), or ``target`` and ``mean_duration_s`` (with
+    ``target_window_s``, else ``window_s``); (c) needs ``io_wait`` and
+    ``cpu_time``; (d) lays out ``concurrency`` (default: the workers (b)
+    requires) over processes of at most ``per_process`` workers (default:
+    (c)'s answer). A part whose inputs are only partly given is left out:
+    callers that want to report that check first. Raises ValueError on a
+    value out of range.
+    """
+    limit = concurrency_limit(qps, latency_s, safety) if qps is not None and latency_s is not None else None
+    law = required = None
+    if done is not None and window_s is not None and workers is not None:
+        law = littles_law(done, window_s, workers, target, target_window_s)
+    elif target is not None and mean_duration_s is not None:
+        window = target_window_s or window_s
+        if window is not None:
+            required = required_workers(target, window, mean_duration_s)
+    per_process_plan = workers_per_process(io_wait, cpu_time, cap) if io_wait is not None and cpu_time is not None else None
+    if concurrency is None:
+        if law is not None and law.required_workers:
+            concurrency = law.required_workers
+        elif required is not None:
+            concurrency = required.required_workers
+    if per_process is None and per_process_plan is not None:
+        per_process = per_process_plan.workers
+    layout = process_layout(concurrency, per_process) if concurrency is not None and per_process is not None else None
+    return CapacityPlan(limit, law, required, per_process_plan, layout)
+
+
 __all__ = [
     "DEFAULT_SAFETY", "DEFAULT_WORKER_CAP", "DEFAULT_LANE_HEADROOM",
     "parse_duration", "format_duration",
@@ -229,4 +333,5 @@ __all__ = [
     "LittlesLaw", "littles_law", "mean_duration", "required_concurrency",
     "WorkersPerProcess", "workers_per_process",
     "ProcessLayout", "process_layout",
+    "WORKED_EXAMPLE", "RequiredConcurrency", "required_workers", "CapacityPlan", "capacity_plan",
 ]

@@ -1,0 +1,300 @@
+"""What the ``corral`` commands print: rich tables, times and durations, JSON.
+
+The commands gather the data; these functions only format it. Tables go to
+a :func:`console` that keeps whole rows when the output is piped.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from corral.cli import one_line
+from corral.core.model import TaskRecord, loads
+from corral.core.states import FINAL, State
+
+#: The order states are listed in (queued, running, then how a task ended).
+STATE_ORDER = [State.WAITING, State.PENDING, State.RETRYING, State.RUNNING,
+               State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED]
+STATE_STYLE = {
+    State.WAITING: "dim", State.PENDING: "cyan", State.RETRYING: "yellow", State.RUNNING: "blue",
+    State.SUCCESS: "green", State.FAILED: "red", State.TIMEOUT: "magenta", State.CANCELED: "bright_black",
+}
+
+
+# ---- basics ---------------------------------------------------------------------------------
+def console():
+    from rich.console import Console
+
+    # Piped output keeps whole rows rather than wrapping at rich's default 80 columns.
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False, default=str))
+
+
+def escape(text: str) -> str:
+    """``text`` shown as is in rich markup (``[x]`` is not a style)."""
+    from rich.markup import escape as _escape
+
+    return _escape(text)
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as local ``YYYY-MM-DD HH:MM:SS``; empty for None."""
+    if ts is None:
+        return ""
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def secs(value: float | None) -> str:
+    """A duration in a short human form (``450ms``, ``29.4 min``); empty for None."""
+    if value is None:
+        return ""
+    from corral.core.planning import format_duration
+
+    return format_duration(value)
+
+
+def took(rec: TaskRecord) -> float | None:
+    """How long a task ran (so far, if it still runs); None if it never started."""
+    if rec.started_at is None:
+        return None
+    end = rec.finished_at if rec.finished_at is not None else time.time()
+    return max(0.0, end - rec.started_at)
+
+
+def _state(s: State) -> str:
+    return f"[{STATE_STYLE[s]}]{s.value}[/]"
+
+
+# ---- status ---------------------------------------------------------------------------------
+def status_dict(url: str, counts: dict[str, int], specs: dict, usage: dict, summary) -> dict:
+    out: dict[str, Any] = {"store": url, "counts": counts, "total": sum(counts.values())}
+    out["limits"] = {n: {"concurrency": s.concurrency, "rate": s.rate, "in_use": usage.get(n, 0)} for n, s in specs.items()}
+    if summary is not None:
+        out["batch"] = batch_dict(summary)
+    return out
+
+
+def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dict, usage: dict, summary) -> None:
+    from rich.table import Table
+
+    con = console()
+    t = Table(title=f"store {url}" + (f", queue {queue}" if queue else ""), title_justify="left")
+    t.add_column("State")
+    t.add_column("Tasks", justify="right")
+    for s in STATE_ORDER:
+        n = counts[s.value]
+        t.add_row(_state(s), str(n) if n else "[dim]0[/]")
+    t.add_section()
+    t.add_row("[bold]total[/]", f"[bold]{sum(counts.values())}[/]")
+    con.print(t)
+    if specs:
+        lt = Table(title="limits", title_justify="left")
+        for col in ("Limit", "In use", "Concurrency", "Rate"):
+            lt.add_column(col, justify="right" if col != "Limit" else "left")
+        for n, s in sorted(specs.items()):
+            lt.add_row(n, str(usage.get(n, 0)), str(s.concurrency or "-"), s.rate or "-")
+        con.print(lt)
+    if summary is not None:
+        con.print(batch_table(summary))
+
+
+def batch_dict(summary) -> dict:
+    return {
+        "batch": summary.batch, "status": summary.status, "total": summary.total, "counts": summary.counts,
+        "avg_duration": summary.avg_duration, "p99_duration": summary.p99_duration,
+        "first_created_at": summary.first_created_at, "last_finished_at": summary.last_finished_at,
+    }
+
+
+def batch_table(summary):
+    from rich.table import Table
+
+    t = Table(title=f"batch {summary.batch}: {summary.status}", title_justify="left")
+    t.add_column("State")
+    t.add_column("Tasks", justify="right")
+    for s in STATE_ORDER:
+        n = summary.counts.get(s.value, 0)
+        if n:
+            t.add_row(_state(s), str(n))
+    t.add_section()
+    t.add_row("total", str(summary.total))
+    t.add_row("avg duration", secs(summary.avg_duration) or "-")
+    t.add_row("p99 duration", secs(summary.p99_duration) or "-")
+    return t
+
+
+# ---- tasks and show -------------------------------------------------------------------------
+def record_dict(rec: TaskRecord) -> dict:
+    """Every field of a task, its JSON payloads decoded, plus ``duration``."""
+    d = rec.as_dict()
+    for f in ("args", "result", "checkpoint"):
+        try:
+            d[f] = loads(d[f])
+        except (TypeError, ValueError):
+            pass
+    d["duration"] = took(rec)
+    return d
+
+
+def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered: bool) -> None:
+    from rich.table import Table
+
+    con = console()
+    if not rows:
+        con.print("no tasks match")
+        return
+    t = Table(title=f"{len(rows)} task(s)", title_justify="left")
+    cols = [("ID", "right"), ("Task", "left"), ("Status", "left"), ("Group", "left"), ("Batch", "left"),
+            ("Try", "right"), ("Progress", "right"), ("Created", "left"), ("Took", "right"), ("Error", "left")]
+    # Leave out a column that says nothing: every row empty, or fixed by a filter.
+    skip = {"Group"} if group_filtered or not any(r.group for r in rows) else set()
+    if batch_filtered or not any(r.batch for r in rows):
+        skip.add("Batch")
+    for col, just in cols:
+        if col not in skip:
+            t.add_column(col, justify=just, no_wrap=col != "Error", overflow="fold" if col == "Error" else "ellipsis")
+    for r in rows:
+        progress = "" if r.progress is None else f"{r.progress * 100:.0f}%"
+        cells = {
+            "ID": str(r.id), "Task": r.name, "Status": _state(r.status),
+            "Group": escape(r.group or ""), "Batch": escape(r.batch or ""), "Try": f"{r.attempt}/{r.max_retries + 1}",
+            "Progress": progress, "Created": when(r.created_at), "Took": secs(took(r)),
+            "Error": escape(one_line(r.error)[:80] if r.error else ""),
+        }
+        t.add_row(*(cells[c] for c, _ in cols if c not in skip))
+    con.print(t)
+
+
+def print_task(rec: TaskRecord, d: dict) -> None:
+    """One task, a field a row; ``d`` is its :func:`record_dict`."""
+    from rich.table import Table
+
+    con = console()
+    t = Table(title=f"task {rec.id}: {rec.name}", title_justify="left", show_header=False)
+    t.add_column("Field", style="bold")
+    t.add_column("Value", overflow="fold")
+    args, kwargs = rec.arguments
+    rows = [
+        ("status", _state(rec.status)
+                   + (" (cancel requested)" if rec.cancel_requested and rec.status not in FINAL else "")),
+        ("args", json.dumps(args, ensure_ascii=False)),
+        ("kwargs", json.dumps(kwargs, ensure_ascii=False)),
+        ("queue", rec.queue), ("priority", str(rec.priority)),
+        ("group", rec.group or ""), ("batch", rec.batch or ""), ("key", rec.key or ""),
+        ("trace_id", rec.trace_id or ""),
+        ("attempt", f"{rec.attempt} of {rec.max_retries + 1}"),
+        ("timeout", secs(rec.timeout) or "none"),
+        ("limits", ", ".join(rec.limits)), ("depends_on", ", ".join(map(str, rec.depends_on))),
+        ("created", when(rec.created_at)), ("run_at", when(rec.run_at)),
+        ("started", when(rec.started_at)), ("finished", when(rec.finished_at)),
+        ("duration", secs(took(rec))),
+        ("progress", "" if rec.progress is None else f"{rec.progress * 100:.0f}% {rec.progress_message or ''}".rstrip()),
+        ("checkpoint", json.dumps(d["checkpoint"], ensure_ascii=False) if rec.checkpoint else ""),
+        ("result", rec.result or ""),
+        ("error", rec.error or ""),
+        ("worker", rec.worker_id or ""),
+        ("lease expires", when(rec.lease_expires_at)),
+        ("version", str(rec.version)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v if k in ("status",) else escape(v))
+    con.print(t)
+
+
+# ---- sweep ------------------------------------------------------------------------------------
+def sweep_dict(report) -> dict:
+    data = {f: list(getattr(report, f)) for f in report.__dataclass_fields__}
+    data["total"] = report.total
+    return data
+
+
+def sweep_line(url: str, report) -> str:
+    from corral.maintenance.sweeper import describe
+
+    return f"swept {url}: {report.total} task(s) changed; {describe(report)}"
+
+
+# ---- plan -------------------------------------------------------------------------------------
+def plan_dict(plan, example: bool) -> dict:
+    return plan.as_dict() | {"example": example}
+
+
+def print_plan(plan, example: bool) -> None:
+    """A :class:`corral.core.planning.CapacityPlan`, part by part, and what to do with it."""
+    from rich.table import Table
+
+    con = console()
+    if example:
+        con.print("[dim]No inputs given: worked examples. Pass your own numbers (see corral plan --help).[/]")
+
+    def section(title: str, rows: list[tuple[str, str]]) -> None:
+        con.print(f"[bold]{title}[/]")
+        t = Table(show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        for k, v in rows:
+            t.add_row(k, v)
+        con.print(t)
+
+    def hours(seconds: float) -> str:
+        return f"{seconds / 3600:g} h"
+
+    little = "(b) Little's law: concurrency = throughput x mean duration"
+    advice: list[str] = []
+    if plan.concurrency_limit is not None:
+        c = plan.concurrency_limit
+        section("(a) downstream concurrency limit = QPS x latency x safety", [
+            ("one request in flight", f"1 / {c.latency_s * 1000:g}ms = {c.per_request_qps:g} req/s"),
+            ("in flight at the cap", f"{c.qps:g} QPS x {c.latency_s:g}s = {c.theoretical:g}"),
+            ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
+        ])
+        advice.append(f'app.limit("downstream", concurrency={c.limit})  # shared by every worker of the store')
+    if plan.littles_law is not None:
+        law = plan.littles_law
+        rows = [
+            ("measured throughput", f"{law.done} / {hours(law.window_s)} = {law.throughput_per_h:.2f} tasks/h"),
+            ("mean task duration", f"{law.workers:g} / {law.throughput_per_h:.2f} = {law.mean_duration_s / 3600:.3f} h "
+                                   f"= [bold green]{law.mean_duration_s / 60:.1f} min[/]"),
+        ]
+        if law.target is not None:
+            rows.append(("target throughput", f"{law.target} / {hours(law.target_window_s)} = {law.target_throughput_per_h:.2f} tasks/h"))
+            rows.append(("needed concurrency", f"{law.target_throughput_per_h:.2f} x {law.mean_duration_s / 3600:.3f} h = "
+                                               f"{law.required_concurrency:.2f} -> [bold green]{law.required_workers}[/]"))
+        section(little, rows)
+    if plan.required is not None:
+        r = plan.required
+        section(little, [
+            ("needed concurrency", f"{r.target} / {hours(r.window_s)} x {r.mean_duration_s / 3600:.3f} h "
+                                   f"= {r.required_concurrency:.2f} -> [bold green]{r.required_workers}[/]"),
+        ])
+    if plan.workers_per_process is not None:
+        w = plan.workers_per_process
+        section("(c) workers per process = 1 + io wait / cpu time, capped", [
+            ("raw", f"1 + {w.io_wait:g} / {w.cpu_time:g} = {w.raw:.2f}"),
+            ("workers per process", f"[bold green]{w.workers}[/]" + (f" (capped at {w.cap})" if w.capped else f" (cap {w.cap})")),
+        ])
+    if plan.layout is not None:
+        lay = plan.layout
+        section("(d) processes and lanes", [
+            ("processes", f"ceil({lay.concurrency} / {lay.max_per_process}) = [bold green]{lay.processes}[/]"),
+            ("workers per process", f"ceil({lay.concurrency} / {lay.processes}) = [bold green]{lay.per_process}[/] "
+                                    f"({lay.total_slots} in all)"),
+            ("lanes (sub-groups)", f"concurrency {lay.concurrency} + head-room = [bold green]{lay.lanes}[/]"),
+        ])
+        advice.append(f"run {lay.processes} process(es): corral worker APP --concurrency {lay.per_process}")
+        advice.append(f"a hot group: group=corral.subgroup(group, key, {lay.lanes}) (order then holds per key)")
+    if advice:
+        con.print("[bold]advice[/]")
+        for line in advice:
+            con.print(f"  {escape(line)}")

@@ -1,0 +1,203 @@
+"""``corral submit``, ``status``, ``tasks``, ``show``, ``cancel`` and ``retry``:
+queue tasks and look at or act on what is in the store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from corral.cli import (
+    CLIError,
+    duration_arg,
+    given_store,
+    json_arg,
+    json_option,
+    load_app,
+    open_given_store,
+    render,
+    store_option,
+    store_url_of,
+)
+from corral.core.model import TaskFilter, TaskRecord
+from corral.core.states import FINAL, State
+from corral.errors import TaskNotFound
+
+#: States ``retry`` moves back to PENDING.
+RETRYABLE_BY_HAND = (State.FAILED, State.TIMEOUT, State.CANCELED)
+#: Tasks fetched a page at a time when ``retry --batch`` collects them.
+_PAGE = 500
+
+
+def _task(store, task_id: int) -> TaskRecord:
+    rec = store.get(task_id)
+    if rec is None:
+        raise TaskNotFound(f"no task with id {task_id}")
+    return rec
+
+
+def _no_batch(batch: str) -> CLIError:
+    return CLIError(f"no batch named {batch!r}")
+
+
+# ---- submit ----------------------------------------------------------------------------
+@click.command()
+@click.argument("task_name", metavar="TASK")
+@click.argument("args_json", metavar="[ARGS_JSON]", required=False)
+@click.option("--app", "app_spec", envvar="CORRAL_APP", required=True, metavar="APP", help="module:attribute of the App that defines TASK (or $CORRAL_APP).")
+@store_option
+@click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
+@click.option("--group", help="FIFO lane: one in flight per group, in submit order.")
+@click.option("--batch", help="Batch id (aggregate status in `corral status --batch`).")
+@click.option("--key", help="Idempotency key: a second submit with it returns the first task.")
+@click.option("--delay", metavar="DURATION", help="Run no earlier than this from now (e.g. 30s, 5m).")
+@click.option("--priority", type=int, help="Higher runs first.")
+@click.option("--queue", help="Queue (default: the task's).")
+@click.option("--timeout", metavar="DURATION", help="Override the task's timeout.")
+@click.option("--retries", type=click.IntRange(min=0), help="Override the task's retries.")
+@click.option("--depends-on", "depends_on", multiple=True, type=int, metavar="ID", help="Run after this task succeeds (repeatable).")
+@click.option("--trace-id", help="Trace id (default: a new one).")
+@json_option
+def submit(task_name, args_json, app_spec, store_url, kwargs_json, group, batch, key, delay, priority,
+           queue, timeout, retries, depends_on, trace_id, as_json):
+    """Queue one run of TASK with ARGS_JSON (a JSON array); print its id.
+
+    Example: corral submit sync_sku '["A1", "tmall"]' --app examples.shop:app --group merchant-1001
+    """
+    args = json_arg(args_json, "ARGS_JSON", list) if args_json is not None else []
+    kwargs = json_arg(kwargs_json, "--kwargs", dict) if kwargs_json is not None else {}
+    options: dict[str, Any] = {}
+    for name, value in (("group", group), ("batch", batch), ("key", key), ("priority", priority),
+                        ("queue", queue), ("retries", retries), ("trace_id", trace_id)):
+        if value is not None:
+            options[name] = value
+    if delay is not None:
+        options["delay"] = duration_arg(delay, "--delay")
+    if timeout is not None:
+        options["timeout"] = duration_arg(timeout, "--timeout")
+    if depends_on:
+        options["depends_on"] = list(depends_on)
+    app = load_app(app_spec, given_store(store_url))
+    h = app.submit(task_name, args=args, kwargs=kwargs, **options)
+    if as_json:
+        render.print_json({"id": h.id, "created": h.created})
+    else:
+        click.echo(h.id)
+        if not h.created:
+            click.echo(f"note: key {key!r} matched existing task {h.id}; nothing new was queued", err=True)
+
+
+# ---- status -------------------------------------------------------------------------------
+@click.command()
+@store_option
+@click.option("--queue", help="Only this queue.")
+@click.option("--batch", help="Also show this batch's aggregate status.")
+@json_option
+def status(store_url, queue, batch, as_json):
+    """Task counts per state (and limits in use)."""
+    store = open_given_store(store_url)
+    counts = store.counts(queue) if queue else store.counts()
+    full = {s.value: int(counts.get(s.value, 0)) for s in render.STATE_ORDER}
+    specs = store.limits()
+    usage = store.limit_usage()
+    summary = store.batch_summary(batch) if batch else None
+    if summary is not None and summary.total == 0:
+        raise _no_batch(batch)
+    url = store_url_of(store_url)
+    if as_json:
+        render.print_json(render.status_dict(url, full, specs, usage, summary))
+    else:
+        render.print_status(url, queue, full, specs, usage, summary)
+
+
+# ---- tasks -------------------------------------------------------------------------------
+@click.command()
+@store_option
+@click.option("--status", "state", type=click.Choice([s.value for s in render.STATE_ORDER], case_sensitive=False),
+              help="Only tasks in this state.")
+@click.option("--batch", help="Only this batch.")
+@click.option("--group", help="Only this group.")
+@click.option("--name", help="Only this task name.")
+@click.option("--queue", help="Only this queue.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0)
+@click.option("--oldest-first", is_flag=True, help="Oldest first (default: newest first).")
+@json_option
+def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, as_json):
+    """List tasks, newest first."""
+    store = open_given_store(store_url)
+    flt = TaskFilter(status=State(state.upper()) if state else None, queue=queue, batch=batch, group=group,
+                     name=name, limit=limit, offset=offset, newest_first=not oldest_first)
+    rows = store.list_tasks(flt)
+    if as_json:
+        render.print_json([render.record_dict(r) for r in rows])
+    else:
+        render.print_tasks(rows, group_filtered=bool(group), batch_filtered=bool(batch))
+
+
+# ---- show -------------------------------------------------------------------------------
+@click.command()
+@click.argument("task_id", metavar="ID", type=int)
+@store_option
+@json_option
+def show(task_id, store_url, as_json):
+    """Every field of one task: state, progress, checkpoint, error."""
+    rec = _task(open_given_store(store_url), task_id)
+    d = render.record_dict(rec)
+    if as_json:
+        render.print_json(d)
+    else:
+        render.print_task(rec, d)
+
+
+# ---- cancel / retry ----------------------------------------------------------------------
+@click.command()
+@click.argument("task_id", metavar="ID", type=int)
+@store_option
+def cancel(task_id, store_url):
+    """Cancel a task: at once if queued, at its next ctx call if running."""
+    store = open_given_store(store_url)
+    before = _task(store, task_id)
+    if before.status in FINAL:
+        raise CLIError(f"task {task_id} already ended {before.status.value}; nothing to cancel")
+    rec = store.cancel(task_id)
+    if rec is None:
+        raise TaskNotFound(f"no task with id {task_id}")
+    if rec.status is State.CANCELED:
+        click.echo(f"task {task_id} canceled")
+    elif rec.status is State.RUNNING:
+        click.echo(f"task {task_id} is running; cancel requested (it stops at its next ctx call)")
+    else:
+        raise CLIError(f"task {task_id} is {rec.status.value}; it could not be canceled")
+
+
+@click.command()
+@click.argument("task_id", metavar="ID", type=int, required=False)
+@click.option("--batch", help="Retry every FAILED, TIMEOUT or CANCELED task of this batch.")
+@store_option
+def retry(task_id, batch, store_url):
+    """Put a FAILED, TIMEOUT or CANCELED task (or a whole batch's) back in the queue."""
+    if (task_id is None) == (batch is None):
+        raise click.UsageError("give a task ID or --batch B (not both)")
+    store = open_given_store(store_url)
+    if task_id is not None:
+        rec = _task(store, task_id)
+        if rec.status not in RETRYABLE_BY_HAND or not store.retry(task_id):
+            raise CLIError(f"task {task_id} is {rec.status.value}; only FAILED, TIMEOUT or CANCELED tasks can be retried")
+        click.echo(f"task {task_id} queued again")
+        return
+    if store.batch_summary(batch).total == 0:
+        raise _no_batch(batch)
+    ids = [i for state in RETRYABLE_BY_HAND for i in _ids(store, state, batch)]
+    retried = [i for i in sorted(ids) if store.retry(i)]
+    click.echo(f"batch {batch}: {len(retried)} task(s) queued again")
+
+
+def _ids(store, state: State, batch: str) -> list[int]:
+    """The ids of every task of ``batch`` in ``state``, a page at a time."""
+    ids: list[int] = []
+    while True:
+        page = store.list_tasks(TaskFilter(status=state, batch=batch, limit=_PAGE, offset=len(ids), newest_first=False))
+        ids.extend(r.id for r in page)
+        if len(page) < _PAGE:
+            return ids
