@@ -1,7 +1,7 @@
 """``corral bench``: reproducible benchmarks (see docs/benchmarks.md).
 
-``groups``      the seed 003 §4 (Bgrp) experiment: ordered groups under a
-                shared downstream cap, corral against two thread-pool baselines;
+``groups``      ordered groups under a shared downstream cap, corral
+                against two thread-pool baselines;
 ``throughput``  enqueue and processing rates, I/O efficiency and idle
                 submit-to-start latency of one store.
 
@@ -24,7 +24,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (seed 003 Bgrp experiment) and `throughput`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap) and `throughput`."""
 
 
 class StoreParam(click.ParamType):
@@ -67,7 +67,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 @click.option("--variants", default="A,B,C", show_default=True,
               help="Which to run: A (global queue + pool), B (group locks + pool), C (corral).")
 @click.option("--chunk-size", default=100, show_default=True,
-              help="corral: tasks of one group taken per claim (seed 003 §3.2 finds 100-500 pays off).")
+              help="corral: tasks of one group taken per claim (100-500 usually pays off).")
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
 @click.option("--store", type=StoreParam(), default="memory", show_default=True,
@@ -83,7 +83,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concurrency: int, limit: int,
                store: str, workers: int, pg_url: str | None, poll_interval: float, seed: int,
                as_json: bool, no_progress: bool) -> None:
-    """Seed 003 §4: ordered groups under a downstream cap, A/B/C side by side."""
+    """Ordered groups under a downstream cap: A, B and C side by side."""
     from corral.bench.groups import VARIANTS, child_argv
 
     store, pg_url = _store(store, pg_url)

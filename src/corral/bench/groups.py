@@ -1,4 +1,4 @@
-"""``corral bench groups``: the seed 003 §4 (Bgrp) experiment.
+"""``corral bench groups``: ordered groups under a shared downstream cap.
 
 N tasks in G groups; each calls a simulated downstream that sleeps
 5 ms + uniform(0, 10) ms and rejects any call beyond 20 in flight. Three ways
@@ -6,7 +6,7 @@ to run them, each in its own child process (``python -m corral.bench.groups
 --variant X``) so that peak RSS is per variant:
 
 A. one global queue + ThreadPoolExecutor(20); a rejected task is resubmitted
-   (the seed's first version);
+   (the naive first version);
 B. per-group locks + ThreadPoolExecutor(20): a task takes its group's lock
    before calling (a rejected call is retried inside the lock);
 C. corral: ``app.limit("downstream", concurrency=20)``, tasks submitted with
@@ -41,7 +41,7 @@ def run_a(rec: Recorder, grp, args) -> float:
         try:
             rec.call(i)
         except DownstreamRejected:
-            pool.submit(run, i)  # back of the global queue, as the seed's first version did
+            pool.submit(run, i)  # back of the global queue, as the naive first version did
 
     return _drive(pool, run, rec, args)
 

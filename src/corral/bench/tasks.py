@@ -33,7 +33,7 @@ def set_recorder(rec: Recorder | None, n: int = 0, groups: int = 1, seed: int = 
 
 # ---- the tasks ------------------------------------------------------------------------
 def downstream_call(i: int) -> None:
-    """Seed 003 §4: call the simulated downstream (5-15 ms, rejects beyond its cap)."""
+    """Call the simulated downstream (5-15 ms, rejects beyond its cap)."""
     rec = _REC
     if rec is None:
         time.sleep(0.010)

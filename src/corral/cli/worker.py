@@ -171,8 +171,12 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
 @log_level_option
 @json_option
 def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_json):
-    """Recover what crashed workers left: retry (or fail) tasks whose lease
-    expired, fail overdue ones, cancel stale PENDING ones. One pass, or --loop.
+    """Recover what crashed workers left: one pass, or --loop.
+
+    A RUNNING task whose lease expired is retried (failed when it has no
+    retry left); one running past twice its timeout is failed; a PENDING
+    task due longer ago than --stale-pending-age is canceled. Every change
+    is guarded, so sweepers racing each other change a task at most once.
     """
     from corral.maintenance import Sweeper
 

@@ -1,14 +1,15 @@
-"""``corral demo``: the seed 000 story, end to end, on the embedded store.
+"""``corral demo``: a SKU sync, end to end, on the embedded store.
 
 Sync N SKUs from a partner API whose QPS is capped. The planner turns the
 partner's cap (100 QPS at ~200 ms a call) into a concurrency limit of 14
-(seed 000 §3.1), declared as the named limit ``partner_api`` that every worker
-of the store shares. The worker has more slots than that (16): the limit, not
-the pool size, protects the partner. SKUs are synced in order per merchant
-(seed 003: one lane per merchant, merchants in parallel, round robin), under
-one batch id with an aggregate status (seed 000 §4.1). Some calls fail with
-429/503 and retry with backoff; one SKU carries a bad price and fails for good
-(a validation error is never retried). Each task reports progress.
+(QPS x latency x safety factor 0.7), declared as the named limit
+``partner_api`` that every worker of the store shares. The worker has more
+slots than that (16): the limit, not the pool size, protects the partner.
+SKUs are synced in order per merchant (one lane per merchant, merchants in
+parallel, round robin), under one batch id with an aggregate status. Some
+calls fail with 429/503 and retry with backoff; one SKU carries a bad price
+and fails for good (a validation error is never retried). Each task reports
+progress.
 
 The database is left in place, so ``corral status`` and ``corral tasks`` can
 look at the run afterwards.
@@ -133,6 +134,7 @@ def run_demo(
 ) -> DemoResult:
     """Run the demo against ``store_url`` and print a summary; return the numbers."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -209,7 +211,7 @@ def run_demo(
     t.add_row("ordered lanes", f"{merchants} merchants, one SKU in flight each")
     con.print(t)
     for r in failed[:3]:
-        con.print(f"  [red]{r.status.value}[/] task {r.id}: {_escape(r.error or '')}")
+        con.print(f"  [red]{r.status.value}[/] task {r.id}: {escape(r.error or '')}")
     store_flag = f" --store {hint_store}" if hint_store else ""
     show_id = failed[0].id if failed else (rows[0].id if rows else 1)
     con.print(
@@ -222,9 +224,3 @@ def run_demo(
         retries=retries, limit=plan.limit, peak_in_flight=partner.peak_in_flight,
         failed_ids=[r.id for r in failed], task_ids=[h.id for h in handles],
     )
-
-
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
