@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from corral.core.planning import (
+    WORKED_EXAMPLE,
+    capacity_plan,
     concurrency_limit,
     format_duration,
     littles_law,
@@ -12,6 +14,7 @@ from corral.core.planning import (
     parse_duration,
     process_layout,
     required_concurrency,
+    required_workers,
     workers_per_process,
 )
 
@@ -103,3 +106,56 @@ def test_format_duration():
     assert format_duration(12.5) == "12.5s"
     assert format_duration(29.4 * 60) == "29.4 min"
     assert format_duration(5 * 3600) == "5.0 h"
+
+
+# ---- the whole plan, as `corral plan` shows it ---------------------------------------------
+def test_required_workers_from_a_known_mean_duration():
+    r = required_workers(720, 48 * 3600, 29 * 60)
+    assert r.required_concurrency == pytest.approx(7.25)
+    assert r.required_workers == 8
+    # An exact integer is not rounded up, as with littles_law.
+    assert required_workers(10, 3600, 1800).required_workers == 5
+    assert list(r.as_dict()) == ["target", "window_s", "mean_duration_s", "required_concurrency", "required_workers"]
+
+
+def test_capacity_plan_of_the_worked_example_has_every_part():
+    plan = capacity_plan(**WORKED_EXAMPLE)
+    assert plan.concurrency_limit.limit == 14
+    assert plan.littles_law.required_workers == 8
+    assert plan.required is None
+    assert plan.workers_per_process.workers == 7
+    # (d) links (b) and (c): 8 workers, at most 7 a process -> 2 processes of 4.
+    assert (plan.layout.concurrency, plan.layout.processes, plan.layout.per_process) == (8, 2, 4)
+    assert list(plan.as_dict()) == ["concurrency_limit", "littles_law", "workers_per_process", "layout"]
+    assert not plan.empty
+
+
+def test_capacity_plan_leaves_out_parts_without_all_their_inputs():
+    assert capacity_plan().empty
+    assert capacity_plan().as_dict() == {}
+    assert capacity_plan(qps=100).empty
+    assert capacity_plan(done=392, window_s=48 * 3600).empty
+    assert capacity_plan(target=720, mean_duration_s=29 * 60).empty, "no window to reach the target in"
+    only_a = capacity_plan(qps=100, latency_s=0.2, safety=1.0)
+    assert only_a.concurrency_limit.limit == 20 and only_a.layout is None
+    # A measured run with no target gives a duration but no concurrency to lay out.
+    measured = capacity_plan(done=392, window_s=48 * 3600, workers=4, io_wait=25, cpu_time=4)
+    assert measured.littles_law.required_workers is None and measured.layout is None
+
+
+def test_capacity_plan_layout_takes_what_it_is_given_over_what_it_derives():
+    plan = capacity_plan(target=720, mean_duration_s=29 * 60, target_window_s=48 * 3600, io_wait=25, cpu_time=4, cap=2)
+    assert plan.required.required_workers == 8
+    assert (plan.layout.concurrency, plan.layout.max_per_process, plan.layout.processes) == (8, 2, 4)
+    # The target window defaults to the measured one.
+    assert capacity_plan(target=720, mean_duration_s=29 * 60, window_s=48 * 3600).required.required_workers == 8
+    given = capacity_plan(done=392, window_s=48 * 3600, workers=4, target=720, concurrency=5, per_process=3)
+    assert (given.layout.concurrency, given.layout.processes, given.layout.per_process) == (5, 2, 3)
+    assert capacity_plan(concurrency=8, per_process=3).layout.processes == 3
+
+
+def test_capacity_plan_rejects_values_out_of_range():
+    for bad in [dict(qps=100, latency_s=0.2, safety=3), dict(done=0, window_s=3600, workers=4),
+                dict(io_wait=25, cpu_time=0), dict(concurrency=0, per_process=2)]:
+        with pytest.raises(ValueError):
+            capacity_plan(**bad)

@@ -1,0 +1,77 @@
+"""The ``corral`` command line as a whole: every command is listed and has
+help, user-facing text says what the rules are, and the worker's and the
+sweeper's wait for SIGTERM neither polls nor loses a signal."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from corral.cli import cli, main
+from corral.cli.worker import StopSignals
+
+COMMANDS = ["bench", "cancel", "dashboard", "demo", "plan", "retry", "show", "status", "submit", "sweep",
+            "tasks", "worker"]
+
+
+def _all_commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, command in sorted(group.commands.items()):
+        yield (*prefix, name), command
+        if isinstance(command, click.Group):
+            yield from _all_commands(command, (*prefix, name))
+
+
+def test_help_lists_every_command():
+    out = CliRunner().invoke(cli, ["--help"]).stdout
+    listed = re.findall(r"^  (\w+)  ", out.split("Commands:", 1)[1], flags=re.MULTILINE)
+    assert listed == COMMANDS
+    assert sorted(cli.commands) == COMMANDS
+
+
+@pytest.mark.parametrize("path", [p for p, _ in _all_commands(cli)], ids=" ".join)
+def test_every_command_has_help(path):
+    result = CliRunner().invoke(cli, [*path, "--help"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("Usage: ")
+
+
+def test_no_help_text_cites_design_notes():
+    for path, command in [((), cli), *_all_commands(cli)]:
+        text = CliRunner().invoke(cli, [*path, "--help"]).stdout
+        assert not re.search(r"seeds? \d{3}|seeds'|§", text, flags=re.IGNORECASE), (path, text)
+
+
+def test_plan_output_cites_no_design_notes():
+    text = CliRunner().invoke(cli, ["plan"]).stdout
+    assert not re.search(r"seeds? \d{3}|seeds'|§", text, flags=re.IGNORECASE), text
+
+
+def test_plan_with_a_known_mean_keeps_an_exact_integer():
+    # 10 tasks in 1 h at 30 min each is 5 in flight, not 6.
+    result = CliRunner().invoke(cli, ["plan", "--target", "10", "--target-hours", "1", "--mean", "30m", "--json"])
+    assert '"required_workers": 5' in result.stdout
+
+
+def test_main_takes_argv(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--qps", "100"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: (a) needs both --qps and --latency-ms"
+
+
+# ---- StopSignals: what `corral worker` and `corral sweep --loop` wait on -------------------------
+def test_a_signal_before_wait_is_not_lost_and_handlers_come_back():
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    seen = []
+    with StopSignals(seen.append) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
+        signals.wait()  # returns: the signal came before the wait
+        os.kill(os.getpid(), signal.SIGINT)
+        signals.wait()
+    assert seen == ["SIGTERM", "SIGINT"]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
