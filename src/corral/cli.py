@@ -264,9 +264,6 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
-    from corral.engine.worker import Worker
-    from corral.maintenance import Sweeper
-
     _setup_logging(log_level)
     lease_s = _duration_arg(lease, "--lease")
     sweep_s = _duration_arg(sweep_interval, "--sweep-interval")
@@ -280,46 +277,8 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
     if not getattr(app.store, "shared", True):
         log.warning("store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url)
-    w = Worker(app, concurrency=concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s)
-    sweeper = Sweeper(app.store, interval=sweep_s, holder=w.id) if sweep else None
-
-    phase = {"now": "running"}
-
-    def on_signal(signum, _frame):
-        name = signal.Signals(signum).name
-        if phase["now"] == "running":
-            phase["now"] = "stopping"
-            log.info("worker %s: %s received; stopping claims, %gs grace for %d in flight", w.id, name, grace, w.busy)
-            return
-        log.error("worker %s: %s during the grace period; stopping at once (the sweeper recovers unfinished tasks)", w.id, name)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(EXIT_FORCED)
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        w.start()
-        if sweeper is not None:
-            sweeper.start()
-        log.info(
-            "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s",
-            w.id, getattr(app.store, "url", "?"), concurrency, ",".join(queue_list), chunk_size, grace,
-            "on" if sweeper else "off", ",".join(sorted(app.registry)),
-        )
-        while phase["now"] == "running":
-            time.sleep(0.2)  # woken early by the signal; the handler only flips the phase
-        if sweeper is not None:
-            sweeper.stop()
-        t0 = time.monotonic()
-        clean = w.stop(grace)
-        phase["now"] = "stopped"
-        log.info(
-            "worker %s stopped after %.1fs: %s", w.id, time.monotonic() - t0,
-            "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
-        )
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    app.run(concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s, grace=grace,
+            sweep_interval=sweep_s if sweep else None)
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
 
