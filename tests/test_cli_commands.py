@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import cli, main
-from corral.cli.worker import StopSignals
+from corral.engine.runner import StopSignals
 
 COMMANDS = ["bench", "cancel", "dashboard", "demo", "plan", "retry", "show", "status", "submit", "sweep",
             "tasks", "worker"]
@@ -75,3 +75,10 @@ def test_a_signal_before_wait_is_not_lost_and_handlers_come_back():
         signals.wait()
     assert seen == ["SIGTERM", "SIGINT"]
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_the_forced_exit_code_is_the_runners():
+    from corral.cli import EXIT_FORCED
+    from corral.engine import runner
+
+    assert EXIT_FORCED == runner.EXIT_FORCED == 3

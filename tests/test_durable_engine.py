@@ -87,7 +87,6 @@ def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(url)
 
 
 def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
-    from corral.engine.worker import Worker
 
     app = corral.App(url)
     gate = threading.Event()
@@ -100,7 +99,7 @@ def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
             gate.wait(30)  # outlives the grace period
 
     hs = step.submit_many([{"args": (i,), "group": "g"} for i in range(5)])
-    first = Worker(app, concurrency=1, chunk_size=5).start()
+    first = app.worker(1, chunk_size=5).start()
     wait_for(lambda: ran == [0, 1])
     assert first.stop(grace=0.2) is False  # something had to be handed back
     recs = [app.get(h.id) for h in hs]
@@ -108,7 +107,7 @@ def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
     assert [r.status for r in recs[1:]] == [State.PENDING] * 4
     assert [r.attempt for r in recs[1:]] == [0, 0, 0, 0]  # no attempt burned
     gate.set()  # the abandoned run returns now; its result must not count
-    second = Worker(app, concurrency=1, chunk_size=5).start()
+    second = app.worker(1, chunk_size=5).start()
     try:
         wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in hs))
         assert ran == [0, 1, 1, 2, 3, 4]  # only the run under way at the stop ran twice

@@ -9,10 +9,13 @@ from corral.core.groups import subgroup
 from corral.core.retries import Backoff
 from corral.core.states import State
 from corral.engine.context import Context
+from corral.engine.hooks import Hooks
 from corral.errors import (
     AppClosed,
     BadArguments,
+    Canceled,
     Cancelled,
+    ChildFailed,
     ConfigError,
     CorralError,
     GroupDeadlock,
@@ -26,6 +29,7 @@ from corral.errors import (
     SubmitError,
     TaskFailed,
     TaskNotFound,
+    TaskSignal,
     UnknownTask,
 )
 
@@ -35,5 +39,6 @@ __all__ = [
     "App", "Handle", "TaskDef", "State", "Context", "Backoff", "subgroup",
     "CorralError", "ConfigError", "SubmitError", "UnknownTask", "BadArguments", "QueueFull",
     "AppClosed", "StoreError", "StoreUnavailable", "IllegalTransition", "TaskNotFound",
-    "ResultTimeout", "TaskFailed", "GroupDeadlock", "Retry", "PermanentError", "Cancelled",
+    "ResultTimeout", "TaskFailed", "GroupDeadlock", "Retry", "PermanentError", "Canceled",
+    "Cancelled", "ChildFailed", "TaskSignal", "Hooks",
 ]

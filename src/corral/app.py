@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import inspect
-import signal
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter, TaskRecord, dumps
+from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
+from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
 from corral.engine.context import current
+from corral.engine.hooks import HookChain, Hooks
 from corral.errors import (
     AppClosed,
     BadArguments,
@@ -28,6 +28,10 @@ from corral.errors import (
     UnknownTask,
 )
 from corral.stores import Store, open_store
+
+if TYPE_CHECKING:
+    from corral.engine.worker import Worker
+    from corral.stores.base import BatchSummary
 
 ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
@@ -54,7 +58,7 @@ class TaskDef:
     halt_group_on_failure: bool = False
     takes_ctx: bool = False
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
         return self.fn(*args, **kwargs)
 
@@ -105,8 +109,8 @@ class Handle:
         if ctx is not None and ctx.group is not None and ctx.group == self.group and self.id > ctx.task_id:
             raise GroupDeadlock(
                 f"task {ctx.task_id} waits on task {self.id}, queued behind it in group {self.group!r}: "
-                "it cannot start until the waiting task ends (seed 003 §5.1). Submit it without waiting, "
-                "or do the work inline."
+                "it cannot start until the waiting task ends, since a group runs one task at a time in "
+                "submit order. Submit it without waiting, or do the work inline."
             )
         rec = self.app.wait(self.id, timeout)
         if rec.status is State.SUCCESS:
@@ -124,18 +128,27 @@ class App:
         max_queued: int | None = None,
         on_full: str = "raise",
         full_timeout: float = 30.0,
+        hooks: Sequence[Hooks] = (),
+        clock: Clock | None = None,
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
-        self.store: Store = store if isinstance(store, Store) else open_store(store)
+        #: the clock of the worker and of a store opened here (tests pass a FakeClock)
+        self.clock: Clock = clock or SYSTEM_CLOCK
+        self._owns_store = not isinstance(store, Store)
+        if isinstance(store, Store):
+            self.store: Store = store
+        else:
+            self.store = open_store(store, clock=clock) if clock is not None else open_store(store)
         self.store.migrate()
         self.registry: dict[str, TaskDef] = {}
+        #: what steers and watches this app's workers (flow control, metrics, events)
+        self.hooks = HookChain(*hooks)
         self.max_queued = max_queued
         self.on_full = on_full
         self.full_timeout = full_timeout
         self._closed = False
-        self._worker = None
-        self._emergency = False
+        self._worker: Worker | None = None
         self._lock = threading.Lock()
 
     # ---- declaring -------------------------------------------------------------
@@ -154,7 +167,7 @@ class App:
         permanent_on: Sequence[type[BaseException]] | None = None,
         backoff: Backoff | None = None,
         halt_group_on_failure: bool = False,
-    ):
+    ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options."""
 
         def register(f: Callable) -> TaskDef:
@@ -229,7 +242,9 @@ class App:
             halt_group_on_failure=tdef.halt_group_on_failure,
         )
 
-    def submit(self, task: TaskDef | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options) -> Handle:
+    def submit(
+        self, task: TaskDef | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any
+    ) -> Handle:
         """Queue one run of ``task`` (a TaskDef or a registered name)."""
         return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})])[0]
 
@@ -246,19 +261,18 @@ class App:
         return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
 
     def _backpressure(self, n: int) -> None:
-        if self.max_queued is None:
+        bound = self.max_queued
+        if bound is None:
             return
-        deadline = time.monotonic() + self.full_timeout
-        delay = 0.001
-        while True:
+        seen = {"queued": 0}
+
+        def room() -> bool:
             counts = self.store.active_counts()
-            queued = sum(counts.get(s.value, 0) for s in (State.PENDING, State.RETRYING, State.WAITING))
-            if queued + n <= self.max_queued:
-                return
-            if self.on_full == "raise" or time.monotonic() >= deadline:
-                raise QueueFull(f"queue bound reached: {queued} queued, bound {self.max_queued}")
-            time.sleep(delay)
-            delay = min(0.05, delay * 2)
+            seen["queued"] = sum(counts.get(s.value, 0) for s in (State.PENDING, State.RETRYING, State.WAITING))
+            return seen["queued"] + n <= bound
+
+        if not poll_until(room, 0.0 if self.on_full == "raise" else self.full_timeout, first=0.001):
+            raise QueueFull(f"queue bound reached: {seen['queued']} queued, bound {bound}")
 
     # ---- reading and operating -------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord:
@@ -269,16 +283,15 @@ class App:
 
     def wait(self, task_id: int, timeout: float | None = None) -> TaskRecord:
         """Wait for a task to reach a final state and return it."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
-        while True:
-            rec = self.get(task_id)
-            if rec.status in FINAL:
-                return rec
-            if end is not None and time.monotonic() >= end:
-                raise ResultTimeout(f"task {task_id} is still {rec.status.value} after {timeout}s")
-            time.sleep(delay if end is None else max(0.0, min(delay, end - time.monotonic())))
-            delay = min(0.05, delay * 1.5)
+        last = [self.get(task_id)]
+
+        def ended() -> bool:
+            last[0] = self.get(task_id)
+            return last[0].status in FINAL
+
+        if not poll_until(ended, timeout):
+            raise ResultTimeout(f"task {task_id} is still {last[0].status.value} after {timeout}s")
+        return last[0]
 
     def cancel(self, task_id: int) -> TaskRecord:
         rec = self.store.cancel(int(task_id))
@@ -291,48 +304,67 @@ class App:
     def retry(self, task_id: int) -> bool:
         return self.store.retry(int(task_id))
 
-    def tasks(self, **filters) -> list[TaskRecord]:
+    def tasks(self, **filters: Any) -> list[TaskRecord]:
         return self.store.list_tasks(TaskFilter(**filters))
 
-    def batch_status(self, batch: str):
+    def batch_status(self, batch: str) -> BatchSummary:
         return self.store.batch_summary(batch)
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()
 
-    # ---- degradation hook (full levels come with limits) ------------------------------
-    def dispatch_mode(self) -> int | None:
-        """How many units a worker may claim now; None stops dispatch (EMERGENCY)."""
-        return None if self._emergency else 1 << 30
-
-    def _notify_outcomes(self, outcomes: list[Outcome], applied: list[bool]) -> None:
-        """Hook for metrics and event streams."""
-
     # ---- running -----------------------------------------------------------------
-    def start(self, workers: int = 10, **options) -> App:
-        """Start an in-process worker with ``workers`` slots; returns at once."""
+    def worker(self, concurrency: int = 10, **options: Any) -> Worker:
+        """Build (not start) a worker for this app's tasks: the one place a
+        worker is assembled, for ``start``, ``run`` and ``corral worker``.
+
+        Options are those of :class:`corral.engine.worker.Worker` (``queues``,
+        ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...)."""
         from corral.engine.worker import Worker
 
+        return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock,
+                      concurrency=concurrency, **options)
+
+    def start(self, workers: int = 10, **options: Any) -> App:
+        """Start an in-process worker with ``workers`` slots; returns at once."""
         with self._lock:
             if self._worker is None:
-                self._worker = Worker(self, concurrency=workers, **options).start()
+                self._worker = self.worker(workers, **options).start()
         return self
 
-    def run(self, workers: int = 10, *, until_idle: bool = False, **options) -> None:
-        """Run a worker in this process until SIGINT/SIGTERM (or, with
-        ``until_idle``, until nothing is queued or running)."""
-        self.start(workers, **options)
-        stop = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, lambda *_: stop.set())
+    def run(
+        self,
+        workers: int = 10,
+        *,
+        until_idle: bool = False,
+        grace: float = 30.0,
+        sweep_interval: float | None = None,
+        **options: Any,
+    ) -> bool:
+        """Run a worker in the foreground until SIGTERM/SIGINT (or, with
+        ``until_idle``, until nothing is queued or running).
+
+        The first signal stops claiming and gives in-flight tasks ``grace``
+        seconds; what does not finish is handed back to the queue. A second
+        signal during the grace period exits at once with code 3. With
+        ``sweep_interval`` a sweeper runs beside it (one leader at a time
+        across the fleet). Returns True if nothing had to be handed back."""
+        from corral.engine.runner import run_until_signal
+        from corral.maintenance.sweeper import Sweeper
+
+        worker = self.worker(workers, **options)
+        sweeper = None
+        if sweep_interval is not None:
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=worker.id)
+        with self._lock:
+            if self._worker is not None:
+                raise ConfigError("this app already runs a worker in this process")
+            self._worker = worker
         try:
-            while not stop.is_set():
-                if until_idle and self.drain(timeout=0.2):
-                    break
-                stop.wait(0.2)
+            return run_until_signal(
+                worker, grace=grace, sweeper=sweeper, until=(lambda: self.drain(timeout=0)) if until_idle else None
+            )
         finally:
-            self._worker.stop()
             self._worker = None
 
     def active_count(self) -> int:
@@ -340,32 +372,34 @@ class App:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until nothing is queued, waiting or running; True if reached."""
-        end = None if timeout is None else time.monotonic() + timeout
-        delay = 0.001
-        while True:
-            if self.active_count() == 0 and (self._worker is None or self._worker.wait_idle(0)):
-                return True
-            if end is not None and time.monotonic() >= end:
-                return False
-            time.sleep(delay)
-            delay = min(0.05, delay * 1.5)
+        worker = self._worker
+
+        def idle() -> bool:
+            return self.active_count() == 0 and (worker is None or worker.wait_idle(0))
+
+        return poll_until(idle, timeout, first=0.001)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Refuse new submits, finish everything queued and in flight, then stop.
+        """Refuse new submits, finish everything queued and in flight, stop,
+        and close the store if this app opened it.
 
         With no worker in this process, queued work stays in the store for
         other workers. Returns False if ``timeout`` ran out first (what is
         unfinished is handed back, never lost)."""
+        if self._closed:
+            return True
         self._closed = True
         drained = True
         if self._worker is not None:
             drained = self.drain(timeout)
             self._worker.stop(grace=0 if not drained else 30.0)
             self._worker = None
+        if self._owns_store:
+            self.store.close()
         return drained
 
     def __enter__(self) -> App:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -16,14 +16,15 @@
     ├── ResultTimeout           handle.result(timeout) ran out
     ├── TaskFailed              handle.result() on a task that ended badly
     ├── GroupDeadlock           a task waits on a task queued behind it in its own group
-    └── (raised inside tasks, to steer retries)
+    ├── ChildFailed             a process-isolated task raised; its error travels as text
+    └── TaskSignal              raised inside tasks, to steer what happens next
         ├── Retry               retry after ``after`` seconds (``ctx.retry``)
         ├── PermanentError      never retried
-        └── Cancelled           the task saw its cancel flag
+        └── Canceled            the task saw its cancel flag (``Cancelled`` is the same class)
 
 Exceptions from a task's own code are retryable unless they are
 ``PermanentError`` or listed in the task's ``permanent_on`` (defaults include
-``ValueError``/``TypeError``, the validation errors of seed 000 §4.2), or the
+``ValueError``/``TypeError``: bad input fails the same way every time), or the
 task names ``retry_on`` and the exception is not among them.
 """
 
@@ -93,7 +94,25 @@ class GroupDeadlock(CorralError):
     pass
 
 
-class Retry(Exception):
+class ChildFailed(CorralError):
+    """An exception raised in a child process, carried back as text.
+
+    The child decides whether it is retryable with the task's own
+    ``retry_on``/``permanent_on``, since the exception object itself may not
+    survive the trip."""
+
+    def __init__(self, kind: str, text: str, retryable: bool):
+        super().__init__(text.strip().splitlines()[-1] if text.strip() else kind)
+        self.kind = kind
+        self.text = text
+        self.retryable = retryable
+
+
+class TaskSignal(CorralError):
+    """Base of the exceptions a task raises to steer its own outcome."""
+
+
+class Retry(TaskSignal):
     """Raise (or call ``ctx.retry(after=...)``) to ask for another attempt."""
 
     def __init__(self, after: float | None = None, reason: str = "retry requested"):
@@ -101,9 +120,13 @@ class Retry(Exception):
         self.after = after
 
 
-class PermanentError(Exception):
+class PermanentError(TaskSignal):
     """Raise to fail a task at once: it will not be retried."""
 
 
-class Cancelled(Exception):
+class Canceled(TaskSignal):
     """Raised by ``ctx`` calls once the task's cancel flag is set."""
+
+
+#: The earlier spelling, kept working.
+Cancelled = Canceled

@@ -74,13 +74,12 @@ def worker_process(url: str, rec: Recorder | None, n: int, groups: int, seed: in
                    worker_opts: dict[str, Any], ready, stop, go=None) -> None:
     """Body of a worker process: run a Worker on ``url`` until ``stop`` is set
     (starting it only once ``go`` is set, when given)."""
-    from corral.engine.worker import Worker
 
     set_recorder(rec, n, groups, seed)
     app = build_app(url, limit=None)
     if rec is not None:
         rec.time_claims(app.store)
-    worker = Worker(app, **worker_opts)
+    worker = app.worker(**worker_opts)
     if go is None:
         worker.start()
         ready.set()

@@ -70,11 +70,10 @@ class _Workers:
     def go_now(self) -> None:
         if self.memory:
             from corral.bench import tasks
-            from corral.engine.worker import Worker
 
             tasks.set_recorder(self.rec)
             self.rec.time_claims(self.app.store, self.claim_delay)
-            self.worker = Worker(self.app, **self.opts).start()
+            self.worker = self.app.worker(**self.opts).start()
         else:
             self.go.set()
 

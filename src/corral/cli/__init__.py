@@ -42,8 +42,8 @@ log = logging.getLogger("corral.cli")
 EXIT_ERROR = 1
 #: Bad usage: an unknown option, a missing argument, options that go together.
 EXIT_USAGE = 2
-#: Exit code of a worker stopped at once by a second signal during its grace period.
-EXIT_FORCED = 3
+#: A worker stopped at once by a second signal during its grace period.
+EXIT_FORCED = 3  # the same value as corral.engine.runner.EXIT_FORCED (a test holds them equal)
 #: Interrupted by Ctrl-C (outside a worker, which handles it).
 EXIT_INTERRUPTED = 130
 

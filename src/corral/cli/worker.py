@@ -1,24 +1,17 @@
 """``corral worker`` and ``corral sweep``: the long-running processes.
 
-Both run until SIGTERM or SIGINT; :class:`StopSignals` waits for those
-without polling and puts the previous handlers back afterwards.
+Both run until SIGTERM or SIGINT. ``corral worker`` is ``App.run`` with
+options from the command line; signals are handled in ``engine/runner.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import select
-import signal
-import socket
 import sys
-import time
-from collections.abc import Callable
 
 import click
 
 from corral.cli import (
-    EXIT_FORCED,
     CLIError,
     duration_arg,
     given_store,
@@ -32,48 +25,6 @@ from corral.cli import (
 )
 
 log = logging.getLogger("corral.cli")
-
-
-class StopSignals:
-    """SIGTERM and SIGINT handled while a long-running command runs.
-
-    ``with StopSignals(on_signal) as signals:`` calls ``on_signal(name)`` in
-    the main thread for each signal; ``signals.wait()`` returns once a
-    signal has been handled since the previous wait. The handler only
-    writes a byte to a socket the waiter selects on: no lock is taken in the
-    handler, and a signal that arrives before ``wait()`` is not lost.
-    """
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self, on_signal: Callable[[str], None] | None = None):
-        self.on_signal = on_signal
-        self._old: dict = {}
-
-    def __enter__(self) -> StopSignals:
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_w.setblocking(False)
-        self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._wake_r.close()
-        self._wake_w.close()
-
-    def _handle(self, signum, _frame) -> None:
-        if self.on_signal is not None:
-            self.on_signal(signal.Signals(signum).name)
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # the buffer is full: the waiter has bytes to read anyway
-            pass
-
-    def wait(self) -> None:
-        """Block until a signal has been handled (at once if one already was)."""
-        select.select([self._wake_r], [], [])
-        self._wake_r.recv(4096)
 
 
 def _setup_logging(level: str) -> None:
@@ -106,9 +57,6 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
-    from corral.engine.worker import Worker
-    from corral.maintenance import Sweeper
-
     _setup_logging(log_level)
     lease_s = duration_arg(lease, "--lease")
     sweep_s = duration_arg(sweep_interval, "--sweep-interval")
@@ -122,41 +70,8 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
     if not getattr(app.store, "shared", True):
         log.warning("store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url)
-    w = Worker(app, concurrency=concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s)
-    sweeper = Sweeper(app.store, interval=sweep_s, holder=w.id) if sweep else None
-
-    phase = {"now": "running"}
-
-    def on_signal(name: str) -> None:
-        if phase["now"] == "running":
-            phase["now"] = "stopping"
-            log.info("worker %s: %s received; stopping claims, %gs grace for %d in flight", w.id, name, grace, w.busy)
-            return
-        log.error("worker %s: %s during the grace period; stopping at once (the sweeper recovers unfinished tasks)", w.id, name)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(EXIT_FORCED)
-
-    with StopSignals(on_signal) as signals:
-        w.start()
-        if sweeper is not None:
-            sweeper.start()
-        log.info(
-            "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s",
-            w.id, getattr(app.store, "url", "?"), concurrency, ",".join(queue_list), chunk_size, grace,
-            "on" if sweeper else "off", ",".join(sorted(app.registry)),
-        )
-        while phase["now"] == "running":
-            signals.wait()
-        if sweeper is not None:
-            sweeper.stop()
-        t0 = time.monotonic()
-        clean = w.stop(grace)
-        phase["now"] = "stopped"
-        log.info(
-            "worker %s stopped after %.1fs: %s", w.id, time.monotonic() - t0,
-            "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
-        )
+    app.run(concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s, grace=grace,
+            sweep_interval=sweep_s if sweep else None)
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
 
@@ -178,6 +93,7 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
     task due longer ago than --stale-pending-age is canceled. Every change
     is guarded, so sweepers racing each other change a task at most once.
     """
+    from corral.engine.runner import StopSignals
     from corral.maintenance import Sweeper
 
     stale = None if stale_pending_age.strip().lower() in ("off", "none", "never") else duration_arg(stale_pending_age, "--stale-pending-age")

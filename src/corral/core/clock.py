@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 import time as _time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 
@@ -78,3 +79,32 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock(time={self._wall!r})"
+
+
+def poll_until(
+    predicate: Callable[[], bool],
+    timeout: float | None,
+    *,
+    first: float = 0.0005,
+    longest: float = 0.05,
+    growth: float = 1.5,
+) -> bool:
+    """Call ``predicate`` until it is true or ``timeout`` (real seconds) runs out.
+
+    The pause between calls starts at ``first`` and grows to ``longest``, so
+    a quick answer is seen quickly and a long wait costs little. Returns the
+    last answer. For waits on another process's work, where no event can be
+    waited on."""
+    end = None if timeout is None else _time.monotonic() + timeout
+    delay = first
+    while True:
+        if predicate():
+            return True
+        if end is not None:
+            left = end - _time.monotonic()
+            if left <= 0:
+                return False
+            _time.sleep(min(delay, left))
+        else:
+            _time.sleep(delay)
+        delay = min(longest, delay * growth)

@@ -182,12 +182,12 @@ def run_demo(
                 if summary.status != "RUNNING" or time.monotonic() - started > timeout:
                     break
                 time.sleep(0.1)
+        app.drain(timeout=10)
+        elapsed = time.monotonic() - started
+        summary = app.batch_status(batch)
+        rows = app.store.list_tasks(TaskFilter(batch=batch, limit=skus + 10, newest_first=False))
     finally:
-        app.close(timeout=10)
-    elapsed = time.monotonic() - started
-
-    summary = app.batch_status(batch)
-    rows = app.store.list_tasks(TaskFilter(batch=batch, limit=skus + 10, newest_first=False))
+        app.close(timeout=10)  # closes the store too: read everything first
     retries = sum(max(0, r.attempt - 1) for r in rows)
     failed = [r for r in rows if r.status in (State.FAILED, State.TIMEOUT, State.CANCELED)]
 

@@ -2,7 +2,7 @@
 
 A task that declares a first parameter named ``ctx`` receives one. Every call
 is a cancel point: once the task's cancel flag is set, the next ``ctx`` call
-raises :class:`~corral.errors.Cancelled`.
+raises :class:`~corral.errors.Canceled`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from typing import Any
 
 from corral.core.model import dumps, loads
-from corral.errors import Cancelled, Retry
+from corral.errors import Canceled, Retry
 
 _current = threading.local()
 
@@ -80,12 +80,16 @@ class Context(CheckpointView):
 
     # ---- cancel -----------------------------------------------------------
     @property
-    def cancelled(self) -> bool:
+    def canceled(self) -> bool:
         return self._cancel_requested
 
-    def check_cancelled(self) -> None:
+    def check_canceled(self) -> None:
         if self._cancel_requested:
-            raise Cancelled(f"task {self.task_id} was canceled")
+            raise Canceled(f"task {self.task_id} was canceled")
+
+    # the earlier spellings, kept working
+    cancelled = canceled
+    check_cancelled = check_canceled
 
     def _request_cancel(self) -> None:
         self._cancel_requested = True
@@ -93,12 +97,12 @@ class Context(CheckpointView):
     # ---- progress and checkpoints ------------------------------------------
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Persist progress (0..1) and a short message, visible while it runs."""
-        self.check_cancelled()
+        self.check_canceled()
         self._store.set_progress(self.task_id, self._token, float(fraction), message)
 
     def checkpoint(self, stage: str, data: Any = None) -> None:
         """Record that ``stage`` finished with ``data``; a re-run can skip it."""
-        self.check_cancelled()
+        self.check_canceled()
         text = dumps(data)
         self._checkpoint.pop(stage, None)
         self._checkpoint[stage] = loads(text)

@@ -1,8 +1,8 @@
 """How one task body runs: in the slot's thread, on an event loop, or in a child process.
 
-Only the process executor can be stopped from outside: threads cannot be
-killed safely (seed 000 §2.2), so a timed-out thread task is abandoned and its
-late result is discarded by the store's version check.
+Only the process executor can be stopped from outside: Python threads cannot
+be killed safely, so a timed-out thread task is abandoned and its late result
+is discarded by the store's version check.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from corral.core.model import dumps, loads
 from corral.engine.context import CheckpointView
-from corral.errors import Cancelled, PermanentError, Retry
+from corral.core.retries import DEFAULT_PERMANENT, is_retryable
+from corral.errors import Canceled, ChildFailed, PermanentError, Retry
 
 
 class _LoopThread:
@@ -61,14 +62,17 @@ class _ChildContext(CheckpointView):
         self.task_id = task_id
         self.trace_id = trace_id
         self.attempt = attempt
-        self.cancelled = False
+        self.canceled = False
+        self.cancelled = False  # the earlier spelling
         self._checkpoint = checkpoints
         import logging
 
         self.log = logging.LoggerAdapter(logging.getLogger("corral.task"), {"trace_id": trace_id})
 
-    def check_cancelled(self) -> None:  # the parent kills us on cancel
+    def check_canceled(self) -> None:  # the parent kills us on cancel
         return None
+
+    check_cancelled = check_canceled
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         self._conn.send(("progress", float(fraction), message))
@@ -80,7 +84,7 @@ class _ChildContext(CheckpointView):
 
 
 
-def _child_main(conn, fn, takes_ctx, args, kwargs, meta) -> None:
+def _child_main(conn, fn, takes_ctx, args, kwargs, meta, rules) -> None:
     os.setpgrp() if hasattr(os, "setpgrp") else None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -96,21 +100,10 @@ def _child_main(conn, fn, takes_ctx, args, kwargs, meta) -> None:
     except Retry as exc:
         conn.send(("retry", exc.after, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
-        from corral.core.retries import is_retryable
-
-        conn.send(("error", type(exc).__name__, "".join(traceback.format_exception(exc)), is_retryable(exc)))
+        retryable = is_retryable(exc, *rules)
+        conn.send(("error", type(exc).__name__, "".join(traceback.format_exception(exc)), retryable))
     finally:
         conn.close()
-
-
-class ChildFailed(Exception):
-    """An exception raised in a child process, carried back as text."""
-
-    def __init__(self, kind: str, text: str, retryable: bool):
-        super().__init__(text.strip().splitlines()[-1] if text.strip() else kind)
-        self.kind = kind
-        self.text = text
-        self.retryable = retryable
 
 
 class ProcessRun:
@@ -118,11 +111,25 @@ class ProcessRun:
 
     _ctx = multiprocessing.get_context("fork")
 
-    def __init__(self, fn: Callable, takes_ctx: bool, args, kwargs, meta, on_message: Callable):
+    def __init__(
+        self,
+        fn: Callable,
+        takes_ctx: bool,
+        args,
+        kwargs,
+        meta,
+        on_message: Callable,
+        *,
+        retry_on: tuple[type[BaseException], ...] | None = None,
+        permanent_on: tuple[type[BaseException], ...] = DEFAULT_PERMANENT,
+    ):
         self._parent, child = self._ctx.Pipe(duplex=False)
         self._on_message = on_message
         self.killed_for: str | None = None
-        self.proc = self._ctx.Process(target=_child_main, args=(child, fn, takes_ctx, args, kwargs, meta), daemon=True)
+        rules = (retry_on, permanent_on)  # the child judges its error by the task's own rules
+        self.proc = self._ctx.Process(
+            target=_child_main, args=(child, fn, takes_ctx, args, kwargs, meta, rules), daemon=True
+        )
         self.proc.start()
         child.close()
 
@@ -130,11 +137,11 @@ class ProcessRun:
         self.killed_for = why
         try:
             self.proc.kill()
-        except Exception:  # noqa: BLE001 - already gone
+        except (OSError, ValueError):  # already gone, or already closed
             pass
 
     def wait(self, deadline_s: float | None) -> Any:
-        """Return the body's result; raise its exception, or Cancelled/TimeoutError when killed."""
+        """Return the body's result; raise its exception, or Canceled/TimeoutError when killed."""
         import time
 
         end = None if deadline_s is None else time.monotonic() + deadline_s
@@ -145,7 +152,7 @@ class ProcessRun:
             if self.killed_for is not None:
                 self.proc.join(5)
                 if self.killed_for == "cancel":
-                    raise Cancelled("killed on cancel")
+                    raise Canceled("killed on cancel")
                 raise TimeoutError("killed on timeout")
             wait = 0.05 if remaining is None else max(0.0, min(0.05, remaining))
             if self._parent.poll(wait):

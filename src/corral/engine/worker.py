@@ -5,13 +5,20 @@ Threads, each with one job:
 - the *dispatcher* claims at most as many units as there are free slots and
   hands them to slot threads (so a worker never holds work it cannot start);
 - *slots* run a unit's tasks in order and report outcomes;
-- the *watchdog* times out overdue tasks without their help (seed 000 §2.2)
-  and replaces an abandoned slot so concurrency holds;
+- the *watchdog* times out overdue tasks without their help (a hung task
+  cannot be trusted to notice) and replaces an abandoned slot so concurrency
+  holds;
 - the *heartbeat* renews leases every third of the lease and, in between,
   looks for cancel requests of the tasks running here every second;
 - the *completer* (durable stores) writes outcomes in batches; a unit of a
   group or under a limit frees its slot only once its outcomes are written;
 - an optional *sweeper* loop, one leader at a time across the fleet.
+
+The worker knows a store, a registry of task definitions and one
+:class:`~corral.engine.hooks.Hooks` object; it never imports the public API.
+Time that is stored or that decides a task's fate (start times, timeouts,
+lease renewals) comes from a :class:`~corral.core.clock.Clock`; waits that
+only pace this process's own threads use real time.
 """
 
 from __future__ import annotations
@@ -20,30 +27,32 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-import os
 import queue
-import socket
 import threading
 import time
 import traceback
-import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from corral.core.model import Claim, Outcome, TaskRecord, dumps
+from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskRecord, dumps, new_holder_id
 from corral.core.retries import is_retryable, retry_delay
 from corral.core.states import State
 from corral.engine.context import Context, _set_current
-from corral.engine.executors import ChildFailed, ProcessRun, run_async
-from corral.errors import Cancelled, PermanentError
-
-if TYPE_CHECKING:
-    from corral.app import App
+from corral.engine.executors import ProcessRun, run_async
+from corral.engine.hooks import UNLIMITED, Hooks
+from corral.engine.registry import Registry, TaskSpec
+from corral.errors import Canceled, ChildFailed, ConfigError, PermanentError, StoreError
+from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
 
 #: What a run raises when it was canceled (by ctx, or its coroutine was cancelled).
-_CANCELLED = (Cancelled, asyncio.CancelledError, concurrent.futures.CancelledError)
+_CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError)
+#: Writing outcomes through a store outage: tries, and the longest pause between them.
+_COMPLETE_TRIES = 5
+_COMPLETE_MAX_PAUSE = 5.0
 
 
 @dataclass(eq=False)
@@ -54,7 +63,7 @@ class _Unit:
     begun: int = -1  # index of the last task this unit's slot committed to run
     #: chunk members started here whose start the store has not recorded yet:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
-    uncounted: set = field(default_factory=set)
+    uncounted: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -71,16 +80,23 @@ class _Run:
 
 
 class Worker:
-    """Runs tasks of one :class:`~corral.App` from its store."""
+    """Runs the tasks of ``registry`` found in ``store``.
+
+    Built by :meth:`corral.App.worker` (which ``App.start``, ``App.run`` and
+    ``corral worker`` all go through); tests may build one directly.
+    """
 
     def __init__(
         self,
-        app: App,
+        store: Store,
+        registry: Registry,
         *,
+        hooks: Hooks | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         concurrency: int = 10,
-        queues: tuple[str, ...] | list[str] = ("default",),
+        queues: Sequence[str] = ("default",),
         chunk_size: int = 1,
-        lease_seconds: float = 30.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         heartbeat_interval: float | None = None,
         poll_interval: float = 0.5,
         sweep_interval: float | None = None,
@@ -89,11 +105,11 @@ class Worker:
         cancel_poll_interval: float = 1.0,
     ):
         if concurrency < 1:
-            from corral.errors import ConfigError
-
             raise ConfigError("concurrency must be at least 1")
-        self.app = app
-        self.store = app.store
+        self.store = store
+        self.registry = registry
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.clock = clock
         self.concurrency = concurrency
         self.queues = tuple(queues)
         self.chunk_size = max(1, chunk_size)
@@ -103,23 +119,25 @@ class Worker:
         self.poll_interval = poll_interval
         self.cancel_poll_interval = cancel_poll_interval
         self.sweep_interval = sweep_interval
-        self.id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.id = worker_id or new_holder_id()
         self._cond = threading.Condition()
         self._inflight = 0  # units claimed and not settled
         self._units: set[_Unit] = set()
         self._runs: dict[int, _Run] = {}
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         self._stop_claiming = threading.Event()
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self._slots = 0
-        self._completer_q: queue.SimpleQueue | None = queue.SimpleQueue() if self.store.shared else None
+        self._completer_q: queue.SimpleQueue[Outcome | _Unit] | None = (
+            queue.SimpleQueue() if self.store.shared else None
+        )
         #: how long the completer gathers outcomes into one write
         self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
-        self._sweeper = None
+        self._sweeper: Any = None
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -139,7 +157,7 @@ class Worker:
             self._sweeper = Sweeper(self.store, interval=self.sweep_interval, holder=self.id).start()
         return self
 
-    def _thread(self, target, name: str) -> threading.Thread:
+    def _thread(self, target: Callable[[], None], name: str) -> threading.Thread:
         t = threading.Thread(target=target, name=f"corral-{name}", daemon=True)
         t.start()
         self._threads.append(t)
@@ -151,8 +169,8 @@ class Worker:
 
     @property
     def busy(self) -> int:
-        with self._cond:
-            return self._inflight
+        """Units in flight. Lock-free (one int read), so a signal handler may ask."""
+        return self._inflight
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no unit is in flight here and every outcome is written."""
@@ -195,11 +213,20 @@ class Worker:
         elif run.future is not None:
             run.future.cancel()
 
+    # ---- hooks ----------------------------------------------------------------
+    def _hook(self, name: str, *args: Any) -> Any:
+        """Call a hook; an error in one is logged, never allowed to stop the worker."""
+        try:
+            return getattr(self.hooks, name)(*args)
+        except Exception:  # noqa: BLE001 - a watcher's bug must not stop the work
+            log.exception("hook %s failed", name)
+            return UNLIMITED if name == "dispatch_budget" else None
+
     # ---- dispatch -----------------------------------------------------------
     def _dispatch_loop(self) -> None:
-        names = self.app.task_names
+        names = frozenset(self.registry)
         while not self._stop_claiming.is_set():
-            mode = self.app.dispatch_mode()
+            mode = self._hook("dispatch_budget")
             if mode is None:
                 self.store.wait_for_work(self.poll_interval)
                 continue
@@ -217,7 +244,7 @@ class Worker:
                     self.id, self.queues, want, names=names,
                     chunk_size=self.chunk_size, lease_seconds=self.lease_seconds,
                 )
-            except Exception as exc:  # noqa: BLE001 - a store outage must not kill the worker
+            except StoreError as exc:  # an outage must not end the worker; a bug may
                 claims = None
                 log.warning("claim failed, will retry: %s", exc)
             with self._cond:
@@ -229,6 +256,7 @@ class Worker:
             if not claims:
                 self.store.wait_for_work(self.poll_interval)
                 continue
+            self._hook("on_claims", self.id, claims)
             for c in claims:
                 unit = _Unit(c)
                 with self._cond:
@@ -289,7 +317,7 @@ class Worker:
                     rec.attempt += 1
                     unit.uncounted.add(rec.id)
                 ctx = Context(self.store, rec, token, rec.attempt)
-                run = _Run(unit, rec, ctx, None if rec.timeout is None else time.monotonic() + rec.timeout)
+                run = _Run(unit, rec, ctx, None if rec.timeout is None else self.clock.monotonic() + rec.timeout)
                 self._runs[rec.id] = run
             status = self._run_task(unit, rec, token, run)
             if status is None:
@@ -303,8 +331,8 @@ class Worker:
     def _run_task(self, unit: _Unit, rec: TaskRecord, token: str, run: _Run) -> State | None:
         """Run one task; return its outcome state, or None if the watchdog
         (or a shutdown) took it over."""
-        tdef = self.app.registry.get(rec.name)
-        started_at = time.time()
+        tdef = self.registry.get(rec.name)
+        started_at = self.clock.time()
         ctx = run.ctx
         timeout = rec.timeout
         outcome: Outcome
@@ -316,12 +344,15 @@ class Worker:
                 args, kwargs = rec.arguments
             except Exception as exc:  # noqa: BLE001
                 raise PermanentError(f"cannot decode the task's arguments: {exc}") from exc
-            if ctx.cancelled:
-                raise Cancelled("canceled before start")
+            if ctx.canceled:
+                raise Canceled("canceled before start")
             if tdef.isolation == "process":
                 run.deadline = None  # the process run times itself out and kills the child
                 meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints)
-                run.proc = ProcessRun(tdef.fn, tdef.takes_ctx, args, kwargs, meta, lambda m: self._child_message(ctx, m))
+                run.proc = ProcessRun(
+                    tdef.fn, tdef.takes_ctx, args, kwargs, meta, lambda m: self._child_message(ctx, m),
+                    retry_on=tdef.retry_on, permanent_on=tdef.permanent_on,
+                )
                 value = run.proc.wait(timeout)
             else:
                 call_args = (ctx, *args) if tdef.takes_ctx else tuple(args)
@@ -333,7 +364,7 @@ class Worker:
             except (TypeError, ValueError) as exc:
                 raise PermanentError(f"result is not JSON-serialisable: {exc}") from exc
             outcome = Outcome(rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at)
-        except _CANCELLED:
+        except _CANCELED:
             outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
         except TimeoutError as exc:
             if run.proc is not None and run.proc.killed_for == "timeout":
@@ -354,13 +385,15 @@ class Worker:
         self._write(outcome)
         return outcome.status
 
-    def _failure_outcome(self, rec: TaskRecord, token: str, exc: BaseException, tdef, started_at: float) -> Outcome:
+    def _failure_outcome(
+        self, rec: TaskRecord, token: str, exc: BaseException, tdef: TaskSpec | None, started_at: float
+    ) -> Outcome:
         if isinstance(exc, ChildFailed):
             retryable, text = exc.retryable, exc.text
         else:
             retryable = tdef is not None and is_retryable(exc, tdef.retry_on, tdef.permanent_on)
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        if retryable and rec.attempt <= rec.max_retries:
+        if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
             return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
                            run_at=self.store.now() + delay, started_at=started_at)
@@ -371,13 +404,13 @@ class Worker:
     def _timeout_outcome(self, rec: TaskRecord, token: str, started_at: float) -> Outcome:
         text = f"timed out after {rec.timeout:g}s (attempt {rec.attempt})"
         if rec.attempt <= rec.max_retries:
-            tdef = self.app.registry.get(rec.name)
+            tdef = self.registry.get(rec.name)
             delay = tdef.backoff.delay(rec.attempt) if tdef else 1.0
             return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
                            run_at=self.store.now() + delay, started_at=started_at)
         return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at)
 
-    def _child_message(self, ctx: Context, msg: tuple) -> None:
+    def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
         if msg[0] == "progress":
             self.store.set_progress(ctx.task_id, ctx._token, msg[1], msg[2])
         elif msg[0] == "checkpoint":
@@ -431,26 +464,26 @@ class Worker:
             self._completer_q.put(outcome)
 
     def _apply(self, outcomes: list[Outcome]) -> None:
-        for attempt in range(5):
+        for attempt in range(_COMPLETE_TRIES):
             try:
                 applied = self.store.complete(outcomes)
                 break
-            except Exception as exc:  # noqa: BLE001 - retry through a store outage
+            except StoreError as exc:  # retry through an outage; a bug surfaces
                 log.warning("completing %d outcome(s) failed (%s); retrying", len(outcomes), exc)
-                time.sleep(min(5.0, 0.2 * 2**attempt))
+                time.sleep(min(_COMPLETE_MAX_PAUSE, 0.2 * 2**attempt))
         else:
             log.error("gave up writing %d outcome(s); the sweeper will recover them", len(outcomes))
             return
         for o, ok in zip(outcomes, applied):
             if not ok:
                 log.info("task %s: late or stale outcome %s discarded", o.task_id, o.status.value)
-        self.app._notify_outcomes(outcomes, applied)
+        self._hook("on_outcomes", outcomes, applied)
 
     def _completer_loop(self) -> None:
         q = self._completer_q
         window = self.completer_window
         while True:
-            items = [q.get()]
+            items: list[Outcome | _Unit] = [q.get()]
             # Gather for a moment: one write per batch, not per task. A unit
             # waiting for its slot (a marker in the queue) ends the wait.
             waiting = isinstance(items[0], _Unit)
@@ -488,7 +521,7 @@ class Worker:
     # ---- watchdog, heartbeat, sweeper ---------------------------------------------
     def _watchdog_loop(self) -> None:
         while not self._stopped.is_set():
-            now = time.monotonic()
+            now = self.clock.monotonic()
             next_check = 0.05
             for run in list(self._runs.values()):
                 if run.deadline is None or run.finished:
@@ -511,7 +544,7 @@ class Worker:
         if run.future is not None:
             run.future.cancel()
         self._runs.pop(rec.id, None)
-        outcome = self._timeout_outcome(rec, unit.claim.token, time.time() - (rec.timeout or 0))
+        outcome = self._timeout_outcome(rec, unit.claim.token, self.clock.time() - (rec.timeout or 0))
         if rec.id in unit.uncounted:
             outcome.attempt = rec.attempt
         self._write(outcome)
@@ -520,19 +553,21 @@ class Worker:
         self._release(unit)
 
     def _heartbeat_loop(self) -> None:
-        next_renewal = time.monotonic() + self.heartbeat_interval
+        # Renewals follow the clock leases are measured on; the loop itself
+        # wakes on real time, at least once a second.
+        next_renewal = self.clock.monotonic() + self.heartbeat_interval
         while not self._stopped.wait(min(self.cancel_poll_interval, self.heartbeat_interval)):
-            if time.monotonic() < next_renewal:
+            if self.clock.monotonic() < next_renewal:
                 self._poll_cancels()
                 continue
-            next_renewal = time.monotonic() + self.heartbeat_interval
+            next_renewal = self.clock.monotonic() + self.heartbeat_interval
             with self._cond:
                 tokens = {u.claim.token for u in self._units}
             if not tokens:
                 continue
             try:
                 reply = self.store.heartbeat(tokens, self.lease_seconds)
-            except Exception as exc:  # noqa: BLE001
+            except StoreError as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue
             for tid in reply.cancel_requested:
@@ -543,17 +578,18 @@ class Worker:
                 u.lost = True
             if lost_units:
                 log.warning("lost %d lease(s); their results will be discarded", len(lost_units))
+                self._hook("on_leases_lost", self.id, {u.claim.token for u in lost_units})
 
     def _poll_cancels(self) -> None:
         """Between renewals, ask the store (one read for all) which tasks
         running here were asked to cancel, so a cancel from another process
         lands within a second."""
-        ids = [tid for tid, run in list(self._runs.items()) if not run.ctx.cancelled]
+        ids = [tid for tid, run in list(self._runs.items()) if not run.ctx.canceled]
         if not ids:
             return
         try:
             asked = self.store.cancel_requested(ids)
-        except Exception:  # noqa: BLE001 - the next renewal reports it too
+        except StoreError:  # the next renewal reports it too
             return
         for tid in asked:
             self.cancel_local(tid)
