@@ -1,6 +1,6 @@
 """Ordered groups: helpers that need no store.
 
-A hot group (seed 003 §5.2: one customer with 80% of the work) serialises
+A hot group (one customer with 80% of the work) serialises
 everything behind one lane. When order only matters within a narrower key
 (one order id inside a merchant), spread the group over ``n`` sub-groups: the
 same sub-key always lands in the same sub-group, so its order still holds.

@@ -1,20 +1,20 @@
-"""Capacity planning: the seeds' formulas as pure functions.
+"""Capacity planning: the sizing formulas as pure functions.
 
 Nothing here touches a store or a clock; ``corral plan`` prints what these
-return, and the numbers are unit-tested against the seeds' worked examples.
+return, and the numbers are unit-tested against worked examples.
 
-- :func:`concurrency_limit` (seed 000 §3.1): how many requests may be in flight
+- :func:`concurrency_limit`: how many requests may be in flight
   against a downstream service, ``QPS limit x latency (s) x safety factor``.
   100 QPS at 200 ms allows 20 in flight; with a 0.7 safety factor, 14.
-- :func:`littles_law` (seed 002): ``concurrency = throughput x mean duration``,
+- :func:`littles_law`: ``concurrency = throughput x mean duration``,
   units aligned. 392 tasks in 48 h with 4 workers is 8.17 tasks/h, so a task
   takes 4 / 8.17 h, about 29 minutes; 720 tasks in 48 h (15/h) then need
   15 x 0.49 = 7.3, so 8 concurrent workers.
-- :func:`workers_per_process` (seed 002): ``1 + io_wait / cpu_time``, capped
+- :func:`workers_per_process`: ``1 + io_wait / cpu_time``, capped
   (more threads than that only fill the database pool and memory).
   25 min of I/O per 4 min of CPU gives 1 + 6.25, so 7.
-- :func:`process_layout` (seed 002): processes x workers per process covers
-  the target concurrency; lanes (Kafka partitions there, sub-groups here)
+- :func:`process_layout`: processes x workers per process covers
+  the target concurrency; lanes (partitions in a log broker, sub-groups here)
   are at least the concurrency, with head-room, because a lane is served by
   one worker at a time and cannot be split later without breaking order.
 """
@@ -25,11 +25,11 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-#: Seed 000: "keep 30% in reserve"; the usual range is 0.6-0.8.
+#: Keep 30% in reserve for retries and latency spikes; the usual range is 0.6-0.8.
 DEFAULT_SAFETY = 0.7
-#: Seed 002: "never more than 4-8 workers per process" (database pool, memory).
+#: Never more than 4-8 workers per process: more only fill the database pool and memory.
 DEFAULT_WORKER_CAP = 8
-#: Seed 002: 10 partitions for 8 workers, "2 spare for scaling out".
+#: 10 lanes for 8 workers: 2 spare for scaling out.
 DEFAULT_LANE_HEADROOM = 0.25
 
 _EPS = 1e-9  # so 100 x 0.2 x 0.7 = 13.999999999999998 still floors to 14
@@ -95,7 +95,7 @@ class ConcurrencyLimit:
 
 
 def concurrency_limit(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -> ConcurrencyLimit:
-    """Seed 000: concurrency limit = downstream QPS cap x latency (s) x safety factor."""
+    """Concurrency limit = downstream QPS cap x latency (s) x safety factor."""
     _positive("qps", qps)
     _positive("latency", latency_s)
     if not (0 < safety <= 1):
@@ -146,7 +146,7 @@ def littles_law(
     target: int | None = None,
     target_window_s: float | None = None,
 ) -> LittlesLaw:
-    """Seed 002: from a measured run (``done`` tasks in ``window_s`` with
+    """From a measured run (``done`` tasks in ``window_s`` with
     ``workers`` busy) find the mean task duration, and optionally the workers
     needed to finish ``target`` tasks in ``target_window_s`` (default: the same window)."""
     mean = mean_duration(done, window_s, workers)
@@ -176,7 +176,7 @@ class WorkersPerProcess:
 
 
 def workers_per_process(io_wait: float, cpu_time: float, cap: int = DEFAULT_WORKER_CAP) -> WorkersPerProcess:
-    """Seed 002: workers (threads) per process = 1 + I/O wait / CPU time, capped.
+    """Workers (threads) per process = 1 + I/O wait / CPU time, capped.
 
     ``io_wait`` and ``cpu_time`` are in the same unit (any). The raw value is
     rounded down: a fraction of a thread cannot be waiting, and rounding up
@@ -207,9 +207,9 @@ class ProcessLayout:
 
 
 def process_layout(concurrency: int, max_per_process: int, headroom: float = DEFAULT_LANE_HEADROOM) -> ProcessLayout:
-    """Seed 002: total concurrency = processes x workers per process, with at
+    """Total concurrency = processes x workers per process, with at
     most ``max_per_process`` workers in one process, spread evenly (8 with at
-    most 7 a process: 2 processes of 4). Lanes (partitions there; sub-groups
+    most 7 a process: 2 processes of 4). Lanes (partitions; sub-groups
     of a hot group here) are at least the concurrency, with head-room, since
     lanes cannot be re-cut later without breaking order (8 workers -> 10 lanes)."""
     if concurrency < 1 or max_per_process < 1:

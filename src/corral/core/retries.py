@@ -1,6 +1,6 @@
 """Retry policy: which errors retry, and after how long. Pure functions.
 
-Seed 000 §4.2: exponential backoff with random jitter so that thousands of
+Exponential backoff with random jitter so that thousands of
 failed tasks do not wake in the same millisecond, and a split between errors
 worth retrying (timeouts, dropped connections, 429/503) and errors that will
 fail again the same way (validation, bad arguments, 401).

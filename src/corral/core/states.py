@@ -10,7 +10,7 @@ PENDING    queued, runnable from ``run_at`` on (``delay=`` sets ``run_at``);
            a worker's claim moves it to RUNNING, ``cancel`` to CANCELED.
 RETRYING   queued again after a retryable failure, runnable from ``run_at``
            (the backoff). Claimed like PENDING, but shown apart so operators
-           see retries as their own path (seed 002).
+           see retries as their own path.
 RUNNING    held by a worker under a lease. The worker completes it; the
            watchdog times it out; the sweeper recovers it when the lease is
            lost; a graceful shutdown hands it back to PENDING.
