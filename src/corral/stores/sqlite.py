@@ -67,22 +67,22 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qsl
 
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     Claim,
     LimitSpec,
     NewTask,
     Outcome,
     SubmitResult,
-    SweepReport,
     TaskFilter,
     TaskRecord,
     dumps,
     loads,
 )
-from corral.core.states import FINAL, QUEUED, State, check_transition
+from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
 from corral.stores import base
-from corral.stores.base import BatchSummary, HeartbeatReply, Store
+from corral.stores.base import BatchSummary, HeartbeatReply, Rescue, Store, SweepRow
 from corral.stores.sql import load
 
 SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
@@ -108,15 +108,6 @@ _FIELDS = (
     "lease_token", "lease_expires_at", "worker_id", "progress", "progress_message",
     "checkpoint", "cancel_requested",
 )
-# Fields transition(**fields) may set, and their columns.
-_SETTABLE = {
-    "result": "result", "error": "error", "run_at": "run_at", "started_at": "started_at",
-    "finished_at": "finished_at", "progress": "progress", "progress_message": "progress_message",
-    "checkpoint": "checkpoint", "worker_id": "worker_id", "lease_token": "lease_token",
-    "lease_expires_at": "lease_expires_at", "attempt": "attempt", "priority": "priority",
-    "queue": "queue", "cancel_requested": "cancel_requested", "max_retries": "max_retries",
-    "timeout": "timeout",
-}
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -190,8 +181,9 @@ class SQLiteStore(Store):
 
     shared = True
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, clock: Clock = SYSTEM_CLOCK):
         self.url = url
+        self._clock = clock
         self.path, options = parse_url(url)
         sync = options.get("synchronous", "NORMAL").upper()
         if sync not in _SYNCHRONOUS:
@@ -373,7 +365,7 @@ class SQLiteStore(Store):
         self._local = threading.local()
 
     def now(self) -> float:
-        return time.time()
+        return self._clock.time()
 
     # ---- helpers ------------------------------------------------------------
     def _deps(self, con: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, ...]]:
@@ -437,7 +429,7 @@ class SQLiteStore(Store):
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             all_deps = {d for t in tasks for d in t.depends_on}
             dep_state: dict[int, State] = {}
             if all_deps:
@@ -508,7 +500,7 @@ class SQLiteStore(Store):
         known = None if names is None else set(names)
         queues = sorted(set(queues))
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic():
                 # Only plain work was queued a moment ago: one statement.
                 rows = con.execute(Q["claim_plain"], (
@@ -620,11 +612,6 @@ class SQLiteStore(Store):
         return picked
 
     @_guard
-    def mark_started(self, task_id: int, token: str) -> bool:
-        with self._write() as con:
-            return con.execute(Q["mark_started"], (time.time(), task_id, token)).rowcount == 1
-
-    @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         tokens = set(tokens)
         reply = HeartbeatReply()
@@ -632,7 +619,7 @@ class SQLiteStore(Store):
             return reply
         arg = dumps(sorted(tokens))
         with self._write() as con:
-            con.execute(Q["heartbeat_extend"], (time.time() + lease_seconds, arg))
+            con.execute(Q["heartbeat_extend"], (self._clock.time() + lease_seconds, arg))
             held = set()
             for tid, token, cancel in con.execute(Q["heartbeat_held"], (arg,)):
                 held.add(token)
@@ -662,7 +649,7 @@ class SQLiteStore(Store):
         ended: list[tuple[int, State]] = []
         groups: set[str] = set()
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             cur = con.cursor()
             final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
             for o, status in zip(outcomes, statuses):
@@ -691,7 +678,7 @@ class SQLiteStore(Store):
     def _complete_finals(self, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             rows = dumps([
                 [o.task_id, o.token, o.version, s.value, o.result,
                  o.error is not None or s is State.SUCCESS, o.error, o.finished_at or now,
@@ -788,7 +775,7 @@ class SQLiteStore(Store):
             if row is None:
                 return None
             status = State(row[0])
-            now = time.time()
+            now = self._clock.time()
             if status is State.RUNNING:
                 con.execute(Q["cancel_running"], (task_id,))
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
@@ -799,46 +786,9 @@ class SQLiteStore(Store):
     @_guard
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
-            rows = con.execute(Q["retry_task"], (time.time(), task_id)).fetchall()
+            rows = con.execute(Q["retry_task"], (self._clock.time(), task_id)).fetchall()
             self._refresh_heads(con, {r[0] for r in rows})
             return bool(rows)
-
-    @_guard
-    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
-        to = State(to)
-        unknown = set(fields) - _SETTABLE.keys()
-        if unknown:
-            raise StoreError(f"transition() cannot set {', '.join(sorted(unknown))}")
-        with self._write() as con:
-            row = con.execute(Q["status_of"], (task_id,)).fetchone()
-            if row is None or row[1] != expected_version:
-                return False
-            current = State(row[0])
-            check_transition(current, to)
-            now = time.time()
-            values = {_SETTABLE[k]: v for k, v in fields.items()}
-            if to in FINAL:
-                values.setdefault("finished_at", now)
-            if to is State.RUNNING:
-                values.setdefault("lease_token", uuid.uuid4().hex)
-                values.setdefault("lease_expires_at", now + 30.0)
-                values.setdefault("started_at", now)
-            elif current is State.RUNNING:
-                values.setdefault("lease_token", None)
-                values.setdefault("lease_expires_at", None)
-            if to in QUEUED:
-                values.setdefault("finished_at", None)
-                if current in FINAL or current is State.RUNNING:
-                    values.setdefault("run_at", now)
-            if "cancel_requested" in values:
-                values["cancel_requested"] = 1 if values["cancel_requested"] else 0
-            assignments = "".join(f", {col} = ?" for col in sorted(values))
-            params = [to.value, *(values[c] for c in sorted(values)), task_id, expected_version]
-            sql = f"UPDATE tasks SET status = ?, version = version + 1{assignments} WHERE id = ? AND version = ?"
-            if con.execute(sql, params).rowcount != 1:  # pragma: no cover - serialised by the write lock
-                return False
-            self._after_final(con, [(task_id, to)] if to in FINAL else [], now, {row[2]})
-            return True
 
     @_guard
     def batch_summary(self, batch: str) -> BatchSummary:
@@ -878,51 +828,37 @@ class SQLiteStore(Store):
 
     # ---- maintenance ------------------------------------------------------
     @_guard
-    def sweep(self, *, stale_pending_age: float | None = base.DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
-        rep = SweepReport()
+    def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._con().execute(Q["find_stuck"], {"now": now, "limit": limit})]
+
+    @_guard
+    def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._con().execute(Q["find_stale_pending"], (before, limit))]
+
+    @_guard
+    def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
+        applied: list[bool] = []
+        ended: list[tuple[int, State]] = []
+        groups: set[str | None] = set()
         with self._write() as con:
-            now = time.time()
-            ended: list[tuple[int, State]] = []
-            groups: set[str] = set()
-
-            def budget() -> int:
-                return max(0, max_rows - rep.total)
-
-            for tid, version, started_at, attempt, max_retries, group in con.execute(
-                Q["sweep_expired"], (now, budget())
-            ).fetchall():
-                groups.add(group)
-                if started_at is None:  # a chunk member that never started: back, attempt intact
-                    con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version))
-                elif attempt <= max_retries:
-                    if con.execute(Q["sweep_requeue"], (_RETRYING, now, base.LOST_LEASE_ERROR, tid, version)).rowcount:
-                        rep.lost_leases_retried.append(tid)
-                elif con.execute(Q["sweep_fail"], (base.LOST_LEASE_ERROR, now, tid, version)).rowcount:
-                    rep.lost_leases_failed.append(tid)
-                    ended.append((tid, State.FAILED))
-            for tid, version, group in con.execute(Q["sweep_overdue"], (now, budget())).fetchall():
-                groups.add(group)
-                if con.execute(Q["sweep_fail"], (base.OVERDUE_ERROR, now, tid, version)).rowcount:
-                    rep.overdue_failed.append(tid)
-                    ended.append((tid, State.FAILED))
-            if stale_pending_age is not None:
-                for tid, version, group in con.execute(Q["sweep_stale_pending"], (now - stale_pending_age, budget())).fetchall():
-                    groups.add(group)
-                    if con.execute(Q["sweep_cancel_pending"], (base.STALE_PENDING_ERROR, now, tid, version)).rowcount:
-                        rep.stale_pending_canceled.append(tid)
-                        ended.append((tid, State.CANCELED))
-            for tid, version, group in con.execute(Q["sweep_exhausted"], (budget(),)).fetchall():
-                groups.add(group)
-                if con.execute(Q["sweep_fail"], (base.EXHAUSTED_ERROR, now, tid, version)).rowcount:
-                    rep.exhausted_failed.append(tid)
-                    ended.append((tid, State.FAILED))
+            now = self._clock.time()
+            for r in rescues:
+                row = con.execute(Q["rescue"], {
+                    "id": r.task_id, "version": r.version, "to": r.to.value, "error": r.error, "now": now,
+                    "expected": (State.PENDING if r.to is State.CANCELED else State.RUNNING).value,
+                }).fetchone()
+                applied.append(row is not None)
+                if row is not None:
+                    groups.add(row[0])
+                    if r.to in FINAL:
+                        ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
-        return rep
+        return applied
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             return con.execute(Q["try_lead"], (role, holder, now + ttl, now)).rowcount == 1
 
 
