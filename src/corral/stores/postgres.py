@@ -268,7 +268,7 @@ class PostgresStore(Store):
         def go(conn):
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
             try:
-                conn.execute(self._q["meta_table"])
+                conn.execute(self._q["schema_version_table"])
                 row = conn.execute(self._q["schema_version"]).fetchone()
                 current = row[0] if row else 0
                 for version, key in migrations:
@@ -536,7 +536,7 @@ class PostgresStore(Store):
 
         def go(conn):
             with conn.transaction():
-                row = conn.execute(self._q["checkpoint_for_update"], {"id": task_id, "token": token}).fetchone()
+                row = conn.execute(self._q["get_checkpoint"], {"id": task_id, "token": token}).fetchone()
                 if row is None:
                     return False
                 data = json.loads(row[0]) if row[0] else {}

@@ -343,12 +343,12 @@ class SQLiteStore(Store):
     def migrate(self) -> None:
         with self._write() as con:
             con.execute(Q["schema_version_table"])
-            version = con.execute(Q["schema_version_get"]).fetchone()[0] or 0
+            version = con.execute(Q["schema_version"]).fetchone()[0] or 0
             if version >= SCHEMA_VERSION:
                 return
             for stmt in _split_script(Q["schema"]):
                 con.execute(stmt)
-            con.execute(Q["schema_version_set"], (SCHEMA_VERSION,))
+            con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def close(self) -> None:
         self._closed = True
@@ -557,7 +557,7 @@ class SQLiteStore(Store):
         def fits(limit_names) -> bool:
             nonlocal specs, usage
             if specs is None:
-                specs = {n: c for n, c, _ in con.execute(Q["limit_specs"]) if c is not None}
+                specs = {n: c for n, c, _ in con.execute(Q["limits"]) if c is not None}
                 usage = dict(con.execute(Q["limit_usage"]).fetchall())
             return all(usage.get(n, 0) < specs[n] for n in limit_names if n in specs)
 
@@ -716,19 +716,19 @@ class SQLiteStore(Store):
     @_guard
     def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
         with self._write() as con:
-            row = con.execute(Q["checkpoint_get"], (task_id, token)).fetchone()
+            row = con.execute(Q["get_checkpoint"], (task_id, token)).fetchone()
             if row is None:
                 return False
             cp = loads(row[0]) or {}
             cp.pop(stage, None)
             cp[stage] = loads(data_json)
-            return con.execute(Q["checkpoint_set"], (dumps(cp), task_id, token)).rowcount == 1
+            return con.execute(Q["set_checkpoint"], (dumps(cp), task_id, token)).rowcount == 1
 
     # ---- operators --------------------------------------------------------
     @_guard
     def get(self, task_id: int) -> TaskRecord | None:
         with self._read() as con:
-            row = con.execute(Q["get_task"], (task_id,)).fetchone()
+            row = con.execute(Q["get"], (task_id,)).fetchone()
             if row is None:
                 return None
             return self._records(con, [row])[0]
@@ -759,7 +759,7 @@ class SQLiteStore(Store):
     def counts(self, queue: str | None = None) -> dict[str, int]:
         con = self._con()
         if queue is None:
-            rows = con.execute(Q["counts_all"]).fetchall()
+            rows = con.execute(Q["counts"]).fetchall()
         else:
             rows = con.execute(Q["counts_queue"], (queue,)).fetchall()
         return {status: n for status, n in rows}
@@ -781,12 +781,12 @@ class SQLiteStore(Store):
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
                 con.execute(Q["cancel_queued"], (now, task_id))
                 self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
-            return self._records(con, [con.execute(Q["get_task"], (task_id,)).fetchone()])[0]
+            return self._records(con, [con.execute(Q["get"], (task_id,)).fetchone()])[0]
 
     @_guard
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
-            rows = con.execute(Q["retry_task"], (self._clock.time(), task_id)).fetchall()
+            rows = con.execute(Q["retry"], (self._clock.time(), task_id)).fetchall()
             self._refresh_heads(con, {r[0] for r in rows})
             return bool(rows)
 
@@ -820,7 +820,7 @@ class SQLiteStore(Store):
 
     @_guard
     def limits(self) -> dict[str, LimitSpec]:
-        return {n: LimitSpec(n, c, r) for n, c, r in self._con().execute(Q["limit_specs"])}
+        return {n: LimitSpec(n, c, r) for n, c, r in self._con().execute(Q["limits"])}
 
     @_guard
     def limit_usage(self) -> dict[str, int]:

@@ -10,7 +10,7 @@
 -- index whose size it guesses from statistics, which a queue makes stale all
 -- the time (they may say "no PENDING rows" while there are a million).
 
--- name: meta_table
+-- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_meta (
     key   text PRIMARY KEY,
     value text NOT NULL
@@ -584,7 +584,7 @@ SELECT (SELECT count(*) FROM failed) AS failed, (SELECT count(*) FROM promoted) 
 UPDATE corral_tasks SET progress = %(fraction)s, progress_message = %(message)s
 WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 
--- name: checkpoint_for_update
+-- name: get_checkpoint
 SELECT checkpoint FROM corral_tasks
 WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s
 FOR UPDATE;
@@ -644,9 +644,6 @@ SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
     progress = NULL, progress_message = NULL, version = version + 1
 WHERE id = %(id)s AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
 RETURNING id, queue;
-
--- name: status_version
-SELECT status, version FROM corral_tasks WHERE id = %(id)s;
 
 -- name: notify
 SELECT pg_notify('corral_work', %(queue)s || ':g');

@@ -118,10 +118,10 @@ CREATE TABLE IF NOT EXISTS leadership (
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
 
--- name: schema_version_get
+-- name: schema_version
 SELECT max(version) FROM corral_schema
 
--- name: schema_version_set
+-- name: set_schema_version
 INSERT INTO corral_schema (version) VALUES (?)
 
 -- ---- submit ------------------------------------------------------------------
@@ -157,7 +157,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        checkpoint, cancel_requested
 FROM tasks
 
--- name: get_task
+-- name: get
 SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
@@ -170,7 +170,7 @@ SELECT task_id, depends_on FROM task_deps
 WHERE task_id IN (SELECT value FROM json_each(?))
 ORDER BY task_id, pos
 
--- name: counts_all
+-- name: counts
 SELECT status, count(*) FROM tasks GROUP BY status
 
 -- Unfinished tasks per state, each part read from a partial index (never
@@ -297,7 +297,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 
 -- ---- limits --------------------------------------------------------------------
 
--- name: limit_specs
+-- name: limits
 SELECT name, concurrency, rate FROM named_limits ORDER BY name
 
 -- name: set_limit
@@ -328,10 +328,10 @@ SELECT id FROM tasks WHERE id IN (SELECT value FROM json_each(?)) AND cancel_req
 UPDATE tasks SET progress = ?, progress_message = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
--- name: checkpoint_get
+-- name: get_checkpoint
 SELECT checkpoint FROM tasks WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
--- name: checkpoint_set
+-- name: set_checkpoint
 UPDATE tasks SET checkpoint = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
@@ -414,7 +414,7 @@ WHERE id = ? AND status IN ('WAITING', 'PENDING', 'RETRYING')
 -- name: cancel_running
 UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
 
--- name: retry_task
+-- name: retry
 UPDATE tasks
 SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
