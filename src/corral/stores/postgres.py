@@ -64,15 +64,8 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import (
-    BatchSummary,
-    HeartbeatReply,
-    Rescue,
-    Store,
-    SweepRow,
-    batch_status,
-    percentile,
-)
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow
+from corral.stores.sqlbase import Read, SqlStore, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
@@ -131,42 +124,11 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _rec(row: dict[str, Any]) -> TaskRecord:
-    return TaskRecord(
-        id=row["id"],
-        name=row["name"],
-        args=row["args"],
-        status=State(row["status"]),
-        queue=row["queue"],
-        priority=row["priority"],
-        attempt=row["attempt"],
-        max_retries=row["max_retries"],
-        timeout=row["timeout"],
-        group=row["group_key"],
-        batch=row["batch"],
-        key=row["idem_key"],
-        trace_id=row["trace_id"],
-        limits=tuple(row["limits"] or ()),
-        depends_on=tuple(row["depends_on"] or ()),
-        halt_group_on_failure=row["halt_group_on_failure"],
-        created_at=row["created_at"],
-        run_at=row["run_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        result=row["result"],
-        error=row["error"],
-        version=row["version"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        worker_id=row["worker_id"],
-        progress=row["progress"],
-        progress_message=row["progress_message"],
-        checkpoint=row["checkpoint"],
-        cancel_requested=row["cancel_requested"],
-    )
+def _record(row: dict[str, Any]) -> TaskRecord:
+    return task_record(row, row["limits"] or (), row["depends_on"] or ())
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     shared = True
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5.0):
@@ -429,7 +391,7 @@ class PostgresStore(Store):
         rows = self._run_hot(go)
         claims: dict[str, Claim] = {}
         for row in rows:
-            rec = _rec(row)
+            rec = _record(row)
             c = claims.get(rec.lease_token)
             if c is None:
                 claims[rec.lease_token] = Claim(rec.lease_token, [rec], rec.group)
@@ -637,7 +599,7 @@ class PostgresStore(Store):
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:
         rows = self._fetchall("get", {"id": task_id}, dicts=True)
-        return _rec(rows[0]) if rows else None
+        return _record(rows[0]) if rows else None
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
@@ -658,7 +620,7 @@ class PostgresStore(Store):
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
-            return [_rec(r) for r in cur.execute(sql, params).fetchall()]
+            return [_record(r) for r in cur.execute(sql, params).fetchall()]
 
         return self._run(go)
 
@@ -702,38 +664,18 @@ class PostgresStore(Store):
 
         return self._run(go)
 
-    def batch_summary(self, batch: str) -> BatchSummary:
+    def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):
-            counts_rows = conn.execute(self._q["batch_counts"], {"batch": batch}).fetchall()
-            durations = [r[0] for r in conn.execute(self._q["batch_durations"], {"batch": batch})]
-            return counts_rows, durations
+            with conn.transaction():
+                return [conn.execute(self._q[name], params).fetchall() for name, params in reads]
 
-        counts_rows, durations = self._run(go)
-        counts = {status: n for status, n, _, _ in counts_rows}
-        created = [c for _, _, c, _ in counts_rows if c is not None]
-        finished = [f for _, _, _, f in counts_rows if f is not None]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=(sum(durations) / len(durations)) if durations else None,
-            p99_duration=percentile(durations, 0.99),
-            first_created_at=min(created) if created else None,
-            last_finished_at=max(finished) if finished else None,
-        )
+        return self._run(go)
 
     # ---- limits -------------------------------------------------------------------
     def set_limit(self, spec: LimitSpec) -> None:
         self._rowcount("set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate})
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
-
-    def limits(self) -> dict[str, LimitSpec]:
-        return {n: LimitSpec(n, c, r) for n, c, r in self._fetchall("limits")}
-
-    def limit_usage(self) -> dict[str, int]:
-        return {name: used for name, used in self._fetchall("limit_usage") if used}
 
     # ---- maintenance --------------------------------------------------------------
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:

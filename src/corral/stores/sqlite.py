@@ -81,9 +81,9 @@ from corral.core.model import (
 )
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
-from corral.stores import base
-from corral.stores.base import BatchSummary, HeartbeatReply, Rescue, Store, SweepRow
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow
 from corral.stores.sql import load
+from corral.stores.sqlbase import Read, SqlStore, task_record
 
 SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
@@ -100,14 +100,6 @@ _PENDING, _RETRYING, _RUNNING = State.PENDING.value, State.RETRYING.value, State
 _BAD_END = (State.FAILED, State.TIMEOUT, State.CANCELED)
 _UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
 
-# Columns of select_tasks, in order; TaskRecord field names.
-_FIELDS = (
-    "id", "name", "args", "status", "queue", "priority", "attempt", "max_retries", "timeout",
-    "group", "batch", "key", "trace_id", "limits", "halt_group_on_failure",
-    "created_at", "run_at", "started_at", "finished_at", "result", "error", "version",
-    "lease_token", "lease_expires_at", "worker_id", "progress", "progress_message",
-    "checkpoint", "cancel_requested",
-)
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -153,14 +145,15 @@ def _guard(fn):
     return wrapper
 
 
-def _record(row: Sequence, deps: tuple[int, ...] = ()) -> TaskRecord:
-    rec = TaskRecord(**dict(zip(_FIELDS, row)))
-    rec.status = State(rec.status)
-    rec.limits = tuple(json.loads(rec.limits)) if rec.limits else ()
-    rec.halt_group_on_failure = bool(rec.halt_group_on_failure)
-    rec.cancel_requested = bool(rec.cancel_requested)
-    rec.depends_on = deps
-    return rec
+def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
+    return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)
+
+
+def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are read by column name (task rows)."""
+    cur = con.cursor()
+    cur.row_factory = sqlite3.Row
+    return cur
 
 
 def _split_script(script: str) -> list[str]:
@@ -176,7 +169,7 @@ def _split_script(script: str) -> list[str]:
     return out
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SqlStore):
     """The store on one SQLite file (see the module docstring)."""
 
     shared = True
@@ -503,7 +496,7 @@ class SQLiteStore(Store):
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic():
                 # Only plain work was queued a moment ago: one statement.
-                rows = con.execute(Q["claim_plain"], (
+                rows = _task_cursor(con).execute(Q["claim_plain"], (
                     now + lease_seconds, worker_id, now, queues[0], now,
                     dumps(sorted(known)) if known is not None else None, max_units,
                 )).fetchall()
@@ -523,9 +516,10 @@ class SQLiteStore(Store):
             touched: dict[str, float] = {}
             for members in picked:
                 token = uuid.uuid4().hex
-                rows = con.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
+                cur = _task_cursor(con)
+                rows = cur.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
                 for m in members[1:]:
-                    rows += con.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
+                    rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
                 group = members[0][3]
                 if group is not None:
                     touched[group] = now
@@ -728,7 +722,7 @@ class SQLiteStore(Store):
     @_guard
     def get(self, task_id: int) -> TaskRecord | None:
         with self._read() as con:
-            row = con.execute(Q["get"], (task_id,)).fetchone()
+            row = _task_cursor(con).execute(Q["get"], (task_id,)).fetchone()
             if row is None:
                 return None
             return self._records(con, [row])[0]
@@ -753,7 +747,7 @@ class SQLiteStore(Store):
         sql += " LIMIT ? OFFSET ?"
         params += [max(0, flt.limit), max(0, flt.offset)]
         with self._read() as con:
-            return self._records(con, con.execute(sql, params).fetchall())
+            return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
 
     @_guard
     def counts(self, queue: str | None = None) -> dict[str, int]:
@@ -781,7 +775,7 @@ class SQLiteStore(Store):
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
                 con.execute(Q["cancel_queued"], (now, task_id))
                 self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
-            return self._records(con, [con.execute(Q["get"], (task_id,)).fetchone()])[0]
+            return self._records(con, [_task_cursor(con).execute(Q["get"], (task_id,)).fetchone()])[0]
 
     @_guard
     def retry(self, task_id: int) -> bool:
@@ -791,40 +785,15 @@ class SQLiteStore(Store):
             return bool(rows)
 
     @_guard
-    def batch_summary(self, batch: str) -> BatchSummary:
+    def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:
         with self._read() as con:
-            counts: dict[str, int] = {}
-            first, last = None, None
-            for status, n, created, finished in con.execute(Q["batch_counts"], (batch,)):
-                counts[status] = n
-                first = created if first is None else min(first, created)
-                if finished is not None:
-                    last = finished if last is None else max(last, finished)
-            durations = [d for (d,) in con.execute(Q["batch_durations"], (batch,))]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=base.batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=sum(durations) / len(durations) if durations else None,
-            p99_duration=base.percentile(durations, 0.99),
-            first_created_at=first,
-            last_finished_at=last,
-        )
+            return [con.execute(Q[name], params).fetchall() for name, params in reads]
 
     # ---- limits -----------------------------------------------------------
     @_guard
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
             con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate))
-
-    @_guard
-    def limits(self) -> dict[str, LimitSpec]:
-        return {n: LimitSpec(n, c, r) for n, c, r in self._con().execute(Q["limits"])}
-
-    @_guard
-    def limit_usage(self) -> dict[str, int]:
-        return {n: c for n, c in self._con().execute(Q["limit_usage"]) if c}
 
     # ---- maintenance ------------------------------------------------------
     @_guard

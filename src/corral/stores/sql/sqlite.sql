@@ -424,11 +424,11 @@ RETURNING group_key
 
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
-FROM tasks WHERE batch = ? GROUP BY status
+FROM tasks WHERE batch = :batch GROUP BY status
 
 -- name: batch_durations
 SELECT finished_at - started_at FROM tasks
-WHERE batch = ? AND finished_at IS NOT NULL AND started_at IS NOT NULL
+WHERE batch = :batch AND finished_at IS NOT NULL AND started_at IS NOT NULL
 ORDER BY 1
 
 -- ---- maintenance ---------------------------------------------------------------
