@@ -96,8 +96,8 @@ CHECKPOINT_INTERVAL = 0.2
 Q = load("sqlite")
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_PENDING, _RETRYING, _RUNNING = State.PENDING.value, State.RETRYING.value, State.RUNNING.value
-_BAD_END = (State.FAILED, State.TIMEOUT, State.CANCELED)
+#: Claimable states; State is a str enum, so a status column compares equal without conversion.
+_QUEUED = (State.PENDING, State.RETRYING)
 _UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
 
 
@@ -572,7 +572,7 @@ class SQLiteStore(SqlStore):
             members = [row]
             if row[3] is not None and chunk_size > 1:
                 for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
-                    if f[7] not in (_PENDING, _RETRYING) or f[2] > now or f[6] != row[6]:
+                    if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
                     if known is not None and f[4] not in known:
                         break
