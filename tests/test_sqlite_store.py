@@ -290,11 +290,13 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
         ("head_set", ("g",)),
         ("group_followers", ("g", 1, 5)),
         ("heartbeat_held", ('["x"]',)),
-        ("sweep_expired", (now, 10)),
-        ("sweep_stale_pending", (now, 10)),
+        ("find_stale_pending", (now, 10)),
     ):
         plan = _plan(con, Q[name], params)
         assert "SCAN tasks" not in plan, (name, plan)
+    # the sweep reads RUNNING rows only (a partial index), never history
+    plan = _plan(con, Q["find_stuck"], {"now": now, "limit": 10})
+    assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX tasks_running_expiry)", plan) == [], plan
     # the ready index holds queued heads and free tasks only
     ready = con.execute(
         "SELECT count(*) FROM tasks INDEXED BY tasks_ready "

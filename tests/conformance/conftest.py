@@ -3,20 +3,25 @@
 The ``store`` fixture runs each test once per store (ids ``memory``,
 ``sqlite``, ``postgres``), each time on a fresh, migrated, empty store. The
 PostgreSQL run skips on its own when no server is configured.
+
+Time never passes by itself here: a test moves it with ``advance(seconds)``.
+Memory and SQLite run on a :class:`FakeClock`; PostgreSQL keeps the database
+clock, so there every stored time is shifted back by the same amount instead,
+which is the same as time moving forward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from corral.core.clock import FakeClock
 from corral.core.model import Claim, NewTask, Outcome, TaskRecord
 from corral.core.states import State
 from corral.stores import open_store
 from corral.stores.base import Store
 
-from helpers import wait_for  # noqa: F401  (re-exported to the test modules)
 
 ARGS = '{"args":[],"kwargs":{}}'
 STORE_KINDS = ("memory", "sqlite", "postgres")
@@ -36,10 +41,16 @@ def _url(request: pytest.FixtureRequest, kind: str) -> str:
     return request.getfixturevalue("pg_url")  # skips this run alone without a server
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    """The time of the memory and SQLite stores (PostgreSQL ignores it)."""
+    return FakeClock()
+
+
 @pytest.fixture(params=STORE_KINDS)
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+def store(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Store]:
     url = _url(request, request.param)
-    s = open_store(url)
+    s = open_store(url, clock=clock)
     try:
         s.migrate()
         yield s
@@ -54,16 +65,44 @@ def store_kind(request: pytest.FixtureRequest, store: Store) -> str:
 
 
 @pytest.fixture
-def second_store(store: Store, store_kind: str) -> Iterator[Store]:
+def second_store(store: Store, store_kind: str, clock: FakeClock) -> Iterator[Store]:
     """Another instance on the same URL (skips for memory://, which is not shared)."""
     if store_kind == "memory":
         pytest.skip("memory:// instances do not share tasks")
-    other = open_store(store.url)
+    other = open_store(store.url, clock=clock)
     try:
         other.migrate()
         yield other
     finally:
         other.close()
+
+
+# Every stored time of the PostgreSQL schema, shifted back to move time forward.
+# Groups first: the statement triggers on corral_tasks recompute a head's
+# ready_at from its group's last_claimed_at.
+_PG_SHIFT = (
+    "UPDATE corral_groups SET last_claimed_at = last_claimed_at - %(s)s WHERE last_claimed_at > 0",
+    "UPDATE corral_tasks SET created_at = created_at - %(s)s, run_at = run_at - %(s)s,"
+    " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
+    " lease_expires_at = lease_expires_at - %(s)s",
+    "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
+)
+
+
+@pytest.fixture
+def advance(store: Store, store_kind: str, clock: FakeClock) -> Callable[[float], None]:
+    """``advance(seconds)``: move the store's time forward, instead of waiting."""
+    if store_kind != "postgres":
+        return clock.advance
+
+    import psycopg
+
+    def shift(seconds: float) -> None:
+        with psycopg.connect(store.url) as conn, conn.transaction():
+            for statement in _PG_SHIFT:
+                conn.execute(statement, {"s": float(seconds)})
+
+    return shift
 
 
 # ---- terse helpers used by every test module ---------------------------------
@@ -105,8 +144,8 @@ def status_of(store: Store, task_id: int) -> State:
     return State(rec.status)
 
 
-def expire_lease(store: Store, rec: TaskRecord) -> None:
-    """Wait (by the store's clock) until the lease ``rec`` was claimed with has run out."""
+def expire_lease(store: Store, rec: TaskRecord, advance: Callable[[float], None]) -> None:
+    """Move time just past the end of the lease ``rec`` was claimed with."""
     expires = store.get(rec.id).lease_expires_at
     assert expires is not None
-    wait_for(lambda: store.now() > expires + 0.01, timeout=10, message="lease expiry")
+    advance(max(0.0, expires - store.now()) + 0.01)

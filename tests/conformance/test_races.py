@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from corral.core.model import Outcome
 from corral.core.states import State
+from corral.stores.base import Rescue
 
 from helpers import run_concurrently
 
@@ -32,7 +33,8 @@ def test_two_writers_racing_one_version_exactly_one_wins(store):
     for _ in range(10):
         tid = submit(store, new())[0]
         version = store.get(tid).version
-        wins = run_concurrently(6, lambda i: store.transition(tid, version, State.CANCELED))
+        rescue = Rescue(tid, version, State.CANCELED, "stale")
+        wins = run_concurrently(6, lambda i: store.rescue([rescue])[0])
         assert wins.count(True) == 1
         assert store.get(tid).status is State.CANCELED
 

@@ -8,7 +8,7 @@ import time
 from corral.core.states import State
 from corral.stores import open_store
 
-from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
 
 
 def test_never_more_than_max_units(store):
@@ -178,12 +178,11 @@ def test_earlier_run_at_goes_before_smaller_id(store):
     assert claim_one(store).id == late
 
 
-def test_retry_queues_behind_work_submitted_during_its_backoff(store):
+def test_retry_queues_behind_work_submitted_during_its_backoff(store, advance):
     first = submit_one(store, "first", max_retries=2)
     rec = claim_one(store)
-    run_at = store.now() + 0.5
-    assert finish(store, rec, State.RETRYING, run_at=run_at)
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 5)
     fresh = submit_one(store, "fresh")
-    wait_for(lambda: store.now() > run_at + 0.01, message="backoff over")
+    advance(6)
     assert claim_one(store).id == fresh
     assert claim_one(store).id == first

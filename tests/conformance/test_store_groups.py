@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from corral.core.model import Outcome
 from corral.core.states import State
 
-from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
 
 
 def test_at_most_one_claim_per_group_in_flight(store):
@@ -67,12 +69,13 @@ def test_retried_head_runs_before_the_rest_of_its_group(store):
     assert claimed_ids(claim(store, 10)) == [head]
 
 
-def test_later_task_waits_until_the_head_is_final(store):
+def test_later_task_waits_until_the_head_is_final(store, advance):
     head, second = submit(store, new(group="g", max_retries=3), new(group="g"))
     rec = claim_one(store)
-    assert finish(store, rec, State.RETRYING, run_at=store.now() + 0.5)
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 5)
     assert claim(store, 10) == []
-    again = wait_for(lambda: claim(store, 10), timeout=10, message="head retried")
+    advance(6)
+    again = claim(store, 10)
     assert claimed_ids(again) == [head]
     assert claim(store, 10) == []
     assert finish(store, again[0].tasks[0], State.FAILED, error="gave up")
@@ -190,21 +193,17 @@ def test_chunk_stops_at_a_task_of_another_name(store):
     assert status_of(store, g2) is State.PENDING
 
 
-def test_mark_started_on_a_chunk_member(store):
+def test_a_chunk_member_records_its_start_with_its_outcome(store):
     ids = submit(store, *[new(group="g") for _ in range(3)])
     (c,) = claim(store, 1, chunk_size=3)
     member = c.tasks[1]
-    assert store.mark_started(member.id, "wrong-token") is False
-    assert store.get(member.id).attempt == 0
-    assert store.mark_started(member.id, c.token) is True
+    assert (member.attempt, member.started_at) == (0, None)
+    started = store.now() - 2
+    done = Outcome(member.id, c.token, member.version, State.SUCCESS, attempt=1, started_at=started)
+    assert store.complete([done]) == [True]
     after = store.get(member.id)
-    assert after.attempt == 1
-    assert after.started_at is not None
-    assert after.version == member.version + 1
-    assert after.status == State.RUNNING
-    # the caller completes with version + 1
-    assert store.complete([Outcome(member.id, c.token, member.version + 1, State.SUCCESS)]) == [True]
-    assert status_of(store, member.id) is State.SUCCESS
+    assert (after.status, after.attempt) == (State.SUCCESS, 1)
+    assert after.started_at == pytest.approx(started)
     assert status_of(store, ids[2]) is State.RUNNING
 
 
@@ -214,9 +213,7 @@ def test_chunk_members_complete_in_order_then_group_moves_on(store):
     first, second, third = c.tasks
     assert finish(store, first)
     for t in (second, third):
-        assert store.mark_started(t.id, c.token)
-        t.version += 1
-        assert finish(store, t)
+        assert finish(store, t, attempt=1, started_at=store.now())
     got = claim(store, 1, chunk_size=3)
     assert claimed_ids(got) == [ids[3]]
 
@@ -224,7 +221,7 @@ def test_chunk_members_complete_in_order_then_group_moves_on(store):
 # ---- round robin -------------------------------------------------------------
 
 
-def test_round_robin_serves_a_small_group_early(store):
+def test_round_robin_serves_a_small_group_early(store, advance):
     big = submit(store, *[new(group="big") for _ in range(100)])
     small = submit(store, *[new(group="small") for _ in range(5)])
     order = []
@@ -232,6 +229,7 @@ def test_round_robin_serves_a_small_group_early(store):
         rec = claim_one(store)
         order.append(rec.id)
         assert finish(store, rec)
+        advance(1)  # a group served just now goes to the back
     served_small = [i for i in order if i in small]
     assert served_small == small, f"small group not served within 12 claims: {order}"
     assert order[0] == big[0]

@@ -7,6 +7,8 @@ import time
 
 from corral.core.states import State
 
+from helpers import wait_for
+
 from .conftest import (
     claim,
     claim_one,
@@ -16,7 +18,6 @@ from .conftest import (
     status_of,
     submit,
     submit_one,
-    wait_for,
 )
 
 
@@ -33,12 +34,11 @@ def test_heartbeat_extends_the_lease(store):
     assert after.lease_token == c.token
 
 
-def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(store):
+def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(store, advance):
     tid = submit_one(store, max_retries=3)
-    (c,) = claim(store, 1, lease_seconds=0.3)
-    first_expiry = store.get(tid).lease_expires_at
+    (c,) = claim(store, 1, lease_seconds=10)
     store.heartbeat([c.token], 60)
-    wait_for(lambda: store.now() > first_expiry + 0.05, message="first lease expiry")
+    advance(30)
     report = store.sweep()
     assert tid not in report.lost_leases_retried + report.lost_leases_failed
     assert status_of(store, tid) is State.RUNNING
@@ -61,10 +61,10 @@ def test_heartbeat_reports_unknown_tokens_as_lost(store):
     assert reply.lost_tokens == {"never-issued"}
 
 
-def test_heartbeat_reports_lost_token_after_sweep(store):
+def test_heartbeat_reports_lost_token_after_sweep(store, advance):
     tid = submit_one(store, max_retries=3)
-    (c,) = claim(store, 1, lease_seconds=0.2)
-    expire_lease(store, c.tasks[0])
+    (c,) = claim(store, 1, lease_seconds=30)
+    expire_lease(store, c.tasks[0], advance)
     report = store.sweep()
     assert tid in report.lost_leases_retried
     reply = store.heartbeat([c.token], 30)

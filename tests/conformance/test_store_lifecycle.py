@@ -1,4 +1,4 @@
-"""transition() as compare-and-set over the state machine, and complete()."""
+"""The state machine through the public operations (claim, complete, cancel, retry)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from corral.core.model import Outcome
 from corral.core.states import TRANSITIONS, State
 from corral.errors import IllegalTransition
 
-from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one, wait_for
+from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
 
 ALL_STATES = list(State)
 _names = itertools.count()
@@ -43,70 +43,66 @@ def snapshot(store, tid):
     return (rec.status, rec.version, rec.attempt, rec.lease_token, rec.run_at, rec.error, rec.finished_at)
 
 
-def test_every_legal_transition_is_accepted(store):
-    # RUNNING is entered through claim(), which also sets the lease; stores
-    # may refuse transition() into it, so those two moves are left to claim().
-    pairs = [(s, d) for (s, d) in TRANSITIONS if d is not State.RUNNING]
-    assert len(pairs) == 14
-    for src, dst in pairs:
-        tid = put_in(store, src)
-        before = store.get(tid)
-        assert before.status == src
-        assert store.transition(tid, before.version, dst) is True, f"{src.value} -> {dst.value}"
-        after = store.get(tid)
-        assert after.status == dst, f"{src.value} -> {dst.value}"
-        assert after.version > before.version
-
-
-def test_every_illegal_transition_is_refused(store):
-    checked = 0
+def test_cancel_and_retry_from_every_state(store):
     for src in ALL_STATES:
         tid = put_in(store, src)
         before = snapshot(store, tid)
-        for dst in ALL_STATES:
-            if (src, dst) in TRANSITIONS:
-                continue
-            with pytest.raises(IllegalTransition):
-                store.transition(tid, store.get(tid).version, dst)
-                pytest.fail(f"{src.value} -> {dst.value} was accepted")
-            assert snapshot(store, tid) == before, f"{src.value} -> {dst.value} changed the task"
-            checked += 1
-    assert checked == len(ALL_STATES) ** 2 - len(TRANSITIONS)
+        after = store.cancel(tid)
+        if src in (State.WAITING, State.PENDING, State.RETRYING):
+            assert after.status is State.CANCELED, src
+        else:
+            assert (after.status, after.cancel_requested) == (src, src is State.RUNNING), src
+            assert snapshot(store, tid) == before, src
+        tid = put_in(store, src)
+        before = snapshot(store, tid)
+        retried = store.retry(tid)
+        assert retried is (src in (State.FAILED, State.TIMEOUT, State.CANCELED)), src
+        if retried:
+            assert (status_of(store, tid), store.get(tid).attempt) == (State.PENDING, 0)
+        else:
+            assert snapshot(store, tid) == before, src
 
 
-def test_transition_with_stale_version_changes_nothing(store):
+def test_complete_refuses_an_outcome_running_cannot_reach(store):
+    illegal = [d for d in ALL_STATES if (State.RUNNING, d) not in TRANSITIONS]
+    assert illegal == [State.WAITING, State.RUNNING]
     tid = submit_one(store)
-    rec = store.get(tid)
-    assert store.transition(tid, rec.version + 1, State.CANCELED) is False
-    assert store.transition(tid, rec.version - 1, State.CANCELED) is False
-    assert status_of(store, tid) is State.PENDING
-    assert store.get(tid).version == rec.version
-    # the right version still works, once
-    assert store.transition(tid, rec.version, State.CANCELED) is True
-    assert store.transition(tid, rec.version, State.PENDING) is False
-    assert status_of(store, tid) is State.CANCELED
+    rec = claim_one(store)
+    before = snapshot(store, tid)
+    for dst in illegal:
+        with pytest.raises(IllegalTransition):
+            store.complete([Outcome(tid, rec.lease_token, rec.version, dst)])
+        assert snapshot(store, tid) == before, dst
 
 
-def test_stale_version_wins_over_illegal_move(store):
-    # a caller whose view is stale is told so (False), even when the move it
-    # asks for is no longer legal from the state the task has moved on to
+def test_complete_with_stale_version_or_token_changes_nothing(store):
     tid = submit_one(store)
-    seen = store.get(tid).version
-    assert store.transition(tid, seen, State.CANCELED) is True
-    assert store.transition(tid, seen, State.CANCELED) is False
-    assert store.transition(tid, seen, State.SUCCESS) is False
-    assert status_of(store, tid) is State.CANCELED
+    rec = claim_one(store)
+    before = snapshot(store, tid)
+    assert store.complete([Outcome(tid, rec.lease_token, rec.version + 1, State.SUCCESS)]) == [False]
+    assert store.complete([Outcome(tid, rec.lease_token, rec.version - 1, State.SUCCESS)]) == [False]
+    assert store.complete([Outcome(tid, "not-the-token", rec.version, State.SUCCESS)]) == [False]
+    assert snapshot(store, tid) == before
+    assert finish(store, rec) is True
 
 
-def test_transition_of_unknown_task_is_false(store):
-    assert store.transition(424242, 0, State.CANCELED) is False
+def test_complete_keeps_the_start_the_claim_recorded(store):
+    # Pinned: the worker's own clock must not overwrite the store's record of
+    # when the claim started the task (on PostgreSQL, the database clock).
+    tid = submit_one(store)
+    rec = claim_one(store)
+    claimed = store.get(tid).started_at
+    assert claimed is not None
+    assert finish(store, rec, State.SUCCESS, started_at=claimed - 1000)
+    assert store.get(tid).started_at == pytest.approx(claimed)
 
 
-def test_transition_sets_given_fields(store):
-    tid = put_in(store, State.RUNNING)
-    rec = store.get(tid)
-    assert store.transition(tid, rec.version, State.FAILED, error="operator says no")
-    assert store.get(tid).error == "operator says no"
+def test_a_requeued_task_keeps_the_start_the_claim_recorded(store):
+    tid = submit_one(store, max_retries=1)
+    rec = claim_one(store)
+    claimed = store.get(tid).started_at
+    assert finish(store, rec, State.RETRYING, run_at=store.now(), started_at=claimed - 1000)
+    assert store.get(tid).started_at == pytest.approx(claimed)
 
 
 def test_success_never_changes_again(store):
@@ -118,11 +114,6 @@ def test_success_never_changes_again(store):
     # complete again, with the old and with the new version
     assert finish(store, rec, State.FAILED, error="late") is False
     assert store.complete([Outcome(tid, rec.lease_token, version, State.FAILED)]) == [False]
-    for dst in ALL_STATES:
-        if dst is State.SUCCESS:
-            continue
-        with pytest.raises(IllegalTransition):
-            store.transition(tid, version, dst)
     after_cancel = store.cancel(tid)
     assert after_cancel.status == State.SUCCESS and after_cancel.cancel_requested is False
     assert store.retry(tid) is False
@@ -228,10 +219,10 @@ def test_second_complete_of_same_claim_is_stale(store):
     assert finish(store, rec, State.SUCCESS) is False
 
 
-def test_retrying_sets_run_at_and_waits_for_it(store):
+def test_retrying_sets_run_at_and_waits_for_it(store, advance):
     tid = submit_one(store, max_retries=3)
     rec = claim_one(store)
-    run_at = store.now() + 0.5
+    run_at = store.now() + 5
     assert finish(store, rec, State.RETRYING, error="try again", run_at=run_at)
     mid = store.get(tid)
     assert mid.status == State.RETRYING
@@ -240,7 +231,8 @@ def test_retrying_sets_run_at_and_waits_for_it(store):
     assert mid.finished_at is None
     assert mid.attempt == 1
     assert claim(store, 5) == []
-    again = wait_for(lambda: claim(store, 5), timeout=10, message="retry claimable after run_at")
+    advance(6)
+    again = claim(store, 5)
     (rec2,) = again[0].tasks
     assert rec2.id == tid
     assert rec2.attempt == 2

@@ -1,10 +1,11 @@
-"""sweep(): lost leases, unstarted chunk members, overdue tasks, stale PENDING,
-exhausted attempts, guarded writes; and try_lead()."""
+"""The sweep (corral.maintenance.recovery over the store's find_stuck,
+find_stale_pending and rescue): lost leases, unstarted chunk members, overdue
+tasks, stale PENDING, exhausted attempts, guarded writes; and try_lead()."""
 
 from __future__ import annotations
 
 from corral.core.states import State
-from corral.stores.base import (
+from corral.maintenance.recovery import (
     EXHAUSTED_ERROR,
     LOST_LEASE_ERROR,
     OVERDUE_ERROR,
@@ -21,7 +22,6 @@ from .conftest import (
     status_of,
     submit,
     submit_one,
-    wait_for,
 )
 
 
@@ -37,10 +37,10 @@ def test_sweep_on_a_healthy_store_does_nothing(store):
     assert store.counts() == before
 
 
-def test_expired_lease_with_retries_left_goes_retrying(store):
+def test_expired_lease_with_retries_left_goes_retrying(store, advance):
     tid = submit_one(store, max_retries=1)
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     report = store.sweep()
     assert report.lost_leases_retried == [tid]
     assert report.lost_leases_failed == []
@@ -52,10 +52,10 @@ def test_expired_lease_with_retries_left_goes_retrying(store):
     assert again.id == tid and again.attempt == 2
 
 
-def test_expired_lease_without_retries_fails(store):
+def test_expired_lease_without_retries_fails(store, advance):
     tid = submit_one(store, max_retries=0)
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     report = store.sweep()
     assert report.lost_leases_failed == [tid]
     assert report.lost_leases_retried == []
@@ -67,65 +67,68 @@ def test_expired_lease_without_retries_fails(store):
     assert claim(store, 5) == []
 
 
-def test_expired_lease_on_last_retry_fails(store):
+def test_expired_lease_on_last_retry_fails(store, advance):
     tid = submit_one(store, max_retries=1)
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     assert store.sweep().lost_leases_retried == [tid]
-    rec = claim_one(store, lease_seconds=0.2)
+    rec = claim_one(store, lease_seconds=30)
     assert rec.attempt == 2
-    expire_lease(store, rec)
+    expire_lease(store, rec, advance)
     assert store.sweep().lost_leases_failed == [tid]
     assert store.get(tid).error == LOST_LEASE_ERROR
 
 
-def test_lost_lease_failure_fails_dependents(store):
+def test_lost_lease_failure_fails_dependents(store, advance):
     tid = submit_one(store, "a")
     dep = submit_one(store, "b", depends_on=(tid,))
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     store.sweep()
     assert status_of(store, tid) is State.FAILED
     assert status_of(store, dep) is State.FAILED
     assert str(tid) in store.get(dep).error
 
 
-def test_unstarted_chunk_member_goes_back_pending(store):
+def test_unstarted_chunk_members_go_back_pending_reported_as_lost_leases(store, advance):
+    # Pinned: a member that never started goes back to PENDING with its
+    # attempt intact, and counts in lost_leases_retried like its head.
     g1, g2, g3 = submit(store, *[new(group="g", max_retries=2) for _ in range(3)])
-    (c,) = claim(store, 1, chunk_size=3, lease_seconds=0.2)
-    assert store.mark_started(g2, c.token)
-    expire_lease(store, c.tasks[0])
+    (c,) = claim(store, 1, chunk_size=3, lease_seconds=30)
+    expire_lease(store, c.tasks[0], advance)
     report = store.sweep()
-    assert {g1, g2} <= set(report.lost_leases_retried)
+    assert report.lost_leases_retried == [g1, g2, g3]
     assert report.lost_leases_failed == []
     r1, r2, r3 = (store.get(i) for i in (g1, g2, g3))
-    assert (r1.status, r1.attempt) == (State.RETRYING, 1)
-    assert (r2.status, r2.attempt) == (State.RETRYING, 1)
-    assert (r3.status, r3.attempt) == (State.PENDING, 0)
-    assert r3.lease_token is None and r3.started_at is None
+    assert (r1.status, r1.attempt, r1.error) == (State.RETRYING, 1, LOST_LEASE_ERROR)
+    for r in (r2, r3):
+        assert (r.status, r.attempt, r.error) == (State.PENDING, 0, None)
+        assert r.lease_token is None and r.started_at is None
     # the group resumes in order
     (again,) = claim(store, 1, chunk_size=3)
     assert [t.id for t in again.tasks] == [g1, g2, g3]
 
 
-def test_unstarted_member_without_retries_is_not_failed(store):
+def test_unstarted_member_without_retries_is_not_failed(store, advance):
     g1, g2 = submit(store, new(group="g"), new(group="g"))
-    (c,) = claim(store, 1, chunk_size=2, lease_seconds=0.2)
-    expire_lease(store, c.tasks[0])
+    (c,) = claim(store, 1, chunk_size=2, lease_seconds=30)
+    expire_lease(store, c.tasks[0], advance)
     report = store.sweep()
     assert report.lost_leases_failed == [g1]
+    assert report.lost_leases_retried == [g2]
     assert status_of(store, g1) is State.FAILED
     assert (store.get(g2).status, store.get(g2).attempt) == (State.PENDING, 0)
     assert claimed_ids(claim(store, 5)) == [g2]
 
 
-def test_running_past_twice_its_timeout_fails(store):
-    slow = submit_one(store, "slow", timeout=0.1, max_retries=3)
+def test_running_past_twice_its_timeout_fails(store, advance):
+    slow = submit_one(store, "slow", timeout=10, max_retries=3)
     fine = submit_one(store, "fine", timeout=3600)
     got = claim(store, 2, lease_seconds=600)
     assert len(got) == 2
-    started = store.get(slow).started_at
-    wait_for(lambda: store.now() > started + 0.25, message="2x timeout passed")
+    advance(19)
+    assert store.sweep().total == 0
+    advance(2)
     report = store.sweep()
     assert report.overdue_failed == [slow]
     got_slow = store.get(slow)
@@ -141,19 +144,18 @@ def got_slow_token(claims, tid):
     return next(c.token for c in claims if c.tasks[0].id == tid)
 
 
-def test_stale_pending_is_canceled(store):
+def test_stale_pending_is_canceled(store, advance):
     old = submit_one(store, "old")
     future = submit_one(store, "future", run_at=store.now() + 3600)
     up = submit_one(store, "up", queue="elsewhere", max_retries=2)
     waiting = submit_one(store, "waiting", depends_on=(up,))
     rec = claim_one(store, queues=["elsewhere"])
     assert finish(store, rec, State.RETRYING, run_at=store.now() - 10)
-    created = store.get(old).run_at
-    wait_for(lambda: store.now() > created + 0.05, message="clock moved past run_at")
-    # the default age keeps fresh PENDING tasks, None disables the rule
+    advance(3600 - 1)
+    # the default age (24 h) keeps younger PENDING tasks, None disables the rule
     assert store.sweep().stale_pending_canceled == []
     assert store.sweep(stale_pending_age=None).stale_pending_canceled == []
-    report = store.sweep(stale_pending_age=0.01)
+    report = store.sweep(stale_pending_age=3000)
     assert report.stale_pending_canceled == [old]
     got = store.get(old)
     assert got.status == State.CANCELED
@@ -177,10 +179,10 @@ def test_running_with_too_many_attempts_fails(store):
     assert got.error == EXHAUSTED_ERROR
 
 
-def test_sweep_after_completion_changes_nothing(store):
+def test_sweep_after_completion_changes_nothing(store, advance):
     tid = submit_one(store, max_retries=3)
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     # the worker completes late but before the sweeper gets to it
     assert finish(store, rec, State.SUCCESS, result="1")
     done = store.get(tid)
@@ -190,10 +192,10 @@ def test_sweep_after_completion_changes_nothing(store):
     assert (after.status, after.version, after.error) == (done.status, done.version, done.error)
 
 
-def test_completion_after_sweep_is_stale(store):
+def test_completion_after_sweep_is_stale(store, advance):
     tid = submit_one(store, max_retries=3)
-    rec = claim_one(store, lease_seconds=0.2)
-    expire_lease(store, rec)
+    rec = claim_one(store, lease_seconds=30)
+    expire_lease(store, rec, advance)
     assert store.sweep().lost_leases_retried == [tid]
     swept = store.get(tid)
     assert finish(store, rec, State.SUCCESS, result="1") is False
@@ -201,20 +203,22 @@ def test_completion_after_sweep_is_stale(store):
     assert (after.status, after.version, after.result) == (State.RETRYING, swept.version, None)
 
 
-def test_sweep_respects_max_rows(store):
-    ids = submit(store, *[new(max_retries=1) for _ in range(5)])
-    got = claim(store, 5, lease_seconds=0.2)
+def test_max_rows_is_one_budget_for_the_whole_sweep(store, advance):
+    # Pinned: max_rows bounds the rows one sweep changes over all its rules
+    # (stuck tasks first), not each rule on its own.
+    running = submit(store, *[new("run", max_retries=1) for _ in range(3)])
+    got = claim(store, 3, names=["run"], lease_seconds=30)
+    stale = submit(store, *[new("stale") for _ in range(2)])
     for c in got:
-        expire_lease(store, c.tasks[0])
-    first = store.sweep(max_rows=2)
-    assert 1 <= len(first.lost_leases_retried) <= 2
-
-    def sweep_again():
-        store.sweep(max_rows=2)
-        return store.counts().get("RUNNING", 0) == 0
-
-    wait_for(sweep_again, message="sweeps drain all expired leases")
-    assert all(status_of(store, i) is State.RETRYING for i in ids)
+        expire_lease(store, c.tasks[0], advance)
+    first = store.sweep(max_rows=2, stale_pending_age=0)
+    assert first.total == 2
+    assert first.lost_leases_retried == running[:2]
+    second = store.sweep(max_rows=2, stale_pending_age=0)
+    assert (second.lost_leases_retried, second.stale_pending_canceled) == (running[2:], stale[:1])
+    third = store.sweep(max_rows=2, stale_pending_age=0)
+    assert third.stale_pending_canceled == stale[1:]
+    assert all(status_of(store, i) is State.RETRYING for i in running)
 
 
 # ---- leadership --------------------------------------------------------------
@@ -228,20 +232,22 @@ def test_try_lead_one_holder_at_a_time(store):
     assert store.try_lead("sweeper", "b", ttl=30) is False
 
 
-def test_try_lead_taken_over_after_ttl(store):
-    assert store.try_lead("sweeper", "a", ttl=0.5) is True
-    assert store.try_lead("sweeper", "b", ttl=0.5) is False
-    wait_for(lambda: store.try_lead("sweeper", "b", ttl=30), message="b takes over after ttl")
+def test_try_lead_taken_over_after_ttl(store, advance):
+    assert store.try_lead("sweeper", "a", ttl=10) is True
+    assert store.try_lead("sweeper", "b", ttl=10) is False
+    advance(9)
+    assert store.try_lead("sweeper", "b", ttl=30) is False
+    advance(2)
+    assert store.try_lead("sweeper", "b", ttl=30) is True
     assert store.try_lead("sweeper", "a", ttl=30) is False
     assert store.try_lead("sweeper", "b", ttl=30) is True
 
 
-def test_try_lead_renewal_extends(store):
-    assert store.try_lead("sweeper", "a", ttl=0.2)
+def test_try_lead_renewal_extends(store, advance):
+    assert store.try_lead("sweeper", "a", ttl=10)
     assert store.try_lead("sweeper", "a", ttl=60)
-    t0 = store.now()
     # well past the first ttl, the renewed lead still holds
-    wait_for(lambda: store.now() > t0 + 0.3, message="first ttl passed")
+    advance(30)
     assert store.try_lead("sweeper", "b", ttl=30) is False
 
 

@@ -151,6 +151,12 @@ class TaskFilter:
 
 @dataclass(slots=True)
 class SweepReport:
+    """Ids of the tasks one sweep recovered, by rule (see corral.maintenance.recovery).
+
+    ``lost_leases_retried`` also holds chunk members whose lease was lost
+    before they started: they go back to PENDING with their attempt intact.
+    """
+
     lost_leases_retried: list[int] = field(default_factory=list)
     lost_leases_failed: list[int] = field(default_factory=list)
     overdue_failed: list[int] = field(default_factory=list)

@@ -4,12 +4,13 @@ One skeleton, like every maintenance loop: options, a timer, a leader check,
 and one bounded store call per tick. Each tick the sweeper asks the store to
 lead (``store.try_lead("sweeper", holder, ttl)``); only the holder sweeps, so
 a fleet where every worker runs ``--sweep`` still sweeps once per interval.
-The sweep itself (``store.sweep``) applies the seed 000 §5.2 rules with
-guarded writes, so even two sweepers racing change each row at most once.
+The sweep itself (:func:`corral.maintenance.recovery.sweep_once`) applies the
+recovery rules with guarded writes, so even two sweepers racing change each
+row at most once.
 
 Run it inside a worker (``corral worker APP --sweep``) or as its own process
-(``corral sweep --loop``); seed 000 recommends the latter, so the cleaner is
-not killed with the workers it cleans up after.
+(``corral sweep --loop``); the latter is better, so the cleaner is not killed
+with the workers it cleans up after.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import uuid
 from collections.abc import Callable
 
 from corral.core.model import SweepReport
-from corral.stores.base import DEFAULT_STALE_PENDING_AGE, Store
+from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
+from corral.stores.base import Store
 
 log = logging.getLogger("corral.sweeper")
 
@@ -38,7 +40,7 @@ class Sweeper:
         *,
         interval: float = 30.0,
         stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE,
-        max_rows: int = 1000,
+        max_rows: int = DEFAULT_MAX_ROWS,
         holder: str | None = None,
         on_report: Callable[[SweepReport], None] | None = None,
     ):
@@ -71,7 +73,7 @@ class Sweeper:
             self.is_leader = leading
         if not leading:
             return None
-        report = self.store.sweep(stale_pending_age=self.stale_pending_age, max_rows=self.max_rows)
+        report = sweep_once(self.store, stale_pending_age=self.stale_pending_age, max_rows=self.max_rows)
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
         if self.on_report is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from corral.core.clock import SYSTEM_CLOCK, Clock
+
 from corral.errors import ConfigError
 from corral.stores.base import Store
 
@@ -14,18 +16,21 @@ def default_url() -> str:
     return os.environ.get("CORRAL_STORE") or DEFAULT_URL
 
 
-def open_store(url: str | None = None) -> Store:
-    """Open the store named by ``url`` (default: $CORRAL_STORE, else sqlite:///corral.db)."""
+def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> Store:
+    """Open the store named by ``url`` (default: $CORRAL_STORE, else sqlite:///corral.db).
+
+    ``clock`` is the time of the memory and SQLite stores (tests pass a
+    :class:`~corral.core.clock.FakeClock`); PostgreSQL keeps the database's."""
     url = url or default_url()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "memory":
         from corral.stores.memory import MemoryStore
 
-        return MemoryStore(url)
+        return MemoryStore(url, clock=clock)
     if scheme == "sqlite":
         from corral.stores.sqlite import SQLiteStore
 
-        return SQLiteStore(url)
+        return SQLiteStore(url, clock=clock)
     if scheme in ("postgresql", "postgres"):
         from corral.stores.postgres import PostgresStore
 

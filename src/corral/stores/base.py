@@ -32,8 +32,11 @@ Claim rules (the heart; every store implements them the same way):
    the others record theirs with their outcome (``Outcome.started_at`` and
    ``Outcome.attempt``), so running a chunk costs no write per task, and a
    crash hands back members whose start was never recorded without burning
-   an attempt. :meth:`Store.mark_started` records a start at once, for
-   callers that want it durable before the outcome.
+   an attempt.
+
+Time: memory and SQLite read "now" from the :class:`~corral.core.clock.Clock`
+they were opened with (tests pass a fake one); PostgreSQL uses the database
+clock.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from corral.core.model import (
     Claim,
@@ -54,18 +58,42 @@ from corral.core.model import (
 )
 from corral.core.states import ACTIVE, State
 
-#: The seed 000 §5.2 rule: PENDING for longer than this is canceled by the sweeper.
-DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
-LOST_LEASE_ERROR = "worker crashed or task hung (lease expired)"
-OVERDUE_ERROR = "worker crashed or task hung (running past twice its timeout)"
-STALE_PENDING_ERROR = "pending for too long; canceled by the sweeper"
-EXHAUSTED_ERROR = "worker crashed or task hung (retries exhausted while running)"
 
 
 @dataclass(slots=True)
 class HeartbeatReply:
     lost_tokens: set[str] = field(default_factory=set)  # leases this worker no longer holds
     cancel_requested: set[int] = field(default_factory=set)  # running ids flagged for cancel
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    """A task a sweep read: what the recovery policy decides on, and the
+    version its write is guarded by."""
+
+    id: int
+    version: int
+    attempt: int
+    max_retries: int
+    started_at: float | None
+    timeout: float | None
+    lease_expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Rescue:
+    """One guarded write of a sweep (see :mod:`corral.maintenance.recovery`).
+
+    Applies only while the task still has ``version`` and is RUNNING (PENDING
+    for ``to`` CANCELED). ``to`` RETRYING or PENDING queues it again at once
+    (attempt intact); FAILED or CANCELED ends it, with the usual effects on
+    its dependents and group. ``error`` None keeps the task's error.
+    """
+
+    task_id: int
+    version: int
+    to: State
+    error: str | None
 
 
 @dataclass(slots=True)
@@ -81,7 +109,7 @@ class BatchSummary:
 
 
 def batch_status(counts: dict[str, int]) -> str:
-    """Aggregate status of seed 000 §4.1 from per-state counts."""
+    """A batch's aggregate status from its per-state counts."""
     total = sum(counts.values())
     if total == 0:
         return "EMPTY"
@@ -147,14 +175,6 @@ class Store(abc.ABC):
         """Take up to ``max_units`` claims by the module's claim rules."""
 
     @abc.abstractmethod
-    def mark_started(self, task_id: int, token: str) -> bool:
-        """A chunk member really starts: set started_at, attempt + 1, version + 1.
-
-        Returns False (and changes nothing) when the lease is no longer held.
-        The caller must use the task's version + 1 afterwards.
-        """
-
-    @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         """Extend the leases of RUNNING tasks holding ``tokens``."""
 
@@ -173,7 +193,8 @@ class Store(abc.ABC):
         """Apply guarded outcomes; True for each that applied, False if stale.
 
         Besides the state: clear the lease, set ``finished_at`` for final
-        states, ``run_at`` for RETRYING, ``started_at`` when given, ``attempt``
+        states, ``run_at`` for RETRYING, ``started_at`` when given and the task has
+        none (a chunk member; a start the claim recorded is kept), ``attempt``
         when given (a chunk member records its start with its outcome, so
         running a chunk costs no extra write per task), else ``attempt - 1``
         when ``burn_attempt`` is False; a SUCCESS promotes WAITING dependents whose dependencies have
@@ -229,12 +250,6 @@ class Store(abc.ABC):
         """FAILED/TIMEOUT/CANCELED -> PENDING now, attempts reset. False otherwise."""
 
     @abc.abstractmethod
-    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
-        """Generic compare-and-set: move to ``to`` only if ``version`` matches and
-        the move is legal. Raises IllegalTransition for an illegal move from
-        the current state; returns False when the version is stale."""
-
-    @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...
 
     # ---- limits -----------------------------------------------------------
@@ -247,21 +262,37 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def limit_usage(self) -> dict[str, int]:
-        """Claims currently RUNNING per limit name."""
+        """Claims currently RUNNING per limit name; limits with none are absent."""
 
     # ---- maintenance ------------------------------------------------------
+    # The sweep's rules live in corral.maintenance.recovery; a store reads
+    # candidates and applies guarded decisions.
     @abc.abstractmethod
-    def sweep(self, *, stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
-        """Apply the seed 000 §5.2 rules once (see the module constants).
+    def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
+        """Up to ``limit`` RUNNING tasks, by id, that a rule may recover at
+        ``now``: lease expired, past ``started_at + 2 * timeout``, or more
+        attempts than ``max_retries + 1``."""
 
-        - RUNNING with an expired lease: RETRYING (run_at now) when retries are
-          left, else FAILED with LOST_LEASE_ERROR. A task of a chunk that never
-          started (started_at is null) goes back to PENDING, attempt intact.
-        - RUNNING past ``started_at + 2 * timeout``: FAILED with OVERDUE_ERROR.
-        - PENDING whose run_at is older than ``stale_pending_age``: CANCELED.
-        - RUNNING with more attempts than ``max_retries + 1``: FAILED.
-        Each write is guarded, so a row that changed since it was read is left.
-        """
+    @abc.abstractmethod
+    def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
+        """Up to ``limit`` PENDING tasks, by id, whose ``run_at`` is before ``before``."""
+
+    @abc.abstractmethod
+    def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
+        """Apply the decisions as guarded writes in one transaction; True for
+        each that applied. Times written are the store's now."""
+
+    def repair(self, limit: int) -> None:
+        """Finish up to ``limit`` effects an interrupted write left undone.
+
+        Nothing to do where a write and its effects commit together; the
+        PostgreSQL store settles dependents in a statement of their own."""
+
+    def sweep(self, **options: Any) -> SweepReport:
+        """One sweep by :func:`corral.maintenance.recovery.sweep_once` (same keywords)."""
+        from corral.maintenance.recovery import sweep_once
+
+        return sweep_once(self, **options)
 
     @abc.abstractmethod
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:

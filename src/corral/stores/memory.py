@@ -11,28 +11,27 @@ import heapq
 import sys
 import itertools
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     Claim,
     LimitSpec,
     NewTask,
     Outcome,
     SubmitResult,
-    SweepReport,
     TaskFilter,
     TaskRecord,
     dumps,
     loads,
 )
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
-from corral.errors import IllegalTransition, SubmitError
+from corral.errors import SubmitError
 from corral.stores import base
-from corral.stores.base import BatchSummary, HeartbeatReply, Store
+from corral.stores.base import BatchSummary, HeartbeatReply, Rescue, Store, SweepRow
 
 
 @dataclass(slots=True)
@@ -51,8 +50,9 @@ class _Lease:
 class MemoryStore(Store):
     shared = False
 
-    def __init__(self, url: str = "memory://"):
+    def __init__(self, url: str = "memory://", *, clock: Clock = SYSTEM_CLOCK):
         self.url = url
+        self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._tasks: dict[int, TaskRecord] = {}
@@ -74,7 +74,7 @@ class MemoryStore(Store):
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
 
     def now(self) -> float:
-        return time.time()
+        return self._clock.time()
 
     # ---- queue bookkeeping (lock held) -----------------------------------
     def _enqueue(self, t: TaskRecord, now: float) -> None:
@@ -316,16 +316,6 @@ class MemoryStore(Store):
         spec = self._limits.get(name)
         return spec is not None and spec.concurrency is not None and self._usage.get(name, 0) >= spec.concurrency
 
-    def mark_started(self, task_id: int, token: str) -> bool:
-        with self._lock:
-            t = self._tasks.get(task_id)
-            if t is None or t.status is not State.RUNNING or t.lease_token != token:
-                return False
-            t.started_at = self.now()
-            t.attempt += 1
-            t.version += 1
-            return True
-
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         reply = HeartbeatReply()
         with self._lock:
@@ -359,7 +349,7 @@ class MemoryStore(Store):
                 check_transition(State.RUNNING, o.status)
                 self._release(t, now)
                 fields: dict = {}
-                if o.started_at is not None:
+                if o.started_at is not None and t.started_at is None:
                     fields["started_at"] = o.started_at
                 if o.status in FINAL:
                     fields["finished_at"] = o.finished_at or now
@@ -467,31 +457,6 @@ class MemoryStore(Store):
             self._wake.notify_all()
             return True
 
-    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
-        with self._lock:
-            now = self.now()
-            t = self._tasks.get(task_id)
-            if t is None:
-                return False
-            if t.version != expected_version:
-                return False
-            to = State(to)
-            check_transition(t.status, to)
-            was = t.status
-            if was is State.RUNNING:
-                self._release(t, now)
-            if to in FINAL and "finished_at" not in fields:
-                fields["finished_at"] = now
-            if to is State.RUNNING:
-                raise IllegalTransition("use claim() to move a task to RUNNING")
-            self._set(t, to, **fields)
-            if to in FINAL:
-                self._finish_effects(t, now)
-            elif to in QUEUED:
-                self._requeue(t, now)
-            self._wake.notify_all()
-            return True
-
     def batch_summary(self, batch: str) -> BatchSummary:
         with self._lock:
             rows = [t for t in self._tasks.values() if t.batch == batch]
@@ -525,54 +490,53 @@ class MemoryStore(Store):
             return {k: v for k, v in self._usage.items() if v}
 
     # ---- maintenance ------------------------------------------------------
-    def sweep(self, *, stale_pending_age=base.DEFAULT_STALE_PENDING_AGE, max_rows=1000) -> SweepReport:
-        rep = SweepReport()
+    @staticmethod
+    def _sweep_row(t: TaskRecord) -> SweepRow:
+        return SweepRow(t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at)
+
+    def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
+        with self._lock:
+            stuck = [
+                t for t in map(self._tasks.__getitem__, sorted(self._running))
+                if (t.lease_expires_at is not None and t.lease_expires_at < now)
+                or (t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now)
+                or t.attempt > t.max_retries + 1
+            ]
+            return [self._sweep_row(t) for t in stuck[: max(0, limit)]]
+
+    def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
+        with self._lock:
+            stale = (t for t in self._tasks.values() if t.status is State.PENDING and t.run_at < before)
+            return [self._sweep_row(t) for t in itertools.islice(stale, max(0, limit))]
+
+    def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
+        applied: list[bool] = []
         with self._lock:
             now = self.now()
-            for tid in list(self._running):
-                if rep.total >= max_rows:
-                    break
-                t = self._tasks[tid]
-                if t.lease_expires_at is not None and t.lease_expires_at < now:
-                    self._release(t, now)
-                    if t.started_at is None:
-                        self._set(t, State.PENDING, worker_id=None)
-                        rep.lost_leases_retried.append(tid)
-                    elif t.attempt <= t.max_retries:
-                        self._set(t, State.RETRYING, run_at=now, error=base.LOST_LEASE_ERROR, worker_id=None)
-                        rep.lost_leases_retried.append(tid)
-                    else:
-                        self._set(t, State.FAILED, error=base.LOST_LEASE_ERROR, finished_at=now)
-                        rep.lost_leases_failed.append(tid)
-                elif t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now:
-                    self._release(t, now)
-                    self._set(t, State.FAILED, error=base.OVERDUE_ERROR, finished_at=now)
-                    rep.overdue_failed.append(tid)
-                elif t.attempt > t.max_retries + 1:
-                    self._release(t, now)
-                    self._set(t, State.FAILED, error=base.EXHAUSTED_ERROR, finished_at=now)
-                    rep.exhausted_failed.append(tid)
-                else:
+            for r in rescues:
+                t = self._tasks.get(r.task_id)
+                expected = State.PENDING if r.to is State.CANCELED else State.RUNNING
+                if t is None or t.status is not expected or t.version != r.version:
+                    applied.append(False)
                     continue
-                if t.status in FINAL:
-                    self._finish_effects(t, now)
-                elif t.group is not None:
-                    self._group_advance(t.group, now)
+                if expected is State.RUNNING:
+                    self._release(t, now)
                 else:
-                    self._enqueue(t, now)
-            if stale_pending_age is not None:
-                cutoff = now - stale_pending_age
-                for t in list(self._tasks.values()):
-                    if rep.total >= max_rows:
-                        break
-                    if t.status is State.PENDING and t.run_at < cutoff:
-                        self._stamp.pop(t.id, None)
-                        self._set(t, State.CANCELED, error=base.STALE_PENDING_ERROR, finished_at=now)
-                        rep.stale_pending_canceled.append(t.id)
-                        self._finish_effects(t, now)
-            if rep.total:
+                    self._stamp.pop(t.id, None)
+                error = t.error if r.error is None else r.error
+                if r.to in QUEUED:
+                    self._set(t, r.to, run_at=now, error=error, worker_id=None)
+                    if t.group is not None:
+                        self._group_advance(t.group, now)
+                    else:
+                        self._enqueue(t, now)
+                else:
+                    self._set(t, r.to, error=error, finished_at=now)
+                    self._finish_effects(t, now)
+                applied.append(True)
+            if any(applied):
                 self._wake.notify_all()
-        return rep
+        return applied
 
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         with self._lock:

@@ -52,7 +52,6 @@ from corral.core.model import (
     NewTask,
     Outcome,
     SubmitResult,
-    SweepReport,
     TaskFilter,
     TaskRecord,
     dumps,
@@ -65,18 +64,8 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import (
-    DEFAULT_STALE_PENDING_AGE,
-    EXHAUSTED_ERROR,
-    LOST_LEASE_ERROR,
-    OVERDUE_ERROR,
-    STALE_PENDING_ERROR,
-    BatchSummary,
-    HeartbeatReply,
-    Store,
-    batch_status,
-    percentile,
-)
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow
+from corral.stores.sqlbase import Read, SqlStore, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
@@ -102,28 +91,8 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 SCHEMA_VERSION = 3
-BAD_FINAL = ("FAILED", "TIMEOUT", "CANCELED")
+_BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
-#: TaskRecord field -> column, for transition(**fields).
-_FIELD_COLUMNS = {
-    "result": "result",
-    "error": "error",
-    "run_at": "run_at",
-    "started_at": "started_at",
-    "finished_at": "finished_at",
-    "lease_token": "lease_token",
-    "lease_expires_at": "lease_expires_at",
-    "worker_id": "worker_id",
-    "progress": "progress",
-    "progress_message": "progress_message",
-    "checkpoint": "checkpoint",
-    "cancel_requested": "cancel_requested",
-    "attempt": "attempt",
-    "priority": "priority",
-    "max_retries": "max_retries",
-    "timeout": "timeout",
-    "queue": "queue",
-}
 
 
 def _redact(url: str) -> str:
@@ -155,42 +124,11 @@ def _nothing() -> Iterator[None]:
     yield
 
 
-def _rec(row: dict[str, Any]) -> TaskRecord:
-    return TaskRecord(
-        id=row["id"],
-        name=row["name"],
-        args=row["args"],
-        status=State(row["status"]),
-        queue=row["queue"],
-        priority=row["priority"],
-        attempt=row["attempt"],
-        max_retries=row["max_retries"],
-        timeout=row["timeout"],
-        group=row["group_key"],
-        batch=row["batch"],
-        key=row["idem_key"],
-        trace_id=row["trace_id"],
-        limits=tuple(row["limits"] or ()),
-        depends_on=tuple(row["depends_on"] or ()),
-        halt_group_on_failure=row["halt_group_on_failure"],
-        created_at=row["created_at"],
-        run_at=row["run_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        result=row["result"],
-        error=row["error"],
-        version=row["version"],
-        lease_token=row["lease_token"],
-        lease_expires_at=row["lease_expires_at"],
-        worker_id=row["worker_id"],
-        progress=row["progress"],
-        progress_message=row["progress_message"],
-        checkpoint=row["checkpoint"],
-        cancel_requested=row["cancel_requested"],
-    )
+def _record(row: dict[str, Any]) -> TaskRecord:
+    return task_record(row, row["limits"] or (), row["depends_on"] or ())
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     shared = True
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5.0):
@@ -292,7 +230,7 @@ class PostgresStore(Store):
         def go(conn):
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
             try:
-                conn.execute(self._q["meta_table"])
+                conn.execute(self._q["schema_version_table"])
                 row = conn.execute(self._q["schema_version"]).fetchone()
                 current = row[0] if row else 0
                 for version, key in migrations:
@@ -350,24 +288,24 @@ class PostgresStore(Store):
             # Without dependencies the insert is one atomic statement; with
             # them, the dependency rows are locked first in the same transaction.
             with conn.transaction() if all_deps else _nothing():
-                states: dict[int, str] = {}
+                states: dict[int, State] = {}
                 if all_deps:
                     for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
-                        states[dep_id] = status
+                        states[dep_id] = State(status)
                     missing = [d for d in all_deps if d not in states]
                     if missing:
                         raise SubmitError(f"unknown dependency id(s): {', '.join(map(str, missing))}")
                 status_col: list[str] = []
                 error_col: list[str | None] = []
                 for t in rows:
-                    status, error = "PENDING", None
+                    status, error = State.PENDING, None
                     for d in t.depends_on:
-                        if states[d] in BAD_FINAL:
-                            status, error = "FAILED", f"dependency {d} ended {states[d]}"
+                        if states[d] in _BAD_FINAL:
+                            status, error = State.FAILED, f"dependency {d} ended {states[d].value}"
                             break
-                        if states[d] != "SUCCESS":
-                            status = "WAITING"
-                    status_col.append(status)
+                        if states[d] is not State.SUCCESS:
+                            status = State.WAITING
+                    status_col.append(status.value)
                     error_col.append(error)
                 params = {"rows": _submit_rows(rows, status_col, error_col)}
                 inserted = conn.execute(self._q["submit"], params).fetchall()
@@ -453,7 +391,7 @@ class PostgresStore(Store):
         rows = self._run_hot(go)
         claims: dict[str, Claim] = {}
         for row in rows:
-            rec = _rec(row)
+            rec = _record(row)
             c = claims.get(rec.lease_token)
             if c is None:
                 claims[rec.lease_token] = Claim(rec.lease_token, [rec], rec.group)
@@ -495,9 +433,6 @@ class PostgresStore(Store):
                 open_slots = [f for f in free.values() if f > 0]
                 k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
         return out
-
-    def mark_started(self, task_id: int, token: str) -> bool:
-        return self._rowcount("mark_started", {"id": task_id, "token": token}) == 1
 
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         tokens = list(tokens)
@@ -563,7 +498,7 @@ class PostgresStore(Store):
 
         def go(conn):
             with conn.transaction():
-                row = conn.execute(self._q["checkpoint_for_update"], {"id": task_id, "token": token}).fetchone()
+                row = conn.execute(self._q["get_checkpoint"], {"id": task_id, "token": token}).fetchone()
                 if row is None:
                     return False
                 data = json.loads(row[0]) if row[0] else {}
@@ -664,7 +599,7 @@ class PostgresStore(Store):
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:
         rows = self._fetchall("get", {"id": task_id}, dicts=True)
-        return _rec(rows[0]) if rows else None
+        return _record(rows[0]) if rows else None
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
@@ -685,7 +620,7 @@ class PostgresStore(Store):
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
-            return [_rec(r) for r in cur.execute(sql, params).fetchall()]
+            return [_record(r) for r in cur.execute(sql, params).fetchall()]
 
         return self._run(go)
 
@@ -729,77 +664,12 @@ class PostgresStore(Store):
 
         return self._run(go)
 
-    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
-        to = State(to)
-        sets = ["status = %(to)s", "version = version + 1"]
-        params: dict[str, Any] = {"id": task_id, "to": to.value, "version": expected_version}
-        for name, value in fields.items():
-            col = _FIELD_COLUMNS.get(name)
-            if col is None:
-                raise StoreError(f"transition() cannot set {name!r}")
-            sets.append(f"{col} = %(f_{name})s")
-            params[f"f_{name}"] = value
-        if to in FINAL and "finished_at" not in fields:
-            sets.append("finished_at = extract(epoch FROM now())::float8")
-        if not to.final and to is not State.RUNNING and "finished_at" not in fields:
-            sets.append("finished_at = NULL")
-        if to is not State.RUNNING and "lease_token" not in fields:
-            sets.append("lease_token = NULL")
-            if "lease_expires_at" not in fields:
-                sets.append("lease_expires_at = NULL")
-        if to is State.PENDING and "run_at" not in fields:
-            sets.append("run_at = greatest(run_at, extract(epoch FROM now())::float8)")
-
+    def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):
             with conn.transaction():
-                conn.execute(self._q["lock_group_of"], {"id": task_id})
-                row = conn.execute(
-                    "SELECT status, version FROM corral_tasks WHERE id = %(id)s FOR UPDATE", {"id": task_id}
-                ).fetchone()
-                if row is None:
-                    return False
-                status, version = row
-                if version != expected_version:
-                    return False  # stale: someone moved it first
-                check_transition(status, to)
-                params["from"] = status
-                cur = conn.execute(
-                    f"UPDATE corral_tasks SET {', '.join(sets)} "
-                    "WHERE id = %(id)s AND version = %(version)s AND (status || '') = %(from)s "
-                    "RETURNING queue, group_key",
-                    params,
-                )
-                done = cur.fetchone()
-                if done is None:
-                    return False
-                if to in FINAL:
-                    conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
-                if to in (State.PENDING, State.RETRYING) or (to in FINAL and done[1] is not None):
-                    conn.execute(self._q["notify"], {"queue": done[0]})
-                return True
+                return [conn.execute(self._q[name], params).fetchall() for name, params in reads]
 
         return self._run(go)
-
-    def batch_summary(self, batch: str) -> BatchSummary:
-        def go(conn):
-            counts_rows = conn.execute(self._q["batch_counts"], {"batch": batch}).fetchall()
-            durations = [r[0] for r in conn.execute(self._q["batch_durations"], {"batch": batch})]
-            return counts_rows, durations
-
-        counts_rows, durations = self._run(go)
-        counts = {status: n for status, n, _, _ in counts_rows}
-        created = [c for _, _, c, _ in counts_rows if c is not None]
-        finished = [f for _, _, _, f in counts_rows if f is not None]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=(sum(durations) / len(durations)) if durations else None,
-            p99_duration=percentile(durations, 0.99),
-            first_created_at=min(created) if created else None,
-            last_finished_at=max(finished) if finished else None,
-        )
 
     # ---- limits -------------------------------------------------------------------
     def set_limit(self, spec: LimitSpec) -> None:
@@ -807,60 +677,43 @@ class PostgresStore(Store):
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
 
-    def limits(self) -> dict[str, LimitSpec]:
-        return {n: LimitSpec(n, c, r) for n, c, r in self._fetchall("limits")}
-
-    def limit_usage(self) -> dict[str, int]:
-        usage = {n: 0 for n in self.limits()}
-        for name, used in self._fetchall("limit_usage"):
-            usage[name] = used
-        return usage
-
     # ---- maintenance --------------------------------------------------------------
-    def sweep(self, *, stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
-        report = SweepReport()
+    def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._fetchall("find_stuck", {"now": now, "limit": limit})]
+
+    def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._fetchall("find_stale_pending", {"before": before, "limit": limit})]
+
+    def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
+        params = {
+            "id": [r.task_id for r in rescues],
+            "version": [r.version for r in rescues],
+            "to": [r.to.value for r in rescues],
+            "error": [r.error for r in rescues],
+        }
 
         def go(conn):
-            ended: list[int] = []
-            queues: set[str] = set()
-            for tid, status, queue in conn.execute(
-                self._q["sweep_lost_leases"], {"max_rows": max_rows, "lost_error": LOST_LEASE_ERROR}
-            ):
-                queues.add(queue)
-                if status == "FAILED":
-                    report.lost_leases_failed.append(tid)
-                    ended.append(tid)
-                else:
-                    report.lost_leases_retried.append(tid)
-            for tid, queue in conn.execute(self._q["sweep_overdue"], {"max_rows": max_rows, "error": OVERDUE_ERROR}):
-                report.overdue_failed.append(tid)
-                ended.append(tid)
-                queues.add(queue)
-            if stale_pending_age is not None:
-                for tid, queue in conn.execute(
-                    self._q["sweep_stale_pending"],
-                    {"max_rows": max_rows, "age": float(stale_pending_age), "error": STALE_PENDING_ERROR},
-                ):
-                    report.stale_pending_canceled.append(tid)
-                    ended.append(tid)
-                    queues.add(queue)
-            for tid, queue in conn.execute(
-                self._q["sweep_exhausted"], {"max_rows": max_rows, "error": EXHAUSTED_ERROR}
-            ):
-                report.exhausted_failed.append(tid)
-                ended.append(tid)
-                queues.add(queue)
-            # dependents a crashed completion left WAITING behind a finished task
-            ended += [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": max_rows})]
-            if ended:
-                conn.execute(self._q["settle_dependents"], {"ids": ended})
-            for q in queues:
-                conn.execute(self._q["notify"], {"queue": q})
+            with conn.transaction():
+                rows = conn.execute(self._q["rescue"], params).fetchall()
+                ended = [tid for tid, status, _ in rows if State(status) in FINAL]
+                if ended:
+                    conn.execute(self._q["settle_dependents"], {"ids": ended})
+                for queue in sorted({q for _, _, q in rows}):
+                    conn.execute(self._q["notify"], {"queue": queue})
+            return rows
+
+        done = {r[0] for r in self._run(go, retry=False)}
+        return [r.task_id in done for r in rescues]
+
+    def repair(self, limit: int) -> None:
+        """Settle dependents a crashed completion left WAITING behind a finished task."""
+
+        def go(conn):
+            ids = [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": limit})]
+            if ids:
+                conn.execute(self._q["settle_dependents"], {"ids": ids})
 
         self._run(go, retry=False)
-        for f in report.__dataclass_fields__:
-            getattr(report, f).sort()
-        return report
 
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})

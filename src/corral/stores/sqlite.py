@@ -67,23 +67,23 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from urllib.parse import parse_qsl
 
+from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     Claim,
     LimitSpec,
     NewTask,
     Outcome,
     SubmitResult,
-    SweepReport,
     TaskFilter,
     TaskRecord,
     dumps,
     loads,
 )
-from corral.core.states import FINAL, QUEUED, State, check_transition
+from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
-from corral.stores import base
-from corral.stores.base import BatchSummary, HeartbeatReply, Store
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow
 from corral.stores.sql import load
+from corral.stores.sqlbase import Read, SqlStore, task_record
 
 SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
@@ -96,27 +96,10 @@ CHECKPOINT_INTERVAL = 0.2
 Q = load("sqlite")
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_PENDING, _RETRYING, _RUNNING = State.PENDING.value, State.RETRYING.value, State.RUNNING.value
-_BAD_END = (State.FAILED, State.TIMEOUT, State.CANCELED)
+#: Claimable states; State is a str enum, so a status column compares equal without conversion.
+_QUEUED = (State.PENDING, State.RETRYING)
 _UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
 
-# Columns of select_tasks, in order; TaskRecord field names.
-_FIELDS = (
-    "id", "name", "args", "status", "queue", "priority", "attempt", "max_retries", "timeout",
-    "group", "batch", "key", "trace_id", "limits", "halt_group_on_failure",
-    "created_at", "run_at", "started_at", "finished_at", "result", "error", "version",
-    "lease_token", "lease_expires_at", "worker_id", "progress", "progress_message",
-    "checkpoint", "cancel_requested",
-)
-# Fields transition(**fields) may set, and their columns.
-_SETTABLE = {
-    "result": "result", "error": "error", "run_at": "run_at", "started_at": "started_at",
-    "finished_at": "finished_at", "progress": "progress", "progress_message": "progress_message",
-    "checkpoint": "checkpoint", "worker_id": "worker_id", "lease_token": "lease_token",
-    "lease_expires_at": "lease_expires_at", "attempt": "attempt", "priority": "priority",
-    "queue": "queue", "cancel_requested": "cancel_requested", "max_retries": "max_retries",
-    "timeout": "timeout",
-}
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -162,14 +145,15 @@ def _guard(fn):
     return wrapper
 
 
-def _record(row: Sequence, deps: tuple[int, ...] = ()) -> TaskRecord:
-    rec = TaskRecord(**dict(zip(_FIELDS, row)))
-    rec.status = State(rec.status)
-    rec.limits = tuple(json.loads(rec.limits)) if rec.limits else ()
-    rec.halt_group_on_failure = bool(rec.halt_group_on_failure)
-    rec.cancel_requested = bool(rec.cancel_requested)
-    rec.depends_on = deps
-    return rec
+def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
+    return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)
+
+
+def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
+    """A cursor whose rows are read by column name (task rows)."""
+    cur = con.cursor()
+    cur.row_factory = sqlite3.Row
+    return cur
 
 
 def _split_script(script: str) -> list[str]:
@@ -185,13 +169,14 @@ def _split_script(script: str) -> list[str]:
     return out
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SqlStore):
     """The store on one SQLite file (see the module docstring)."""
 
     shared = True
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, clock: Clock = SYSTEM_CLOCK):
         self.url = url
+        self._clock = clock
         self.path, options = parse_url(url)
         sync = options.get("synchronous", "NORMAL").upper()
         if sync not in _SYNCHRONOUS:
@@ -351,12 +336,12 @@ class SQLiteStore(Store):
     def migrate(self) -> None:
         with self._write() as con:
             con.execute(Q["schema_version_table"])
-            version = con.execute(Q["schema_version_get"]).fetchone()[0] or 0
+            version = con.execute(Q["schema_version"]).fetchone()[0] or 0
             if version >= SCHEMA_VERSION:
                 return
             for stmt in _split_script(Q["schema"]):
                 con.execute(stmt)
-            con.execute(Q["schema_version_set"], (SCHEMA_VERSION,))
+            con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def close(self) -> None:
         self._closed = True
@@ -373,7 +358,7 @@ class SQLiteStore(Store):
         self._local = threading.local()
 
     def now(self) -> float:
-        return time.time()
+        return self._clock.time()
 
     # ---- helpers ------------------------------------------------------------
     def _deps(self, con: sqlite3.Connection, ids: Sequence[int]) -> dict[int, tuple[int, ...]]:
@@ -437,7 +422,7 @@ class SQLiteStore(Store):
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             all_deps = {d for t in tasks for d in t.depends_on}
             dep_state: dict[int, State] = {}
             if all_deps:
@@ -508,10 +493,10 @@ class SQLiteStore(Store):
         known = None if names is None else set(names)
         queues = sorted(set(queues))
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic():
                 # Only plain work was queued a moment ago: one statement.
-                rows = con.execute(Q["claim_plain"], (
+                rows = _task_cursor(con).execute(Q["claim_plain"], (
                     now + lease_seconds, worker_id, now, queues[0], now,
                     dumps(sorted(known)) if known is not None else None, max_units,
                 )).fetchall()
@@ -531,9 +516,10 @@ class SQLiteStore(Store):
             touched: dict[str, float] = {}
             for members in picked:
                 token = uuid.uuid4().hex
-                rows = con.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
+                cur = _task_cursor(con)
+                rows = cur.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
                 for m in members[1:]:
-                    rows += con.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
+                    rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
                 group = members[0][3]
                 if group is not None:
                     touched[group] = now
@@ -565,7 +551,7 @@ class SQLiteStore(Store):
         def fits(limit_names) -> bool:
             nonlocal specs, usage
             if specs is None:
-                specs = {n: c for n, c, _ in con.execute(Q["limit_specs"]) if c is not None}
+                specs = {n: c for n, c, _ in con.execute(Q["limits"]) if c is not None}
                 usage = dict(con.execute(Q["limit_usage"]).fetchall())
             return all(usage.get(n, 0) < specs[n] for n in limit_names if n in specs)
 
@@ -586,7 +572,7 @@ class SQLiteStore(Store):
             members = [row]
             if row[3] is not None and chunk_size > 1:
                 for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
-                    if f[7] not in (_PENDING, _RETRYING) or f[2] > now or f[6] != row[6]:
+                    if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
                     if known is not None and f[4] not in known:
                         break
@@ -620,11 +606,6 @@ class SQLiteStore(Store):
         return picked
 
     @_guard
-    def mark_started(self, task_id: int, token: str) -> bool:
-        with self._write() as con:
-            return con.execute(Q["mark_started"], (time.time(), task_id, token)).rowcount == 1
-
-    @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         tokens = set(tokens)
         reply = HeartbeatReply()
@@ -632,7 +613,7 @@ class SQLiteStore(Store):
             return reply
         arg = dumps(sorted(tokens))
         with self._write() as con:
-            con.execute(Q["heartbeat_extend"], (time.time() + lease_seconds, arg))
+            con.execute(Q["heartbeat_extend"], (self._clock.time() + lease_seconds, arg))
             held = set()
             for tid, token, cancel in con.execute(Q["heartbeat_held"], (arg,)):
                 held.add(token)
@@ -662,7 +643,7 @@ class SQLiteStore(Store):
         ended: list[tuple[int, State]] = []
         groups: set[str] = set()
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             cur = con.cursor()
             final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
             for o, status in zip(outcomes, statuses):
@@ -691,7 +672,7 @@ class SQLiteStore(Store):
     def _complete_finals(self, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             rows = dumps([
                 [o.task_id, o.token, o.version, s.value, o.result,
                  o.error is not None or s is State.SUCCESS, o.error, o.finished_at or now,
@@ -729,19 +710,19 @@ class SQLiteStore(Store):
     @_guard
     def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
         with self._write() as con:
-            row = con.execute(Q["checkpoint_get"], (task_id, token)).fetchone()
+            row = con.execute(Q["get_checkpoint"], (task_id, token)).fetchone()
             if row is None:
                 return False
             cp = loads(row[0]) or {}
             cp.pop(stage, None)
             cp[stage] = loads(data_json)
-            return con.execute(Q["checkpoint_set"], (dumps(cp), task_id, token)).rowcount == 1
+            return con.execute(Q["set_checkpoint"], (dumps(cp), task_id, token)).rowcount == 1
 
     # ---- operators --------------------------------------------------------
     @_guard
     def get(self, task_id: int) -> TaskRecord | None:
         with self._read() as con:
-            row = con.execute(Q["get_task"], (task_id,)).fetchone()
+            row = _task_cursor(con).execute(Q["get"], (task_id,)).fetchone()
             if row is None:
                 return None
             return self._records(con, [row])[0]
@@ -766,13 +747,13 @@ class SQLiteStore(Store):
         sql += " LIMIT ? OFFSET ?"
         params += [max(0, flt.limit), max(0, flt.offset)]
         with self._read() as con:
-            return self._records(con, con.execute(sql, params).fetchall())
+            return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
 
     @_guard
     def counts(self, queue: str | None = None) -> dict[str, int]:
         con = self._con()
         if queue is None:
-            rows = con.execute(Q["counts_all"]).fetchall()
+            rows = con.execute(Q["counts"]).fetchall()
         else:
             rows = con.execute(Q["counts_queue"], (queue,)).fetchall()
         return {status: n for status, n in rows}
@@ -788,79 +769,25 @@ class SQLiteStore(Store):
             if row is None:
                 return None
             status = State(row[0])
-            now = time.time()
+            now = self._clock.time()
             if status is State.RUNNING:
                 con.execute(Q["cancel_running"], (task_id,))
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
                 con.execute(Q["cancel_queued"], (now, task_id))
                 self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
-            return self._records(con, [con.execute(Q["get_task"], (task_id,)).fetchone()])[0]
+            return self._records(con, [_task_cursor(con).execute(Q["get"], (task_id,)).fetchone()])[0]
 
     @_guard
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
-            rows = con.execute(Q["retry_task"], (time.time(), task_id)).fetchall()
+            rows = con.execute(Q["retry"], (self._clock.time(), task_id)).fetchall()
             self._refresh_heads(con, {r[0] for r in rows})
             return bool(rows)
 
     @_guard
-    def transition(self, task_id: int, expected_version: int, to: State, **fields) -> bool:
-        to = State(to)
-        unknown = set(fields) - _SETTABLE.keys()
-        if unknown:
-            raise StoreError(f"transition() cannot set {', '.join(sorted(unknown))}")
-        with self._write() as con:
-            row = con.execute(Q["status_of"], (task_id,)).fetchone()
-            if row is None or row[1] != expected_version:
-                return False
-            current = State(row[0])
-            check_transition(current, to)
-            now = time.time()
-            values = {_SETTABLE[k]: v for k, v in fields.items()}
-            if to in FINAL:
-                values.setdefault("finished_at", now)
-            if to is State.RUNNING:
-                values.setdefault("lease_token", uuid.uuid4().hex)
-                values.setdefault("lease_expires_at", now + 30.0)
-                values.setdefault("started_at", now)
-            elif current is State.RUNNING:
-                values.setdefault("lease_token", None)
-                values.setdefault("lease_expires_at", None)
-            if to in QUEUED:
-                values.setdefault("finished_at", None)
-                if current in FINAL or current is State.RUNNING:
-                    values.setdefault("run_at", now)
-            if "cancel_requested" in values:
-                values["cancel_requested"] = 1 if values["cancel_requested"] else 0
-            assignments = "".join(f", {col} = ?" for col in sorted(values))
-            params = [to.value, *(values[c] for c in sorted(values)), task_id, expected_version]
-            sql = f"UPDATE tasks SET status = ?, version = version + 1{assignments} WHERE id = ? AND version = ?"
-            if con.execute(sql, params).rowcount != 1:  # pragma: no cover - serialised by the write lock
-                return False
-            self._after_final(con, [(task_id, to)] if to in FINAL else [], now, {row[2]})
-            return True
-
-    @_guard
-    def batch_summary(self, batch: str) -> BatchSummary:
+    def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:
         with self._read() as con:
-            counts: dict[str, int] = {}
-            first, last = None, None
-            for status, n, created, finished in con.execute(Q["batch_counts"], (batch,)):
-                counts[status] = n
-                first = created if first is None else min(first, created)
-                if finished is not None:
-                    last = finished if last is None else max(last, finished)
-            durations = [d for (d,) in con.execute(Q["batch_durations"], (batch,))]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=base.batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=sum(durations) / len(durations) if durations else None,
-            p99_duration=base.percentile(durations, 0.99),
-            first_created_at=first,
-            last_finished_at=last,
-        )
+            return [con.execute(Q[name], params).fetchall() for name, params in reads]
 
     # ---- limits -----------------------------------------------------------
     @_guard
@@ -868,61 +795,39 @@ class SQLiteStore(Store):
         with self._write() as con:
             con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate))
 
-    @_guard
-    def limits(self) -> dict[str, LimitSpec]:
-        return {n: LimitSpec(n, c, r) for n, c, r in self._con().execute(Q["limit_specs"])}
-
-    @_guard
-    def limit_usage(self) -> dict[str, int]:
-        return {n: c for n, c in self._con().execute(Q["limit_usage"]) if c}
-
     # ---- maintenance ------------------------------------------------------
     @_guard
-    def sweep(self, *, stale_pending_age: float | None = base.DEFAULT_STALE_PENDING_AGE, max_rows: int = 1000) -> SweepReport:
-        rep = SweepReport()
+    def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._con().execute(Q["find_stuck"], {"now": now, "limit": limit})]
+
+    @_guard
+    def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
+        return [SweepRow(*r) for r in self._con().execute(Q["find_stale_pending"], (before, limit))]
+
+    @_guard
+    def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
+        applied: list[bool] = []
+        ended: list[tuple[int, State]] = []
+        groups: set[str | None] = set()
         with self._write() as con:
-            now = time.time()
-            ended: list[tuple[int, State]] = []
-            groups: set[str] = set()
-
-            def budget() -> int:
-                return max(0, max_rows - rep.total)
-
-            for tid, version, started_at, attempt, max_retries, group in con.execute(
-                Q["sweep_expired"], (now, budget())
-            ).fetchall():
-                groups.add(group)
-                if started_at is None:  # a chunk member that never started: back, attempt intact
-                    con.execute(Q["sweep_requeue"], (_PENDING, now, None, tid, version))
-                elif attempt <= max_retries:
-                    if con.execute(Q["sweep_requeue"], (_RETRYING, now, base.LOST_LEASE_ERROR, tid, version)).rowcount:
-                        rep.lost_leases_retried.append(tid)
-                elif con.execute(Q["sweep_fail"], (base.LOST_LEASE_ERROR, now, tid, version)).rowcount:
-                    rep.lost_leases_failed.append(tid)
-                    ended.append((tid, State.FAILED))
-            for tid, version, group in con.execute(Q["sweep_overdue"], (now, budget())).fetchall():
-                groups.add(group)
-                if con.execute(Q["sweep_fail"], (base.OVERDUE_ERROR, now, tid, version)).rowcount:
-                    rep.overdue_failed.append(tid)
-                    ended.append((tid, State.FAILED))
-            if stale_pending_age is not None:
-                for tid, version, group in con.execute(Q["sweep_stale_pending"], (now - stale_pending_age, budget())).fetchall():
-                    groups.add(group)
-                    if con.execute(Q["sweep_cancel_pending"], (base.STALE_PENDING_ERROR, now, tid, version)).rowcount:
-                        rep.stale_pending_canceled.append(tid)
-                        ended.append((tid, State.CANCELED))
-            for tid, version, group in con.execute(Q["sweep_exhausted"], (budget(),)).fetchall():
-                groups.add(group)
-                if con.execute(Q["sweep_fail"], (base.EXHAUSTED_ERROR, now, tid, version)).rowcount:
-                    rep.exhausted_failed.append(tid)
-                    ended.append((tid, State.FAILED))
+            now = self._clock.time()
+            for r in rescues:
+                row = con.execute(Q["rescue"], {
+                    "id": r.task_id, "version": r.version, "to": r.to.value, "error": r.error, "now": now,
+                    "expected": (State.PENDING if r.to is State.CANCELED else State.RUNNING).value,
+                }).fetchone()
+                applied.append(row is not None)
+                if row is not None:
+                    groups.add(row[0])
+                    if r.to in FINAL:
+                        ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
-        return rep
+        return applied
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         with self._write() as con:
-            now = time.time()
+            now = self._clock.time()
             return con.execute(Q["try_lead"], (role, holder, now + ttl, now)).rowcount == 1
 
 

@@ -10,7 +10,7 @@
 -- index whose size it guesses from statistics, which a queue makes stale all
 -- the time (they may say "no PENDING rows" while there are a million).
 
--- name: meta_table
+-- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_meta (
     key   text PRIMARY KEY,
     value text NOT NULL
@@ -466,11 +466,6 @@ SELECT EXISTS (SELECT 1 FROM corral_tasks
     OR EXISTS (SELECT 1 FROM corral_tasks
                WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) > 0);
 
--- name: mark_started
-UPDATE corral_tasks
-SET started_at = extract(epoch FROM now())::float8, attempt = attempt + 1, version = version + 1
-WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
-
 -- name: heartbeat
 -- Rows are locked in id order, as complete() locks them, so the two never deadlock.
 WITH locked AS (
@@ -510,7 +505,7 @@ upd AS (
         run_at = CASE WHEN o.status = 'RETRYING' THEN coalesce(o.run_at, clk.now)
                       WHEN o.status = 'PENDING' THEN coalesce(o.run_at, clk.now)
                       ELSE t.run_at END,
-        started_at = coalesce(o.started_at, t.started_at),
+        started_at = coalesce(t.started_at, o.started_at),
         finished_at = CASE WHEN o.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
                            THEN coalesce(o.finished_at, clk.now) END,
         attempt = coalesce(o.attempt, t.attempt - CASE WHEN o.burn THEN 0 ELSE 1 END),
@@ -589,7 +584,7 @@ SELECT (SELECT count(*) FROM failed) AS failed, (SELECT count(*) FROM promoted) 
 UPDATE corral_tasks SET progress = %(fraction)s, progress_message = %(message)s
 WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 
--- name: checkpoint_for_update
+-- name: get_checkpoint
 SELECT checkpoint FROM corral_tasks
 WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s
 FOR UPDATE;
@@ -650,9 +645,6 @@ SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
 WHERE id = %(id)s AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
 RETURNING id, queue;
 
--- name: status_version
-SELECT status, version FROM corral_tasks WHERE id = %(id)s;
-
 -- name: notify
 SELECT pg_notify('corral_work', %(queue)s || ':g');
 
@@ -678,73 +670,42 @@ FROM corral_tasks t, unnest(t.limits) AS n
 WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0
 GROUP BY n;
 
--- name: sweep_lost_leases
+-- name: find_stuck
+-- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+FROM corral_tasks
+WHERE status = 'RUNNING'
+  AND (lease_expires_at < %(now)s::float8
+       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < %(now)s::float8)
+       OR attempt > max_retries + 1)
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: find_stale_pending
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+FROM corral_tasks
+WHERE status = 'PENDING' AND run_at < %(before)s::float8
+ORDER BY id
+LIMIT %(limit)s;
+
+-- name: rescue
+-- Sweep decisions, each guarded by status and version: queued again now
+-- (RETRYING, PENDING) or ended now (FAILED, CANCELED); attempt intact.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
-c AS (
-    SELECT t.id FROM corral_tasks t, clk
-    WHERE t.status = 'RUNNING' AND t.lease_expires_at < clk.now
-    ORDER BY t.id LIMIT %(max_rows)s
-    FOR UPDATE OF t SKIP LOCKED
+d AS (
+    SELECT * FROM unnest(%(id)s::bigint[], %(version)s::int[], %(to)s::text[], %(error)s::text[])
+        AS d(id, version, status, error)
 )
 UPDATE corral_tasks t
-SET status = CASE WHEN t.started_at IS NULL THEN 'PENDING'
-                  WHEN t.attempt <= t.max_retries THEN 'RETRYING'
-                  ELSE 'FAILED' END,
-    run_at = CASE WHEN t.started_at IS NULL OR t.attempt <= t.max_retries THEN clk.now ELSE t.run_at END,
-    error = CASE WHEN t.started_at IS NULL THEN t.error
-                 WHEN t.attempt <= t.max_retries THEN %(lost_error)s
-                 ELSE %(lost_error)s END,
-    finished_at = CASE WHEN t.started_at IS NOT NULL AND t.attempt > t.max_retries THEN clk.now END,
+SET status = d.status, error = coalesce(d.error, t.error),
+    run_at = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN clk.now ELSE t.run_at END,
+    finished_at = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN t.finished_at ELSE clk.now END,
+    worker_id = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN NULL ELSE t.worker_id END,
     lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
-FROM c, clk
-WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.lease_expires_at < clk.now
+FROM d, clk
+WHERE t.id = d.id AND t.version = d.version
+  AND (t.status || '') = CASE WHEN d.status = 'CANCELED' THEN 'PENDING' ELSE 'RUNNING' END
 RETURNING t.id, t.status, t.queue;
-
--- name: sweep_overdue
-WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
-c AS (
-    SELECT t.id FROM corral_tasks t, clk
-    WHERE t.status = 'RUNNING' AND t.timeout IS NOT NULL AND t.started_at IS NOT NULL
-      AND t.started_at + 2 * t.timeout < clk.now
-    ORDER BY t.id LIMIT %(max_rows)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE corral_tasks t
-SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
-    lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
-FROM c, clk
-WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.timeout IS NOT NULL
-  AND t.started_at + 2 * t.timeout < clk.now
-RETURNING t.id, t.queue;
-
--- name: sweep_stale_pending
-WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
-c AS (
-    SELECT t.id FROM corral_tasks t, clk
-    WHERE t.status = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
-    ORDER BY t.id LIMIT %(max_rows)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE corral_tasks t
-SET status = 'CANCELED', error = %(error)s, finished_at = clk.now, version = t.version + 1
-FROM c, clk
-WHERE t.id = c.id AND (t.status || '') = 'PENDING' AND t.run_at < clk.now - %(age)s::float8
-RETURNING t.id, t.queue;
-
--- name: sweep_exhausted
-WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
-c AS (
-    SELECT t.id FROM corral_tasks t
-    WHERE t.status = 'RUNNING' AND t.attempt > t.max_retries + 1
-    ORDER BY t.id LIMIT %(max_rows)s
-    FOR UPDATE OF t SKIP LOCKED
-)
-UPDATE corral_tasks t
-SET status = 'FAILED', error = %(error)s, finished_at = clk.now,
-    lease_token = NULL, lease_expires_at = NULL, version = t.version + 1
-FROM c, clk
-WHERE t.id = c.id AND (t.status || '') = 'RUNNING' AND t.attempt > t.max_retries + 1
-RETURNING t.id, t.queue;
 
 -- name: unsettled
 SELECT DISTINCT d.dep_id

@@ -118,10 +118,10 @@ CREATE TABLE IF NOT EXISTS leadership (
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
 
--- name: schema_version_get
+-- name: schema_version
 SELECT max(version) FROM corral_schema
 
--- name: schema_version_set
+-- name: set_schema_version
 INSERT INTO corral_schema (version) VALUES (?)
 
 -- ---- submit ------------------------------------------------------------------
@@ -157,7 +157,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        checkpoint, cancel_requested
 FROM tasks
 
--- name: get_task
+-- name: get
 SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
@@ -170,7 +170,7 @@ SELECT task_id, depends_on FROM task_deps
 WHERE task_id IN (SELECT value FROM json_each(?))
 ORDER BY task_id, pos
 
--- name: counts_all
+-- name: counts
 SELECT status, count(*) FROM tasks GROUP BY status
 
 -- Unfinished tasks per state, each part read from a partial index (never
@@ -297,7 +297,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 
 -- ---- limits --------------------------------------------------------------------
 
--- name: limit_specs
+-- name: limits
 SELECT name, concurrency, rate FROM named_limits ORDER BY name
 
 -- name: set_limit
@@ -312,11 +312,6 @@ WHERE t.status = 'RUNNING' AND t.limits IS NOT NULL
 GROUP BY j.value
 
 -- ---- workers -------------------------------------------------------------------
-
--- name: mark_started
-UPDATE tasks
-SET started_at = ?, attempt = attempt + 1, version = version + 1
-WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
 -- name: heartbeat_extend
 UPDATE tasks SET lease_expires_at = ?
@@ -333,10 +328,10 @@ SELECT id FROM tasks WHERE id IN (SELECT value FROM json_each(?)) AND cancel_req
 UPDATE tasks SET progress = ?, progress_message = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
--- name: checkpoint_get
+-- name: get_checkpoint
 SELECT checkpoint FROM tasks WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
--- name: checkpoint_set
+-- name: set_checkpoint
 UPDATE tasks SET checkpoint = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
@@ -347,7 +342,7 @@ WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
-    finished_at = ?, started_at = coalesce(?, started_at),
+    finished_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)),
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
@@ -361,7 +356,7 @@ RETURNING group_key
 UPDATE tasks
 SET status = o.status, result = coalesce(o.result, tasks.result),
     error = CASE WHEN o.set_error THEN o.error ELSE tasks.error END,
-    finished_at = o.finished_at, started_at = coalesce(o.started_at, tasks.started_at),
+    finished_at = o.finished_at, started_at = coalesce(tasks.started_at, o.started_at),
     attempt = coalesce(o.attempt, max(0, tasks.attempt - o.give_back)),
     lease_token = NULL, lease_expires_at = NULL, version = tasks.version + 1
 FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
@@ -382,7 +377,7 @@ RETURNING tasks.id, tasks.group_key
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
-    run_at = ?, started_at = coalesce(?, started_at),
+    run_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)), worker_id = NULL,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
@@ -419,7 +414,7 @@ WHERE id = ? AND status IN ('WAITING', 'PENDING', 'RETRYING')
 -- name: cancel_running
 UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
 
--- name: retry_task
+-- name: retry
 UPDATE tasks
 SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
@@ -429,56 +424,44 @@ RETURNING group_key
 
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
-FROM tasks WHERE batch = ? GROUP BY status
+FROM tasks WHERE batch = :batch GROUP BY status
 
 -- name: batch_durations
 SELECT finished_at - started_at FROM tasks
-WHERE batch = ? AND finished_at IS NOT NULL AND started_at IS NOT NULL
+WHERE batch = :batch AND finished_at IS NOT NULL AND started_at IS NOT NULL
 ORDER BY 1
 
 -- ---- maintenance ---------------------------------------------------------------
 
--- name: sweep_expired
-SELECT id, version, started_at, attempt, max_retries, group_key FROM tasks
-WHERE status = 'RUNNING' AND lease_expires_at < ?
-ORDER BY lease_expires_at
-LIMIT ?
-
--- name: sweep_overdue
-SELECT id, version, group_key FROM tasks INDEXED BY tasks_running_expiry
-WHERE status = 'RUNNING' AND timeout IS NOT NULL AND started_at IS NOT NULL
-  AND started_at + 2 * timeout < ?
+-- name: find_stuck
+-- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+FROM tasks INDEXED BY tasks_running_expiry
+WHERE status = 'RUNNING'
+  AND (lease_expires_at < :now
+       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < :now)
+       OR attempt > max_retries + 1)
 ORDER BY id
-LIMIT ?
+LIMIT :limit
 
--- name: sweep_exhausted
-SELECT id, version, group_key FROM tasks INDEXED BY tasks_running_expiry
-WHERE status = 'RUNNING' AND attempt > max_retries + 1
-ORDER BY id
-LIMIT ?
-
--- name: sweep_stale_pending
-SELECT id, version, group_key FROM tasks INDEXED BY tasks_queued_run_at
+-- name: find_stale_pending
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+FROM tasks INDEXED BY tasks_queued_run_at
 WHERE status IN ('PENDING', 'RETRYING') AND status = 'PENDING' AND run_at < ?
 ORDER BY id
 LIMIT ?
 
--- name: sweep_requeue
+-- name: rescue
+-- One sweep decision, guarded by status and version: queued again now
+-- (RETRYING, PENDING) or ended now (FAILED, CANCELED); attempt intact.
 UPDATE tasks
-SET status = ?, run_at = ?, error = coalesce(?, error), worker_id = NULL,
+SET status = :to, error = coalesce(:error, error),
+    run_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN :now ELSE run_at END,
+    finished_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN finished_at ELSE :now END,
+    worker_id = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN NULL ELSE worker_id END,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
-WHERE id = ? AND status = 'RUNNING' AND version = ?
-
--- name: sweep_fail
-UPDATE tasks
-SET status = 'FAILED', error = ?, finished_at = ?,
-    lease_token = NULL, lease_expires_at = NULL, version = version + 1
-WHERE id = ? AND status = 'RUNNING' AND version = ?
-
--- name: sweep_cancel_pending
-UPDATE tasks
-SET status = 'CANCELED', error = ?, finished_at = ?, version = version + 1
-WHERE id = ? AND status = 'PENDING' AND version = ?
+WHERE id = :id AND status = :expected AND version = :version
+RETURNING group_key
 
 -- name: try_lead
 INSERT INTO leadership (role, holder, expires_at) VALUES (?, ?, ?)

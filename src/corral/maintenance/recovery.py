@@ -1,0 +1,94 @@
+"""What a sweep does with the tasks crashed workers left behind: one policy, every store.
+
+Modelled on river's job rescuer: the store answers two bounded reads
+(:meth:`Store.find_stuck`, :meth:`Store.find_stale_pending`), :func:`decide`
+turns what they found into decisions without touching a database, and
+:meth:`Store.rescue` applies them as guarded writes (a row that moved on since
+it was read is left alone). The rules therefore live here once, and a store
+only knows how to read candidates and write a decision.
+
+The rules, in order of precedence for a RUNNING task:
+
+- its lease expired: a chunk member that never started goes back to PENDING
+  with its attempt intact; a task with retries left goes to RETRYING (runnable
+  now); any other fails with :data:`LOST_LEASE_ERROR`;
+- it runs past twice its timeout: it fails with :data:`OVERDUE_ERROR`;
+- it ran more attempts than ``max_retries + 1``: it fails with
+  :data:`EXHAUSTED_ERROR`.
+
+And a task PENDING for longer than ``stale_pending_age`` (default 24 h) is
+canceled with :data:`STALE_PENDING_ERROR`.
+
+``max_rows`` is one budget for the whole sweep: stuck tasks first, stale
+pending ones with what is left, so one sweep never changes more rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from corral.core.model import SweepReport
+from corral.core.states import State
+from corral.stores.base import Rescue, Store, SweepRow
+
+#: PENDING for longer than this (seconds) is canceled by the sweeper.
+DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
+#: Rows one sweep may change at most, over all its rules.
+DEFAULT_MAX_ROWS = 1000
+LOST_LEASE_ERROR = "worker crashed or task hung (lease expired)"
+OVERDUE_ERROR = "worker crashed or task hung (running past twice its timeout)"
+STALE_PENDING_ERROR = "pending for too long; canceled by the sweeper"
+EXHAUSTED_ERROR = "worker crashed or task hung (retries exhausted while running)"
+
+
+def decide_stuck(row: SweepRow, now: float) -> tuple[str, Rescue] | None:
+    """The decision for one RUNNING task at ``now``, with the report field it
+    counts in; None when the task is healthy."""
+    if row.lease_expires_at is not None and row.lease_expires_at < now:
+        if row.started_at is None:  # a chunk member that never started: no attempt to burn
+            return "lost_leases_retried", Rescue(row.id, row.version, State.PENDING, None)
+        if row.attempt <= row.max_retries:
+            return "lost_leases_retried", Rescue(row.id, row.version, State.RETRYING, LOST_LEASE_ERROR)
+        return "lost_leases_failed", Rescue(row.id, row.version, State.FAILED, LOST_LEASE_ERROR)
+    if row.timeout is not None and row.started_at is not None and row.started_at + 2 * row.timeout < now:
+        return "overdue_failed", Rescue(row.id, row.version, State.FAILED, OVERDUE_ERROR)
+    if row.attempt > row.max_retries + 1:
+        return "exhausted_failed", Rescue(row.id, row.version, State.FAILED, EXHAUSTED_ERROR)
+    return None
+
+
+def decide(stuck: Sequence[SweepRow], stale_pending: Sequence[SweepRow], now: float) -> list[tuple[str, Rescue]]:
+    """Every decision for what a sweep found, each with its report field."""
+    out = [d for row in stuck if (d := decide_stuck(row, now)) is not None]
+    out += [
+        ("stale_pending_canceled", Rescue(row.id, row.version, State.CANCELED, STALE_PENDING_ERROR))
+        for row in stale_pending
+    ]
+    return out
+
+
+def sweep_once(
+    store: Store,
+    *,
+    stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> SweepReport:
+    """One bounded sweep of ``store`` by the module's rules, on the store's clock.
+
+    Reports only the writes that applied; ids ascending in each field."""
+    now = store.now()
+    stuck = store.find_stuck(now, max_rows)
+    left = max_rows - len(stuck)
+    stale: list[SweepRow] = []
+    if stale_pending_age is not None and left > 0:
+        stale = store.find_stale_pending(now - stale_pending_age, left)
+    decisions = decide(stuck, stale, now)
+    report = SweepReport()
+    applied = store.rescue([r for _, r in decisions]) if decisions else []
+    for (field, rescue), ok in zip(decisions, applied):
+        if ok:
+            getattr(report, field).append(rescue.task_id)
+    store.repair(max_rows)
+    for f in report.__dataclass_fields__:
+        getattr(report, f).sort()
+    return report

@@ -1,0 +1,95 @@
+"""What the SQLite and PostgreSQL stores share; the dialects differ only in
+their ``sql/<dialect>.sql`` files and how they hold connections.
+
+Shared here: the mapping of a task row to a :class:`TaskRecord` by column
+name (both schemas name the columns alike), and the reads that are plain
+named queries on both (batch summary, limits), run through one hook,
+:meth:`SqlStore._read_all`, which each dialect implements on its own
+connections and which translates driver errors into
+:class:`~corral.errors.StoreError` at the boundary.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from corral.core.model import LimitSpec, TaskRecord
+from corral.core.states import State
+from corral.stores.base import BatchSummary, Store, batch_status, percentile
+
+#: A named query and its (named) parameters.
+Read = tuple[str, Mapping[str, Any]]
+
+
+def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Sequence[int]) -> TaskRecord:
+    """A task row, read by column name; ``limits`` and ``depends_on`` are
+    stored differently by each dialect, so the caller decodes them."""
+    return TaskRecord(
+        id=row["id"],
+        name=row["name"],
+        args=row["args"],
+        status=State(row["status"]),
+        queue=row["queue"],
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_retries=row["max_retries"],
+        timeout=row["timeout"],
+        group=row["group_key"],
+        batch=row["batch"],
+        key=row["idem_key"],
+        trace_id=row["trace_id"],
+        limits=tuple(limits),
+        depends_on=tuple(depends_on),
+        halt_group_on_failure=bool(row["halt_group_on_failure"]),
+        created_at=row["created_at"],
+        run_at=row["run_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        result=row["result"],
+        error=row["error"],
+        version=row["version"],
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        worker_id=row["worker_id"],
+        progress=row["progress"],
+        progress_message=row["progress_message"],
+        checkpoint=row["checkpoint"],
+        cancel_requested=bool(row["cancel_requested"]),
+    )
+
+
+class SqlStore(Store):
+    """A store on SQL: the parts written once for every dialect."""
+
+    @abc.abstractmethod
+    def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence[Any]]]:
+        """Run named read queries in one snapshot; the rows of each, in order."""
+
+    def batch_summary(self, batch: str) -> BatchSummary:
+        counts_rows, durations_rows = self._read_all(
+            [("batch_counts", {"batch": batch}), ("batch_durations", {"batch": batch})]
+        )
+        counts = {status: n for status, n, _, _ in counts_rows}
+        created = [c for _, _, c, _ in counts_rows if c is not None]
+        finished = [f for _, _, _, f in counts_rows if f is not None]
+        durations = [d for (d,) in durations_rows]
+        return BatchSummary(
+            batch=batch,
+            counts=counts,
+            status=batch_status(counts),
+            total=sum(counts.values()),
+            avg_duration=sum(durations) / len(durations) if durations else None,
+            p99_duration=percentile(durations, 0.99),
+            first_created_at=min(created, default=None),
+            last_finished_at=max(finished, default=None),
+        )
+
+    def limits(self) -> dict[str, LimitSpec]:
+        (rows,) = self._read_all([("limits", {})])
+        return {n: LimitSpec(n, c, r) for n, c, r in rows}
+
+    def limit_usage(self) -> dict[str, int]:
+        (rows,) = self._read_all([("limit_usage", {})])
+        return {name: used for name, used in rows if used}

@@ -1,0 +1,66 @@
+"""Both SQL dialects name their queries alike, so the two stores read alike.
+
+A name found in one ``.sql`` file only must be listed here with the reason.
+"""
+
+from __future__ import annotations
+
+from corral.stores.sql import load
+
+#: SQLite only: one statement per step where PostgreSQL does it in one, or
+#: bookkeeping that PostgreSQL's triggers keep.
+SQLITE_ONLY = {
+    "claim_candidates": "the claim is picked in Python from ordered candidates (PostgreSQL: one `claim`)",
+    "claim_head": "the claim writes its head, then each member",
+    "claim_member": "the claim writes its head, then each member",
+    "group_followers": "chunk members read by the Python claim",
+    "group_last_claimed": "round-robin order computed by the Python claim",
+    "group_running": "head rule checked by the Python claim",
+    "touch_group": "the claim records a group's last claim (PostgreSQL: inside `claim`)",
+    "head_clear": "group heads refreshed by the store (PostgreSQL: statement triggers)",
+    "head_set": "group heads refreshed by the store (PostgreSQL: statement triggers)",
+    "complete_final": "a final outcome (PostgreSQL: every outcome in one `complete`)",
+    "complete_final_many": "a batch of final outcomes (PostgreSQL: one `complete`)",
+    "complete_requeue": "an outcome that queues again (PostgreSQL: one `complete`)",
+    "has_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
+    "promote_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
+    "fail_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
+    "deps_of": "depends_on read from its table (PostgreSQL: an array column)",
+    "insert_task": "submit inserts with executemany (PostgreSQL: one `submit`)",
+    "insert_dep": "submit inserts with executemany (PostgreSQL: one `submit`)",
+    "next_id_base": "submit assigns ids itself to insert dependencies in the same batch",
+    "find_key": "submit looks an idempotency key up one at a time (PostgreSQL: `ids_by_key`)",
+    "heartbeat_extend": "the heartbeat extends, then reads what is held (PostgreSQL: one `heartbeat`)",
+    "heartbeat_held": "the heartbeat extends, then reads what is held (PostgreSQL: one `heartbeat`)",
+    "select_tasks": "the column list of every task read (PostgreSQL reads by name: SELECT *)",
+    "status_of": "cancel reads the state first (PostgreSQL: guarded updates in one transaction)",
+    "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
+}
+
+#: PostgreSQL only: what SQLite does not need or does in Python.
+POSTGRES_ONLY = {
+    "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_member`)",
+    "claim_probe": "capped limits with ready work (SQLite: checked by the Python claim)",
+    "limit_lock": "advisory locks serialise capped limits (SQLite: one writer at a time)",
+    "limit_free": "free slots read under the limit locks",
+    "unlimited_ready": "whether unlimited work waits while every limit is full",
+    "lock_group_of": "group row lock against concurrent writers (SQLite: one writer at a time)",
+    "complete": "every outcome in one statement (SQLite: `complete_final*`, `complete_requeue`)",
+    "heartbeat": "one UPDATE ... RETURNING (SQLite: `heartbeat_extend` + `heartbeat_held`)",
+    "submit": "one statement inserts a submit (SQLite: `insert_task` + `insert_dep`)",
+    "ids_by_key": "ids of several idempotency keys at once (SQLite: `find_key`)",
+    "settle_dependents": "dependents settled in one recursive statement",
+    "unsettled": "dependents a crashed completion left WAITING (SQLite settles in the same transaction)",
+    "notify": "LISTEN/NOTIFY wake-ups (SQLite polls data_version)",
+    "now": "the database clock (SQLite uses the store's Clock)",
+    "migration_0001": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0002": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0003": "numbered migrations (SQLite: one idempotent `schema`)",
+}
+
+
+def test_both_dialects_use_the_same_query_names():
+    sqlite, postgres = set(load("sqlite")), set(load("postgres"))
+    assert sqlite - postgres == set(SQLITE_ONLY), "name the query alike in both files, or list it with its reason"
+    assert postgres - sqlite == set(POSTGRES_ONLY), "name the query alike in both files, or list it with its reason"
+    assert all(SQLITE_ONLY.values()) and all(POSTGRES_ONLY.values())
