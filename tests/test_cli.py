@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from click.testing import CliRunner
 
 import corral
 from corral.cli import cli
-from corral.core.model import Outcome
+from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
+from corral.core.clock import FakeClock
 from corral.stores import open_store
 from helpers import wait_for
 
@@ -206,21 +208,19 @@ def test_retry_batch_requeues_only_failed_timeout_canceled(sqlite_url):
 
 def test_sweep_one_pass_recovers_a_lost_lease(sqlite_url):
     s = ("--store", sqlite_url)
-    tid = int(run("submit", "sync_sku", '["L1", "jd"]', "--app", SHOP, *s).stdout)
+    # Submitted and claimed an hour ago (a store whose clock is set back by
+    # hand), with a 30 s lease, by a worker that died without a word.
+    store = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))
+    [sub] = store.submit([NewTask("sync_sku", dumps({"args": ["L1", "jd"], "kwargs": {}}), max_retries=2)])
+    tid = sub.id
     empty = run_json("sweep", *s)
     assert empty["total"] == 0
     assert "nothing to do" in run("sweep", *s).stdout
-
-    # A worker claims it with a short lease and dies without a word.
-    store = open_store(sqlite_url)
-    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=0.2)
+    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=30)
     assert claim.tasks[0].id == tid
 
-    def swept():
-        report = run_json("sweep", *s)
-        return report if tid in report["lost_leases_retried"] else None
-
-    report = wait_for(swept, timeout=10, interval=0.05, message="the sweeper recovers the lost lease")
+    report = run_json("sweep", *s)
+    assert report["lost_leases_retried"] == [tid]
     assert report["total"] == 1
     rec = store.get(tid)
     assert rec.status is State.RETRYING and "worker crashed" in rec.error
@@ -313,10 +313,12 @@ def test_sweeper_only_the_leader_sweeps(sqlite_url):
 def test_sweeper_thread_recovers_and_stops(sqlite_url):
     from corral.maintenance import Sweeper
 
-    s = ("--store", sqlite_url)
-    tid = int(run("submit", "notify_merchant", '["m", "x"]', "--app", SHOP, *s).stdout)
+    past = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))  # an hour ago
+    [sub] = past.submit([NewTask("notify_merchant", dumps({"args": ["m", "x"], "kwargs": {}}), max_retries=2)])
+    tid = sub.id
+    past.claim("ghost", ["default"], 1, lease_seconds=30)
+    past.close()
     store = open_store(sqlite_url)
-    store.claim("ghost", ["default"], 1, lease_seconds=0.1)
     reports = []
     sweeper = Sweeper(store, interval=0.05, on_report=reports.append).start()
     try:

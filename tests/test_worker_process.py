@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from corral.cli import EXIT_FORCED, load_app
+from corral.core.model import NewTask, dumps
 from corral.core.states import State
+from corral.core.clock import FakeClock
 from corral.stores import open_store
 from helpers import wait_for
 
@@ -160,9 +162,10 @@ def test_second_signal_during_grace_stops_at_once_and_the_sweeper_recovers(shop,
 
 
 def test_sweep_loop_runs_as_its_own_process_and_stops_on_sigterm(shop, tmp_path, sqlite_url):
-    store = open_store(sqlite_url)
-    tid = shop.submit("notify_merchant", args=["m", "x"]).id
-    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=0.5)
+    store = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))  # an hour ago
+    [sub] = store.submit([NewTask("notify_merchant", dumps({"args": ["m", "x"], "kwargs": {}}), max_retries=2)])
+    tid = sub.id
+    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=30)
     assert claim.tasks[0].id == tid
     log_path = tmp_path / "sweeper.log"
     with open(log_path, "wb") as log:
