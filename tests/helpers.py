@@ -6,7 +6,8 @@ Tests never sleep to synchronise: they poll a condition with ``wait_for``.
 from __future__ import annotations
 
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -8,7 +8,6 @@ import corral
 from corral import State
 from corral.core.model import NewTask
 from corral.errors import StoreUnavailable
-
 from helpers import wait_for
 
 
@@ -71,7 +70,8 @@ def test_workers_reconnect_after_the_database_drops_connections(pg_url):
         dbname = pg_url.rsplit("/", 1)[1]
         with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
             killed = admin.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
                 (dbname,),
             ).fetchone()[0]
         assert killed > 0  # as a restart would, every connection of the app is gone

@@ -11,8 +11,18 @@ from click.testing import CliRunner
 from corral.bench import bench
 
 GROUP_FIELDS = {
-    "variant", "label", "tasks", "completed", "wall_s", "ideal_s", "efficiency", "p95_latency_ms",
-    "out_of_order", "rejections", "duplicates", "peak_rss_mb",
+    "variant",
+    "label",
+    "tasks",
+    "completed",
+    "wall_s",
+    "ideal_s",
+    "efficiency",
+    "p95_latency_ms",
+    "out_of_order",
+    "rejections",
+    "duplicates",
+    "peak_rss_mb",
 }
 
 
@@ -37,8 +47,23 @@ def test_groups_memory_all_variants():
 
 
 def test_groups_sqlite_worker_process():
-    report = _run("groups", "--tasks", "200", "--groups", "8", "--variants", "C", "--store", "sqlite",
-                  "--workers", "1", "--chunk-size", "5", "--json", "--no-progress")
+    report = _run(
+        "groups",
+        "--tasks",
+        "200",
+        "--groups",
+        "8",
+        "--variants",
+        "C",
+        "--store",
+        "sqlite",
+        "--workers",
+        "1",
+        "--chunk-size",
+        "5",
+        "--json",
+        "--no-progress",
+    )
     (c,) = report["variants"]
     assert GROUP_FIELDS <= set(c)
     assert c["store"] == "sqlite"
@@ -47,8 +72,21 @@ def test_groups_sqlite_worker_process():
 
 
 def test_throughput_memory():
-    report = _run("throughput", "--store", "memory", "--tasks", "300", "--io-tasks", "60",
-                  "--latency-tasks", "5", "--pause", "0.005", "--json", "--no-progress")
+    report = _run(
+        "throughput",
+        "--store",
+        "memory",
+        "--tasks",
+        "300",
+        "--io-tasks",
+        "60",
+        "--latency-tasks",
+        "5",
+        "--pause",
+        "0.005",
+        "--json",
+        "--no-progress",
+    )
     assert report["scenario"] == "throughput"
     assert report["enqueue"]["rate"] > 0
     assert report["process"][0]["rate"] > 0
@@ -60,8 +98,19 @@ def test_throughput_memory():
 
 
 def test_throughput_memory_with_a_simulated_claim_round_trip():
-    report = _run("throughput", "--store", "memory", "--only", "io", "--io-tasks", "40",
-                  "--claim-delay-ms", "0,2", "--json", "--no-progress")
+    report = _run(
+        "throughput",
+        "--store",
+        "memory",
+        "--only",
+        "io",
+        "--io-tasks",
+        "40",
+        "--claim-delay-ms",
+        "0,2",
+        "--json",
+        "--no-progress",
+    )
     plain, delayed = report["io"]
     assert (plain["claim_delay_ms"], delayed["claim_delay_ms"]) == (0, 2)
     # the added round trip is part of every claim's measured time
@@ -69,8 +118,21 @@ def test_throughput_memory_with_a_simulated_claim_round_trip():
 
 
 def test_throughput_with_groups():
-    report = _run("throughput", "--store", "sqlite", "--only", "process", "--processes", "1", "--tasks", "120",
-                  "--groups", "7", "--json", "--no-progress")
+    report = _run(
+        "throughput",
+        "--store",
+        "sqlite",
+        "--only",
+        "process",
+        "--processes",
+        "1",
+        "--tasks",
+        "120",
+        "--groups",
+        "7",
+        "--json",
+        "--no-progress",
+    )
     (run,) = report["process"]
     assert run["groups"] == 7 and run["rate"] > 0 and run["duplicates"] == 0
 
@@ -87,7 +149,13 @@ def test_bad_variant_is_a_usage_error():
     assert "unknown variant" in result.output
 
 
-@pytest.mark.parametrize("args", [["groups", "--tasks", "0"], ["throughput", "--processes", "x"],
-                                  ["throughput", "--store", "memory", "--claim-delay-ms", "-1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["groups", "--tasks", "0"],
+        ["throughput", "--processes", "x"],
+        ["throughput", "--store", "memory", "--claim-delay-ms", "-1"],
+    ],
+)
 def test_bad_numbers(args):
     assert CliRunner().invoke(bench, args).exit_code != 0

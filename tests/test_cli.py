@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 import corral
 from corral.cli import cli
+from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
-from corral.core.clock import FakeClock
 from corral.stores import open_store
 from helpers import wait_for
 
@@ -96,8 +96,11 @@ def test_bad_input_is_one_line_and_non_zero(sqlite_url, args, needle):
 
 @pytest.mark.parametrize(
     "url,needle",
-    [("bogus", "cannot parse store URL"), ("redis://localhost/0", "cannot parse store URL"),
-     ("sqlite:///no/such/dir/corral.db", "does not exist")],
+    [
+        ("bogus", "cannot parse store URL"),
+        ("redis://localhost/0", "cannot parse store URL"),
+        ("sqlite:///no/such/dir/corral.db", "does not exist"),
+    ],
 )
 def test_bad_or_unreachable_store_is_one_line(url, needle):
     for args in (["status"], ["tasks"], ["show", "1"], ["sweep"]):
@@ -111,7 +114,9 @@ def test_unreachable_postgres_is_one_line():
 
 
 def test_broken_app_module_is_one_line(tmp_path, monkeypatch, sqlite_url):
-    (tmp_path / "broken_app.py").write_text("import corral\napp = corral.App()\nraise RuntimeError('boom\\nsecond line')\n")
+    (tmp_path / "broken_app.py").write_text(
+        "import corral\napp = corral.App()\nraise RuntimeError('boom\\nsecond line')\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     line = assert_one_line_error(run("worker", "broken_app:app", "--store", sqlite_url, ok=False), "RuntimeError: boom")
@@ -125,8 +130,13 @@ def test_help_and_no_arguments_exit_zero():
 
 
 def test_python_dash_m_corral_is_the_same_cli(sqlite_url):
-    proc = subprocess.run([sys.executable, "-m", "corral", "show", "12345", "--store", sqlite_url],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "corral", "show", "12345", "--store", sqlite_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == "error: no task with id 12345"
     assert proc.stdout == ""
@@ -135,9 +145,26 @@ def test_python_dash_m_corral_is_the_same_cli(sqlite_url):
 # ---- round trip on SQLite -----------------------------------------------------------------
 def test_submit_status_tasks_show_cancel_retry_round_trip(sqlite_url):
     s = ("--store", sqlite_url)
-    first = run("submit", "sync_sku", '["A1", "tmall"]', "--app", SHOP, *s,
-                "--group", "merchant-1001", "--batch", "b1", "--key", "A1:tmall", "--priority", "5",
-                "--delay", "1h", "--kwargs", '{"latency": 0.01}')
+    first = run(
+        "submit",
+        "sync_sku",
+        '["A1", "tmall"]',
+        "--app",
+        SHOP,
+        *s,
+        "--group",
+        "merchant-1001",
+        "--batch",
+        "b1",
+        "--key",
+        "A1:tmall",
+        "--priority",
+        "5",
+        "--delay",
+        "1h",
+        "--kwargs",
+        '{"latency": 0.01}',
+    )
     tid = int(first.stdout.strip())
     again = run("submit", "sync_sku", '["A1", "tmall"]', "--app", SHOP, *s, "--key", "A1:tmall")
     assert int(again.stdout.strip()) == tid, "an idempotency key returns the first task"
@@ -180,8 +207,21 @@ def test_submit_status_tasks_show_cancel_retry_round_trip(sqlite_url):
 
 def test_retry_batch_requeues_only_failed_timeout_canceled(sqlite_url):
     s = ("--store", sqlite_url)
-    ids = [int(run("submit", "check_price", json.dumps([f"S{i}", -1 if i < 3 else 1]), "--app", SHOP, *s,
-                   "--batch", "prices").stdout) for i in range(5)]
+    ids = [
+        int(
+            run(
+                "submit",
+                "check_price",
+                json.dumps([f"S{i}", -1 if i < 3 else 1]),
+                "--app",
+                SHOP,
+                *s,
+                "--batch",
+                "prices",
+            ).stdout
+        )
+        for i in range(5)
+    ]
     keep = int(run("submit", "check_price", '["X", -1]', "--app", SHOP, *s, "--batch", "other").stdout)
     # A worker in this process runs them: three fail (negative price, never retried), two succeed.
     app = corral.App(sqlite_url)
@@ -234,8 +274,11 @@ def test_sweep_stale_pending_age_cancels_old_pending(sqlite_url):
     tid = int(run("submit", "notify_merchant", '["m", "x"]', "--app", SHOP, *s).stdout)
     assert run_json("sweep", *s, "--stale-pending-age", "off")["total"] == 0
     assert run_json("sweep", *s)["total"] == 0  # default: 24 h
-    report = wait_for(lambda: (r := run_json("sweep", *s, "--stale-pending-age", "0s"))["stale_pending_canceled"] and r,
-                      timeout=5, message="stale pending canceled")
+    report = wait_for(
+        lambda: (r := run_json("sweep", *s, "--stale-pending-age", "0s"))["stale_pending_canceled"] and r,
+        timeout=5,
+        message="stale pending canceled",
+    )
     assert report["stale_pending_canceled"] == [tid]
     assert run_json("show", str(tid), *s)["status"] == "CANCELED"
 
@@ -249,16 +292,45 @@ def test_plan_prints_the_seed_numbers():
     b = run_json("plan", "--done", "392", "--hours", "48", "--workers", "4", "--target", "720")
     assert b["littles_law"]["mean_duration_s"] / 60 == pytest.approx(29, abs=0.5)
     assert b["littles_law"]["required_workers"] == 8
-    assert run_json("plan", "--done", "392", "--window", "2d", "--workers", "4", "--target", "720")["littles_law"]["required_workers"] == 8
-    assert run_json("plan", "--target", "720", "--target-hours", "48", "--mean", "29m")["required"]["required_workers"] == 8
+    assert (
+        run_json("plan", "--done", "392", "--window", "2d", "--workers", "4", "--target", "720")["littles_law"][
+            "required_workers"
+        ]
+        == 8
+    )
+    assert (
+        run_json("plan", "--target", "720", "--target-hours", "48", "--mean", "29m")["required"]["required_workers"]
+        == 8
+    )
 
     c = run_json("plan", "--io-minutes", "25", "--cpu-minutes", "4")
     assert c["workers_per_process"]["workers"] == 7
 
-    d = run_json("plan", "--done", "392", "--hours", "48", "--workers", "4", "--target", "720",
-                 "--io-minutes", "25", "--cpu-minutes", "4", "--cap", "2")
-    assert d["layout"] == {"concurrency": 8, "max_per_process": 2, "processes": 4, "per_process": 2,
-                           "total_slots": 8, "lanes": 10}
+    d = run_json(
+        "plan",
+        "--done",
+        "392",
+        "--hours",
+        "48",
+        "--workers",
+        "4",
+        "--target",
+        "720",
+        "--io-minutes",
+        "25",
+        "--cpu-minutes",
+        "4",
+        "--cap",
+        "2",
+    )
+    assert d["layout"] == {
+        "concurrency": 8,
+        "max_per_process": 2,
+        "processes": 4,
+        "per_process": 2,
+        "total_slots": 8,
+        "lanes": 10,
+    }
 
     example = run_json("plan")
     assert example["example"] is True and example["concurrency_limit"]["limit"] == 14
@@ -268,8 +340,21 @@ def test_plan_prints_the_seed_numbers():
 
 # ---- demo -------------------------------------------------------------------------------------
 def test_demo_leaves_results_for_status_and_tasks(sqlite_url):
-    out = run("demo", "--store", sqlite_url, "--skus", "40", "--merchants", "4", "--latency-ms", "20",
-              "--qps", "1000", "--seed", "7").stdout
+    out = run(
+        "demo",
+        "--store",
+        sqlite_url,
+        "--skus",
+        "40",
+        "--merchants",
+        "4",
+        "--latency-ms",
+        "20",
+        "--qps",
+        "1000",
+        "--seed",
+        "7",
+    ).stdout
     assert "PARTIAL_SUCCESS" in out
     assert "inspect with: corral status --store" in out and "corral tasks" in out and "corral show" in out
 
@@ -323,7 +408,9 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
     sweeper = Sweeper(store, interval=0.05, on_report=reports.append).start()
     try:
         # the report is handed over after the sweep committed: wait for it, not just the row
-        wait_for(lambda: any(tid in r.lost_leases_retried for r in reports), timeout=10, message="recovered by the loop")
+        wait_for(
+            lambda: any(tid in r.lost_leases_retried for r in reports), timeout=10, message="recovered by the loop"
+        )
         assert store.get(tid).status is State.RETRYING
     finally:
         sweeper.stop()
@@ -332,14 +419,19 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
 
 
 def test_cli_works_without_the_bench_package(sqlite_url):
-    code = ("import sys; sys.modules['corral.bench'] = None\n"
-            "from corral.cli import main\n"
-            "main(sys.argv[1:])")
-    status = subprocess.run([sys.executable, "-c", code, "status", "--json", "--store", sqlite_url],
-                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    code = "import sys; sys.modules['corral.bench'] = None\nfrom corral.cli import main\nmain(sys.argv[1:])"
+    status = subprocess.run(
+        [sys.executable, "-c", code, "status", "--json", "--store", sqlite_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["total"] == 0
-    bench = subprocess.run([sys.executable, "-c", code, "bench", "groups"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    bench = subprocess.run(
+        [sys.executable, "-c", code, "bench", "groups"], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert bench.returncode == 1
     assert bench.stderr.strip().startswith("error: benchmarks are not available")
     assert len(bench.stderr.strip().splitlines()) == 1

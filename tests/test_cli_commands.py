@@ -15,8 +15,20 @@ from click.testing import CliRunner
 from corral.cli import cli, main
 from corral.engine.runner import StopSignals
 
-COMMANDS = ["bench", "cancel", "dashboard", "demo", "plan", "retry", "show", "status", "submit", "sweep",
-            "tasks", "worker"]
+COMMANDS = [
+    "bench",
+    "cancel",
+    "dashboard",
+    "demo",
+    "plan",
+    "retry",
+    "show",
+    "status",
+    "submit",
+    "sweep",
+    "tasks",
+    "worker",
+]
 
 
 def _all_commands(group: click.Group, prefix: tuple[str, ...] = ()):
@@ -41,7 +53,7 @@ def test_every_command_has_help(path):
 
 
 def test_no_help_text_cites_design_notes():
-    for path, command in [((), cli), *_all_commands(cli)]:
+    for path, _command in [((), cli), *_all_commands(cli)]:
         text = CliRunner().invoke(cli, [*path, "--help"]).stdout
         assert not re.search(r"seeds? \d{3}|seeds'|§", text, flags=re.IGNORECASE), (path, text)
 

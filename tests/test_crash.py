@@ -40,7 +40,11 @@ def run_crash_scenario(url: str, log: Path) -> None:
 
     rng = random.Random(3)
     step.submit_many(
-        [{"args": (f"g{g}", i, rng.uniform(0.005, 0.02)), "group": f"g{g}"} for i in range(PER_GROUP) for g in range(GROUPS)]
+        [
+            {"args": (f"g{g}", i, rng.uniform(0.005, 0.02)), "group": f"g{g}"}
+            for i in range(PER_GROUP)
+            for g in range(GROUPS)
+        ]
     )
     workers = [_start_worker(url, log), _start_worker(url, log)]
     try:
@@ -52,7 +56,9 @@ def run_crash_scenario(url: str, log: Path) -> None:
         workers.append(_start_worker(url, log))
         wait_for(
             lambda: submitter.counts().get("SUCCESS", 0) == GROUPS * PER_GROUP,
-            timeout=120, interval=0.1, message="every task SUCCESS after the crash",
+            timeout=120,
+            interval=0.1,
+            message="every task SUCCESS after the crash",
         )
     finally:
         for w in workers:
@@ -71,7 +77,9 @@ def run_crash_scenario(url: str, log: Path) -> None:
     in_flight_on_victim = 0
     for key, ss in starts.items():
         if len(ss) > 1:  # ran more than once: every extra run must be the victim's
-            assert all(pid == killed for _, pid in ss[:-1]), f"{key} re-ran though it was not on the killed worker: {ss}"
+            assert all(pid == killed for _, pid in ss[:-1]), (
+                f"{key} re-ran though it was not on the killed worker: {ss}"
+            )
             assert ss[-1][1] != killed
             in_flight_on_victim += 1
     assert in_flight_on_victim > 0, "the kill hit no task in flight; the test proved nothing"
@@ -85,7 +93,7 @@ def run_crash_scenario(url: str, log: Path) -> None:
                 done = [t for t, p in ends[key] if p == pid and t >= t0]
                 runs.append((t0, min(done) if done else kill_time, s))
         runs.sort()
-        for (a0, a1, sa), (b0, b1, sb) in zip(runs, runs[1:]):
+        for (_a0, a1, sa), (b0, _b1, sb) in zip(runs, runs[1:]):
             assert b0 >= a1 - 0.002, f"group g{g}: task {sb} started while {sa} was in flight"
         # submit order over the runs that counted (each task's last run)
         final = sorted((starts[(f"g{g}", s)][-1][0], s) for s in range(PER_GROUP))

@@ -10,7 +10,6 @@ import pytest
 
 import corral
 from corral import State
-
 from helpers import wait_for
 
 
@@ -37,8 +36,11 @@ def test_cancel_from_another_process_reaches_a_running_task(url):
         wait_for(started.is_set)
         rec = operator.cancel(h.id)
         assert rec.status is State.RUNNING and rec.cancel_requested
-        wait_for(lambda: operator.get(h.id).status is State.CANCELED, timeout=10,
-                 message="the worker should see the cancel within a poll interval")
+        wait_for(
+            lambda: operator.get(h.id).status is State.CANCELED,
+            timeout=10,
+            message="the worker should see the cancel within a poll interval",
+        )
     finally:
         worker_app.close(10)
 
@@ -60,7 +62,11 @@ def test_process_task_killed_by_a_cancel_from_another_process(url, tmp_path):
         pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text()))
         operator.cancel(h.id)
         wait_for(lambda: operator.get(h.id).status is State.CANCELED, timeout=10)
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z")
+        wait_for(
+            lambda: (
+                not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
+            )
+        )
     finally:
         worker_app.close(10)
 

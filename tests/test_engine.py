@@ -296,10 +296,7 @@ def test_order_holds_in_every_group_under_8_workers_with_random_failures(app):
             with lock:
                 in_flight[g] -= 1
 
-    calls = [
-        {"args": (f"g{g}", i, rng.uniform(0, 0.003)), "group": f"g{g}"}
-        for i in range(40) for g in range(12)
-    ]
+    calls = [{"args": (f"g{g}", i, rng.uniform(0, 0.003)), "group": f"g{g}"} for i in range(40) for g in range(12)]
     step.submit_many(calls)
     app.start(workers=8, chunk_size=4)
     assert app.drain(60)

@@ -88,8 +88,17 @@ def test_seed_002_layout_processes_and_lanes():
 
 @pytest.mark.parametrize(
     "text,unit,seconds",
-    [("200ms", "s", 0.2), ("0.2s", "s", 0.2), ("29m", "s", 29 * 60), ("48h", "s", 48 * 3600), ("2d", "s", 172800),
-     ("90", "s", 90), ("200", "ms", 0.2), ("48", "h", 48 * 3600), (" 1.5 min ", "s", 90)],
+    [
+        ("200ms", "s", 0.2),
+        ("0.2s", "s", 0.2),
+        ("29m", "s", 29 * 60),
+        ("48h", "s", 48 * 3600),
+        ("2d", "s", 172800),
+        ("90", "s", 90),
+        ("200", "ms", 0.2),
+        ("48", "h", 48 * 3600),
+        (" 1.5 min ", "s", 90),
+    ],
 )
 def test_parse_duration(text, unit, seconds):
     assert parse_duration(text, unit) == pytest.approx(seconds)
@@ -155,7 +164,11 @@ def test_capacity_plan_layout_takes_what_it_is_given_over_what_it_derives():
 
 
 def test_capacity_plan_rejects_values_out_of_range():
-    for bad in [dict(qps=100, latency_s=0.2, safety=3), dict(done=0, window_s=3600, workers=4),
-                dict(io_wait=25, cpu_time=0), dict(concurrency=0, per_process=2)]:
+    for bad in [
+        dict(qps=100, latency_s=0.2, safety=3),
+        dict(done=0, window_s=3600, workers=4),
+        dict(io_wait=25, cpu_time=0),
+        dict(concurrency=0, per_process=2),
+    ]:
         with pytest.raises(ValueError):
             capacity_plan(**bad)

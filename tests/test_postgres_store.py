@@ -17,7 +17,6 @@ from corral.core.model import LimitSpec, NewTask, Outcome
 from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
-
 from helpers import run_concurrently, wait_for
 
 pytestmark = pytest.mark.postgres

@@ -22,22 +22,32 @@ def row(*, attempt=1, max_retries=0, started_at=900.0, timeout=None, lease_expir
 
 def test_lost_lease_retries_while_retries_are_left_then_fails():
     assert decide_stuck(row(max_retries=1, lease_expires_at=999), NOW) == (
-        "lost_leases_retried", Rescue(7, 3, State.RETRYING, LOST_LEASE_ERROR))
+        "lost_leases_retried",
+        Rescue(7, 3, State.RETRYING, LOST_LEASE_ERROR),
+    )
     assert decide_stuck(row(attempt=2, max_retries=1, lease_expires_at=999), NOW) == (
-        "lost_leases_failed", Rescue(7, 3, State.FAILED, LOST_LEASE_ERROR))
+        "lost_leases_failed",
+        Rescue(7, 3, State.FAILED, LOST_LEASE_ERROR),
+    )
 
 
 def test_a_chunk_member_that_never_started_goes_back_with_its_attempt():
     assert decide_stuck(row(attempt=0, started_at=None, lease_expires_at=999), NOW) == (
-        "lost_leases_retried", Rescue(7, 3, State.PENDING, None))
+        "lost_leases_retried",
+        Rescue(7, 3, State.PENDING, None),
+    )
 
 
 def test_overdue_and_exhausted():
     assert decide_stuck(row(timeout=40, started_at=919), NOW) == (
-        "overdue_failed", Rescue(7, 3, State.FAILED, OVERDUE_ERROR))
+        "overdue_failed",
+        Rescue(7, 3, State.FAILED, OVERDUE_ERROR),
+    )
     assert decide_stuck(row(timeout=50, started_at=919), NOW) is None
     assert decide_stuck(row(attempt=3, max_retries=1), NOW) == (
-        "exhausted_failed", Rescue(7, 3, State.FAILED, EXHAUSTED_ERROR))
+        "exhausted_failed",
+        Rescue(7, 3, State.FAILED, EXHAUSTED_ERROR),
+    )
 
 
 def test_a_lost_lease_wins_over_the_other_rules():
@@ -47,4 +57,5 @@ def test_a_lost_lease_wins_over_the_other_rules():
 
 def test_stale_pending_is_canceled():
     assert decide([], [row(attempt=0, started_at=None, lease_expires_at=None)], NOW) == [
-        ("stale_pending_canceled", Rescue(7, 3, State.CANCELED, STALE_PENDING_ERROR))]
+        ("stale_pending_canceled", Rescue(7, 3, State.CANCELED, STALE_PENDING_ERROR))
+    ]

@@ -6,9 +6,9 @@ import multiprocessing
 import os
 import pickle
 import random
-import sqlite3
 import re
 import shutil
+import sqlite3
 import threading
 import time
 
@@ -19,7 +19,6 @@ from corral.core.states import State
 from corral.errors import ConfigError, StoreError, StoreUnavailable
 from corral.stores import open_store
 from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
-
 from helpers import wait_for
 
 ARGS = '{"args":[],"kwargs":{}}'
@@ -63,7 +62,9 @@ def test_url_forms(tmp_path, monkeypatch):
         absolute.close()
 
 
-@pytest.mark.parametrize("url", ["sqlite:///x.db?bogus=1", "sqlite:///x.db?synchronous=SOMETIMES", "sqlite://x.db", "sqlite:///:memory:"])
+@pytest.mark.parametrize(
+    "url", ["sqlite:///x.db?bogus=1", "sqlite:///x.db?synchronous=SOMETIMES", "sqlite://x.db", "sqlite:///:memory:"]
+)
 def test_bad_urls_are_config_errors(url):
     with pytest.raises(ConfigError):
         SQLiteStore(url)
@@ -316,7 +317,8 @@ def _check_heads(store):
         """SELECT g.group_key FROM (SELECT DISTINCT group_key FROM tasks WHERE group_key IS NOT NULL) AS g
         WHERE (SELECT group_concat(id) FROM tasks WHERE group_key = g.group_key AND is_head = 1)
           IS NOT (SELECT CAST(min(id) AS TEXT) FROM tasks WHERE group_key = g.group_key AND
-                  (status IN ('WAITING','PENDING','RETRYING','RUNNING') OR (status = 'FAILED' AND halt_group_on_failure = 1)))"""
+                  (status IN ('WAITING','PENDING','RETRYING','RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure = 1)))"""
     ).fetchall()
     assert wrong == [], f"is_head wrong for groups {wrong}"
 
@@ -324,11 +326,15 @@ def _check_heads(store):
 def test_group_head_flag_survives_a_random_workload(store):
     rng = random.Random(7)
     running = []
-    for step in range(400):
+    for _step in range(400):
         op = rng.random()
         if op < 0.3:
-            store.submit([new(group=rng.choice("abc"), halt_group_on_failure=rng.random() < 0.2, max_retries=1)
-                          for _ in range(rng.randint(1, 4))])
+            store.submit(
+                [
+                    new(group=rng.choice("abc"), halt_group_on_failure=rng.random() < 0.2, max_retries=1)
+                    for _ in range(rng.randint(1, 4))
+                ]
+            )
         elif op < 0.55:
             for c in store.claim("w", ["default"], rng.randint(1, 3), chunk_size=rng.randint(1, 3)):
                 running.extend((c.token, t) for t in c.tasks)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from corral.cli import EXIT_FORCED, load_app
+from corral.core.clock import FakeClock
 from corral.core.model import NewTask, dumps
 from corral.core.states import State
-from corral.core.clock import FakeClock
 from corral.stores import open_store
 from helpers import wait_for
 
@@ -39,7 +39,10 @@ class WorkerProcess:
         env.pop("CORRAL_STORE", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "corral", "worker", SHOP, "--store", url, *args],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
 
     @property
@@ -125,8 +128,12 @@ def test_sigterm_finishes_or_hands_back_and_a_second_worker_finishes_all(shop, w
     assert sum(store.counts().values()) == len(every)
 
     w2 = workers("--concurrency", "4", "--grace", "5", name="worker2")
-    wait_for(lambda: all(s is State.SUCCESS for s in _states(store, every).values()),
-             timeout=30, interval=0.05, message="the second worker finishes everything")
+    wait_for(
+        lambda: all(s is State.SUCCESS for s in _states(store, every).values()),
+        timeout=30,
+        interval=0.05,
+        message="the second worker finishes everything",
+    )
     assert store.get(long[0]).attempt == 1
     w2.signal(signal.SIGTERM)
     assert w2.wait(timeout=15) == 0, w2.log
@@ -151,8 +158,13 @@ def test_second_signal_during_grace_stops_at_once_and_the_sweeper_recovers(shop,
 
     # `corral sweep` as its own process, as an operator would run it.
     def sweep_once():
-        subprocess.run([sys.executable, "-m", "corral", "sweep", "--store", sqlite_url],
-                       cwd=REPO, check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, "-m", "corral", "sweep", "--store", sqlite_url],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         return all(s is State.RETRYING for s in _states(store, ids).values())
 
     wait_for(sweep_once, timeout=20, interval=0.2, message="lost leases recovered by the sweeper")
@@ -171,7 +183,9 @@ def test_sweep_loop_runs_as_its_own_process_and_stops_on_sigterm(shop, tmp_path,
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "corral", "sweep", "--loop", "--interval", "0.2s", "--store", sqlite_url],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             wait_for(lambda: store.get(tid).status is State.RETRYING, timeout=20, message="the loop recovers the task")

@@ -6,9 +6,9 @@ import inspect
 import sys
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
@@ -182,11 +182,19 @@ class App:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
             tdef = TaskDef(
-                app=self, fn=f, name=task_name, retries=retries, timeout=timeout, queue=queue,
-                priority=priority, limits=tuple(limits), isolation=isolation,
+                app=self,
+                fn=f,
+                name=task_name,
+                retries=retries,
+                timeout=timeout,
+                queue=queue,
+                priority=priority,
+                limits=tuple(limits),
+                isolation=isolation,
                 retry_on=tuple(retry_on) if retry_on is not None else None,
                 permanent_on=tuple(permanent_on) if permanent_on is not None else DEFAULT_PERMANENT,
-                backoff=backoff or Backoff(), halt_group_on_failure=halt_group_on_failure,
+                backoff=backoff or Backoff(),
+                halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
             )
             self.registry[task_name] = tdef
@@ -234,11 +242,19 @@ class App:
             raise BadArguments("timeout must be > 0 seconds")
         group = item.get("group")
         return NewTask(
-            name=tdef.name, args=payload, queue=item.get("queue") or tdef.queue,
-            priority=int(item.get("priority", tdef.priority) or 0), max_retries=int(retries),
-            timeout=timeout, group=sys.intern(str(group)) if group is not None else None, batch=item.get("batch"),
-            key=item.get("key"), trace_id=item.get("trace_id") or uuid.uuid4().hex,
-            run_at=now + delay if delay > 0 else None, depends_on=dep_ids, limits=tdef.limits,
+            name=tdef.name,
+            args=payload,
+            queue=item.get("queue") or tdef.queue,
+            priority=int(item.get("priority", tdef.priority) or 0),
+            max_retries=int(retries),
+            timeout=timeout,
+            group=sys.intern(str(group)) if group is not None else None,
+            batch=item.get("batch"),
+            key=item.get("key"),
+            trace_id=item.get("trace_id") or uuid.uuid4().hex,
+            run_at=now + delay if delay > 0 else None,
+            depends_on=dep_ids,
+            limits=tdef.limits,
             halt_group_on_failure=tdef.halt_group_on_failure,
         )
 
@@ -322,8 +338,7 @@ class App:
         ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...)."""
         from corral.engine.worker import Worker
 
-        return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock,
-                      concurrency=concurrency, **options)
+        return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
         """Start an in-process worker with ``workers`` slots; returns at once."""

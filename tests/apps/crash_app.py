@@ -36,7 +36,11 @@ def step(group: str, seq: int, dur: float) -> int:
 
 if __name__ == "__main__":
     app.worker(
-        8, chunk_size=4, lease_seconds=1.0,
-        heartbeat_interval=0.2, sweep_interval=0.25, poll_interval=0.1,
+        8,
+        chunk_size=4,
+        lease_seconds=1.0,
+        heartbeat_interval=0.2,
+        sweep_interval=0.25,
+        poll_interval=0.1,
     ).start()
     threading.Event().wait()

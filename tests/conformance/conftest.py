@@ -22,7 +22,6 @@ from corral.core.states import State
 from corral.stores import open_store
 from corral.stores.base import Store
 
-
 ARGS = '{"args":[],"kwargs":{}}'
 STORE_KINDS = ("memory", "sqlite", "postgres")
 

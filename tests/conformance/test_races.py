@@ -5,7 +5,6 @@ from __future__ import annotations
 from corral.core.model import Outcome
 from corral.core.states import State
 from corral.stores.base import Rescue
-
 from helpers import run_concurrently
 
 from .conftest import new, submit
@@ -34,7 +33,7 @@ def test_two_writers_racing_one_version_exactly_one_wins(store):
         tid = submit(store, new())[0]
         version = store.get(tid).version
         rescue = Rescue(tid, version, State.CANCELED, "stale")
-        wins = run_concurrently(6, lambda i: store.rescue([rescue])[0])
+        wins = run_concurrently(6, lambda i, rescue=rescue: store.rescue([rescue])[0])
         assert wins.count(True) == 1
         assert store.get(tid).status is State.CANCELED
 
@@ -45,7 +44,12 @@ def test_racing_outcomes_on_one_claim_exactly_one_applies_and_success_stays(stor
     for c in claims:
         t = c.tasks[0]
         outcomes = [State.SUCCESS, State.FAILED, State.RETRYING, State.PENDING]
-        applied = run_concurrently(4, lambda i: store.complete([Outcome(t.id, c.token, t.version, outcomes[i], run_at=0.0)])[0])
+        applied = run_concurrently(
+            4,
+            lambda i, t=t, c=c, outcomes=outcomes: store.complete(
+                [Outcome(t.id, c.token, t.version, outcomes[i], run_at=0.0)]
+            )[0],
+        )
         assert applied.count(True) == 1
         winner = outcomes[applied.index(True)]
         assert store.get(t.id).status is winner

@@ -6,7 +6,6 @@ import threading
 import time
 
 from corral.core.states import State
-
 from helpers import wait_for
 
 from .conftest import (

@@ -200,11 +200,13 @@ def test_complete_batch_frees_group_heads_and_settles_dependents(store):
     after_bad = submit_one(store, "after", depends_on=(failing,), queue="later")
     recs = {t.id: t for c in claim(store, 10) for t in c.tasks}
     assert set(recs) == {g1, up, failing}  # g2 waits behind g1
-    res = store.complete([
-        Outcome(g1, recs[g1].lease_token, recs[g1].version, State.SUCCESS, result="1"),
-        Outcome(up, recs[up].lease_token, recs[up].version, State.SUCCESS, result="2"),
-        Outcome(failing, recs[failing].lease_token, recs[failing].version, State.FAILED, error="boom"),
-    ])
+    res = store.complete(
+        [
+            Outcome(g1, recs[g1].lease_token, recs[g1].version, State.SUCCESS, result="1"),
+            Outcome(up, recs[up].lease_token, recs[up].version, State.SUCCESS, result="2"),
+            Outcome(failing, recs[failing].lease_token, recs[failing].version, State.FAILED, error="boom"),
+        ]
+    )
     assert res == [True, True, True]
     assert (store.get(g1).result, store.get(up).result, store.get(failing).error) == ("1", "2", "boom")
     assert claimed_ids(claim(store, 10)) == [g2]
@@ -256,4 +258,3 @@ def test_hand_back_gives_the_attempt_back(store):
 
 def test_complete_unknown_task_is_false(store):
     assert store.complete([Outcome(99999, "tok", 1, State.SUCCESS)]) == [False]
-

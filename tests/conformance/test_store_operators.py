@@ -88,7 +88,9 @@ def test_active_counts_are_the_unfinished_states(store):
     assert store.active_counts() == {}
     _make_mix(store)
     assert store.active_counts() == {"PENDING": 2, "RUNNING": 1, "WAITING": 1, "RETRYING": 1}
-    assert store.active_counts() == {k: v for k, v in store.counts().items() if k in ("PENDING", "RUNNING", "WAITING", "RETRYING") and v}
+    assert store.active_counts() == {
+        k: v for k, v in store.counts().items() if k in ("PENDING", "RUNNING", "WAITING", "RETRYING") and v
+    }
 
 
 def test_list_tasks_filters(store):

@@ -10,7 +10,7 @@ from corral.core.model import LimitSpec, TaskFilter
 from corral.core.states import State
 from corral.errors import SubmitError
 
-from .conftest import claim, claimed_ids, finish, claim_one, new, submit, submit_one
+from .conftest import claim, claim_one, claimed_ids, finish, new, submit, submit_one
 
 
 def all_ids(store) -> list[int]:

@@ -64,25 +64,53 @@ def _fmt(v: Any, digits: int = 3) -> str:
 @bench.command("groups")
 @click.option("--tasks", default=100_000, show_default=True, help="Number of tasks.")
 @click.option("--groups", "n_groups", default=200, show_default=True, help="Number of groups.")
-@click.option("--variants", default="A,B,C", show_default=True,
-              help="Which to run: A (global queue + pool), B (group locks + pool), C (corral).")
-@click.option("--chunk-size", default=100, show_default=True,
-              help="corral: tasks of one group taken per claim (100-500 usually pays off).")
+@click.option(
+    "--variants",
+    default="A,B,C",
+    show_default=True,
+    help="Which to run: A (global queue + pool), B (group locks + pool), C (corral).",
+)
+@click.option(
+    "--chunk-size",
+    default=100,
+    show_default=True,
+    help="corral: tasks of one group taken per claim (100-500 usually pays off).",
+)
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
-@click.option("--store", type=StoreParam(), default="memory", show_default=True,
-              help="corral's store (C): memory, sqlite, postgres, or a store URL.")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="memory",
+    show_default=True,
+    help="corral's store (C): memory, sqlite, postgres, or a store URL.",
+)
 @click.option("--workers", default=1, show_default=True, help="Worker processes for a durable store (C).")
-@click.option("--pg-url", default=None,
-              help=f"Admin URL of a PostgreSQL server (default $CORRAL_BENCH_PG_URL or {common.DEFAULT_PG_URL}); "
-                   "a fresh database is created for the run and dropped after.")
+@click.option(
+    "--pg-url",
+    default=None,
+    help=f"Admin URL of a PostgreSQL server (default $CORRAL_BENCH_PG_URL or {common.DEFAULT_PG_URL}); "
+    "a fresh database is created for the run and dropped after.",
+)
 @click.option("--poll-interval", default=0.5, show_default=True, help="corral worker poll interval (s).")
 @click.option("--seed", default=3, show_default=True, help="Seed of the workload plan.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 @click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
-def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concurrency: int, limit: int,
-               store: str, workers: int, pg_url: str | None, poll_interval: float, seed: int,
-               as_json: bool, no_progress: bool) -> None:
+def groups_cmd(
+    tasks: int,
+    n_groups: int,
+    variants: str,
+    chunk_size: int,
+    concurrency: int,
+    limit: int,
+    store: str,
+    workers: int,
+    pg_url: str | None,
+    poll_interval: float,
+    seed: int,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
     """Ordered groups under a downstream cap: A, B and C side by side."""
     from corral.bench.groups import VARIANTS, child_argv
 
@@ -90,15 +118,27 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
     chosen = [v.strip().upper() for v in variants.split(",") if v.strip()]
     bad = [v for v in chosen if v not in VARIANTS]
     if bad or not chosen:
-        raise click.BadParameter(f"unknown variant(s) {', '.join(bad) or '(none)'}; choose from A, B, C",
-                                 param_hint="--variants")
+        raise click.BadParameter(
+            f"unknown variant(s) {', '.join(bad) or '(none)'}; choose from A, B, C", param_hint="--variants"
+        )
     if tasks < 1 or n_groups < 1 or chunk_size < 1 or concurrency < 1 or limit < 1 or workers < 1:
         raise click.UsageError("--tasks, --groups, --chunk-size, --concurrency, --limit and --workers must be >= 1")
     results = []
     for v in chosen:
-        argv = child_argv(v, tasks=tasks, groups=n_groups, chunk_size=chunk_size, concurrency=concurrency,
-                          limit=limit, store=store, workers=workers, pg_url=pg_url, poll_interval=poll_interval,
-                          seed=seed, progress=not no_progress)
+        argv = child_argv(
+            v,
+            tasks=tasks,
+            groups=n_groups,
+            chunk_size=chunk_size,
+            concurrency=concurrency,
+            limit=limit,
+            store=store,
+            workers=workers,
+            pg_url=pg_url,
+            poll_interval=poll_interval,
+            seed=seed,
+            progress=not no_progress,
+        )
         label = f"{v}: {VARIANTS[v]}" + (f" ({store}, {workers} proc)" if v == "C" else "")
         try:
             results.append(common.run_child(argv, label, show_progress=not no_progress))
@@ -112,24 +152,47 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
     from rich.table import Table
 
     table = Table(title=f"groups: {tasks:,} tasks, {n_groups} groups, downstream cap {limit}")
-    for col in ("variant", "wall s", "ideal s", "efficiency", "p95 latency ms", "out of order",
-                "rejections", "peak RSS MB"):
+    for col in (
+        "variant",
+        "wall s",
+        "ideal s",
+        "efficiency",
+        "p95 latency ms",
+        "out of order",
+        "rejections",
+        "peak RSS MB",
+    ):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for r in results:
         name = f"{r['variant']} {SHORT[r['variant']]}"
         if r["variant"] == "C":
-            name += f" [{r['store']}, chunk {r['chunk_size']}" + (f", {r['workers']} proc]" if r["store"] != "memory" else "]")
+            name += f" [{r['store']}, chunk {r['chunk_size']}" + (
+                f", {r['workers']} proc]" if r["store"] != "memory" else "]"
+            )
         rss = _fmt(r["peak_rss_mb"], 1)
         if r.get("worker_peak_rss_mb") is not None:
             rss += f" (+workers {_fmt(r['worker_peak_rss_mb'], 1)})"
-        table.add_row(name, _fmt(r["wall_s"], 2), _fmt(r["ideal_s"], 2), _fmt(r["efficiency"], 3),
-                      _fmt(r["p95_latency_ms"], 0), _fmt(r["out_of_order"]), _fmt(r["rejections"]), rss)
+        table.add_row(
+            name,
+            _fmt(r["wall_s"], 2),
+            _fmt(r["ideal_s"], 2),
+            _fmt(r["efficiency"], 3),
+            _fmt(r["p95_latency_ms"], 0),
+            _fmt(r["out_of_order"]),
+            _fmt(r["rejections"]),
+            rss,
+        )
     Console(width=max(120, Console().width)).print(table)
 
 
 @bench.command("throughput")
-@click.option("--store", type=StoreParam(), default="sqlite", show_default=True,
-              help="memory, sqlite, postgres, or a store URL (a fresh store is used either way).")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="sqlite",
+    show_default=True,
+    help="memory, sqlite, postgres, or a store URL (a fresh store is used either way).",
+)
 @click.option("--tasks", default=20_000, show_default=True, help="No-op tasks per enqueue/processing run.")
 @click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
 @click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
@@ -138,20 +201,45 @@ def groups_cmd(tasks: int, n_groups: int, variants: str, chunk_size: int, concur
 @click.option("--io-concurrency", default=20, show_default=True, help="Worker slots for the I/O run.")
 @click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
 @click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
-@click.option("--groups", default=0, show_default=True,
-              help="Put the no-op processing run's tasks in this many groups (task i in group i mod N).")
-@click.option("--only", default="enqueue,process,io,latency", show_default=True,
-              help="Which parts to run (comma-separated).")
+@click.option(
+    "--groups",
+    default=0,
+    show_default=True,
+    help="Put the no-op processing run's tasks in this many groups (task i in group i mod N).",
+)
+@click.option(
+    "--only", default="enqueue,process,io,latency", show_default=True, help="Which parts to run (comma-separated)."
+)
 @click.option("--poll-interval", default=0.5, show_default=True)
-@click.option("--claim-delay-ms", default="0", show_default=True, metavar="MS[,MS...]",
-              help="memory only: repeat the I/O run with this simulated round trip added to every claim "
-                   "(the efficiency ceiling against a store of that claim latency).")
+@click.option(
+    "--claim-delay-ms",
+    default="0",
+    show_default=True,
+    metavar="MS[,MS...]",
+    help="memory only: repeat the I/O run with this simulated round trip added to every claim "
+    "(the efficiency ceiling against a store of that claim latency).",
+)
 @click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-progress", is_flag=True)
-def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pause: float, concurrency: int,
-                   io_concurrency: int, processes: str, finished_rows: int, groups: int, only: str, poll_interval: float,
-                   claim_delay_ms: str, pg_url: str | None, as_json: bool, no_progress: bool) -> None:
+def throughput_cmd(
+    store: str,
+    tasks: int,
+    io_tasks: int,
+    latency_tasks: int,
+    pause: float,
+    concurrency: int,
+    io_concurrency: int,
+    processes: str,
+    finished_rows: int,
+    groups: int,
+    only: str,
+    poll_interval: float,
+    claim_delay_ms: str,
+    pg_url: str | None,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
     """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
     from corral.bench.throughput import PARTS, child_argv, render
 
@@ -159,7 +247,9 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
-        raise click.BadParameter(f"unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)}", param_hint="--only")
+        raise click.BadParameter(
+            f"unknown part(s) {', '.join(bad)}; choose from {', '.join(PARTS)}", param_hint="--only"
+        )
     try:
         procs = [int(x) for x in processes.split(",") if x.strip()]
     except ValueError:
@@ -175,11 +265,26 @@ def throughput_cmd(store: str, tasks: int, io_tasks: int, latency_tasks: int, pa
     if not delays or min(delays) < 0:
         raise click.BadParameter("milliseconds >= 0", param_hint="--claim-delay-ms")
     if any(delays) and store != "memory":
-        raise click.BadParameter("a simulated claim round trip is for --store memory only", param_hint="--claim-delay-ms")
-    argv = child_argv(store=store, tasks=tasks, io_tasks=io_tasks, latency_tasks=latency_tasks, pause=pause,
-                      concurrency=concurrency, io_concurrency=io_concurrency, processes=",".join(map(str, procs)),
-                      finished_rows=finished_rows, groups=groups, only=",".join(parts), poll_interval=poll_interval,
-                      claim_delay_ms=",".join(f"{d:g}" for d in delays), pg_url=pg_url, progress=not no_progress)
+        raise click.BadParameter(
+            "a simulated claim round trip is for --store memory only", param_hint="--claim-delay-ms"
+        )
+    argv = child_argv(
+        store=store,
+        tasks=tasks,
+        io_tasks=io_tasks,
+        latency_tasks=latency_tasks,
+        pause=pause,
+        concurrency=concurrency,
+        io_concurrency=io_concurrency,
+        processes=",".join(map(str, procs)),
+        finished_rows=finished_rows,
+        groups=groups,
+        only=",".join(parts),
+        poll_interval=poll_interval,
+        claim_delay_ms=",".join(f"{d:g}" for d in delays),
+        pg_url=pg_url,
+        progress=not no_progress,
+    )
     try:
         report = common.run_child(argv, f"throughput ({store})", show_progress=not no_progress)
     except RuntimeError as exc:

@@ -148,8 +148,7 @@ class Recorder:
     def done(self) -> int:
         return self.counters[DONE]
 
-    def wait_done(self, target: int, timeout: float | None = None, tick: float = 0.005,
-                  progress: Any = None) -> bool:
+    def wait_done(self, target: int, timeout: float | None = None, tick: float = 0.005, progress: Any = None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout
         last_report = 0.0
         while self.counters[DONE] < target:
@@ -202,8 +201,9 @@ def peak_rss_mb(who: int = resource.RUSAGE_SELF) -> float:
     return resource.getrusage(who).ru_maxrss / 1024.0  # Linux: KiB
 
 
-def summarize(rec: Recorder, t0: float, *, grp: Sequence[int] | None = None, groups: int = 0,
-              slots: int | None = None) -> dict[str, Any]:
+def summarize(
+    rec: Recorder, t0: float, *, grp: Sequence[int] | None = None, groups: int = 0, slots: int | None = None
+) -> dict[str, Any]:
     """Figures shared by every scenario, from a finished run's notes."""
     n = rec.n
     finish = rec.finish_ts
@@ -261,16 +261,18 @@ def emit_progress(done: int, total: int) -> None:
 
 
 # ---- child processes --------------------------------------------------------------
-def run_child(argv: list[str], label: str, *, show_progress: bool = True, env: dict | None = None,
-              timeout: float | None = None) -> dict[str, Any]:
+def run_child(
+    argv: list[str], label: str, *, show_progress: bool = True, env: dict | None = None, timeout: float | None = None
+) -> dict[str, Any]:
     """Run ``python -m ...`` as a child, draw its progress lines, return its JSON."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=True)
     cmd = [sys.executable, *argv]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
     other: list[str] = []
 
     def pump(progress=None, task=None):
@@ -278,7 +280,7 @@ def run_child(argv: list[str], label: str, *, show_progress: bool = True, env: d
         for line in proc.stderr:
             if line.startswith(PROGRESS_PREFIX):
                 if progress is not None:
-                    done, total = (int(x) for x in line[len(PROGRESS_PREFIX):].split())
+                    done, total = (int(x) for x in line[len(PROGRESS_PREFIX) :].split())
                     progress.update(task, completed=done, total=total)
                 continue
             other.append(line)
@@ -291,8 +293,14 @@ def run_child(argv: list[str], label: str, *, show_progress: bool = True, env: d
         return out
 
     if show_progress:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=console, transient=True) as progress:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             task = progress.add_task(label, total=None)
             t = threading.Thread(target=pump, args=(progress, task), daemon=True)
             t.start()

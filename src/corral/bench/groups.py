@@ -121,8 +121,11 @@ def run_c_durable(rec: Recorder, grp, args, url: str) -> float:
     stop = ctx.Event()
     readies = [ctx.Event() for _ in range(args.workers)]
     procs = [
-        ctx.Process(target=tasks.worker_process, name=f"corral-bench-worker-{k}",
-                    args=(url, rec, rec.n, args.groups, args.seed, worker_opts(args), readies[k], stop))
+        ctx.Process(
+            target=tasks.worker_process,
+            name=f"corral-bench-worker-{k}",
+            args=(url, rec, rec.n, args.groups, args.seed, worker_opts(args), readies[k], stop),
+        )
         for k in range(args.workers)
     ]
     for p in procs:

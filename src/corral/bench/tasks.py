@@ -62,16 +62,20 @@ def build_app(url: str, *, limit: int | None = 20, retries: int = 1000) -> App:
     if limit is not None:
         app.limit(DOWNSTREAM_LIMIT, concurrency=limit)
     app.task(
-        name="bench.downstream_call", retries=retries, limits=[DOWNSTREAM_LIMIT],
-        retry_on=[DownstreamRejected], backoff=Backoff(base=0.005, factor=2.0, cap=0.2, jitter=0.5),
+        name="bench.downstream_call",
+        retries=retries,
+        limits=[DOWNSTREAM_LIMIT],
+        retry_on=[DownstreamRejected],
+        backoff=Backoff(base=0.005, factor=2.0, cap=0.2, jitter=0.5),
     )(downstream_call)
     app.task(name="bench.noop")(noop)
     app.task(name="bench.io_sleep")(io_sleep)
     return app
 
 
-def worker_process(url: str, rec: Recorder | None, n: int, groups: int, seed: int,
-                   worker_opts: dict[str, Any], ready, stop, go=None) -> None:
+def worker_process(
+    url: str, rec: Recorder | None, n: int, groups: int, seed: int, worker_opts: dict[str, Any], ready, stop, go=None
+) -> None:
     """Body of a worker process: run a Worker on ``url`` until ``stop`` is set
     (starting it only once ``go`` is set, when given)."""
 

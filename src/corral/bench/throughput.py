@@ -56,8 +56,11 @@ class _Workers:
         self.stop, self.go = ctx.Event(), ctx.Event()
         readies = [ctx.Event() for _ in range(self.processes)]
         self.procs = [
-            ctx.Process(target=tasks.worker_process, name=f"corral-bench-worker-{k}",
-                        args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.stop, self.go))
+            ctx.Process(
+                target=tasks.worker_process,
+                name=f"corral-bench-worker-{k}",
+                args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.stop, self.go),
+            )
             for k in range(self.processes)
         ]
         for p in self.procs:
@@ -92,8 +95,9 @@ class _Workers:
                 p.join()
 
 
-def _submit(app, name: str, start: int, end: int, kwargs: dict | None = None, rec: Recorder | None = None,
-            groups: int = 0) -> None:
+def _submit(
+    app, name: str, start: int, end: int, kwargs: dict | None = None, rec: Recorder | None = None, groups: int = 0
+) -> None:
     """Submit tasks ``start..end``; with ``groups``, task i joins group i mod groups."""
     tdef = app.registry[name]
     for b in range(start, end, SUBMIT_BATCH):
@@ -130,8 +134,9 @@ def prefill(app, url: str, rows: int, progress) -> float:
             from corral.core.model import Outcome
             from corral.core.states import State
 
-            store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS, result="null")
-                            for c in claims for t in c.tasks])
+            store.complete(
+                [Outcome(t.id, c.token, t.version, State.SUCCESS, result="null") for c in claims for t in c.tasks]
+            )
             done += k
             progress(done, rows)
         return time.monotonic() - t0
@@ -156,22 +161,33 @@ def prefill(app, url: str, rows: int, progress) -> float:
         ph = "%s"
 
         def columns(table: str) -> list[str]:
-            return [r[0] for r in con.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-                "AND table_schema = current_schema() ORDER BY ordinal_position", (table,))]
+            return [
+                r[0]
+                for r in con.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+                    "AND table_schema = current_schema() ORDER BY ordinal_position",
+                    (table,),
+                )
+            ]
+
     try:
         table, cols = next(((t, c) for t in candidates if (c := columns(t))), (None, []))
         if table is None:
             raise RuntimeError("cannot find the store's task table")
-        con.execute(f"UPDATE {table} SET status = 'SUCCESS', attempt = 1, started_at = {ph}, finished_at = {ph}, "
-                    f"result = 'null', version = version + 2 WHERE id = {ph}", (now, now, h.id))
+        con.execute(
+            f"UPDATE {table} SET status = 'SUCCESS', attempt = 1, started_at = {ph}, finished_at = {ph}, "
+            f"result = 'null', version = version + 2 WHERE id = {ph}",
+            (now, now, h.id),
+        )
         cols = [c for c in cols if c != "id"]
         col_list = ", ".join(cols)
         have = 1
         while have < rows:
             k = min(have, rows - have, 200_000)
-            con.execute(f"INSERT INTO {table} ({col_list}) SELECT {col_list} FROM {table} "
-                        f"WHERE status = 'SUCCESS' LIMIT {ph}", (k,))
+            con.execute(
+                f"INSERT INTO {table} ({col_list}) SELECT {col_list} FROM {table} WHERE status = 'SUCCESS' LIMIT {ph}",
+                (k,),
+            )
             have += k
             progress(have, rows)
         con.execute(f"ANALYZE {table}" if kind != "sqlite" else "ANALYZE")
@@ -186,8 +202,12 @@ def run(args) -> dict[str, Any]:
     parts = args.only.split(",")
     procs = [int(x) for x in args.processes.split(",")]
     prog = emit_progress if args.progress else (lambda *a: None)
-    out: dict[str, Any] = {"scenario": "throughput", "store": args.store, "finished_rows": args.finished_rows,
-                           "tasks": args.tasks}
+    out: dict[str, Any] = {
+        "scenario": "throughput",
+        "store": args.store,
+        "finished_rows": args.finished_rows,
+        "tasks": args.tasks,
+    }
     with common.temp_store_url(args.store, args.pg_url) as url:
         app = tasks.build_app(url, limit=None)
         memory = args.store == "memory"
@@ -234,12 +254,18 @@ def run(args) -> dict[str, Any]:
                         if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
                             raise RuntimeError(f"process run timed out: {rec.done}/{n}")
                     first, last = _span(rec)
-                    out["process"].append({
-                        "processes": p if not memory else 1, "in_process": memory, "groups": args.groups,
-                        "concurrency": args.concurrency, "tasks": n,
-                        "seconds": round(last - first, 4), "rate": round(n / (last - first), 1),
-                        "duplicates": rec.counters[common.DUPLICATES],
-                    })
+                    out["process"].append(
+                        {
+                            "processes": p if not memory else 1,
+                            "in_process": memory,
+                            "groups": args.groups,
+                            "concurrency": args.concurrency,
+                            "tasks": n,
+                            "seconds": round(last - first, 4),
+                            "rate": round(n / (last - first), 1),
+                            "duplicates": rec.counters[common.DUPLICATES],
+                        }
+                    )
 
             queued = run_away(queued)  # a later part must start on an empty queue
 
@@ -256,12 +282,19 @@ def run(args) -> dict[str, Any]:
                     first, last = _span(rec)
                     ideal = sum(rec.dur) / args.io_concurrency
                     claims, claim_ms = rec.claim_stats()
-                    out["io"].append({
-                        "tasks": n, "sleep_ms": 10.0, "concurrency": args.io_concurrency,
-                        "wall_s": round(last - first, 4), "ideal_s": round(ideal, 4),
-                        "efficiency": round(ideal / (last - first), 4),
-                        "claims": claims, "claim_ms": round(claim_ms, 3), "claim_delay_ms": delay_ms,
-                    })
+                    out["io"].append(
+                        {
+                            "tasks": n,
+                            "sleep_ms": 10.0,
+                            "concurrency": args.io_concurrency,
+                            "wall_s": round(last - first, 4),
+                            "ideal_s": round(ideal, 4),
+                            "efficiency": round(ideal / (last - first), 4),
+                            "claims": claims,
+                            "claim_ms": round(claim_ms, 3),
+                            "claim_delay_ms": delay_ms,
+                        }
+                    )
 
             if "latency" in parts:
                 n = args.latency_tasks
@@ -284,10 +317,14 @@ def run(args) -> dict[str, Any]:
                             prog(i, n)
                         time.sleep(args.pause)
                     rec.wait_done(n, timeout=30)
-                out["latency"] = {"tasks": n, "measured": len(lat), "pause_s": args.pause,
-                                  "p50_ms": common.ms(common.percentile(lat, 0.50)),
-                                  "p99_ms": common.ms(common.percentile(lat, 0.99)),
-                                  "max_ms": common.ms(max(lat) if lat else None)}
+                out["latency"] = {
+                    "tasks": n,
+                    "measured": len(lat),
+                    "pause_s": args.pause,
+                    "p50_ms": common.ms(common.percentile(lat, 0.50)),
+                    "p99_ms": common.ms(common.percentile(lat, 0.99)),
+                    "max_ms": common.ms(max(lat) if lat else None),
+                }
         finally:
             app.store.close()
     out["peak_rss_mb"] = round(common.peak_rss_mb(), 1)
@@ -326,8 +363,10 @@ def render(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(width=max(100, Console().width))
-    t = Table(title=f"throughput: {report['store']}"
-              + (f", {report['finished_rows']:,} finished rows pre-filled" if report.get("finished_rows") else ""))
+    t = Table(
+        title=f"throughput: {report['store']}"
+        + (f", {report['finished_rows']:,} finished rows pre-filled" if report.get("finished_rows") else "")
+    )
     t.add_column("measure")
     t.add_column("value", justify="right")
     if "enqueue" in report:
@@ -342,13 +381,20 @@ def render(report: dict[str, Any]) -> None:
             t.add_row(f"no-op processing, {who} x{p['concurrency']} slots{grouped}", f"{p['rate']:,.0f} tasks/s")
     for io in report.get("io", []):
         added = f" +{io['claim_delay_ms']:g} ms/claim" if io["claim_delay_ms"] else ""
-        t.add_row(f"I/O 10 ms x{io['tasks']:,}, {io['concurrency']} slots{added}: efficiency",
-                  f"{io['efficiency']:.3f} ({io['wall_s']:.2f}s vs ideal {io['ideal_s']:.2f}s)")
-        t.add_row("  its claims", f"{io['claims']:,} x {io['claim_ms']:.2f} ms ({io['tasks'] / max(1, io['claims']):.1f} tasks each)")
+        t.add_row(
+            f"I/O 10 ms x{io['tasks']:,}, {io['concurrency']} slots{added}: efficiency",
+            f"{io['efficiency']:.3f} ({io['wall_s']:.2f}s vs ideal {io['ideal_s']:.2f}s)",
+        )
+        t.add_row(
+            "  its claims",
+            f"{io['claims']:,} x {io['claim_ms']:.2f} ms ({io['tasks'] / max(1, io['claims']):.1f} tasks each)",
+        )
     if "latency" in report:
         la = report["latency"]
-        t.add_row(f"idle submit-to-start latency p50 / p99 ({la['measured']} tasks)",
-                  f"{la['p50_ms']:.2f} / {la['p99_ms']:.2f} ms")
+        t.add_row(
+            f"idle submit-to-start latency p50 / p99 ({la['measured']} tasks)",
+            f"{la['p50_ms']:.2f} / {la['p99_ms']:.2f} ms",
+        )
     t.add_row("peak RSS (bench process)", f"{report['peak_rss_mb']:.1f} MB")
     console.print(t)
 

@@ -100,7 +100,10 @@ def _fail(message: str, code: int) -> None:
 # ---- shared options -------------------------------------------------------------------
 def store_option(f: Callable) -> Callable:
     return click.option(
-        "--store", "store_url", metavar="URL", default=None,
+        "--store",
+        "store_url",
+        metavar="URL",
+        default=None,
         help="memory://, sqlite:///path or postgresql://... (default: $CORRAL_STORE, else sqlite:///corral.db)",
     )(f)
 
@@ -111,8 +114,10 @@ def json_option(f: Callable) -> Callable:
 
 def log_level_option(f: Callable) -> Callable:
     return click.option(
-        "--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-        default="INFO", show_default=True,
+        "--log-level",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        default="INFO",
+        show_default=True,
     )(f)
 
 
@@ -156,7 +161,9 @@ def json_arg(text: str, what: str, kind: type) -> Any:
     except json.JSONDecodeError as exc:
         raise CLIError(f"{what} is not valid JSON ({exc.msg} at char {exc.pos}): {text!r}") from None
     if not isinstance(value, kind):
-        want = "a JSON array, e.g. '[\"A1\", \"tmall\"]'" if kind is list else "a JSON object, e.g. '{\"channel\": \"tmall\"}'"
+        want = (
+            'a JSON array, e.g. \'["A1", "tmall"]\'' if kind is list else 'a JSON object, e.g. \'{"channel": "tmall"}\''
+        )
         raise CLIError(f"{what} must be {want}, not {type(value).__name__}")
     return value
 
@@ -182,12 +189,17 @@ def load_app(spec: str, store_url: str | None = None):
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise CLIError(f"bad APP {spec!r}: no module named {exc.name!r} (run from the directory that holds it, or set PYTHONPATH)") from None
+            raise CLIError(
+                f"bad APP {spec!r}: no module named {exc.name!r} "
+                "(run from the directory that holds it, or set PYTHONPATH)"
+            ) from None
         raise CLIError(f"bad APP {spec!r}: importing {module_name} failed: {exc}") from None
     except CorralError as exc:
         raise CLIError(f"bad APP {spec!r}: {one_line(str(exc))}") from None
     except Exception as exc:  # noqa: BLE001 - any import-time failure is the APP's
-        raise CLIError(f"bad APP {spec!r}: importing {module_name} failed: {type(exc).__name__}: {one_line(str(exc))}") from None
+        raise CLIError(
+            f"bad APP {spec!r}: importing {module_name} failed: {type(exc).__name__}: {one_line(str(exc))}"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         try:
@@ -222,8 +234,19 @@ def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
     from corral.cli import demo, plan, tasks, worker
 
-    for command in (worker.worker, tasks.submit, tasks.status, tasks.tasks, tasks.show, tasks.cancel,
-                    tasks.retry, worker.sweep, demo.dashboard, demo.demo, plan.plan):
+    for command in (
+        worker.worker,
+        tasks.submit,
+        tasks.status,
+        tasks.tasks,
+        tasks.show,
+        tasks.cancel,
+        tasks.retry,
+        worker.sweep,
+        demo.dashboard,
+        demo.demo,
+        plan.plan,
+    ):
         cli.add_command(command)
     _add_bench()
 
@@ -255,6 +278,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 __all__ = [
-    "cli", "main", "CLIError", "CorralGroup", "load_app",
-    "EXIT_ERROR", "EXIT_USAGE", "EXIT_FORCED", "EXIT_INTERRUPTED",
+    "cli",
+    "main",
+    "CLIError",
+    "CorralGroup",
+    "load_app",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXIT_FORCED",
+    "EXIT_INTERRUPTED",
 ]

@@ -20,11 +20,25 @@ from corral.core.model import TaskRecord, loads
 from corral.core.states import FINAL, State
 
 #: The order states are listed in (queued, running, then how a task ended).
-STATE_ORDER = [State.WAITING, State.PENDING, State.RETRYING, State.RUNNING,
-               State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED]
+STATE_ORDER = [
+    State.WAITING,
+    State.PENDING,
+    State.RETRYING,
+    State.RUNNING,
+    State.SUCCESS,
+    State.FAILED,
+    State.TIMEOUT,
+    State.CANCELED,
+]
 STATE_STYLE = {
-    State.WAITING: "dim", State.PENDING: "cyan", State.RETRYING: "yellow", State.RUNNING: "blue",
-    State.SUCCESS: "green", State.FAILED: "red", State.TIMEOUT: "magenta", State.CANCELED: "bright_black",
+    State.WAITING: "dim",
+    State.PENDING: "cyan",
+    State.RETRYING: "yellow",
+    State.RUNNING: "blue",
+    State.SUCCESS: "green",
+    State.FAILED: "red",
+    State.TIMEOUT: "magenta",
+    State.CANCELED: "bright_black",
 }
 
 
@@ -79,7 +93,9 @@ def _state(s: State) -> str:
 # ---- status ---------------------------------------------------------------------------------
 def status_dict(url: str, counts: dict[str, int], specs: dict, usage: dict, summary) -> dict:
     out: dict[str, Any] = {"store": url, "counts": counts, "total": sum(counts.values())}
-    out["limits"] = {n: {"concurrency": s.concurrency, "rate": s.rate, "in_use": usage.get(n, 0)} for n, s in specs.items()}
+    out["limits"] = {
+        n: {"concurrency": s.concurrency, "rate": s.rate, "in_use": usage.get(n, 0)} for n, s in specs.items()
+    }
     if summary is not None:
         out["batch"] = batch_dict(summary)
     return out
@@ -111,9 +127,14 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
 
 def batch_dict(summary) -> dict:
     return {
-        "batch": summary.batch, "status": summary.status, "total": summary.total, "counts": summary.counts,
-        "avg_duration": summary.avg_duration, "p99_duration": summary.p99_duration,
-        "first_created_at": summary.first_created_at, "last_finished_at": summary.last_finished_at,
+        "batch": summary.batch,
+        "status": summary.status,
+        "total": summary.total,
+        "counts": summary.counts,
+        "avg_duration": summary.avg_duration,
+        "p99_duration": summary.p99_duration,
+        "first_created_at": summary.first_created_at,
+        "last_finished_at": summary.last_finished_at,
     }
 
 
@@ -155,8 +176,18 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
         con.print("no tasks match")
         return
     t = Table(title=f"{len(rows)} task(s)", title_justify="left")
-    cols = [("ID", "right"), ("Task", "left"), ("Status", "left"), ("Group", "left"), ("Batch", "left"),
-            ("Try", "right"), ("Progress", "right"), ("Created", "left"), ("Took", "right"), ("Error", "left")]
+    cols = [
+        ("ID", "right"),
+        ("Task", "left"),
+        ("Status", "left"),
+        ("Group", "left"),
+        ("Batch", "left"),
+        ("Try", "right"),
+        ("Progress", "right"),
+        ("Created", "left"),
+        ("Took", "right"),
+        ("Error", "left"),
+    ]
     # Leave out a column that says nothing: every row empty, or fixed by a filter.
     skip = {"Group"} if group_filtered or not any(r.group for r in rows) else set()
     if batch_filtered or not any(r.batch for r in rows):
@@ -167,9 +198,15 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
     for r in rows:
         progress = "" if r.progress is None else f"{r.progress * 100:.0f}%"
         cells = {
-            "ID": str(r.id), "Task": r.name, "Status": _state(r.status),
-            "Group": escape(r.group or ""), "Batch": escape(r.batch or ""), "Try": f"{r.attempt}/{r.max_retries + 1}",
-            "Progress": progress, "Created": when(r.created_at), "Took": secs(took(r)),
+            "ID": str(r.id),
+            "Task": r.name,
+            "Status": _state(r.status),
+            "Group": escape(r.group or ""),
+            "Batch": escape(r.batch or ""),
+            "Try": f"{r.attempt}/{r.max_retries + 1}",
+            "Progress": progress,
+            "Created": when(r.created_at),
+            "Took": secs(took(r)),
             "Error": escape(one_line(r.error)[:80] if r.error else ""),
         }
         t.add_row(*(cells[c] for c, _ in cols if c not in skip))
@@ -186,20 +223,31 @@ def print_task(rec: TaskRecord, d: dict) -> None:
     t.add_column("Value", overflow="fold")
     args, kwargs = rec.arguments
     rows = [
-        ("status", _state(rec.status)
-                   + (" (cancel requested)" if rec.cancel_requested and rec.status not in FINAL else "")),
+        (
+            "status",
+            _state(rec.status) + (" (cancel requested)" if rec.cancel_requested and rec.status not in FINAL else ""),
+        ),
         ("args", json.dumps(args, ensure_ascii=False)),
         ("kwargs", json.dumps(kwargs, ensure_ascii=False)),
-        ("queue", rec.queue), ("priority", str(rec.priority)),
-        ("group", rec.group or ""), ("batch", rec.batch or ""), ("key", rec.key or ""),
+        ("queue", rec.queue),
+        ("priority", str(rec.priority)),
+        ("group", rec.group or ""),
+        ("batch", rec.batch or ""),
+        ("key", rec.key or ""),
         ("trace_id", rec.trace_id or ""),
         ("attempt", f"{rec.attempt} of {rec.max_retries + 1}"),
         ("timeout", secs(rec.timeout) or "none"),
-        ("limits", ", ".join(rec.limits)), ("depends_on", ", ".join(map(str, rec.depends_on))),
-        ("created", when(rec.created_at)), ("run_at", when(rec.run_at)),
-        ("started", when(rec.started_at)), ("finished", when(rec.finished_at)),
+        ("limits", ", ".join(rec.limits)),
+        ("depends_on", ", ".join(map(str, rec.depends_on))),
+        ("created", when(rec.created_at)),
+        ("run_at", when(rec.run_at)),
+        ("started", when(rec.started_at)),
+        ("finished", when(rec.finished_at)),
         ("duration", secs(took(rec))),
-        ("progress", "" if rec.progress is None else f"{rec.progress * 100:.0f}% {rec.progress_message or ''}".rstrip()),
+        (
+            "progress",
+            "" if rec.progress is None else f"{rec.progress * 100:.0f}% {rec.progress_message or ''}".rstrip(),
+        ),
         ("checkpoint", json.dumps(d["checkpoint"], ensure_ascii=False) if rec.checkpoint else ""),
         ("result", rec.result or ""),
         ("error", rec.error or ""),
@@ -254,44 +302,78 @@ def print_plan(plan, example: bool) -> None:
     advice: list[str] = []
     if plan.concurrency_limit is not None:
         c = plan.concurrency_limit
-        section("(a) downstream concurrency limit = QPS x latency x safety", [
-            ("one request in flight", f"1 / {c.latency_s * 1000:g}ms = {c.per_request_qps:g} req/s"),
-            ("in flight at the cap", f"{c.qps:g} QPS x {c.latency_s:g}s = {c.theoretical:g}"),
-            ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
-        ])
+        section(
+            "(a) downstream concurrency limit = QPS x latency x safety",
+            [
+                ("one request in flight", f"1 / {c.latency_s * 1000:g}ms = {c.per_request_qps:g} req/s"),
+                ("in flight at the cap", f"{c.qps:g} QPS x {c.latency_s:g}s = {c.theoretical:g}"),
+                ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
+            ],
+        )
         advice.append(f'app.limit("downstream", concurrency={c.limit})  # shared by every worker of the store')
     if plan.littles_law is not None:
         law = plan.littles_law
         rows = [
             ("measured throughput", f"{law.done} / {hours(law.window_s)} = {law.throughput_per_h:.2f} tasks/h"),
-            ("mean task duration", f"{law.workers:g} / {law.throughput_per_h:.2f} = {law.mean_duration_s / 3600:.3f} h "
-                                   f"= [bold green]{law.mean_duration_s / 60:.1f} min[/]"),
+            (
+                "mean task duration",
+                f"{law.workers:g} / {law.throughput_per_h:.2f} = {law.mean_duration_s / 3600:.3f} h "
+                f"= [bold green]{law.mean_duration_s / 60:.1f} min[/]",
+            ),
         ]
         if law.target is not None:
-            rows.append(("target throughput", f"{law.target} / {hours(law.target_window_s)} = {law.target_throughput_per_h:.2f} tasks/h"))
-            rows.append(("needed concurrency", f"{law.target_throughput_per_h:.2f} x {law.mean_duration_s / 3600:.3f} h = "
-                                               f"{law.required_concurrency:.2f} -> [bold green]{law.required_workers}[/]"))
+            rows.append(
+                (
+                    "target throughput",
+                    f"{law.target} / {hours(law.target_window_s)} = {law.target_throughput_per_h:.2f} tasks/h",
+                )
+            )
+            rows.append(
+                (
+                    "needed concurrency",
+                    f"{law.target_throughput_per_h:.2f} x {law.mean_duration_s / 3600:.3f} h = "
+                    f"{law.required_concurrency:.2f} -> [bold green]{law.required_workers}[/]",
+                )
+            )
         section(little, rows)
     if plan.required is not None:
         r = plan.required
-        section(little, [
-            ("needed concurrency", f"{r.target} / {hours(r.window_s)} x {r.mean_duration_s / 3600:.3f} h "
-                                   f"= {r.required_concurrency:.2f} -> [bold green]{r.required_workers}[/]"),
-        ])
+        section(
+            little,
+            [
+                (
+                    "needed concurrency",
+                    f"{r.target} / {hours(r.window_s)} x {r.mean_duration_s / 3600:.3f} h "
+                    f"= {r.required_concurrency:.2f} -> [bold green]{r.required_workers}[/]",
+                ),
+            ],
+        )
     if plan.workers_per_process is not None:
         w = plan.workers_per_process
-        section("(c) workers per process = 1 + io wait / cpu time, capped", [
-            ("raw", f"1 + {w.io_wait:g} / {w.cpu_time:g} = {w.raw:.2f}"),
-            ("workers per process", f"[bold green]{w.workers}[/]" + (f" (capped at {w.cap})" if w.capped else f" (cap {w.cap})")),
-        ])
+        section(
+            "(c) workers per process = 1 + io wait / cpu time, capped",
+            [
+                ("raw", f"1 + {w.io_wait:g} / {w.cpu_time:g} = {w.raw:.2f}"),
+                (
+                    "workers per process",
+                    f"[bold green]{w.workers}[/]" + (f" (capped at {w.cap})" if w.capped else f" (cap {w.cap})"),
+                ),
+            ],
+        )
     if plan.layout is not None:
         lay = plan.layout
-        section("(d) processes and lanes", [
-            ("processes", f"ceil({lay.concurrency} / {lay.max_per_process}) = [bold green]{lay.processes}[/]"),
-            ("workers per process", f"ceil({lay.concurrency} / {lay.processes}) = [bold green]{lay.per_process}[/] "
-                                    f"({lay.total_slots} in all)"),
-            ("lanes (sub-groups)", f"concurrency {lay.concurrency} + head-room = [bold green]{lay.lanes}[/]"),
-        ])
+        section(
+            "(d) processes and lanes",
+            [
+                ("processes", f"ceil({lay.concurrency} / {lay.max_per_process}) = [bold green]{lay.processes}[/]"),
+                (
+                    "workers per process",
+                    f"ceil({lay.concurrency} / {lay.processes}) = [bold green]{lay.per_process}[/] "
+                    f"({lay.total_slots} in all)",
+                ),
+                ("lanes (sub-groups)", f"concurrency {lay.concurrency} + head-room = [bold green]{lay.lanes}[/]"),
+            ],
+        )
         advice.append(f"run {lay.processes} process(es): corral worker APP --concurrency {lay.per_process}")
         advice.append(f"a hot group: group=corral.subgroup(group, key, {lay.lanes}) (order then holds per key)")
     if advice:

@@ -44,7 +44,14 @@ def _no_batch(batch: str) -> CLIError:
 @click.command()
 @click.argument("task_name", metavar="TASK")
 @click.argument("args_json", metavar="[ARGS_JSON]", required=False)
-@click.option("--app", "app_spec", envvar="CORRAL_APP", required=True, metavar="APP", help="module:attribute of the App that defines TASK (or $CORRAL_APP).")
+@click.option(
+    "--app",
+    "app_spec",
+    envvar="CORRAL_APP",
+    required=True,
+    metavar="APP",
+    help="module:attribute of the App that defines TASK (or $CORRAL_APP).",
+)
 @store_option
 @click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments as a JSON object.")
 @click.option("--group", help="FIFO lane: one in flight per group, in submit order.")
@@ -55,11 +62,34 @@ def _no_batch(batch: str) -> CLIError:
 @click.option("--queue", help="Queue (default: the task's).")
 @click.option("--timeout", metavar="DURATION", help="Override the task's timeout.")
 @click.option("--retries", type=click.IntRange(min=0), help="Override the task's retries.")
-@click.option("--depends-on", "depends_on", multiple=True, type=int, metavar="ID", help="Run after this task succeeds (repeatable).")
+@click.option(
+    "--depends-on",
+    "depends_on",
+    multiple=True,
+    type=int,
+    metavar="ID",
+    help="Run after this task succeeds (repeatable).",
+)
 @click.option("--trace-id", help="Trace id (default: a new one).")
 @json_option
-def submit(task_name, args_json, app_spec, store_url, kwargs_json, group, batch, key, delay, priority,
-           queue, timeout, retries, depends_on, trace_id, as_json):
+def submit(
+    task_name,
+    args_json,
+    app_spec,
+    store_url,
+    kwargs_json,
+    group,
+    batch,
+    key,
+    delay,
+    priority,
+    queue,
+    timeout,
+    retries,
+    depends_on,
+    trace_id,
+    as_json,
+):
     """Queue one run of TASK with ARGS_JSON (a JSON array); print its id.
 
     Example: corral submit sync_sku '["A1", "tmall"]' --app examples.shop:app --group merchant-1001
@@ -67,8 +97,15 @@ def submit(task_name, args_json, app_spec, store_url, kwargs_json, group, batch,
     args = json_arg(args_json, "ARGS_JSON", list) if args_json is not None else []
     kwargs = json_arg(kwargs_json, "--kwargs", dict) if kwargs_json is not None else {}
     options: dict[str, Any] = {}
-    for name, value in (("group", group), ("batch", batch), ("key", key), ("priority", priority),
-                        ("queue", queue), ("retries", retries), ("trace_id", trace_id)):
+    for name, value in (
+        ("group", group),
+        ("batch", batch),
+        ("key", key),
+        ("priority", priority),
+        ("queue", queue),
+        ("retries", retries),
+        ("trace_id", trace_id),
+    ):
         if value is not None:
             options[name] = value
     if delay is not None:
@@ -113,8 +150,12 @@ def status(store_url, queue, batch, as_json):
 # ---- tasks -------------------------------------------------------------------------------
 @click.command()
 @store_option
-@click.option("--status", "state", type=click.Choice([s.value for s in render.STATE_ORDER], case_sensitive=False),
-              help="Only tasks in this state.")
+@click.option(
+    "--status",
+    "state",
+    type=click.Choice([s.value for s in render.STATE_ORDER], case_sensitive=False),
+    help="Only tasks in this state.",
+)
 @click.option("--batch", help="Only this batch.")
 @click.option("--group", help="Only this group.")
 @click.option("--name", help="Only this task name.")
@@ -126,8 +167,16 @@ def status(store_url, queue, batch, as_json):
 def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, as_json):
     """List tasks, newest first."""
     store = open_given_store(store_url)
-    flt = TaskFilter(status=State(state.upper()) if state else None, queue=queue, batch=batch, group=group,
-                     name=name, limit=limit, offset=offset, newest_first=not oldest_first)
+    flt = TaskFilter(
+        status=State(state.upper()) if state else None,
+        queue=queue,
+        batch=batch,
+        group=group,
+        name=name,
+        limit=limit,
+        offset=offset,
+        newest_first=not oldest_first,
+    )
     rows = store.list_tasks(flt)
     if as_json:
         render.print_json([render.record_dict(r) for r in rows])
@@ -183,7 +232,9 @@ def retry(task_id, batch, store_url):
     if task_id is not None:
         rec = _task(store, task_id)
         if rec.status not in RETRYABLE_BY_HAND or not store.retry(task_id):
-            raise CLIError(f"task {task_id} is {rec.status.value}; only FAILED, TIMEOUT or CANCELED tasks can be retried")
+            raise CLIError(
+                f"task {task_id} is {rec.status.value}; only FAILED, TIMEOUT or CANCELED tasks can be retried"
+            )
         click.echo(f"task {task_id} queued again")
         return
     if store.batch_summary(batch).total == 0:

@@ -39,13 +39,43 @@ def _setup_logging(level: str) -> None:
 @click.command()
 @click.argument("app_spec", metavar="APP")
 @store_option
-@click.option("-c", "--concurrency", type=click.IntRange(min=1), default=10, show_default=True, help="Worker slots (tasks or chunks in flight).")
+@click.option(
+    "-c",
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Worker slots (tasks or chunks in flight).",
+)
 @click.option("-q", "--queues", default="default", show_default=True, help="Comma-separated queues to serve.")
-@click.option("--chunk-size", type=click.IntRange(min=1), default=1, show_default=True, help="Tasks of one group taken together and run in order.")
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True, help="Seconds in-flight tasks get to finish after SIGTERM.")
-@click.option("--sweep/--no-sweep", default=False, show_default=True, help="Also run the sweeper (one leader at a time across the fleet).")
+@click.option(
+    "--chunk-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Tasks of one group taken together and run in order.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds in-flight tasks get to finish after SIGTERM.",
+)
+@click.option(
+    "--sweep/--no-sweep",
+    default=False,
+    show_default=True,
+    help="Also run the sweeper (one leader at a time across the fleet).",
+)
 @click.option("--sweep-interval", default="30s", show_default=True, help="How often the sweeper runs (e.g. 30s, 5m).")
-@click.option("--lease", "lease", default="30s", show_default=True, help="Lease a running task holds; a crashed worker's tasks are recovered after it.")
+@click.option(
+    "--lease",
+    "lease",
+    default="30s",
+    show_default=True,
+    help="Lease a running task holds; a crashed worker's tasks are recovered after it.",
+)
 @log_level_option
 def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, sweep_interval, lease, log_level):
     """Run tasks of APP (module:attribute, a corral.App) until SIGTERM.
@@ -69,9 +99,17 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     if not app.registry:
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
     if not getattr(app.store, "shared", True):
-        log.warning("store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url)
-    app.run(concurrency, queues=queue_list, chunk_size=chunk_size, lease_seconds=lease_s, grace=grace,
-            sweep_interval=sweep_s if sweep else None)
+        log.warning(
+            "store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url
+        )
+    app.run(
+        concurrency,
+        queues=queue_list,
+        chunk_size=chunk_size,
+        lease_seconds=lease_s,
+        grace=grace,
+        sweep_interval=sweep_s if sweep else None,
+    )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
 
@@ -79,10 +117,23 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
 # ---- sweep --------------------------------------------------------------------------------
 @click.command()
 @store_option
-@click.option("--loop", is_flag=True, help="Keep sweeping every --interval until SIGTERM (one leader across the fleet).")
+@click.option(
+    "--loop", is_flag=True, help="Keep sweeping every --interval until SIGTERM (one leader across the fleet)."
+)
 @click.option("--interval", default="30s", show_default=True, help="Time between passes with --loop.")
-@click.option("--stale-pending-age", default="24h", show_default=True, help="Cancel PENDING tasks older than this ('off' to keep them).")
-@click.option("--max-rows", type=click.IntRange(min=1), default=1000, show_default=True, help="At most this many tasks changed per pass.")
+@click.option(
+    "--stale-pending-age",
+    default="24h",
+    show_default=True,
+    help="Cancel PENDING tasks older than this ('off' to keep them).",
+)
+@click.option(
+    "--max-rows",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="At most this many tasks changed per pass.",
+)
 @log_level_option
 @json_option
 def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_json):
@@ -96,7 +147,11 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
     from corral.engine.runner import StopSignals
     from corral.maintenance import Sweeper
 
-    stale = None if stale_pending_age.strip().lower() in ("off", "none", "never") else duration_arg(stale_pending_age, "--stale-pending-age")
+    stale = (
+        None
+        if stale_pending_age.strip().lower() in ("off", "none", "never")
+        else duration_arg(stale_pending_age, "--stale-pending-age")
+    )
     every = duration_arg(interval, "--interval")
     if every <= 0:
         raise CLIError("--interval must be > 0")
@@ -113,8 +168,13 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
     sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows)
     with StopSignals() as signals:
         sweeper.start()
-        log.info("sweeper %s started: store=%s interval=%gs stale_pending_age=%s", sweeper.holder,
-                 url, every, "off" if stale is None else f"{stale:g}s")
+        log.info(
+            "sweeper %s started: store=%s interval=%gs stale_pending_age=%s",
+            sweeper.holder,
+            url,
+            every,
+            "off" if stale is None else f"{stale:g}s",
+        )
         signals.wait()
         sweeper.stop()
         log.info("sweeper %s stopped after %d tick(s)", sweeper.holder, sweeper.ticks)

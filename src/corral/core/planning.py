@@ -35,10 +35,25 @@ DEFAULT_LANE_HEADROOM = 0.25
 _EPS = 1e-9  # so 100 x 0.2 x 0.7 = 13.999999999999998 still floors to 14
 
 _UNITS = {
-    "ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hrs": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
+    "ms": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hrs": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
@@ -53,7 +68,9 @@ def parse_duration(text: str | float | int, default_unit: str = "s") -> float:
     else:
         m = _DURATION.match(str(text))
         if not m:
-            raise ValueError(f"cannot parse duration {text!r}: expected a number with an optional unit (ms, s, m, h, d)")
+            raise ValueError(
+                f"cannot parse duration {text!r}: expected a number with an optional unit (ms, s, m, h, d)"
+            )
         value, unit = float(m.group(1)), (m.group(2).lower() or default_unit)
     if unit not in _UNITS:
         raise ValueError(f"unknown duration unit {unit!r} in {text!r}: use ms, s, m, h or d")
@@ -156,8 +173,16 @@ def littles_law(
     twindow = window_s if target_window_s is None else target_window_s
     need = required_concurrency(target, twindow, mean)
     return LittlesLaw(
-        done, window_s, workers, throughput_h, mean, target, twindow,
-        target / (twindow / 3600.0), need, _workers(need),
+        done,
+        window_s,
+        workers,
+        throughput_h,
+        mean,
+        target,
+        twindow,
+        target / (twindow / 3600.0),
+        need,
+        _workers(need),
     )
 
 
@@ -227,9 +252,14 @@ def process_layout(concurrency: int, max_per_process: int, headroom: float = DEF
 #: of 100 QPS at 200 ms; 392 tasks done in 48 h by 4 workers, 720 wanted; 25
 #: minutes of I/O wait per 4 of CPU.
 WORKED_EXAMPLE = {
-    "qps": 100, "latency_s": 0.2,
-    "done": 392, "window_s": 48 * 3600.0, "workers": 4, "target": 720,
-    "io_wait": 25, "cpu_time": 4,
+    "qps": 100,
+    "latency_s": 0.2,
+    "done": 392,
+    "window_s": 48 * 3600.0,
+    "workers": 4,
+    "target": 720,
+    "io_wait": 25,
+    "cpu_time": 4,
 }
 
 
@@ -314,7 +344,9 @@ def capacity_plan(
         window = target_window_s or window_s
         if window is not None:
             required = required_workers(target, window, mean_duration_s)
-    per_process_plan = workers_per_process(io_wait, cpu_time, cap) if io_wait is not None and cpu_time is not None else None
+    per_process_plan = (
+        workers_per_process(io_wait, cpu_time, cap) if io_wait is not None and cpu_time is not None else None
+    )
     if concurrency is None:
         if law is not None and law.required_workers:
             concurrency = law.required_workers
@@ -327,11 +359,24 @@ def capacity_plan(
 
 
 __all__ = [
-    "DEFAULT_SAFETY", "DEFAULT_WORKER_CAP", "DEFAULT_LANE_HEADROOM",
-    "parse_duration", "format_duration",
-    "ConcurrencyLimit", "concurrency_limit",
-    "LittlesLaw", "littles_law", "mean_duration", "required_concurrency",
-    "WorkersPerProcess", "workers_per_process",
-    "ProcessLayout", "process_layout",
-    "WORKED_EXAMPLE", "RequiredConcurrency", "required_workers", "CapacityPlan", "capacity_plan",
+    "DEFAULT_SAFETY",
+    "DEFAULT_WORKER_CAP",
+    "DEFAULT_LANE_HEADROOM",
+    "parse_duration",
+    "format_duration",
+    "ConcurrencyLimit",
+    "concurrency_limit",
+    "LittlesLaw",
+    "littles_law",
+    "mean_duration",
+    "required_concurrency",
+    "WorkersPerProcess",
+    "workers_per_process",
+    "ProcessLayout",
+    "process_layout",
+    "WORKED_EXAMPLE",
+    "RequiredConcurrency",
+    "required_workers",
+    "CapacityPlan",
+    "capacity_plan",
 ]

@@ -17,7 +17,12 @@ from corral.errors import PermanentError, Retry
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Exceptions that are bugs or bad input: retrying cannot help.
 DEFAULT_PERMANENT: tuple[type[BaseException], ...] = (
-    PermanentError, ValueError, TypeError, KeyError, AttributeError, NotImplementedError,
+    PermanentError,
+    ValueError,
+    TypeError,
+    KeyError,
+    AttributeError,
+    NotImplementedError,
 )
 
 

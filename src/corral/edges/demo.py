@@ -102,8 +102,13 @@ def build_app(store_url: str, partner: PartnerAPI, limit: int, bad_sku: str, fla
     app = corral.App(store_url)
     app.limit("partner_api", concurrency=limit, rate=f"{partner.qps:g}/s")
 
-    @app.task(name="sync_sku", retries=3, timeout=30, limits=["partner_api"],
-              backoff=Backoff(base=0.25, factor=2.0, cap=2.0, jitter=0.5))
+    @app.task(
+        name="sync_sku",
+        retries=3,
+        timeout=30,
+        limits=["partner_api"],
+        backoff=Backoff(base=0.25, factor=2.0, cap=2.0, jitter=0.5),
+    )
     def sync_sku(ctx: corral.Context, sku: str, channel: str, merchant: str) -> dict:
         ctx.progress(0.1, "fetching detail")
         fail_with = flaky.get(sku) if ctx.attempt == 1 else None
@@ -168,16 +173,23 @@ def run_demo(
     app.start(workers=workers, poll_interval=0.05)
     try:
         with Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=con, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeElapsedColumn(),
+            console=con,
+            transient=False,
         ) as bar:
             job = bar.add_task("syncing", total=skus, detail="")
             while True:
                 summary = app.batch_status(batch)
                 done = sum(summary.counts.get(s.value, 0) for s in FINAL)
-                detail = (f"running {summary.counts.get('RUNNING', 0):>2}  "
-                          f"retrying {summary.counts.get('RETRYING', 0):>2}  "
-                          f"failed {summary.counts.get('FAILED', 0)}")
+                detail = (
+                    f"running {summary.counts.get('RUNNING', 0):>2}  "
+                    f"retrying {summary.counts.get('RETRYING', 0):>2}  "
+                    f"failed {summary.counts.get('FAILED', 0)}"
+                )
                 bar.update(job, completed=done, detail=detail)
                 if summary.status != "RUNNING" or time.monotonic() - started > timeout:
                     break
@@ -204,10 +216,14 @@ def run_demo(
     t.add_row("tasks", str(summary.total))
     t.add_row("retries", f"{retries} (transient 429/503, backoff with jitter)")
     t.add_row("wall time", f"{elapsed:.1f}s ({summary.total / elapsed:.0f} tasks/s)" if elapsed > 0 else "-")
-    t.add_row("task duration avg / p99",
-              f"{format_duration(summary.avg_duration or 0)} / {format_duration(summary.p99_duration or 0)}")
-    t.add_row("partner calls in flight, peak",
-              f"{partner.peak_in_flight} (limit {plan.limit}, partner cap {plan.theoretical:g})")
+    t.add_row(
+        "task duration avg / p99",
+        f"{format_duration(summary.avg_duration or 0)} / {format_duration(summary.p99_duration or 0)}",
+    )
+    t.add_row(
+        "partner calls in flight, peak",
+        f"{partner.peak_in_flight} (limit {plan.limit}, partner cap {plan.theoretical:g})",
+    )
     t.add_row("ordered lanes", f"{merchants} merchants, one SKU in flight each")
     con.print(t)
     for r in failed[:3]:
@@ -220,7 +236,14 @@ def run_demo(
         markup=False,
     )
     return DemoResult(
-        batch=batch, store_url=store_url, status=summary.status, counts=dict(summary.counts), elapsed=elapsed,
-        retries=retries, limit=plan.limit, peak_in_flight=partner.peak_in_flight,
-        failed_ids=[r.id for r in failed], task_ids=[h.id for h in handles],
+        batch=batch,
+        store_url=store_url,
+        status=summary.status,
+        counts=dict(summary.counts),
+        elapsed=elapsed,
+        retries=retries,
+        limit=plan.limit,
+        peak_in_flight=partner.peak_in_flight,
+        failed_ids=[r.id for r in failed],
+        task_ids=[h.id for h in handles],
     )

@@ -109,7 +109,6 @@ class Context(CheckpointView):
         self._store.save_checkpoint(self.task_id, self._token, stage, text)
 
 
-
 def current() -> Context | None:
     """The context of the task running in this thread, if any."""
     return getattr(_current, "ctx", None)

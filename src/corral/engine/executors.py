@@ -13,11 +13,12 @@ import os
 import signal
 import threading
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from corral.core.model import dumps, loads
-from corral.engine.context import CheckpointView
 from corral.core.retries import DEFAULT_PERMANENT, is_retryable
+from corral.engine.context import CheckpointView
 from corral.errors import Canceled, ChildFailed, PermanentError, Retry
 
 
@@ -81,7 +82,6 @@ class _ChildContext(CheckpointView):
         text = dumps(data)
         self._checkpoint[stage] = loads(text)
         self._conn.send(("checkpoint", stage, text))
-
 
 
 def _child_main(conn, fn, takes_ctx, args, kwargs, meta, rules) -> None:
@@ -162,7 +162,9 @@ class ProcessRun:
                     self.proc.join(5)
                     if self.killed_for is not None:
                         continue
-                    raise ChildFailed("ChildDied", f"child process exited with code {self.proc.exitcode}", True)
+                    raise ChildFailed(
+                        "ChildDied", f"child process exited with code {self.proc.exitcode}", True
+                    ) from None
                 kind = msg[0]
                 if kind == "ok":
                     self.proc.join(5)

@@ -94,11 +94,19 @@ def run_until_signal(
     def on_signal(name: str) -> None:
         if state["phase"] == "running":
             state["phase"] = "stopping"
-            log.info("worker %s: %s received; stopping claims, %gs grace for %d in flight",
-                     worker.id, name, grace, worker.busy)
+            log.info(
+                "worker %s: %s received; stopping claims, %gs grace for %d in flight",
+                worker.id,
+                name,
+                grace,
+                worker.busy,
+            )
             return
-        log.error("worker %s: %s during the grace period; stopping at once "
-                  "(the sweeper recovers unfinished tasks)", worker.id, name)
+        log.error(
+            "worker %s: %s during the grace period; stopping at once (the sweeper recovers unfinished tasks)",
+            worker.id,
+            name,
+        )
         for h in logging.getLogger().handlers:
             h.flush()
         os._exit(EXIT_FORCED)
@@ -110,8 +118,14 @@ def run_until_signal(
             sweeper.start()
         log.info(
             "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s",
-            worker.id, getattr(worker.store, "url", "?"), worker.concurrency, ",".join(worker.queues),
-            worker.chunk_size, grace, "on" if sweeper is not None else "off", ",".join(sorted(worker.registry)),
+            worker.id,
+            getattr(worker.store, "url", "?"),
+            worker.concurrency,
+            ",".join(worker.queues),
+            worker.chunk_size,
+            grace,
+            "on" if sweeper is not None else "off",
+            ",".join(sorted(worker.registry)),
         )
         while state["phase"] == "running":
             if until is not None and until():
@@ -127,7 +141,9 @@ def run_until_signal(
         clean = worker.stop(grace)
         state["phase"] = "stopped"
         log.info(
-            "worker %s stopped after %.1fs: %s", worker.id, time.monotonic() - t0,
+            "worker %s stopped after %.1fs: %s",
+            worker.id,
+            time.monotonic() - t0,
             "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
         )
         return clean

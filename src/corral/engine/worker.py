@@ -176,7 +176,9 @@ class Worker:
         """Wait until no unit is in flight here and every outcome is written."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._inflight == 0, None if end is None else max(0, end - time.monotonic()))
+            ok = self._cond.wait_for(
+                lambda: self._inflight == 0, None if end is None else max(0, end - time.monotonic())
+            )
         if not ok:
             return False
         return self._flush(None if end is None else max(0.0, end - time.monotonic()))
@@ -241,8 +243,12 @@ class Worker:
                 self._inflight += want
             try:
                 claims = self.store.claim(
-                    self.id, self.queues, want, names=names,
-                    chunk_size=self.chunk_size, lease_seconds=self.lease_seconds,
+                    self.id,
+                    self.queues,
+                    want,
+                    names=names,
+                    chunk_size=self.chunk_size,
+                    lease_seconds=self.lease_seconds,
                 )
             except StoreError as exc:  # an outage must not end the worker; a bug may
                 claims = None
@@ -350,8 +356,14 @@ class Worker:
                 run.deadline = None  # the process run times itself out and kills the child
                 meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints)
                 run.proc = ProcessRun(
-                    tdef.fn, tdef.takes_ctx, args, kwargs, meta, lambda m: self._child_message(ctx, m),
-                    retry_on=tdef.retry_on, permanent_on=tdef.permanent_on,
+                    tdef.fn,
+                    tdef.takes_ctx,
+                    args,
+                    kwargs,
+                    meta,
+                    lambda m: self._child_message(ctx, m),
+                    retry_on=tdef.retry_on,
+                    permanent_on=tdef.permanent_on,
                 )
                 value = run.proc.wait(timeout)
             else:
@@ -395,8 +407,15 @@ class Worker:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
-            return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
-                           run_at=self.store.now() + delay, started_at=started_at)
+            return Outcome(
+                rec.id,
+                token,
+                rec.version,
+                State.RETRYING,
+                error=text,
+                run_at=self.store.now() + delay,
+                started_at=started_at,
+            )
         if retryable and rec.max_retries:
             text = f"{text} (gave up after {rec.attempt} attempts)"
         return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
@@ -406,8 +425,15 @@ class Worker:
         if rec.attempt <= rec.max_retries:
             tdef = self.registry.get(rec.name)
             delay = tdef.backoff.delay(rec.attempt) if tdef else 1.0
-            return Outcome(rec.id, token, rec.version, State.RETRYING, error=text,
-                           run_at=self.store.now() + delay, started_at=started_at)
+            return Outcome(
+                rec.id,
+                token,
+                rec.version,
+                State.RETRYING,
+                error=text,
+                run_at=self.store.now() + delay,
+                started_at=started_at,
+            )
         return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at)
 
     def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
@@ -437,8 +463,9 @@ class Worker:
                 unit.lost = True  # its slot starts nothing more
                 if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt
                     first = tasks[0]
-                    self._write(Outcome(first.id, unit.claim.token, first.version, State.PENDING,
-                                        attempt=first.attempt - 1))
+                    self._write(
+                        Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1)
+                    )
                     rest = tasks[1:]
                 else:
                     run = self._runs.get(tasks[unit.begun].id)
@@ -447,8 +474,9 @@ class Worker:
                         if run.proc is not None:
                             run.proc.kill("shutdown")
                         rec = run.record
-                        self._write(Outcome(rec.id, unit.claim.token, rec.version, State.PENDING,
-                                            attempt=rec.attempt - 1))
+                        self._write(
+                            Outcome(rec.id, unit.claim.token, rec.version, State.PENDING, attempt=rec.attempt - 1)
+                        )
                     rest = tasks[unit.begun + 1 :]
             token_tasks.append((unit, rest))
         for unit, rest in token_tasks:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
-
 from corral.errors import ConfigError
 from corral.stores.base import Store
 
@@ -35,9 +34,7 @@ def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> Store:
         from corral.stores.postgres import PostgresStore
 
         return PostgresStore(url)
-    raise ConfigError(
-        f"cannot parse store URL {url!r}: expected memory://, sqlite:///path or postgresql://..."
-    )
+    raise ConfigError(f"cannot parse store URL {url!r}: expected memory://, sqlite:///path or postgresql://...")
 
 
 __all__ = ["Store", "open_store", "default_url", "DEFAULT_URL"]

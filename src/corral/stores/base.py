@@ -59,7 +59,6 @@ from corral.core.model import (
 from corral.core.states import ACTIVE, State
 
 
-
 @dataclass(slots=True)
 class HeartbeatReply:
     lost_tokens: set[str] = field(default_factory=set)  # leases this worker no longer holds

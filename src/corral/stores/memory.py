@@ -8,8 +8,8 @@ holding the ids that still occupy the group in id order.
 from __future__ import annotations
 
 import heapq
-import sys
 import itertools
+import sys
 import threading
 import uuid
 from collections import deque
@@ -187,7 +187,7 @@ class MemoryStore(Store):
             now = self.now()
             # validate first: all or nothing
             batch_keys: dict[str, int] = {}
-            for i, nt in enumerate(tasks):
+            for nt in tasks:
                 for dep in nt.depends_on:
                     if dep not in self._tasks:
                         raise SubmitError(f"unknown dependency id {dep}")
@@ -215,12 +215,24 @@ class MemoryStore(Store):
                 if status is State.PENDING and waiting:
                     status = State.WAITING
                 t = TaskRecord(
-                    id=tid, name=nt.name, args=nt.args, status=status, queue=nt.queue,
-                    priority=nt.priority, max_retries=nt.max_retries, timeout=nt.timeout,
-                    group=nt.group, batch=nt.batch, key=nt.key, trace_id=nt.trace_id,
-                    limits=tuple(nt.limits), depends_on=tuple(nt.depends_on),
-                    halt_group_on_failure=nt.halt_group_on_failure, created_at=now,
-                    run_at=nt.run_at if nt.run_at is not None else now, error=error,
+                    id=tid,
+                    name=nt.name,
+                    args=nt.args,
+                    status=status,
+                    queue=nt.queue,
+                    priority=nt.priority,
+                    max_retries=nt.max_retries,
+                    timeout=nt.timeout,
+                    group=nt.group,
+                    batch=nt.batch,
+                    key=nt.key,
+                    trace_id=nt.trace_id,
+                    limits=tuple(nt.limits),
+                    depends_on=tuple(nt.depends_on),
+                    halt_group_on_failure=nt.halt_group_on_failure,
+                    created_at=now,
+                    run_at=nt.run_at if nt.run_at is not None else now,
+                    error=error,
                     finished_at=now if status is State.FAILED else None,
                 )
                 self._tasks[tid] = t
@@ -275,8 +287,11 @@ class MemoryStore(Store):
                         if len(members) >= chunk_size:
                             break
                         n = self._tasks[nid]
-                        if n.status not in QUEUED or n.run_at > now or n.queue != t.queue or (
-                            names is not None and n.name not in names
+                        if (
+                            n.status not in QUEUED
+                            or n.run_at > now
+                            or n.queue != t.queue
+                            or (names is not None and n.name not in names)
                         ):
                             break
                         members.append(n)
@@ -338,12 +353,7 @@ class MemoryStore(Store):
             now = self.now()
             for o in outcomes:
                 t = self._tasks.get(o.task_id)
-                if (
-                    t is None
-                    or t.status is not State.RUNNING
-                    or t.lease_token != o.token
-                    or t.version != o.version
-                ):
+                if t is None or t.status is not State.RUNNING or t.lease_token != o.token or t.version != o.version:
                     applied.append(False)
                     continue
                 check_transition(State.RUNNING, o.status)
@@ -410,7 +420,8 @@ class MemoryStore(Store):
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         with self._lock:
             rows = [
-                t for t in self._tasks.values()
+                t
+                for t in self._tasks.values()
                 if (flt.status is None or t.status is State(flt.status))
                 and (flt.queue is None or t.queue == flt.queue)
                 and (flt.batch is None or t.batch == flt.batch)
@@ -467,7 +478,10 @@ class MemoryStore(Store):
             t.finished_at - t.started_at for t in rows if t.finished_at is not None and t.started_at is not None
         )
         return BatchSummary(
-            batch=batch, counts=counts, status=base.batch_status(counts), total=len(rows),
+            batch=batch,
+            counts=counts,
+            status=base.batch_status(counts),
+            total=len(rows),
             avg_duration=sum(durations) / len(durations) if durations else None,
             p99_duration=base.percentile(durations, 0.99),
             first_created_at=min((t.created_at for t in rows), default=None),
@@ -497,7 +511,8 @@ class MemoryStore(Store):
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
         with self._lock:
             stuck = [
-                t for t in map(self._tasks.__getitem__, sorted(self._running))
+                t
+                for t in map(self._tasks.__getitem__, sorted(self._running))
                 if (t.lease_expires_at is not None and t.lease_expires_at < now)
                 or (t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now)
                 or t.attempt > t.max_retries + 1

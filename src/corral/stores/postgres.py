@@ -41,9 +41,9 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core.model import (
@@ -92,7 +92,6 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 MIGRATE_LOCK_KEY = 7429000
 SCHEMA_VERSION = 3
 _BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
-
 
 
 def _redact(url: str) -> str:
@@ -223,9 +222,7 @@ class PostgresStore(SqlStore):
 
     # ---- life cycle -----------------------------------------------------------
     def migrate(self) -> None:
-        migrations = sorted(
-            (int(k.rsplit("_", 1)[1]), k) for k in self._q if k.startswith("migration_")
-        )
+        migrations = sorted((int(k.rsplit("_", 1)[1]), k) for k in self._q if k.startswith("migration_"))
 
         def go(conn):
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
@@ -407,9 +404,10 @@ class PostgresStore(SqlStore):
         with conn.transaction():
             conn.execute(self._q["limit_lock"], {"names": names})
             free = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
-            if all(f <= 0 for f in free.values()) and not conn.execute(
-                self._q["unlimited_ready"], {"queues": base["queues"]}
-            ).fetchone()[0]:
+            if (
+                all(f <= 0 for f in free.values())
+                and not conn.execute(self._q["unlimited_ready"], {"queues": base["queues"]}).fetchone()[0]
+            ):
                 return out  # every limit is full and nothing else waits: skip the claim
             remaining = max_units
             k = remaining
@@ -571,7 +569,9 @@ class PostgresStore(SqlStore):
         try:
             if self._listen_conn is None:
                 self._listen_conn = psycopg.connect(
-                    self._dsn, autocommit=True, connect_timeout=max(1, int(self._connect_timeout)),
+                    self._dsn,
+                    autocommit=True,
+                    connect_timeout=max(1, int(self._connect_timeout)),
                     options=SESSION_OPTIONS,
                 )
                 self._listen_conn.execute(f"LISTEN {CHANNEL}")
@@ -724,15 +724,29 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
     """The rows of a submit as one JSON array (the ``submit`` query reads it
     with ``json_to_recordset``): one parameter to encode instead of an array
     per column, which is most of a small submit's client-side cost."""
-    return json.dumps([
-        {"name": t.name, "args": t.args, "status": st, "queue": t.queue, "priority": t.priority,
-         "max_retries": t.max_retries, "timeout": t.timeout, "grp": t.group, "batch": t.batch,
-         "key": t.key, "trace_id": t.trace_id, "run_at": t.run_at,
-         "limits": list(t.limits) if t.limits else None,
-         "deps": list(t.depends_on) if t.depends_on else None,
-         "halt": bool(t.halt_group_on_failure), "error": err}
-        for t, st, err in zip(rows, status, error)
-    ])
+    return json.dumps(
+        [
+            {
+                "name": t.name,
+                "args": t.args,
+                "status": st,
+                "queue": t.queue,
+                "priority": t.priority,
+                "max_retries": t.max_retries,
+                "timeout": t.timeout,
+                "grp": t.group,
+                "batch": t.batch,
+                "key": t.key,
+                "trace_id": t.trace_id,
+                "run_at": t.run_at,
+                "limits": list(t.limits) if t.limits else None,
+                "deps": list(t.depends_on) if t.depends_on else None,
+                "halt": bool(t.halt_group_on_failure),
+                "error": err,
+            }
+            for t, st, err in zip(rows, status, error)
+        ]
+    )
 
 
 def new_token() -> str:

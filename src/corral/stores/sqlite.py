@@ -101,13 +101,12 @@ _QUEUED = (State.PENDING, State.RETRYING)
 _UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
 
 
-
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
     """``sqlite:///rel.db`` -> ``("rel.db", {})``; ``sqlite:////abs.db?x=y`` -> ``("/abs.db", {"x": "y"})``."""
     prefix = "sqlite://"
     if not url.lower().startswith(prefix):
         raise ConfigError(f"not a SQLite store URL: {url!r} (expected sqlite:///path)")
-    rest = url[len(prefix):]
+    rest = url[len(prefix) :]
     rest, _, query = rest.partition("?")
     if not rest.startswith("/"):
         raise ConfigError(f"cannot parse SQLite URL {url!r}: expected sqlite:///relative or sqlite:////absolute path")
@@ -164,7 +163,7 @@ def _split_script(script: str) -> list[str]:
         if sqlite3.complete_statement(buf):
             out.append(buf.strip())
             buf = ""
-    if buf.strip() and not all(l.strip().startswith("--") or not l.strip() for l in buf.splitlines()):
+    if buf.strip() and not all(ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()):
         out.append(buf.strip())
     return out
 
@@ -303,8 +302,9 @@ class SQLiteStore(SqlStore):
     def _start_checkpointer(self) -> None:
         with self._lock:
             if self._checkpointer is None and not self._closed:
-                self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="corral-sqlite-checkpoint",
-                                                      daemon=True)
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="corral-sqlite-checkpoint", daemon=True
+                )
                 self._checkpointer.start()
 
     def _checkpoint_loop(self) -> None:
@@ -408,7 +408,9 @@ class SQLiteStore(SqlStore):
         while frontier:  # fail WAITING dependents, and theirs
             nxt = []
             for tid, status in frontier:
-                for did, group in con.execute(Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)).fetchall():
+                for did, group in con.execute(
+                    Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)
+                ).fetchall():
                     nxt.append((did, State.FAILED))
                     groups.add(group)
             frontier = nxt
@@ -429,7 +431,9 @@ class SQLiteStore(SqlStore):
                 dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
                 missing = sorted(all_deps - dep_state.keys())
                 if missing:
-                    raise SubmitError(f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}")
+                    raise SubmitError(
+                        f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
+                    )
             next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
             results: list[SubmitResult] = []
             rows, edges = [], []
@@ -459,13 +463,28 @@ class SQLiteStore(SqlStore):
                         status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
                     else:
                         status = State.WAITING
-                rows.append((
-                    tid, nt.name, nt.args, status.value, nt.queue, nt.priority, nt.max_retries,
-                    nt.timeout, nt.group, nt.batch, nt.key, nt.trace_id,
-                    dumps(list(nt.limits)) if nt.limits else None,
-                    1 if nt.halt_group_on_failure else 0, now,
-                    nt.run_at if nt.run_at is not None else now, finished_at, error,
-                ))
+                rows.append(
+                    (
+                        tid,
+                        nt.name,
+                        nt.args,
+                        status.value,
+                        nt.queue,
+                        nt.priority,
+                        nt.max_retries,
+                        nt.timeout,
+                        nt.group,
+                        nt.batch,
+                        nt.key,
+                        nt.trace_id,
+                        dumps(list(nt.limits)) if nt.limits else None,
+                        1 if nt.halt_group_on_failure else 0,
+                        now,
+                        nt.run_at if nt.run_at is not None else now,
+                        finished_at,
+                        error,
+                    )
+                )
                 if nt.key is not None:
                     batch_keys[nt.key] = tid
                 results.append(SubmitResult(tid, True))
@@ -496,10 +515,22 @@ class SQLiteStore(SqlStore):
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic():
                 # Only plain work was queued a moment ago: one statement.
-                rows = _task_cursor(con).execute(Q["claim_plain"], (
-                    now + lease_seconds, worker_id, now, queues[0], now,
-                    dumps(sorted(known)) if known is not None else None, max_units,
-                )).fetchall()
+                rows = (
+                    _task_cursor(con)
+                    .execute(
+                        Q["claim_plain"],
+                        (
+                            now + lease_seconds,
+                            worker_id,
+                            now,
+                            queues[0],
+                            now,
+                            dumps(sorted(known)) if known is not None else None,
+                            max_units,
+                        ),
+                    )
+                    .fetchall()
+                )
                 if rows:
                     return [Claim(r.lease_token, [r]) for r in self._records(con, rows)]
             picked = self._pick(con, queues, max_units, known, chunk_size, now)
@@ -636,8 +667,11 @@ class SQLiteStore(SqlStore):
         if not outcomes:
             return []
         statuses = [State(o.status) for o in outcomes]
-        if len(outcomes) > 1 and all(s in FINAL for s in statuses) \
-                and len({o.task_id for o in outcomes}) == len(outcomes):
+        if (
+            len(outcomes) > 1
+            and all(s in FINAL for s in statuses)
+            and len({o.task_id for o in outcomes}) == len(outcomes)
+        ):
             return self._complete_finals(outcomes, statuses)
         applied: list[bool] = []
         ended: list[tuple[int, State]] = []
@@ -650,21 +684,44 @@ class SQLiteStore(SqlStore):
                 set_error = o.error is not None or status is State.SUCCESS
                 give_back = 0 if o.burn_attempt else 1
                 if status in FINAL:
-                    rows = cur.execute(final_sql, (
-                        status.value, o.result, set_error, o.error, o.finished_at or now, o.started_at,
-                        o.attempt, give_back, o.task_id, o.token, o.version,
-                    )).fetchall()
+                    rows = cur.execute(
+                        final_sql,
+                        (
+                            status.value,
+                            o.result,
+                            set_error,
+                            o.error,
+                            o.finished_at or now,
+                            o.started_at,
+                            o.attempt,
+                            give_back,
+                            o.task_id,
+                            o.token,
+                            o.version,
+                        ),
+                    ).fetchall()
                     if rows:
                         ended.append((o.task_id, status))
                         if rows[0][0] is not None:
                             groups.add(rows[0][0])
                     applied.append(bool(rows))
                 else:  # back in the queue: the group's line is unchanged
-                    cur.execute(requeue_sql, (
-                        status.value, o.result, set_error, o.error,
-                        o.run_at if o.run_at is not None else now, o.started_at,
-                        o.attempt, give_back, o.task_id, o.token, o.version,
-                    ))
+                    cur.execute(
+                        requeue_sql,
+                        (
+                            status.value,
+                            o.result,
+                            set_error,
+                            o.error,
+                            o.run_at if o.run_at is not None else now,
+                            o.started_at,
+                            o.attempt,
+                            give_back,
+                            o.task_id,
+                            o.token,
+                            o.version,
+                        ),
+                    )
                     applied.append(cur.rowcount == 1)
             self._after_final(con, ended, now, groups)
         return applied
@@ -673,12 +730,24 @@ class SQLiteStore(SqlStore):
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
         with self._write() as con:
             now = self._clock.time()
-            rows = dumps([
-                [o.task_id, o.token, o.version, s.value, o.result,
-                 o.error is not None or s is State.SUCCESS, o.error, o.finished_at or now,
-                 o.started_at, o.attempt, 0 if o.burn_attempt else 1]
-                for o, s in zip(outcomes, statuses)
-            ])
+            rows = dumps(
+                [
+                    [
+                        o.task_id,
+                        o.token,
+                        o.version,
+                        s.value,
+                        o.result,
+                        o.error is not None or s is State.SUCCESS,
+                        o.error,
+                        o.finished_at or now,
+                        o.started_at,
+                        o.attempt,
+                        0 if o.burn_attempt else 1,
+                    ]
+                    for o, s in zip(outcomes, statuses)
+                ]
+            )
             done = dict(con.execute(Q["complete_final_many"], (rows,)).fetchall())
             status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
             ended = [(tid, status_of[tid]) for tid in done]
@@ -812,10 +881,17 @@ class SQLiteStore(SqlStore):
         with self._write() as con:
             now = self._clock.time()
             for r in rescues:
-                row = con.execute(Q["rescue"], {
-                    "id": r.task_id, "version": r.version, "to": r.to.value, "error": r.error, "now": now,
-                    "expected": (State.PENDING if r.to is State.CANCELED else State.RUNNING).value,
-                }).fetchone()
+                row = con.execute(
+                    Q["rescue"],
+                    {
+                        "id": r.task_id,
+                        "version": r.version,
+                        "to": r.to.value,
+                        "error": r.error,
+                        "now": now,
+                        "expected": (State.PENDING if r.to is State.CANCELED else State.RUNNING).value,
+                    },
+                ).fetchone()
                 applied.append(row is not None)
                 if row is not None:
                     groups.add(row[0])
