@@ -1,9 +1,10 @@
 # corral: set-up and test harness.
 #
 #   make demo   create the virtualenv (if needed) and run the demo on SQLite
-#   make test   create the virtualenv (if needed), start a throwaway
-#               PostgreSQL on loopback (unless CORRAL_TEST_PG_URL is set)
-#               and run the whole test suite
+#   make test   create the virtualenv (if needed), check lint, format and
+#               types (ruff, mypy), start a throwaway PostgreSQL on loopback
+#               (unless CORRAL_TEST_PG_URL is set) and run the whole test suite
+#   make lint   only the lint, format and type checks
 #   make clean  remove the virtualenv and build/test leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS='-k lease -x'
@@ -17,11 +18,12 @@ VENV   := .venv
 STAMP  := $(VENV)/.corral-installed
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo test clean
+.PHONY: help venv demo lint test clean
 
 help:
 	@echo "make demo   set everything up and run the demo (SQLite)"
-	@echo "make test   set everything up and run the whole test suite"
+	@echo "make test   set everything up, check lint and types, run the whole test suite"
+	@echo "make lint   only the lint, format and type checks"
 	@echo "make clean  remove the virtualenv and build/test leftovers"
 
 venv: $(STAMP)
@@ -50,7 +52,12 @@ $(STAMP): pyproject.toml
 demo: venv
 	$(VENV)/bin/corral demo
 
-test: venv
+lint: venv
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
+
+test: lint
 	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

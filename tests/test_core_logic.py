@@ -97,3 +97,15 @@ def test_subgroup_is_stable_and_spreads():
     assert subgroup("m1", "x", 1) == "m1"
     spread = {subgroup("m1", f"order-{i}", 8) for i in range(200)}
     assert len(spread) == 8 and all(s.startswith("m1#") for s in spread)
+
+
+def test_percentile_is_nearest_rank_and_an_observed_value():
+    from corral.core.stats import percentile
+
+    values = [float(v) for v in range(100, 0, -1)]  # 100 .. 1, unsorted
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 0.50) == 50.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([3.0], 0.99) == 3.0
+    assert percentile([], 0.5) is None
+    assert percentile(sorted(values), 0.99, presorted=True) == 99.0

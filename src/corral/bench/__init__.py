@@ -11,7 +11,6 @@ Each measured run happens in a child process; progress goes to stderr and
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import click
@@ -103,7 +102,7 @@ def groups_cmd(
     chunk_size: int,
     concurrency: int,
     limit: int,
-    store: str,
+    store: tuple[str, str | None],
     workers: int,
     pg_url: str | None,
     poll_interval: float,
@@ -114,7 +113,7 @@ def groups_cmd(
     """Ordered groups under a downstream cap: A, B and C side by side."""
     from corral.bench.groups import VARIANTS, child_argv
 
-    store, pg_url = _store(store, pg_url)
+    kind, pg_url = _store(store, pg_url)
     chosen = [v.strip().upper() for v in variants.split(",") if v.strip()]
     bad = [v for v in chosen if v not in VARIANTS]
     if bad or not chosen:
@@ -132,14 +131,14 @@ def groups_cmd(
             chunk_size=chunk_size,
             concurrency=concurrency,
             limit=limit,
-            store=store,
+            store=kind,
             workers=workers,
             pg_url=pg_url,
             poll_interval=poll_interval,
             seed=seed,
             progress=not no_progress,
         )
-        label = f"{v}: {VARIANTS[v]}" + (f" ({store}, {workers} proc)" if v == "C" else "")
+        label = f"{v}: {VARIANTS[v]}" + (f" ({kind}, {workers} proc)" if v == "C" else "")
         try:
             results.append(common.run_child(argv, label, show_progress=not no_progress))
         except RuntimeError as exc:
@@ -223,7 +222,7 @@ def groups_cmd(
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @click.option("--no-progress", is_flag=True)
 def throughput_cmd(
-    store: str,
+    store: tuple[str, str | None],
     tasks: int,
     io_tasks: int,
     latency_tasks: int,
@@ -243,7 +242,7 @@ def throughput_cmd(
     """Enqueue/processing rates, I/O efficiency and idle latency of one store."""
     from corral.bench.throughput import PARTS, child_argv, render
 
-    store, pg_url = _store(store, pg_url)
+    kind, pg_url = _store(store, pg_url)
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
@@ -264,12 +263,12 @@ def throughput_cmd(
         raise click.BadParameter("a comma-separated list of milliseconds", param_hint="--claim-delay-ms") from None
     if not delays or min(delays) < 0:
         raise click.BadParameter("milliseconds >= 0", param_hint="--claim-delay-ms")
-    if any(delays) and store != "memory":
+    if any(delays) and kind != "memory":
         raise click.BadParameter(
             "a simulated claim round trip is for --store memory only", param_hint="--claim-delay-ms"
         )
     argv = child_argv(
-        store=store,
+        store=kind,
         tasks=tasks,
         io_tasks=io_tasks,
         latency_tasks=latency_tasks,
@@ -286,7 +285,7 @@ def throughput_cmd(
         progress=not no_progress,
     )
     try:
-        report = common.run_child(argv, f"throughput ({store})", show_progress=not no_progress)
+        report = common.run_child(argv, f"throughput ({kind})", show_progress=not no_progress)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -302,4 +301,4 @@ def main() -> None:  # pragma: no cover - `python -m corral.bench`
 __all__ = ["bench", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

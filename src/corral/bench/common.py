@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from corral.core.stats import percentile
+
 # counters[...] slots
 ACTIVE, SEQ, REJECTED, DONE, DUPLICATES, PEAK, CLAIMS, CLAIM_NS = range(8)
 _NCOUNTERS = 8
@@ -92,6 +94,7 @@ class Recorder:
             c[ACTIVE] += 1
             if c[ACTIVE] > c[PEAK]:
                 c[PEAK] = c[ACTIVE]
+        assert self.sleeps is not None, "each process sets its plan of sleeps before running"
         self._timed(i, self.sleeps[i], active=True)
 
     def time_claims(self, store, delay: float = 0.0) -> None:
@@ -174,14 +177,6 @@ def plan(n: int, groups: int, seed: int) -> tuple[array, array]:
 
 
 # ---- statistics -----------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    idx = min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))
-    return s[idx]
-
-
 def out_of_order(finish_seq: Sequence[int], grp: Sequence[int], groups: int) -> int:
     """Tasks that finished before an earlier-submitted task of their group
     (tasks are submitted in index order)."""

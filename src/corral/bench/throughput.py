@@ -33,6 +33,7 @@ from typing import Any
 
 from corral.bench import common
 from corral.bench.common import Recorder, emit_progress
+from corral.core.stats import percentile
 
 PARTS = ("enqueue", "process", "io", "latency")
 SUBMIT_BATCH = 1000
@@ -157,7 +158,7 @@ def prefill(app, url: str, rows: int, progress) -> float:
     else:
         import psycopg
 
-        con = psycopg.connect(url, autocommit=True)
+        con = psycopg.connect(url, autocommit=True)  # type: ignore[assignment]
         ph = "%s"
 
         def columns(table: str) -> list[str]:
@@ -321,8 +322,8 @@ def run(args) -> dict[str, Any]:
                     "tasks": n,
                     "measured": len(lat),
                     "pause_s": args.pause,
-                    "p50_ms": common.ms(common.percentile(lat, 0.50)),
-                    "p99_ms": common.ms(common.percentile(lat, 0.99)),
+                    "p50_ms": common.ms(percentile(lat, 0.50)),
+                    "p99_ms": common.ms(percentile(lat, 0.99)),
                     "max_ms": common.ms(max(lat) if lat else None),
                 }
         finally:

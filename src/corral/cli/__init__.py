@@ -142,10 +142,8 @@ def open_given_store(store_url: str | None):
 
 
 # ---- argument parsing ------------------------------------------------------------------
-def duration_arg(text: str | None, what: str, default_unit: str = "s") -> float | None:
+def duration_arg(text: str, what: str, default_unit: str = "s") -> float:
     """Seconds in a duration option (``30s``, ``5m``, ``200ms``); a bare number is in ``default_unit``."""
-    if text is None:
-        return None
     from corral.core.planning import parse_duration
 
     try:

@@ -4,6 +4,8 @@ arithmetic and :mod:`corral.cli.render` prints it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from corral.cli import CLIError, duration_arg, json_option, render, store_option
@@ -89,6 +91,7 @@ def plan(
             per_process,
         )
     )
+    inputs: dict[str, Any]
     if not given:
         inputs = dict(planning.WORKED_EXAMPLE)
     else:

@@ -194,7 +194,7 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
         skip.add("Batch")
     for col, just in cols:
         if col not in skip:
-            t.add_column(col, justify=just, no_wrap=col != "Error", overflow="fold" if col == "Error" else "ellipsis")
+            t.add_column(col, justify=just, no_wrap=col != "Error", overflow="fold" if col == "Error" else "ellipsis")  # type: ignore[arg-type]
     for r in rows:
         progress = "" if r.progress is None else f"{r.progress * 100:.0f}%"
         cells = {

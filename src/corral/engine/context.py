@@ -19,8 +19,9 @@ _current = threading.local()
 logger = logging.getLogger("corral.task")
 
 
-class _TraceAdapter(logging.LoggerAdapter):
-    def process(self, msg, kwargs):
+class _TraceAdapter(logging.LoggerAdapter):  # type: ignore[type-arg,unused-ignore]
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        assert self.extra is not None  # always built with trace_id and task_id
         extra = dict(kwargs.get("extra") or {})
         extra.setdefault("trace_id", self.extra["trace_id"])
         extra.setdefault("task_id", self.extra["task_id"])

@@ -509,6 +509,7 @@ class Worker:
 
     def _completer_loop(self) -> None:
         q = self._completer_q
+        assert q is not None  # the completer runs only for a shared store
         window = self.completer_window
         while True:
             items: list[Outcome | _Unit] = [q.get()]

@@ -16,13 +16,11 @@ with the workers it cleans up after.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
-import uuid
 from collections.abc import Callable
 
-from corral.core.model import SweepReport
+from corral.core.model import SweepReport, new_holder_id
+from corral.errors import ConfigError
 from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
 from corral.stores.base import Store
 
@@ -45,14 +43,14 @@ class Sweeper:
         on_report: Callable[[SweepReport], None] | None = None,
     ):
         if interval <= 0:
-            raise ValueError("the sweep interval must be > 0 seconds")
+            raise ConfigError("the sweep interval must be > 0 seconds")
         if max_rows < 1:
-            raise ValueError("max_rows must be at least 1")
+            raise ConfigError("max_rows must be at least 1")
         self.store = store
         self.interval = float(interval)
         self.stale_pending_age = stale_pending_age
         self.max_rows = max_rows
-        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.holder = holder or new_holder_id()
         self.on_report = on_report
         #: Leadership lasts three intervals, so one slow tick does not lose it
         #: but a dead leader is replaced within a few intervals.

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
     Claim,
     LimitSpec,
     NewTask,
@@ -121,13 +122,6 @@ def batch_status(counts: dict[str, int]) -> str:
     return "PARTIAL_SUCCESS" if ok else "FAILED"
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    idx = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[idx]
-
-
 class Store(abc.ABC):
     """Where tasks live. One instance may be shared by every thread of a process."""
 
@@ -169,7 +163,7 @@ class Store(abc.ABC):
         *,
         names: Collection[str] | None = None,
         chunk_size: int = 1,
-        lease_seconds: float = 30.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules."""
 

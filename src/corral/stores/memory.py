@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
     Claim,
     LimitSpec,
     NewTask,
@@ -29,6 +30,7 @@ from corral.core.model import (
     loads,
 )
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
+from corral.core.stats import percentile
 from corral.errors import SubmitError
 from corral.stores import base
 from corral.stores.base import BatchSummary, HeartbeatReply, Rescue, Store, SweepRow
@@ -115,6 +117,7 @@ class MemoryStore(Store):
                 self._enqueue(head, now)
 
     def _group_insert(self, t: TaskRecord) -> None:
+        assert t.group is not None
         g = self._groups.setdefault(t.group, _Group())
         if t.id in g.ids:
             return
@@ -167,11 +170,12 @@ class MemoryStore(Store):
     def _release(self, t: TaskRecord, now: float) -> None:
         """``t`` leaves RUNNING: lease, limits and group bookkeeping."""
         self._running.discard(t.id)
-        lease = self._leases.get(t.lease_token) if t.lease_token else None
-        if lease is not None:
+        token = t.lease_token
+        lease = self._leases.get(token) if token else None
+        if token and lease is not None:
             lease.remaining.discard(t.id)
             if not lease.remaining:
-                del self._leases[t.lease_token]
+                del self._leases[token]
                 for name in lease.limits:
                     self._usage[name] = self._usage.get(name, 1) - 1
         t.lease_token = None
@@ -254,7 +258,16 @@ class MemoryStore(Store):
             return results
 
     # ---- workers ----------------------------------------------------------
-    def claim(self, worker_id, queues, max_units, *, names=None, chunk_size=1, lease_seconds=30.0) -> list[Claim]:
+    def claim(
+        self,
+        worker_id: str,
+        queues: Collection[str],
+        max_units: int,
+        *,
+        names: Collection[str] | None = None,
+        chunk_size: int = 1,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
             return claims
@@ -483,7 +496,7 @@ class MemoryStore(Store):
             status=base.batch_status(counts),
             total=len(rows),
             avg_duration=sum(durations) / len(durations) if durations else None,
-            p99_duration=base.percentile(durations, 0.99),
+            p99_duration=percentile(durations, 0.99, presorted=True),
             first_created_at=min((t.created_at for t in rows), default=None),
             last_finished_at=max((t.finished_at for t in rows if t.finished_at), default=None),
         )

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
     Claim,
     LimitSpec,
     NewTask,
@@ -65,7 +66,7 @@ from corral.errors import (
 )
 from corral.stores import sql as _sql
 from corral.stores.base import HeartbeatReply, Rescue, SweepRow
-from corral.stores.sqlbase import Read, SqlStore, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
@@ -109,15 +110,6 @@ def _redact(url: str) -> str:
     return url
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    # psycopg says 'connection failed: connection to server at "h", port 1 failed: Connection refused'
-    if "failed:" in line:
-        line = line.rsplit("failed:", 1)[1].strip()
-    return line[:1].lower() + line[1:] if line else line
-
-
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
@@ -143,12 +135,12 @@ class PostgresStore(SqlStore):
         try:
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot parse store URL {self._shown}: {_first_line(exc)}") from None
+            raise StoreUnavailable(f"cannot parse store URL {self._shown}: {first_line(exc)}") from None
         # Connect once directly: a clear one-line error beats a pool timeout.
         try:
             psycopg.connect(url, connect_timeout=max(1, int(connect_timeout))).close()
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self._shown}: {_first_line(exc)}") from None
+            raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
@@ -191,12 +183,12 @@ class PostgresStore(SqlStore):
             except CorralError:
                 raise
             except PoolTimeout as exc:
-                raise StoreUnavailable(f"cannot connect to {self._shown}: {_first_line(exc)}") from None
+                raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
             except (psycopg.errors.TransactionRollback, psycopg.errors.DeadlockDetected) as exc:
                 # a deadlock or serialization failure: the statement did nothing; run it again
                 if attempt + 1 < attempts:
                     continue
-                raise StoreError(f"{type(exc).__name__}: {_first_line(exc)}") from None
+                raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
             except psycopg.OperationalError as exc:
                 if attempt + 1 < attempts:
                     try:
@@ -204,9 +196,9 @@ class PostgresStore(SqlStore):
                     except Exception:  # pragma: no cover - best effort
                         pass
                     continue
-                raise StoreUnavailable(f"cannot reach {self._shown}: {_first_line(exc)}") from None
+                raise StoreUnavailable(f"cannot reach {self._shown}: {first_line(exc)}") from None
             except psycopg.Error as exc:
-                raise StoreError(f"{type(exc).__name__}: {_first_line(exc)}") from None
+                raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _fetchall(self, name: str, params: dict | None = None, *, dicts: bool = False) -> list:
@@ -323,7 +315,9 @@ class PostgresStore(SqlStore):
             else:
                 out[pos] = SubmitResult(next(it), True)
         for i, j in dup_of.items():
-            out[i] = SubmitResult(out[j].id, False)
+            first = out[j]
+            assert first is not None  # a duplicate points at a row already filled
+            out[i] = SubmitResult(first.id, False)
         return out  # type: ignore[return-value]
 
     # ---- workers ----------------------------------------------------------------
@@ -335,7 +329,7 @@ class PostgresStore(SqlStore):
         *,
         names: Collection[str] | None = None,
         chunk_size: int = 1,
-        lease_seconds: float = 30.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -389,9 +383,10 @@ class PostgresStore(SqlStore):
         claims: dict[str, Claim] = {}
         for row in rows:
             rec = _record(row)
-            c = claims.get(rec.lease_token)
+            token = rec.lease_token or ""  # a claimed row always holds its lease token
+            c = claims.get(token)
             if c is None:
-                claims[rec.lease_token] = Claim(rec.lease_token, [rec], rec.group)
+                claims[token] = Claim(token, [rec], rec.group)
             else:
                 c.tasks.append(rec)
         return list(claims.values())
@@ -565,7 +560,7 @@ class PostgresStore(SqlStore):
                     self._cond.wait(left)
                 self._local.seen = self._gen
             return
-        woken = False
+        woken: bool | None = False
         try:
             if self._listen_conn is None:
                 self._listen_conn = psycopg.connect(

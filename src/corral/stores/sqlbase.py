@@ -17,7 +17,8 @@ from typing import Any
 
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.states import State
-from corral.stores.base import BatchSummary, Store, batch_status, percentile
+from corral.core.stats import percentile
+from corral.stores.base import BatchSummary, Store, batch_status
 
 #: A named query and its (named) parameters.
 Read = tuple[str, Mapping[str, Any]]
@@ -58,6 +59,19 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         checkpoint=row["checkpoint"],
         cancel_requested=bool(row["cancel_requested"]),
     )
+
+
+def first_line(exc: BaseException) -> str:
+    """A driver error as one line for a :class:`~corral.errors.StoreError`.
+
+    Drivers put detail on later lines and nest causes with "failed:"
+    (psycopg: 'connection failed: connection to server at "h", port 1
+    failed: Connection refused'); the user needs the innermost cause."""
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    if "failed:" in line:
+        line = line.rsplit("failed:", 1)[1].strip()
+    return line[:1].lower() + line[1:] if line else line
 
 
 class SqlStore(Store):

@@ -65,10 +65,12 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 from urllib.parse import parse_qsl
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
     Claim,
     LimitSpec,
     NewTask,
@@ -83,7 +85,7 @@ from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import HeartbeatReply, Rescue, SweepRow
 from corral.stores.sql import load
-from corral.stores.sqlbase import Read, SqlStore, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
@@ -123,7 +125,7 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 def _translate(exc: sqlite3.Error, path: str) -> StoreError:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    text = first_line(exc)
     if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError) and any(
         h in text.lower() for h in _UNAVAILABLE_HINTS
     ):
@@ -145,7 +147,7 @@ def _guard(fn):
 
 
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
-    return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)
+    return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
@@ -369,9 +371,9 @@ class SQLiteStore(SqlStore):
             out.setdefault(tid, []).append(dep)
         return {k: tuple(v) for k, v in out.items()}
 
-    def _records(self, con: sqlite3.Connection, rows: Sequence[Sequence]) -> list[TaskRecord]:
-        deps = self._deps(con, [r[0] for r in rows])
-        return [_record(r, deps.get(r[0], ())) for r in rows]
+    def _records(self, con: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[TaskRecord]:
+        deps = self._deps(con, [r["id"] for r in rows])
+        return [_record(r, deps.get(r["id"], ())) for r in rows]
 
     @staticmethod
     def _refresh_heads(con: sqlite3.Connection, groups: Collection[str | None]) -> None:
@@ -505,7 +507,7 @@ class SQLiteStore(SqlStore):
         *,
         names: Collection[str] | None = None,
         chunk_size: int = 1,
-        lease_seconds: float = 30.0,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
@@ -532,7 +534,7 @@ class SQLiteStore(SqlStore):
                     .fetchall()
                 )
                 if rows:
-                    return [Claim(r.lease_token, [r]) for r in self._records(con, rows)]
+                    return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
             picked = self._pick(con, queues, max_units, known, chunk_size, now)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
@@ -579,9 +581,9 @@ class SQLiteStore(SqlStore):
                 lca = last_claimed[group] = hit[0] if hit else 0.0
             return (-prio, max(run_at, lca), tid)
 
-        def fits(limit_names) -> bool:
+        def fits(limit_names: Collection[str]) -> bool:
             nonlocal specs, usage
-            if specs is None:
+            if specs is None or usage is None:
                 specs = {n: c for n, c, _ in con.execute(Q["limits"]) if c is not None}
                 usage = dict(con.execute(Q["limit_usage"]).fetchall())
             return all(usage.get(n, 0) < specs[n] for n in limit_names if n in specs)
@@ -798,7 +800,8 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         for column, value in (
             ("status", State(flt.status).value if flt.status is not None else None),
             ("queue", flt.queue),
