@@ -1,0 +1,216 @@
+"""Flow control's pure logic: token buckets, breakers, levels, Retry-After.
+No threads, no store, no sleeping: time is a number passed in."""
+
+from __future__ import annotations
+
+import email.utils
+
+import pytest
+
+from corral.core.breaker import (
+    Breaker,
+    BreakerConfig,
+    BreakerState,
+    admit,
+    counts_as_failure,
+    force,
+    record,
+)
+from corral.core.levels import Dispatch, Level, LevelState, Signals, Thresholds, dispatch_at, step, target_level
+from corral.core.rates import Bucket, parse_rate
+from corral.core.retry_after import MAX_RETRY_AFTER, parse_retry_after, retry_after
+
+
+# ---- rates ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, per_second",
+    [("100/s", 100.0), ("6000/m", 100.0), ("20/h", 20 / 3600), ("5/10s", 0.5), (" 3 / min ", 0.05)],
+)
+def test_parse_rate(text, per_second):
+    assert parse_rate(text).per_second == pytest.approx(per_second)
+
+
+@pytest.mark.parametrize("bad", ["", "100", "fast", "0/s", "-1/s", "10/day"])
+def test_parse_rate_refuses_what_it_cannot_read(bad):
+    with pytest.raises(ValueError):
+        parse_rate(bad)
+
+
+def test_burst_defaults_to_one_seconds_worth_and_at_least_one():
+    assert parse_rate("100/s").burst == 100
+    assert parse_rate("20/h").burst == 1
+    assert parse_rate("100/s", burst=5).burst == 5
+    with pytest.raises(ValueError):
+        parse_rate("100/s", burst=0)
+
+
+def test_a_bucket_never_gives_more_than_the_rate_over_time():
+    rate = parse_rate("100/s", burst=10)
+    b = Bucket.full(rate, 0.0)
+    taken = 0
+    t = 0.0
+    while t < 10.0:  # ask for 50 every 10 ms: far more than the rate
+        got, b = b.take(rate, t, 50)
+        taken += got
+        t += 0.01
+    # the burst, then 100 a second for 10 s (the last tick is at 9.99 s)
+    assert 10 + 998 <= taken <= 10 + 1000
+
+
+def test_a_bucket_refills_up_to_the_burst_only_and_says_how_long_to_wait():
+    rate = parse_rate("2/s", burst=3)
+    got, b = Bucket.full(rate, 100.0).take(rate, 100.0, 10)
+    assert got == 3
+    assert b.wait(rate, 100.0) == pytest.approx(0.5)
+    assert b.wait(rate, 100.5) == 0
+    assert b.level(rate, 1000.0) == 3  # a long quiet spell saves up the burst, no more
+    assert b.level(rate, 50.0) == 0  # a clock that went back refills nothing
+
+
+# ---- breaker -------------------------------------------------------------------------------
+CFG = BreakerConfig(failure_ratio=0.5, min_calls=4, window=10, cooldown=30, probes=2, max_cooldown=100)
+
+
+def _calls(b: Breaker, now: float, outcomes: str):
+    changes = []
+    for o in outcomes:
+        b, ch = record(b, CFG, now, o == "x")
+        if ch:
+            changes.append(ch)
+    return b, changes
+
+
+def test_closed_opens_at_the_ratio_only_after_min_calls():
+    b, ch = _calls(Breaker(), 0.0, "xxx")
+    assert b.state is BreakerState.CLOSED and not ch  # 3 calls < min_calls
+    b, ch = _calls(b, 0.0, "x")
+    assert b.state is BreakerState.OPEN
+    assert ch[0].calls == 4 and ch[0].failures == 4 and "4 of 4" in ch[0].reason
+
+
+def test_failures_outside_the_window_are_forgotten():
+    b, _ = _calls(Breaker(), 0.0, "xxx")
+    b, _ = _calls(b, 20.0, "o")  # 20 s later the first three left the 10 s window
+    assert b.state is BreakerState.CLOSED
+    assert b.counts(CFG, 20.0) == (1, 0)
+
+
+def test_open_admits_nothing_until_the_cooldown_then_exactly_the_probes():
+    b, _ = _calls(Breaker(), 0.0, "xxxx")
+    assert admit(b, CFG, 29.9, 5)[0] == 0
+    n, b, ch = admit(b, CFG, 30.0, 5)
+    assert n == 2 and b.state is BreakerState.HALF_OPEN and ch.after is BreakerState.HALF_OPEN
+    n, b, _ = admit(b, CFG, 30.1, 5)
+    assert n == 0  # the fleet together gets exactly `probes`
+
+
+def test_probes_that_succeed_close_it_and_a_failed_one_reopens_with_a_longer_cooldown():
+    b, _ = _calls(Breaker(), 0.0, "xxxx")
+    _, half, _ = admit(b, CFG, 30.0, 2)
+    closed, ch = _calls(half, 31.0, "oo")
+    assert closed.state is BreakerState.CLOSED and ch[-1].after is BreakerState.CLOSED
+    reopened, ch = _calls(half, 31.0, "x")
+    assert reopened.state is BreakerState.OPEN and reopened.cooldown == 60
+    _, again, _ = admit(reopened, CFG, 91.0, 2)
+    worse, _ = _calls(again, 92.0, "x")
+    assert worse.cooldown == 100  # doubled, capped at max_cooldown
+
+
+def test_a_forced_open_breaker_stays_open_until_closed_by_hand():
+    b, ch = force(Breaker(), CFG, 0.0, BreakerState.OPEN, "partner outage")
+    assert ch.reason == "partner outage"
+    assert admit(b, CFG, 10_000.0, 3)[0] == 0
+    b, _ = force(b, CFG, 10_000.0, BreakerState.CLOSED, "resolved")
+    assert admit(b, CFG, 10_000.0, 3)[0] == 3
+
+
+def test_slow_calls_count_when_configured():
+    cfg = BreakerConfig(min_calls=1, failure_ratio=1.0, slow_call=2.0)
+    b, ch = record(Breaker(), cfg, 0.0, False, duration=2.5)
+    assert b.state is BreakerState.OPEN
+
+
+class _HTTPError(Exception):
+    def __init__(self, status):
+        super().__init__(status)
+        self.status_code = status
+
+
+def test_which_errors_count_against_a_breaker():
+    assert counts_as_failure(None) is False
+    assert counts_as_failure(TimeoutError()) is True
+    assert counts_as_failure(ConnectionError()) is True
+    assert counts_as_failure(_HTTPError(503)) is True
+    for status in (401, 403, 429, 400):
+        assert counts_as_failure(_HTTPError(status)) is False
+    assert counts_as_failure(ValueError("bad sku"), permanent=True) is False
+
+
+# ---- levels --------------------------------------------------------------------------------
+def test_level_names_parse_every_way():
+    assert Level.parse("degraded") is Level.DEGRADED
+    assert Level.parse("L3") is Level.CIRCUIT_OPEN
+    assert Level.parse(4) is Level.EMERGENCY
+    with pytest.raises(ValueError, match="one of NORMAL"):
+        Level.parse("PANIC")
+
+
+def test_target_level_follows_the_signals():
+    assert target_level(Signals()) is Level.NORMAL
+    assert target_level(Signals(queue_depth=90, queue_bound=100)) is Level.WARNING
+    assert target_level(Signals(failing_kinds=3)) is Level.DEGRADED
+    assert target_level(Signals(lease_losses_per_min=10)) is Level.DEGRADED
+    assert target_level(Signals(failing_kinds=5)) is Level.CIRCUIT_OPEN
+
+
+def test_steps_up_at_once_and_down_one_level_per_calm_period():
+    t = Thresholds(calm_period=60)
+    s = step(LevelState(), Level.CIRCUIT_OPEN, 0.0, t)
+    assert s.level is Level.CIRCUIT_OPEN
+    s = step(s, Level.NORMAL, 10.0, t)
+    assert s.level is Level.CIRCUIT_OPEN  # calm only just began
+    s = step(s, Level.NORMAL, 69.0, t)
+    assert s.level is Level.CIRCUIT_OPEN
+    s = step(s, Level.NORMAL, 70.0, t)
+    assert s.level is Level.DEGRADED
+    s = step(s, Level.DEGRADED, 80.0, t)  # a flare-up resets the calm
+    s = step(s, Level.NORMAL, 90.0, t)
+    assert step(s, Level.NORMAL, 149.0, t).level is Level.DEGRADED
+    assert step(s, Level.NORMAL, 150.0, t).level is Level.WARNING
+
+
+def test_emergency_and_manual_levels_are_left_only_by_hand():
+    assert step(LevelState(Level.EMERGENCY), Level.NORMAL, 1e9).level is Level.EMERGENCY
+    manual = LevelState(Level.WARNING, manual=True)
+    assert step(manual, Level.CIRCUIT_OPEN, 0.0) is manual
+
+
+def test_what_each_level_lets_a_worker_claim():
+    assert dispatch_at(Level.NORMAL, 10) == Dispatch(10, 10)
+    assert dispatch_at(Level.WARNING, 10).max_units == 5
+    assert dispatch_at(Level.DEGRADED, 10) == Dispatch(5, 5, only_critical=True)
+    assert dispatch_at(Level.CIRCUIT_OPEN, 10).only_retries
+    assert dispatch_at(Level.EMERGENCY, 10).max_units is None
+
+
+# ---- Retry-After ---------------------------------------------------------------------------
+class _Response:
+    def __init__(self, headers):
+        self.headers = headers
+
+
+class _ClientError(Exception):
+    def __init__(self, headers):
+        super().__init__("429 Too Many Requests")
+        self.response = _Response(headers)
+
+
+def test_retry_after_in_seconds_or_as_an_http_date():
+    now = 1_700_000_000.0
+    assert retry_after(_ClientError({"Retry-After": "12"}), now) == 12.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_after(_ClientError({"retry-after": date}), now) == pytest.approx(30, abs=1)
+    assert parse_retry_after("-5", now) == 0.0
+    assert parse_retry_after("99999999", now) == MAX_RETRY_AFTER
+    assert parse_retry_after("soon", now) is None
+    assert retry_after(ValueError("no response"), now) is None
