@@ -76,7 +76,8 @@ def seconds(
 ) -> float:
     """A finite number of seconds: above ``minimum`` (or equal to it with
     ``zero_ok``), at most ``maximum``. NaN and infinity never pass."""
-    rule = f"{'>=' if zero_ok else '>'} {minimum:g} and at most {maximum:g}"
+    most = f"{maximum:.0f} (ten years)" if maximum == MAX_DURATION else f"{maximum:g}"
+    rule = f"{'>=' if zero_ok else '>'} {minimum:g} and at most {most}"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise err(f"{option} must be a number of seconds {rule}, not {shown(value)}")
     v = float(value)
