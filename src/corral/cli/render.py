@@ -258,7 +258,7 @@ def print_task(rec: TaskRecord) -> None:
         args, kwargs = rec.arguments
         shown_args, shown_kwargs = json.dumps(args, ensure_ascii=False), json.dumps(kwargs, ensure_ascii=False)
     else:  # big: the stored JSON text, cut, rather than decoded and encoded again
-        shown_args, shown_kwargs = clip(rec.args), "(in args above)"
+        shown_args, shown_kwargs = rec.args, "(in args above)"
     rows = [
         (
             "status",
