@@ -226,7 +226,7 @@ def _errors(app: corral.App) -> dict[str, tuple[str, str]]:
 def test_bad_submits_give_one_error_on_every_store_and_store_nothing(app):
     errors = _errors(app)
     reference = _errors(corral.App("memory://"))
-    for case, (kind, message) in errors.items():
+    for case, (_kind, message) in errors.items():
         assert "\n" not in message and len(message) < 300, (case, message)
         option = case.split()[0]
         assert option in message or "arguments of" in message or "submit option" in message, (case, message)
