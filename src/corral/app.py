@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from corral.core import validation as check
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
@@ -130,9 +131,15 @@ class App:
         full_timeout: float = 30.0,
         hooks: Sequence[Hooks] = (),
         clock: Clock | None = None,
+        max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
+        if max_queued is not None:
+            check.integer(max_queued, "max_queued", (1, 2**63 - 1))
+        check.seconds(full_timeout, "full_timeout", zero_ok=True)
+        #: the largest a task's arguments or result may be, in bytes of JSON
+        self.max_payload_bytes = check.max_payload_bytes(max_payload_bytes)
         #: the clock of the worker and of a store opened here (tests pass a FakeClock)
         self.clock: Clock = clock or SYSTEM_CLOCK
         self._owns_store = not isinstance(store, Store)
@@ -150,6 +157,8 @@ class App:
         self._closed = False
         self._worker: Worker | None = None
         self._lock = threading.Lock()
+        #: limit names known to exist: declared here, or found in the store
+        self._known_limits: set[str] = set()
 
     # ---- declaring -------------------------------------------------------------
     def task(
@@ -171,13 +180,16 @@ class App:
         """Register a function as a task. Usable bare (``@app.task``) or with options."""
 
         def register(f: Callable) -> TaskDef:
+            if not callable(f):
+                raise ConfigError(f"a task must be a function, not {check.shown(f)}")
             if isolation not in ISOLATIONS:
-                raise ConfigError(f"isolation must be one of {ISOLATIONS}, not {isolation!r}")
-            if retries < 0:
-                raise ConfigError("retries must be >= 0")
-            if timeout is not None and timeout <= 0:
-                raise ConfigError("timeout must be > 0 seconds")
-            task_name = name or f.__name__
+                raise ConfigError(f"isolation must be one of {ISOLATIONS}, not {check.shown(isolation)}")
+            task_name = check.text(name if name is not None else getattr(f, "__name__", None), "task name")
+            if backoff is not None and not isinstance(backoff, Backoff):
+                raise ConfigError(f"backoff must be a corral Backoff, not {check.shown(backoff)}")
+            if not isinstance(halt_group_on_failure, bool):
+                shown = check.shown(halt_group_on_failure)
+                raise ConfigError(f"halt_group_on_failure must be True or False, not {shown}")
             if task_name in self.registry:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
@@ -185,14 +197,18 @@ class App:
                 app=self,
                 fn=f,
                 name=task_name,
-                retries=retries,
-                timeout=timeout,
-                queue=queue,
-                priority=priority,
-                limits=tuple(limits),
+                retries=check.integer(retries, "retries", check.RETRIES_RANGE),
+                timeout=None if timeout is None else check.seconds(timeout, "timeout"),
+                queue=check.text(queue, "queue"),
+                priority=check.integer(priority, "priority", check.PRIORITY_RANGE),
+                limits=check.names(limits, "limits"),
                 isolation=isolation,
-                retry_on=tuple(retry_on) if retry_on is not None else None,
-                permanent_on=tuple(permanent_on) if permanent_on is not None else DEFAULT_PERMANENT,
+                retry_on=check.exception_types(retry_on, "retry_on") if retry_on is not None else None,
+                permanent_on=(
+                    check.exception_types(permanent_on, "permanent_on")
+                    if permanent_on is not None
+                    else DEFAULT_PERMANENT
+                ),
                 backoff=backoff or Backoff(),
                 halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
@@ -203,10 +219,18 @@ class App:
         return register(fn) if fn is not None else register
 
     def limit(self, name: str, *, concurrency: int | None = None, rate: str | None = None) -> None:
-        """Declare a named limit shared by every worker of this store."""
-        if concurrency is not None and concurrency < 1:
-            raise ConfigError("a limit's concurrency must be at least 1")
+        """Declare a named limit shared by every worker of this store.
+
+        A task may name a limit in ``@app.task(limits=[...])`` before or
+        after it is declared; submitting it needs the limit declared, here
+        or by another app of the same store."""
+        check.text(name, "limit name")
+        if concurrency is not None:
+            check.integer(concurrency, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
+        if rate is not None:
+            check.text(rate, "a limit's rate")
         self.store.set_limit(LimitSpec(name, concurrency, rate))
+        self._known_limits.add(name)
 
     @property
     def task_names(self) -> frozenset[str]:
@@ -216,43 +240,101 @@ class App:
     def _resolve(self, task: TaskDef | str) -> TaskDef:
         if isinstance(task, TaskDef):
             return task
-        tdef = self.registry.get(task)
+        tdef = self.registry.get(task) if isinstance(task, str) else None
         if tdef is None:
-            raise UnknownTask(f"unknown task {task!r}; registered: {', '.join(sorted(self.registry)) or 'none'}")
+            registered = ", ".join(sorted(self.registry)) or "none"
+            raise UnknownTask(f"unknown task {check.shown(task)}; registered: {registered}")
         return tdef
 
-    def _new_task(self, tdef: TaskDef, item: Mapping[str, Any], now: float) -> NewTask:
+    def _check_limits(self, tdef: TaskDef) -> None:
+        """Refuse a task whose limits were never declared: it would run unlimited.
+
+        Checked at submit, not at ``@app.task``: the limit may be declared
+        later in the module, or by another process in the store. The store is
+        asked only about names not yet known here, so a submit costs no
+        extra round trip once they are."""
+        missing = [n for n in tdef.limits if n not in self._known_limits]
+        if not missing:
+            return
+        self._known_limits.update(self.store.limits())
+        missing = [n for n in missing if n not in self._known_limits]
+        if missing:
+            raise ConfigError(
+                f"task {tdef.name!r} names limit {missing[0]!r}, declared neither in this app nor in its store: "
+                f"declare it with app.limit({missing[0]!r}, concurrency=N)"
+            )
+
+    def _new_task(self, tdef: TaskDef, item: Mapping[str, Any]) -> NewTask:
+        """One submit item as a NewTask; every option checked against the
+        bounds of core.validation, so every store is given only what it holds.
+        A delay is left relative in ``run_at``: the caller adds the store's now."""
+        if not isinstance(item, Mapping):
+            raise BadArguments(f"each submit item must be a mapping of options, not {check.shown(item)}")
         unknown = set(item) - _SUBMIT_OPTIONS - {"args", "kwargs"}
         if unknown:
-            raise BadArguments(f"unknown submit option(s): {', '.join(sorted(unknown))}")
-        args = list(item.get("args") or ())
-        kwargs = dict(item.get("kwargs") or {})
+            raise BadArguments(f"unknown submit option(s): {', '.join(sorted(map(str, unknown)))}")
+        args = item.get("args")
+        kwargs = item.get("kwargs")
+        if args is None:
+            args = ()
+        elif not isinstance(args, list | tuple):
+            raise BadArguments(f"args of {tdef.name} must be a list or tuple, not {check.shown(args)}")
+        if kwargs is None:
+            kwargs = {}
+        elif not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise BadArguments(f"kwargs of {tdef.name} must be a mapping with string keys, not {check.shown(kwargs)}")
         try:
-            payload = dumps({"args": args, "kwargs": kwargs})
+            payload = dumps({"args": list(args), "kwargs": dict(kwargs)})
         except (TypeError, ValueError) as exc:
             raise BadArguments(f"arguments of {tdef.name} must be JSON-serialisable: {exc}") from None
-        delay = float(item.get("delay") or 0)
-        deps = item.get("depends_on") or ()
-        dep_ids = tuple(int(d.id if isinstance(d, Handle) else d) for d in deps)
-        retries = item.get("retries", tdef.retries)
-        timeout = item.get("timeout", tdef.timeout)
-        if retries is None or retries < 0:
-            raise BadArguments("retries must be >= 0")
-        if timeout is not None and timeout <= 0:
-            raise BadArguments("timeout must be > 0 seconds")
+        except RecursionError:
+            raise BadArguments(f"arguments of {tdef.name} must be JSON-serialisable: nested too deep") from None
+        problem = check.payload_problem(payload, self.max_payload_bytes, f"arguments of {tdef.name}")
+        if problem is not None:
+            raise BadArguments(problem)
+        bad = BadArguments
+        delay = item.get("delay")
+        run_at = None
+        if delay is not None:
+            delay = check.seconds(delay, "delay", bad, zero_ok=True)
+            if delay > 0:
+                run_at = delay
+        deps = item.get("depends_on")
+        dep_ids: tuple[int, ...] = ()
+        if deps:
+            if isinstance(deps, str | bytes | Mapping | Handle | int) or not hasattr(deps, "__iter__"):
+                raise bad(f"depends_on must be a list of task ids or handles, not {check.shown(deps)}")
+            dep_ids = tuple(
+                check.integer(d.id if isinstance(d, Handle) else d, "each of depends_on", check.TASK_ID_RANGE, bad)
+                for d in deps
+            )
+        retries, timeout, queue, priority = tdef.retries, tdef.timeout, tdef.queue, tdef.priority
+        if "retries" in item:
+            retries = check.integer(item["retries"], "retries", check.RETRIES_RANGE, bad)
+        if "timeout" in item:  # an explicit None runs without a timeout
+            timeout = None if item["timeout"] is None else check.seconds(item["timeout"], "timeout", bad)
+        if item.get("queue") is not None:
+            queue = check.text(item["queue"], "queue", bad)
+        if item.get("priority") is not None:
+            priority = check.integer(item["priority"], "priority", check.PRIORITY_RANGE, bad)
         group = item.get("group")
+        if group is not None:
+            group = sys.intern(check.text(group, "group", bad))
+        batch = item.get("batch")
+        key = item.get("key")
+        trace_id = item.get("trace_id")
         return NewTask(
             name=tdef.name,
             args=payload,
-            queue=item.get("queue") or tdef.queue,
-            priority=int(item.get("priority", tdef.priority) or 0),
-            max_retries=int(retries),
+            queue=queue,
+            priority=priority,
+            max_retries=retries,
             timeout=timeout,
-            group=sys.intern(str(group)) if group is not None else None,
-            batch=item.get("batch"),
-            key=item.get("key"),
-            trace_id=item.get("trace_id") or uuid.uuid4().hex,
-            run_at=now + delay if delay > 0 else None,
+            group=group,
+            batch=None if batch is None else check.text(batch, "batch", bad),
+            key=None if key is None else check.text(key, "key", bad),
+            trace_id=uuid.uuid4().hex if trace_id is None else check.text(trace_id, "trace_id", bad),
+            run_at=run_at,
             depends_on=dep_ids,
             limits=tdef.limits,
             halt_group_on_failure=tdef.halt_group_on_failure,
@@ -269,9 +351,19 @@ class App:
         if self._closed:
             raise AppClosed("this app is closed; it accepts no new tasks")
         tdef = self._resolve(task)
-        # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
-        now = self.store.now() if any(item.get("delay") for item in items) else 0.0
-        new = [self._new_task(tdef, item, now) for item in items]
+        if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
+            raise BadArguments(f"submit_many takes a list of items, not {check.shown(items)}")
+        items = list(items)
+        # every item is checked before anything is stored: one bad item stores none
+        new = [self._new_task(tdef, item) for item in items]
+        if any(nt.run_at is not None for nt in new):
+            # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
+            now = self.store.now()
+            for nt in new:
+                if nt.run_at is not None:
+                    nt.run_at += now
+        if tdef.limits:
+            self._check_limits(tdef)
         self._backpressure(len(new))
         results = self.store.submit(new)
         return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
@@ -335,9 +427,12 @@ class App:
         worker is assembled, for ``start``, ``run`` and ``corral worker``.
 
         Options are those of :class:`corral.engine.worker.Worker` (``queues``,
-        ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...)."""
+        ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...); bad ones
+        raise ConfigError (concurrency is at most 1000 slots per process).
+        Results over this app's ``max_payload_bytes`` fail their task."""
         from corral.engine.worker import Worker
 
+        options.setdefault("max_payload_bytes", self.max_payload_bytes)
         return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:

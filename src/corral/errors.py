@@ -6,7 +6,7 @@
     ├── ConfigError             bad option, bad store URL, unknown limit
     ├── SubmitError             nothing was stored
     │   ├── UnknownTask         no task registered under that name
-    │   ├── BadArguments        arguments are not JSON-serialisable
+    │   ├── BadArguments        arguments not JSON or too big, a submit option out of bounds
     │   ├── QueueFull           backpressure: the queue bound was hit
     │   └── AppClosed           submit after close()
     ├── StoreError              the store failed; driver errors are wrapped here

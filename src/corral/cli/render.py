@@ -30,6 +30,13 @@ STATE_ORDER = [
     State.TIMEOUT,
     State.CANCELED,
 ]
+#: Longest a big field (arguments, result, error, checkpoint) is printed in a table.
+TABLE_FIELD_CHARS = 2_000
+#: Longest a field is carried in ``--json`` output, in characters of its JSON text;
+#: a longer one is cut to this and named, with its full length, under "truncated".
+JSON_FIELD_CHARS = 1_048_576
+#: The fields either bound applies to.
+BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message")
 STATE_STYLE = {
     State.WAITING: "dim",
     State.PENDING: "cyan",
@@ -63,10 +70,23 @@ def escape(text: str) -> str:
 
 
 def when(ts: float | None) -> str:
-    """A timestamp as local ``YYYY-MM-DD HH:MM:SS``; empty for None."""
+    """A timestamp as local ``YYYY-MM-DD HH:MM:SS``; empty for None. One no
+    calendar can show (a row written before delays were bounded) is printed
+    as epoch seconds rather than ending the command."""
     if ts is None:
         return ""
-    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return f"{ts!r} (epoch seconds)"
+
+
+def clip(text: str, limit: int = TABLE_FIELD_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, with a note of its full length:
+    a table of a 100 MB field would take minutes to lay out and say nothing."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [truncated: {len(text)} characters in all; --json carries up to {JSON_FIELD_CHARS}]"
 
 
 def secs(value: float | None) -> str:
@@ -156,14 +176,27 @@ def batch_table(summary):
 
 
 # ---- tasks and show -------------------------------------------------------------------------
-def record_dict(rec: TaskRecord) -> dict:
-    """Every field of a task, its JSON payloads decoded, plus ``duration``."""
+def record_dict(rec: TaskRecord, limit: int = JSON_FIELD_CHARS) -> dict:
+    """Every field of a task, its JSON payloads decoded, plus ``duration``.
+
+    A big field longer than ``limit`` characters is left as its text cut to
+    ``limit`` (not decoded), and ``truncated`` maps its name to its full length."""
     d = rec.as_dict()
-    for f in ("args", "result", "checkpoint"):
-        try:
-            d[f] = loads(d[f])
-        except (TypeError, ValueError):
-            pass
+    cut: dict[str, int] = {}
+    for f in BIG_FIELDS:
+        value = d[f]
+        if value is None:
+            continue
+        if len(value) > limit:
+            d[f] = value[:limit]
+            cut[f] = len(value)
+        elif f in ("args", "result", "checkpoint"):
+            try:
+                d[f] = loads(value)
+            except (TypeError, ValueError):
+                pass
+    if cut:
+        d["truncated"] = cut
     d["duration"] = took(rec)
     return d
 
@@ -207,28 +240,32 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
             "Progress": progress,
             "Created": when(r.created_at),
             "Took": secs(took(r)),
-            "Error": escape(one_line(r.error)[:80] if r.error else ""),
+            "Error": escape(one_line(r.error[:TABLE_FIELD_CHARS])[:80] if r.error else ""),
         }
         t.add_row(*(cells[c] for c, _ in cols if c not in skip))
     con.print(t)
 
 
-def print_task(rec: TaskRecord, d: dict) -> None:
-    """One task, a field a row; ``d`` is its :func:`record_dict`."""
+def print_task(rec: TaskRecord) -> None:
+    """One task, a field a row; big fields cut to :data:`TABLE_FIELD_CHARS`."""
     from rich.table import Table
 
     con = console()
     t = Table(title=f"task {rec.id}: {rec.name}", title_justify="left", show_header=False)
     t.add_column("Field", style="bold")
     t.add_column("Value", overflow="fold")
-    args, kwargs = rec.arguments
+    if len(rec.args) <= TABLE_FIELD_CHARS:
+        args, kwargs = rec.arguments
+        shown_args, shown_kwargs = json.dumps(args, ensure_ascii=False), json.dumps(kwargs, ensure_ascii=False)
+    else:  # big: the stored JSON text, cut, rather than decoded and encoded again
+        shown_args, shown_kwargs = rec.args, "(in args above)"
     rows = [
         (
             "status",
             _state(rec.status) + (" (cancel requested)" if rec.cancel_requested and rec.status not in FINAL else ""),
         ),
-        ("args", json.dumps(args, ensure_ascii=False)),
-        ("kwargs", json.dumps(kwargs, ensure_ascii=False)),
+        ("args", clip(shown_args)),
+        ("kwargs", clip(shown_kwargs)),
         ("queue", rec.queue),
         ("priority", str(rec.priority)),
         ("group", rec.group or ""),
@@ -246,11 +283,11 @@ def print_task(rec: TaskRecord, d: dict) -> None:
         ("duration", secs(took(rec))),
         (
             "progress",
-            "" if rec.progress is None else f"{rec.progress * 100:.0f}% {rec.progress_message or ''}".rstrip(),
+            "" if rec.progress is None else clip(f"{rec.progress * 100:.0f}% {rec.progress_message or ''}".rstrip()),
         ),
-        ("checkpoint", json.dumps(d["checkpoint"], ensure_ascii=False) if rec.checkpoint else ""),
-        ("result", rec.result or ""),
-        ("error", rec.error or ""),
+        ("checkpoint", clip(rec.checkpoint or "")),
+        ("result", clip(rec.result or "")),
+        ("error", clip(rec.error or "")),
         ("worker", rec.worker_id or ""),
         ("lease expires", when(rec.lease_expires_at)),
         ("version", str(rec.version)),

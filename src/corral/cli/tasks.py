@@ -163,7 +163,14 @@ def status(store_url, queue, batch, as_json):
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--offset", type=click.IntRange(min=0), default=0)
 @click.option("--oldest-first", is_flag=True, help="Oldest first (default: newest first).")
-@json_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
+    f"{render.JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "
+    '"truncated"; the table cuts it to ' + f"{render.TABLE_FIELD_CHARS}.",
+)
 def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, as_json):
     """List tasks, newest first."""
     store = open_given_store(store_url)
@@ -188,15 +195,24 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
 @click.command()
 @click.argument("task_id", metavar="ID", type=int)
 @store_option
-@json_option
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
+    f"{render.JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "
+    '"truncated"; App.get(ID) in Python reads it whole.',
+)
 def show(task_id, store_url, as_json):
-    """Every field of one task: state, progress, checkpoint, error."""
+    """Every field of one task: state, progress, checkpoint, error.
+
+    The table cuts big fields (args, result, error, checkpoint) to a readable
+    length and notes their full length."""
     rec = _task(open_given_store(store_url), task_id)
-    d = render.record_dict(rec)
     if as_json:
-        render.print_json(d)
+        render.print_json(render.record_dict(rec))
     else:
-        render.print_task(rec, d)
+        render.print_task(rec)
 
 
 # ---- cancel / retry ----------------------------------------------------------------------

@@ -23,8 +23,11 @@ from corral.cli import (
     store_option,
     store_url_of,
 )
+from corral.core.validation import CONCURRENCY_RANGE
 
 log = logging.getLogger("corral.cli")
+#: Most slots one worker process runs.
+MAX_SLOTS = CONCURRENCY_RANGE[1]
 
 
 def _setup_logging(level: str) -> None:
@@ -42,10 +45,11 @@ def _setup_logging(level: str) -> None:
 @click.option(
     "-c",
     "--concurrency",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_SLOTS),
     default=10,
     show_default=True,
-    help="Worker slots (tasks or chunks in flight).",
+    help=f"Worker slots (tasks or chunks in flight), 1 to {MAX_SLOTS} per process: each is a thread; "
+    "for more, run more processes.",
 )
 @click.option("-q", "--queues", default="default", show_default=True, help="Comma-separated queues to serve.")
 @click.option(

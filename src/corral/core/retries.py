@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from corral.core.validation import MAX_DURATION, seconds
 from corral.errors import PermanentError, Retry
 
 #: HTTP statuses that say "try again later".
@@ -35,8 +36,15 @@ class Backoff:
     cap: float = 300.0
     jitter: float = 0.5
 
+    def __post_init__(self) -> None:
+        for name in ("base", "factor", "cap", "jitter"):
+            seconds(getattr(self, name), f"Backoff {name}", zero_ok=True)
+
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        raw = min(self.cap, self.base * self.factor ** max(0, attempt - 1))
+        try:
+            raw = min(self.cap, self.base * self.factor ** max(0, attempt - 1))
+        except OverflowError:  # thousands of retries: the power leaves float range, the cap holds
+            raw = self.cap
         return raw + (rng or random).uniform(0.0, raw * self.jitter)
 
 
@@ -76,5 +84,6 @@ def is_retryable(
 def retry_delay(exc: BaseException, attempt: int, backoff: Backoff, rng: random.Random | None = None) -> float:
     """Seconds to wait before the next attempt; ``Retry(after=...)`` overrides."""
     if isinstance(exc, Retry) and exc.after is not None:
-        return max(0.0, float(exc.after))
+        after = float(exc.after)
+        return min(MAX_DURATION, after) if after > 0 else 0.0  # NaN waits not at all
     return backoff.delay(attempt, rng)

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.core import validation
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskRecord, dumps, new_holder_id
 from corral.core.retries import is_retryable, retry_delay
@@ -43,7 +44,7 @@ from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import UNLIMITED, Hooks
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, ConfigError, PermanentError, StoreError
+from corral.errors import Canceled, ChildFailed, PermanentError, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -103,9 +104,19 @@ class Worker:
         worker_id: str | None = None,
         completer_window: float = 0.005,
         cancel_poll_interval: float = 1.0,
+        max_payload_bytes: int = validation.DEFAULT_MAX_PAYLOAD_BYTES,
     ):
-        if concurrency < 1:
-            raise ConfigError("concurrency must be at least 1")
+        validation.worker_options(
+            concurrency=concurrency,
+            chunk_size=chunk_size,
+            lease_seconds=lease_seconds,
+            heartbeat_interval=heartbeat_interval,
+            poll_interval=poll_interval,
+            cancel_poll_interval=cancel_poll_interval,
+            completer_window=completer_window,
+            sweep_interval=sweep_interval,
+        )
+        self.max_payload_bytes = validation.max_payload_bytes(max_payload_bytes)
         self.store = store
         self.registry = registry
         self.hooks = hooks if hooks is not None else Hooks()
@@ -375,6 +386,9 @@ class Worker:
                 result = dumps(value)
             except (TypeError, ValueError) as exc:
                 raise PermanentError(f"result is not JSON-serialisable: {exc}") from exc
+            too_big = validation.payload_problem(result, self.max_payload_bytes, "the result")
+            if too_big is not None:
+                raise PermanentError(too_big)
             outcome = Outcome(rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at)
         except _CANCELED:
             outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)

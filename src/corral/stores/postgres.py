@@ -95,6 +95,19 @@ SCHEMA_VERSION = 3
 _BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
 
+def _is_outage(exc: Exception) -> bool:
+    """Whether an OperationalError means the server cannot be used right now.
+
+    psycopg files some data errors under OperationalError too (an index
+    entry too big is "program limit exceeded"); those fail the same way
+    every time, so they are plain StoreErrors, neither retried nor called
+    an outage. An outage: the connection broke (no SQLSTATE, or class 08),
+    the server shuts down or refuses sessions (57P01..57P03), or it ran out
+    of resources (class 53: disk, memory, connection slots)."""
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state[:2] in ("08", "53") or state in ("57P01", "57P02", "57P03")
+
+
 def _redact(url: str) -> str:
     """The URL without its password, for messages."""
     try:
@@ -190,6 +203,8 @@ class PostgresStore(SqlStore):
                     continue
                 raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
             except psycopg.OperationalError as exc:
+                if not _is_outage(exc):
+                    raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
                 if attempt + 1 < attempts:
                     try:
                         self._pool.check()
