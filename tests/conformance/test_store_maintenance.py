@@ -10,7 +10,10 @@ from corral.maintenance.recovery import (
     LOST_LEASE_ERROR,
     OVERDUE_ERROR,
     STALE_PENDING_ERROR,
+    STALE_PENDING_PREFIX,
+    stale_pending_error,
 )
+from corral.core.model import TaskFilter
 
 from .conftest import (
     claim,
@@ -159,10 +162,48 @@ def test_stale_pending_is_canceled(store, advance):
     assert report.stale_pending_canceled == [old]
     got = store.get(old)
     assert got.status == State.CANCELED
-    assert got.error == STALE_PENDING_ERROR
+    assert got.error == stale_pending_error(3000)
     assert status_of(store, future) is State.PENDING
     assert status_of(store, up) is State.RETRYING
     assert status_of(store, waiting) is State.WAITING
+
+
+def test_stale_rule_spares_tasks_waiting_their_turn(store, advance):
+    day = 24 * 3600
+    loose = submit_one(store, "loose")
+    head = submit_one(store, "head", "g")
+    behind = submit(store, new("b1", "g"), new("b2", "g"))
+    up = submit_one(store, "up", queue="elsewhere")
+    waiting = submit_one(store, "waiting", depends_on=(up,))
+    [running] = claim(store, lease_seconds=10 * day)  # the group's head runs for days
+    assert running.tasks[0].id in (loose, head)
+    if running.tasks[0].id == loose:  # claim order is by id among equals: take the head too
+        [running] = claim(store, lease_seconds=10 * day)
+    assert running.tasks[0].id == head
+    advance(day + 3600)
+    later = submit_one(store, "later", run_at=store.now() + 3600)
+    report = store.sweep()
+    assert report.stale_pending_canceled == [] if status_of(store, loose) is State.RUNNING else [loose]
+    for tid in behind:
+        assert status_of(store, tid) is State.PENDING, "queued behind its group's head: not stale"
+    assert status_of(store, waiting) is State.WAITING
+    assert status_of(store, later) is State.PENDING
+    assert store.sweep(stale_pending_age=0).stale_pending_canceled == []
+
+
+def test_stale_rule_records_why_and_the_tasks_are_found_by_it(store, advance):
+    tid = submit_one(store, "forgotten")
+    advance(24 * 3600 + 1)
+    assert store.sweep().stale_pending_canceled == [tid]
+    got = store.get(tid)
+    assert got.error == STALE_PENDING_ERROR
+    assert "\n" not in got.error and "24h" in got.error and "sweeper" in got.error
+    found = store.list_tasks(TaskFilter(status=State.CANCELED, error_prefix=STALE_PENDING_PREFIX))
+    assert [r.id for r in found] == [tid]
+    other = submit_one(store, "canceled by hand")
+    store.cancel(other)
+    assert [r.id for r in store.list_tasks(TaskFilter(error_prefix=STALE_PENDING_PREFIX))] == [tid]
+    assert store.retry(tid) and status_of(store, tid) is State.PENDING
 
 
 def test_running_with_too_many_attempts_fails(store):
