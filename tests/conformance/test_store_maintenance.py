@@ -4,6 +4,7 @@ tasks, stale PENDING, exhausted attempts, guarded writes; and try_lead()."""
 
 from __future__ import annotations
 
+from corral.core.model import TaskFilter
 from corral.core.states import State
 from corral.maintenance.recovery import (
     EXHAUSTED_ERROR,
@@ -13,7 +14,6 @@ from corral.maintenance.recovery import (
     STALE_PENDING_PREFIX,
     stale_pending_error,
 )
-from corral.core.model import TaskFilter
 
 from .conftest import (
     claim,
