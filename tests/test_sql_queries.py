@@ -56,6 +56,7 @@ POSTGRES_ONLY = {
     "migration_0001": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0002": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0003": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0004": "numbered migrations (SQLite: one idempotent `schema`)",
 }
 
 

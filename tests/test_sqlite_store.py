@@ -16,7 +16,7 @@ import pytest
 
 from corral.core.model import NewTask, Outcome, TaskFilter
 from corral.core.states import State
-from corral.errors import ConfigError, StoreError, StoreUnavailable
+from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable
 from corral.stores import open_store
 from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
 from helpers import wait_for
@@ -110,8 +110,9 @@ def test_unopenable_files_are_unavailable(tmp_path):
         SQLiteStore(f"sqlite:///{tmp_path}/a_dir.db")
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not a database, just some bytes" * 200)
-    with pytest.raises(StoreUnavailable) as info:
+    with pytest.raises(StoreCorrupt) as info:  # permanent: no retry can cure it
         SQLiteStore(f"sqlite:///{junk}")
+    assert str(junk) in str(info.value)
     assert "\n" not in str(info.value)
 
 

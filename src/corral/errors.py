@@ -10,7 +10,9 @@
     │   ├── QueueFull           backpressure: the queue bound was hit
     │   └── AppClosed           submit after close()
     ├── StoreError              the store failed; driver errors are wrapped here
-    │   └── StoreUnavailable    cannot connect / parse the URL
+    │   ├── StoreUnavailable    cannot connect / parse the URL (may pass: retried)
+    │   └── StoreCorrupt        not a corral store, damaged, too new, or not ours to
+    │                           use: retrying cannot help, a worker stops on it
     ├── IllegalTransition       the state machine refuses the move
     ├── TaskNotFound            no task with that id
     ├── ResultTimeout           handle.result(timeout) ran out
@@ -66,6 +68,15 @@ class StoreError(CorralError):
 
 class StoreUnavailable(StoreError):
     pass
+
+
+class StoreCorrupt(StoreError):
+    """A permanent store failure: the file is not a database or is damaged,
+    the schema is missing or newer than this corral, or access is denied.
+
+    Transient failures (locked, busy, connection lost, pool timeout) stay
+    plain :class:`StoreError`/:class:`StoreUnavailable` and are retried;
+    this one is not, since every retry would fail the same way."""
 
 
 class IllegalTransition(CorralError):

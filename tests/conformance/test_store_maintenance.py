@@ -4,12 +4,15 @@ tasks, stale PENDING, exhausted attempts, guarded writes; and try_lead()."""
 
 from __future__ import annotations
 
+from corral.core.model import TaskFilter
 from corral.core.states import State
 from corral.maintenance.recovery import (
     EXHAUSTED_ERROR,
     LOST_LEASE_ERROR,
     OVERDUE_ERROR,
     STALE_PENDING_ERROR,
+    STALE_PENDING_PREFIX,
+    stale_pending_error,
 )
 
 from .conftest import (
@@ -159,10 +162,45 @@ def test_stale_pending_is_canceled(store, advance):
     assert report.stale_pending_canceled == [old]
     got = store.get(old)
     assert got.status == State.CANCELED
-    assert got.error == STALE_PENDING_ERROR
+    assert got.error == stale_pending_error(3000)
     assert status_of(store, future) is State.PENDING
     assert status_of(store, up) is State.RETRYING
     assert status_of(store, waiting) is State.WAITING
+
+
+def test_stale_rule_spares_tasks_waiting_their_turn(store, advance):
+    day = 24 * 3600
+    head = submit_one(store, "head", "g")
+    behind = submit(store, new("b1", "g"), new("b2", "g"))
+    [running] = claim(store, lease_seconds=10 * day)  # the group's head runs for days
+    assert running.tasks[0].id == head
+    loose = submit_one(store, "loose")
+    up = submit_one(store, "up", queue="elsewhere")
+    waiting = submit_one(store, "waiting", depends_on=(up,))
+    assert claim(store, queues=["elsewhere"], lease_seconds=10 * day)[0].tasks[0].id == up
+    advance(day + 3600)
+    later = submit_one(store, "later", run_at=store.now() + 3600)
+    assert store.sweep().stale_pending_canceled == [loose]  # nothing held it back
+    for tid in behind:
+        assert status_of(store, tid) is State.PENDING, "queued behind its group's head: not stale"
+    assert status_of(store, waiting) is State.WAITING
+    assert status_of(store, later) is State.PENDING
+    assert store.sweep(stale_pending_age=0).stale_pending_canceled == []
+
+
+def test_stale_rule_records_why_and_the_tasks_are_found_by_it(store, advance):
+    tid = submit_one(store, "forgotten")
+    advance(24 * 3600 + 1)
+    assert store.sweep().stale_pending_canceled == [tid]
+    got = store.get(tid)
+    assert got.error == STALE_PENDING_ERROR
+    assert "\n" not in got.error and "24h" in got.error and "sweeper" in got.error
+    found = store.list_tasks(TaskFilter(status=State.CANCELED, error_prefix=STALE_PENDING_PREFIX))
+    assert [r.id for r in found] == [tid]
+    other = submit_one(store, "canceled by hand")
+    store.cancel(other)
+    assert [r.id for r in store.list_tasks(TaskFilter(error_prefix=STALE_PENDING_PREFIX))] == [tid]
+    assert store.retry(tid) and status_of(store, tid) is State.PENDING
 
 
 def test_running_with_too_many_attempts_fails(store):

@@ -37,6 +37,8 @@ TABLE_FIELD_CHARS = 2_000
 JSON_FIELD_CHARS = 1_048_576
 #: The fields either bound applies to.
 BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message")
+#: Where ``corral status`` counts rows whose stored status names no state.
+UNKNOWN = "UNKNOWN"
 STATE_STYLE = {
     State.WAITING: "dim",
     State.PENDING: "cyan",
@@ -131,6 +133,8 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
     for s in STATE_ORDER:
         n = counts[s.value]
         t.add_row(_state(s), str(n) if n else "[dim]0[/]")
+    if counts.get(UNKNOWN):
+        t.add_row("[bold red]unknown[/]", f"[bold red]{counts[UNKNOWN]}[/]")
     t.add_section()
     t.add_row("[bold]total[/]", f"[bold]{sum(counts.values())}[/]")
     con.print(t)

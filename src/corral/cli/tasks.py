@@ -22,6 +22,7 @@ from corral.cli import (
 from corral.core.model import TaskFilter, TaskRecord
 from corral.core.states import FINAL, State
 from corral.errors import TaskNotFound
+from corral.maintenance.recovery import STALE_PENDING_PREFIX
 
 #: States ``retry`` moves back to PENDING.
 RETRYABLE_BY_HAND = (State.FAILED, State.TIMEOUT, State.CANCELED)
@@ -135,6 +136,9 @@ def status(store_url, queue, batch, as_json):
     store = open_given_store(store_url)
     counts = store.counts(queue) if queue else store.counts()
     full = {s.value: int(counts.get(s.value, 0)) for s in render.STATE_ORDER}
+    unknown = sum(int(n) for st, n in counts.items() if st not in full)
+    if unknown:  # rows whose status names no state: counted, never left out of the total
+        full[render.UNKNOWN] = unknown
     specs = store.limits()
     usage = store.limit_usage()
     summary = store.batch_summary(batch) if batch else None
@@ -164,6 +168,11 @@ def status(store_url, queue, batch, as_json):
 @click.option("--offset", type=click.IntRange(min=0), default=0)
 @click.option("--oldest-first", is_flag=True, help="Oldest first (default: newest first).")
 @click.option(
+    "--stale",
+    is_flag=True,
+    help="Only tasks the sweeper canceled because no worker took them in time (`corral retry --stale` re-queues them).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -171,11 +180,14 @@ def status(store_url, queue, batch, as_json):
     f"{render.JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "
     '"truncated"; the table cuts it to ' + f"{render.TABLE_FIELD_CHARS}.",
 )
-def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, as_json):
+def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, stale, as_json):
     """List tasks, newest first."""
+    if stale and state and state.upper() != State.CANCELED.value:
+        raise click.UsageError("--stale lists CANCELED tasks; it does not go with --status " + state.upper())
     store = open_given_store(store_url)
     flt = TaskFilter(
-        status=State(state.upper()) if state else None,
+        status=State.CANCELED if stale else State(state.upper()) if state else None,
+        error_prefix=STALE_PENDING_PREFIX if stale else None,
         queue=queue,
         batch=batch,
         group=group,
@@ -239,12 +251,23 @@ def cancel(task_id, store_url):
 @click.command()
 @click.argument("task_id", metavar="ID", type=int, required=False)
 @click.option("--batch", help="Retry every FAILED, TIMEOUT or CANCELED task of this batch.")
+@click.option(
+    "--stale",
+    is_flag=True,
+    help="Retry every task the sweeper canceled because no worker took it in time (see `corral tasks --stale`).",
+)
 @store_option
-def retry(task_id, batch, store_url):
-    """Put a FAILED, TIMEOUT or CANCELED task (or a whole batch's) back in the queue."""
-    if (task_id is None) == (batch is None):
-        raise click.UsageError("give a task ID or --batch B (not both)")
+def retry(task_id, batch, stale, store_url):
+    """Put a FAILED, TIMEOUT or CANCELED task (or a whole batch's, or every
+    stale one the sweeper canceled) back in the queue."""
+    if sum((task_id is not None, batch is not None, stale)) != 1:
+        raise click.UsageError("give one of: a task ID, --batch B, --stale")
     store = open_given_store(store_url)
+    if stale:
+        ids = _ids(store, State.CANCELED, None, STALE_PENDING_PREFIX)
+        retried = [i for i in ids if store.retry(i)]
+        click.echo(f"{len(retried)} stale task(s) queued again")
+        return
     if task_id is not None:
         rec = _task(store, task_id)
         if rec.status not in RETRYABLE_BY_HAND or not store.retry(task_id):
@@ -260,11 +283,14 @@ def retry(task_id, batch, store_url):
     click.echo(f"batch {batch}: {len(retried)} task(s) queued again")
 
 
-def _ids(store, state: State, batch: str) -> list[int]:
-    """The ids of every task of ``batch`` in ``state``, a page at a time."""
+def _ids(store, state: State, batch: str | None, error_prefix: str | None = None) -> list[int]:
+    """The ids of every task of ``batch`` in ``state``, a page at a time, oldest first."""
     ids: list[int] = []
     while True:
-        page = store.list_tasks(TaskFilter(status=state, batch=batch, limit=_PAGE, offset=len(ids), newest_first=False))
+        flt = TaskFilter(
+            status=state, batch=batch, error_prefix=error_prefix, limit=_PAGE, offset=len(ids), newest_first=False
+        )
+        page = store.list_tasks(flt)
         ids.extend(r.id for r in page)
         if len(page) < _PAGE:
             return ids

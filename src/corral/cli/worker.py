@@ -68,9 +68,10 @@ def _setup_logging(level: str) -> None:
 )
 @click.option(
     "--sweep/--no-sweep",
-    default=False,
+    default=True,
     show_default=True,
-    help="Also run the sweeper (one leader at a time across the fleet).",
+    help="Run the sweeper beside the worker: one leader across every worker of the store"
+    " recovers tasks of dead workers, so their groups move on. --no-sweep leaves that to `corral sweep --loop`.",
 )
 @click.option("--sweep-interval", default="30s", show_default=True, help="How often the sweeper runs (e.g. 30s, 5m).")
 @click.option(
@@ -88,6 +89,10 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     --grace seconds, hands back what did not finish, and exits 0. A second
     SIGTERM or SIGINT during the grace period stops at once (exit 3); the
     sweeper then recovers the unfinished tasks when their leases expire.
+
+    A store that is damaged, not a database or of a newer corral stops the
+    worker with one error line and exit status 1 (a locked or unreachable
+    one is retried).
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
@@ -112,7 +117,7 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
         chunk_size=chunk_size,
         lease_seconds=lease_s,
         grace=grace,
-        sweep_interval=sweep_s if sweep else None,
+        sweep_interval=sweep_s if sweep else None,  # on by default: a dead worker's group must not stay blocked
     )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
@@ -129,7 +134,7 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     "--stale-pending-age",
     default="24h",
     show_default=True,
-    help="Cancel PENDING tasks older than this ('off' to keep them).",
+    help="Cancel PENDING tasks no worker took for this long ('off' to keep them); see `corral tasks --stale`.",
 )
 @click.option(
     "--max-rows",
@@ -145,8 +150,11 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
 
     A RUNNING task whose lease expired is retried (failed when it has no
     retry left); one running past twice its timeout is failed; a PENDING
-    task due longer ago than --stale-pending-age is canceled. Every change
-    is guarded, so sweepers racing each other change a task at most once.
+    task a worker could have taken for longer than --stale-pending-age is
+    canceled, its error saying so (`corral tasks --stale` lists them,
+    `corral retry --stale` queues them again). A task waiting behind its
+    group's head, on a dependency or for its delay is never canceled. Every
+    change is guarded, so sweepers racing each other change a task at most once.
     """
     from corral.engine.runner import StopSignals
     from corral.maintenance import Sweeper

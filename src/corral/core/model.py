@@ -144,6 +144,8 @@ class TaskFilter:
     batch: str | None = None
     group: str | None = None
     name: str | None = None
+    #: Only tasks whose error starts with this (e.g. the sweeper's stale-pending reason).
+    error_prefix: str | None = None
     limit: int = 100
     offset: int = 0
     newest_first: bool = True

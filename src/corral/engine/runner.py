@@ -127,10 +127,10 @@ def run_until_signal(
             "on" if sweeper is not None else "off",
             ",".join(sorted(worker.registry)),
         )
-        while state["phase"] == "running":
+        while state["phase"] == "running" and worker.fatal is None:
             if until is not None and until():
                 break
-            wait = check_every if until is not None or signals is None else None
+            wait = check_every
             if signals is not None:
                 signals.wait(wait)
             else:
@@ -146,4 +146,6 @@ def run_until_signal(
             time.monotonic() - t0,
             "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
         )
+        if worker.fatal is not None:
+            raise worker.fatal  # the store cannot be used: `corral worker` exits 1 with this line
         return clean

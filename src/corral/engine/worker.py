@@ -44,7 +44,7 @@ from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import UNLIMITED, Hooks
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, PermanentError, StoreError
+from corral.errors import Canceled, ChildFailed, PermanentError, StoreCorrupt, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -149,6 +149,8 @@ class Worker:
         self._completer_idle.set()
         self.started = False
         self._sweeper: Any = None
+        #: Set when the store failed for good (damaged, foreign, too new): the worker stopped claiming.
+        self.fatal: StoreCorrupt | None = None
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -261,6 +263,11 @@ class Worker:
                     chunk_size=self.chunk_size,
                     lease_seconds=self.lease_seconds,
                 )
+            except StoreCorrupt as exc:  # no retry can cure it: stop claiming, let the runner exit
+                self.fatal = exc
+                claims = None
+                log.error("claim failed, stopping: %s", exc)
+                self._stop_claiming.set()
             except StoreError as exc:  # an outage must not end the worker; a bug may
                 claims = None
                 log.warning("claim failed, will retry: %s", exc)

@@ -16,8 +16,14 @@ The rules, in order of precedence for a RUNNING task:
 - it ran more attempts than ``max_retries + 1``: it fails with
   :data:`EXHAUSTED_ERROR`.
 
-And a task PENDING for longer than ``stale_pending_age`` (default 24 h) is
-canceled with :data:`STALE_PENDING_ERROR`.
+And a PENDING task that a worker could have taken for longer than
+``stale_pending_age`` (default 24 h) and none did is canceled, its error
+saying why (:func:`stale_pending_error`, all starting with
+:data:`STALE_PENDING_PREFIX`, so ``corral tasks --stale`` finds them and
+``corral retry --stale`` queues them again). Only a task nothing holds back
+counts: ungrouped, or its group's head with nothing of the group running or
+claimed within the age. A task waiting its turn behind its group's head, on
+a dependency (WAITING), or for a ``run_at`` still to come is never stale.
 
 ``max_rows`` is one budget for the whole sweep: stuck tasks first, stale
 pending ones with what is left, so one sweep never changes more rows.
@@ -37,8 +43,21 @@ DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
 DEFAULT_MAX_ROWS = 1000
 LOST_LEASE_ERROR = "worker crashed or task hung (lease expired)"
 OVERDUE_ERROR = "worker crashed or task hung (running past twice its timeout)"
-STALE_PENDING_ERROR = "pending for too long; canceled by the sweeper"
+#: How every stale-pending cancellation's error starts.
+STALE_PENDING_PREFIX = "canceled by the sweeper: pending for more than"
 EXHAUSTED_ERROR = "worker crashed or task hung (retries exhausted while running)"
+
+
+def stale_pending_error(age: float) -> str:
+    """The one-line reason recorded on a task the stale-pending rule cancels."""
+    from corral.core.planning import format_duration
+
+    shown = f"{age / 3600:g}h" if age >= 3600 and age % 3600 == 0 else format_duration(age)
+    return f"{STALE_PENDING_PREFIX} {shown} with no worker taking it"
+
+
+#: The reason at the default age.
+STALE_PENDING_ERROR = stale_pending_error(DEFAULT_STALE_PENDING_AGE)
 
 
 def decide_stuck(row: SweepRow, now: float) -> tuple[str, Rescue] | None:
@@ -57,13 +76,16 @@ def decide_stuck(row: SweepRow, now: float) -> tuple[str, Rescue] | None:
     return None
 
 
-def decide(stuck: Sequence[SweepRow], stale_pending: Sequence[SweepRow], now: float) -> list[tuple[str, Rescue]]:
+def decide(
+    stuck: Sequence[SweepRow],
+    stale_pending: Sequence[SweepRow],
+    now: float,
+    stale_pending_age: float = DEFAULT_STALE_PENDING_AGE,
+) -> list[tuple[str, Rescue]]:
     """Every decision for what a sweep found, each with its report field."""
     out = [d for row in stuck if (d := decide_stuck(row, now)) is not None]
-    out += [
-        ("stale_pending_canceled", Rescue(row.id, row.version, State.CANCELED, STALE_PENDING_ERROR))
-        for row in stale_pending
-    ]
+    reason = stale_pending_error(stale_pending_age)
+    out += [("stale_pending_canceled", Rescue(row.id, row.version, State.CANCELED, reason)) for row in stale_pending]
     return out
 
 
@@ -82,7 +104,7 @@ def sweep_once(
     stale: list[SweepRow] = []
     if stale_pending_age is not None and left > 0:
         stale = store.find_stale_pending(now - stale_pending_age, left)
-    decisions = decide(stuck, stale, now)
+    decisions = decide(stuck, stale, now, stale_pending_age or 0.0)
     report = SweepReport()
     applied = store.rescue([r for _, r in decisions]) if decisions else []
     for (field, rescue), ok in zip(decisions, applied):

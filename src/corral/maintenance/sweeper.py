@@ -3,14 +3,16 @@
 One skeleton, like every maintenance loop: options, a timer, a leader check,
 and one bounded store call per tick. Each tick the sweeper asks the store to
 lead (``store.try_lead("sweeper", holder, ttl)``); only the holder sweeps, so
-a fleet where every worker runs ``--sweep`` still sweeps once per interval.
+a fleet where every worker runs one (``corral worker`` does unless given
+``--no-sweep``) still sweeps once per interval.
 The sweep itself (:func:`corral.maintenance.recovery.sweep_once`) applies the
 recovery rules with guarded writes, so even two sweepers racing change each
 row at most once.
 
-Run it inside a worker (``corral worker APP --sweep``) or as its own process
-(``corral sweep --loop``); the latter is better, so the cleaner is not killed
-with the workers it cleans up after.
+Run it inside the workers (the default of ``corral worker``), so a dead
+worker's group moves on without anyone remembering to start a sweeper, and
+if you like also as its own process (``corral sweep --loop``), which is not
+killed with the workers it cleans up after.
 """
 
 from __future__ import annotations

@@ -440,6 +440,7 @@ class MemoryStore(Store):
                 and (flt.batch is None or t.batch == flt.batch)
                 and (flt.group is None or t.group == flt.group)
                 and (flt.name is None or t.name == flt.name)
+                and (flt.error_prefix is None or (t.error or "").startswith(flt.error_prefix))
             ]
             rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
             return [replace(t) for t in rows[flt.offset : flt.offset + flt.limit]]
@@ -534,8 +535,20 @@ class MemoryStore(Store):
 
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         with self._lock:
-            stale = (t for t in self._tasks.values() if t.status is State.PENDING and t.run_at < before)
+            stale = (
+                t
+                for t in self._tasks.values()
+                if t.status is State.PENDING and t.run_at < before and self._idle_head(t, before)
+            )
             return [self._sweep_row(t) for t in itertools.islice(stale, max(0, limit))]
+
+    def _idle_head(self, t: TaskRecord, before: float) -> bool:
+        """Ungrouped, or its group's head with nothing of the group running
+        and no claim of it since ``before`` (a task waiting its turn is not stale)."""
+        if t.group is None:
+            return True
+        g = self._groups.get(t.group)
+        return g is not None and not g.running and bool(g.ids) and g.ids[0] == t.id and g.last_claimed_at < before
 
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         applied: list[bool] = []

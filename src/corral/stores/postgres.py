@@ -60,6 +60,7 @@ from corral.core.model import (
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import (
     CorralError,
+    StoreCorrupt,
     StoreError,
     StoreUnavailable,
     SubmitError,
@@ -77,6 +78,21 @@ except ImportError:  # pragma: no cover - reported when a store is opened
 
 T = TypeVar("T")
 
+#: Driver errors no retry cures: the schema is missing or damaged, or the
+#: role may not use it (transient ones are retried or raised as StoreError).
+_PERMANENT: tuple[type[Exception], ...] = (
+    (
+        psycopg.errors.UndefinedTable,
+        psycopg.errors.UndefinedColumn,
+        psycopg.errors.UndefinedFunction,
+        psycopg.errors.InsufficientPrivilege,
+        psycopg.errors.DataCorrupted,
+        psycopg.errors.IndexCorrupted,
+    )
+    if psycopg is not None
+    else ()
+)
+
 #: How long a claimer trusts "only plain work is queued" before it checks again
 #: (delayed grouped work coming due sends no notification).
 PLAIN_HINT_TTL = 0.2
@@ -91,7 +107,8 @@ CHANNEL = "corral_work"
 SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
-SCHEMA_VERSION = 3
+#: 4: status must name a state (a CHECK constraint).
+SCHEMA_VERSION = 4
 _BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
 
@@ -212,6 +229,8 @@ class PostgresStore(SqlStore):
                         pass
                     continue
                 raise StoreUnavailable(f"cannot reach {self._shown}: {first_line(exc)}") from None
+            except _PERMANENT as exc:
+                raise StoreCorrupt(f"cannot use {self._shown}: {first_line(exc)}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -237,6 +256,11 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["schema_version_table"])
                 row = conn.execute(self._q["schema_version"]).fetchone()
                 current = row[0] if row else 0
+                if current > SCHEMA_VERSION:
+                    raise StoreCorrupt(
+                        f"{self._shown} has schema version {current}, newer than this corral knows"
+                        f" ({SCHEMA_VERSION}); upgrade corral"
+                    )
                 for version, key in migrations:
                     if version <= current:
                         continue
@@ -621,6 +645,10 @@ class PostgresStore(SqlStore):
         if flt.status is not None:
             where.append("status = %(status)s")
             params["status"] = State(flt.status).value
+        if flt.error_prefix is not None:
+            where.append("substr(error, 1, %(plen)s) = %(prefix)s")
+            params["plen"] = len(flt.error_prefix)
+            params["prefix"] = flt.error_prefix
         sql = "SELECT * FROM corral_tasks"
         if where:
             sql += " WHERE " + " AND ".join(where)

@@ -24,14 +24,32 @@ from corral.stores.base import BatchSummary, Store, batch_status
 Read = tuple[str, Mapping[str, Any]]
 
 
+#: What ``counts()`` callers show rows whose status names no state under.
+UNKNOWN_STATUS = "UNKNOWN"
+_STATES = {s.value: s for s in State}
+
+
+def unknown_status_error(raw: object) -> str:
+    """The error shown on a row whose stored status names no state."""
+    return f"unknown status {raw!r} stored for this task; shown as FAILED, `corral retry` queues it again"
+
+
 def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Sequence[int]) -> TaskRecord:
     """A task row, read by column name; ``limits`` and ``depends_on`` are
-    stored differently by each dialect, so the caller decodes them."""
+    stored differently by each dialect, so the caller decodes them.
+
+    A status that names no state (a row written before the schema checked
+    it, or by another program) reads as FAILED with an error saying what was
+    stored: listing tasks never fails on one bad row, and nothing claims it."""
+    status = _STATES.get(row["status"])
+    error = row["error"]
+    if status is None:
+        status, error = State.FAILED, unknown_status_error(row["status"])
     return TaskRecord(
         id=row["id"],
         name=row["name"],
         args=row["args"],
-        status=State(row["status"]),
+        status=status,
         queue=row["queue"],
         priority=row["priority"],
         attempt=row["attempt"],
@@ -49,7 +67,7 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         result=row["result"],
-        error=row["error"],
+        error=error,
         version=row["version"],
         lease_token=row["lease_token"],
         lease_expires_at=row["lease_expires_at"],

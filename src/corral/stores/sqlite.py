@@ -1,8 +1,18 @@
 """``sqlite:///path``: the default store, one file shared by worker processes.
 
 URL forms: ``sqlite:///relative/path.db`` and ``sqlite:////absolute/path.db``;
-options go in the query string: ``?synchronous=FULL`` (default ``NORMAL``) and
-``?busy_timeout=<ms>`` (default 5000).
+options go in the query string: ``?synchronous=FULL`` (default ``NORMAL``),
+``?busy_timeout=<ms>`` (default 5000) and ``?mode=0640`` (default ``0600``).
+
+A new database file is created with ``mode`` (owner only by default: task
+arguments may be private); SQLite gives its ``-wal`` and ``-shm`` files the
+same mode. An existing file keeps the mode it has.
+
+Errors: locked or busy beyond ``busy_timeout`` raises
+:class:`~corral.errors.StoreError` (try again); a file that is not a
+database or is damaged, a schema that is missing or newer than this corral
+knows, or a file this process may not write raises
+:class:`~corral.errors.StoreCorrupt` (retrying cannot help).
 
 How it is made safe and fast for several processes on one file:
 
@@ -82,12 +92,14 @@ from corral.core.model import (
     loads,
 )
 from corral.core.states import FINAL, State, check_transition
-from corral.errors import ConfigError, StoreError, StoreUnavailable, SubmitError
+from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import HeartbeatReply, Rescue, SweepRow
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
-SCHEMA_VERSION = 2  # 2: index tasks_waiting (the schema script is idempotent: rerun whole)
+#: 2: index tasks_waiting; 3: triggers refuse a status that names no state.
+#: The schema script is idempotent: an older file reruns it whole.
+SCHEMA_VERSION = 3
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -100,7 +112,12 @@ Q = load("sqlite")
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 #: Claimable states; State is a str enum, so a status column compares equal without conversion.
 _QUEUED = (State.PENDING, State.RETRYING)
-_UNAVAILABLE_HINTS = ("unable to open", "not a database", "disk i/o", "readonly", "read-only", "no such file")
+_UNAVAILABLE_HINTS = ("unable to open", "disk i/o", "no such file")
+#: SQLite result codes no retry can cure: damaged or foreign file, no write access.
+_PERMANENT_CODES = {"SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_PERM", "SQLITE_READONLY", "SQLITE_AUTH"}
+_PERMANENT_HINTS = ("not a database", "malformed", "readonly", "read-only", "no such table", "no such column")
+#: Mode of a database file corral creates (``?mode=`` overrides).
+DEFAULT_FILE_MODE = 0o600
 
 
 def parse_url(url: str) -> tuple[str, dict[str, str]]:
@@ -119,13 +136,23 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
         raise ConfigError("sqlite:///:memory: is not shared between connections; use memory:// instead")
     options = dict(parse_qsl(query, keep_blank_values=True))
     for name in options:
-        if name not in ("synchronous", "busy_timeout"):
-            raise ConfigError(f"unknown SQLite URL option {name!r} (known: synchronous, busy_timeout)")
+        if name not in ("synchronous", "busy_timeout", "mode"):
+            raise ConfigError(f"unknown SQLite URL option {name!r} (known: synchronous, busy_timeout, mode)")
     return os.path.expanduser(path), options
+
+
+def _permanent(exc: sqlite3.Error) -> bool:
+    """True for an error no retry cures (see :data:`_PERMANENT_CODES`)."""
+    name = getattr(exc, "sqlite_errorname", None) or ""
+    if "_".join(name.split("_")[:2]) in _PERMANENT_CODES:  # SQLITE_READONLY_DBMOVED -> SQLITE_READONLY
+        return True
+    return any(h in str(exc).lower() for h in _PERMANENT_HINTS)
 
 
 def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     text = first_line(exc)
+    if _permanent(exc):
+        return StoreCorrupt(f"cannot use SQLite database {path!r}: {text}")
     if isinstance(exc, sqlite3.OperationalError | sqlite3.DatabaseError) and any(
         h in text.lower() for h in _UNAVAILABLE_HINTS
     ):
@@ -187,6 +214,12 @@ class SQLiteStore(SqlStore):
             self.busy_timeout_ms = int(options.get("busy_timeout", "5000"))
         except ValueError:
             raise ConfigError(f"busy_timeout must be milliseconds, not {options['busy_timeout']!r}") from None
+        try:
+            self.file_mode = int(options.get("mode", "0600"), 8)
+        except ValueError:
+            raise ConfigError(f"mode must be octal permission bits like 0600, not {options['mode']!r}") from None
+        if not 0 <= self.file_mode <= 0o777:
+            raise ConfigError(f"mode must be octal permission bits like 0600, not {options['mode']!r}")
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: list[sqlite3.Connection] = []
@@ -200,6 +233,7 @@ class SQLiteStore(SqlStore):
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: directory {directory!r} does not exist")
+        self._create_file()
         self._con()  # fail now, not at first use, when the file cannot be opened
         self.migrate()  # idempotent and cheap once done; a store is usable as opened
 
@@ -210,6 +244,21 @@ class SQLiteStore(SqlStore):
         return f"SQLiteStore({self.url!r})"
 
     # ---- connections --------------------------------------------------------
+    def _create_file(self) -> None:
+        """Create the database file with ``file_mode`` before SQLite would
+        create it with the umask's (usually world-readable); never change an
+        existing file's mode."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, self.file_mode)
+        except FileExistsError:
+            return
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create SQLite database {self.path!r}: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, self.file_mode)  # exactly the mode asked, whatever the umask
+        finally:
+            os.close(fd)
+
     def _con(self) -> sqlite3.Connection:
         if self._pid != os.getpid():  # forked: the parent's connections are not ours
             self._pid = os.getpid()
@@ -238,7 +287,8 @@ class SQLiteStore(SqlStore):
             con.execute("PRAGMA cache_size = -16000")
             con.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {str(exc).splitlines()[0]}") from exc
+            kind = StoreCorrupt if _permanent(exc) else StoreUnavailable
+            raise kind(f"cannot open SQLite database {self.path!r}: {first_line(exc)}") from exc
         self._local.con = con
         with self._lock:
             self._conns.append(con)
@@ -339,7 +389,12 @@ class SQLiteStore(SqlStore):
         with self._write() as con:
             con.execute(Q["schema_version_table"])
             version = con.execute(Q["schema_version"]).fetchone()[0] or 0
-            if version >= SCHEMA_VERSION:
+            if version > SCHEMA_VERSION:
+                raise StoreCorrupt(
+                    f"SQLite database {self.path!r} has schema version {version}, newer than this corral knows"
+                    f" ({SCHEMA_VERSION}); upgrade corral"
+                )
+            if version == SCHEMA_VERSION:
                 return
             for stmt in _split_script(Q["schema"]):
                 con.execute(stmt)
@@ -812,6 +867,9 @@ class SQLiteStore(SqlStore):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        if flt.error_prefix is not None:
+            where.append("substr(error, 1, ?) = ?")
+            params += [len(flt.error_prefix), flt.error_prefix]
         sql = Q["select_tasks"]
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -840,7 +898,7 @@ class SQLiteStore(SqlStore):
             row = con.execute(Q["status_of"], (task_id,)).fetchone()
             if row is None:
                 return None
-            status = State(row[0])
+            status = State(row[0]) if row[0] in State.__members__ else None
             now = self._clock.time()
             if status is State.RUNNING:
                 con.execute(Q["cancel_running"], (task_id,))
@@ -874,7 +932,7 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
-        return [SweepRow(*r) for r in self._con().execute(Q["find_stale_pending"], (before, limit))]
+        return [SweepRow(*r) for r in self._con().execute(Q["find_stale_pending"], {"before": before, "limit": limit})]
 
     @_guard
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:

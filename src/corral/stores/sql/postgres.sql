@@ -219,6 +219,24 @@ CREATE INDEX corral_tasks_group_block ON corral_tasks (group_key, id)
       AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
            OR (status = 'FAILED' AND halt_group_on_failure));
 
+-- name: migration_0004
+-- A status must name a state. NOT VALID adds the rule for every new write at
+-- once without scanning the table; rows already there are checked (and the
+-- constraint marked valid) only when none breaks it: such a row is kept and
+-- reads as FAILED, saying what it holds, until an operator retries it.
+ALTER TABLE corral_tasks ADD CONSTRAINT corral_tasks_status_known
+    CHECK (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'))
+    NOT VALID;
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM corral_tasks
+                   WHERE status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING',
+                                        'SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')) THEN
+        ALTER TABLE corral_tasks VALIDATE CONSTRAINT corral_tasks_status_known;
+    END IF;
+END
+$$;
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -642,7 +660,8 @@ SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
     finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1
-WHERE id = %(id)s AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+WHERE id = %(id)s  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
+  AND status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS')
 RETURNING id, queue;
 
 -- name: notify
@@ -682,10 +701,22 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: find_stale_pending
-SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
-FROM corral_tasks
-WHERE status = 'PENDING' AND run_at < %(before)s::float8
-ORDER BY id
+-- PENDING tasks a worker could have taken since :before and none did:
+-- due since then, and ungrouped or their group's head with the group idle
+-- (nothing earlier still in line, nothing of it running, no claim of it)
+-- since then. A task waiting its turn in a group is never stale.
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at
+FROM corral_tasks t
+WHERE t.status = 'PENDING' AND t.run_at < %(before)s::float8
+  AND (t.group_key IS NULL
+       OR (NOT EXISTS (SELECT 1 FROM corral_tasks p
+                       WHERE p.group_key = t.group_key AND p.id <> t.id
+                         AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                              OR (p.status = 'FAILED' AND p.halt_group_on_failure))
+                         AND (p.id < t.id OR p.status = 'RUNNING'))
+           AND coalesce((SELECT g.last_claimed_at FROM corral_groups g WHERE g.group_key = t.group_key), 0)
+               < %(before)s::float8))
+ORDER BY t.id
 LIMIT %(limit)s;
 
 -- name: rescue

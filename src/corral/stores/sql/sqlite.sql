@@ -88,6 +88,22 @@ CREATE INDEX IF NOT EXISTS tasks_batch
     ON tasks (batch)
     WHERE batch IS NOT NULL;
 
+-- A status must name a state: a row no state machine knows would be claimed
+-- by nothing and counted nowhere. Triggers rather than a CHECK, so a file
+-- made by an older version gets the rule without rebuilding its table, and
+-- rows it already holds are kept (they read as FAILED, saying what they hold).
+CREATE TRIGGER IF NOT EXISTS tasks_status_insert BEFORE INSERT ON tasks
+WHEN NEW.status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+BEGIN
+    SELECT RAISE(ABORT, 'task status must be one of WAITING, PENDING, RETRYING, RUNNING, SUCCESS, FAILED, TIMEOUT, CANCELED');
+END;
+
+CREATE TRIGGER IF NOT EXISTS tasks_status_update BEFORE UPDATE OF status ON tasks
+WHEN NEW.status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+BEGIN
+    SELECT RAISE(ABORT, 'task status must be one of WAITING, PENDING, RETRYING, RUNNING, SUCCESS, FAILED, TIMEOUT, CANCELED');
+END;
+
 CREATE TABLE IF NOT EXISTS task_deps (
     task_id    INTEGER NOT NULL,
     pos        INTEGER NOT NULL,
@@ -419,7 +435,8 @@ UPDATE tasks
 SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
     version = version + 1
-WHERE id = ? AND status IN ('FAILED', 'TIMEOUT', 'CANCELED')
+WHERE id = ?  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
+  AND status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS')
 RETURNING group_key
 
 -- name: batch_counts
@@ -445,11 +462,23 @@ ORDER BY id
 LIMIT :limit
 
 -- name: find_stale_pending
-SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
-FROM tasks INDEXED BY tasks_queued_run_at
-WHERE status IN ('PENDING', 'RETRYING') AND status = 'PENDING' AND run_at < ?
-ORDER BY id
-LIMIT ?
+-- PENDING tasks a worker could have taken since :before and none did:
+-- due since then, and ungrouped or their group's head with the group idle
+-- (nothing earlier still in line, nothing of it running, no claim of it)
+-- since then. A task waiting its turn in a group is never stale.
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at
+FROM tasks AS t INDEXED BY tasks_queued_run_at
+WHERE t.status IN ('PENDING', 'RETRYING') AND t.status = 'PENDING' AND t.run_at < :before
+  AND (t.group_key IS NULL
+       OR (NOT EXISTS (SELECT 1 FROM tasks AS p INDEXED BY tasks_group_line
+                       WHERE p.group_key = t.group_key AND p.id <> t.id
+                         AND (p.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                              OR (p.status = 'FAILED' AND p.halt_group_on_failure = 1))
+                         AND (p.id < t.id OR p.status = 'RUNNING'))
+           AND coalesce((SELECT g.last_claimed_at FROM task_groups AS g WHERE g.group_key = t.group_key), 0)
+               < :before))
+ORDER BY t.id
+LIMIT :limit
 
 -- name: rescue
 -- One sweep decision, guarded by status and version: queued again now
