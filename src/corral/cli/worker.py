@@ -76,14 +76,38 @@ def _setup_logging(level: str) -> None:
     show_default=True,
     help="Lease a running task holds; a crashed worker's tasks are recovered after it.",
 )
+@click.option(
+    "--max-abandoned-threads",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed-out task threads still running at which the worker stops and exits 4 to be restarted.",
+)
 @log_level_option
-def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, sweep_interval, lease, log_level):
+def worker(
+    app_spec,
+    store_url,
+    concurrency,
+    queues,
+    chunk_size,
+    grace,
+    sweep,
+    sweep_interval,
+    lease,
+    max_abandoned_threads,
+    log_level,
+):
     """Run tasks of APP (module:attribute, a corral.App) until SIGTERM.
 
     SIGTERM (or Ctrl-C) stops claiming, lets in-flight tasks finish within
     --grace seconds, hands back what did not finish, and exits 0. A second
     SIGTERM or SIGINT during the grace period stops at once (exit 3); the
     sweeper then recovers the unfinished tasks when their leases expire.
+
+    A thread cannot be killed: a timed-out thread task keeps its lease until
+    its thread ends. With --max-abandoned-threads such threads running, the
+    worker stops the same way as on SIGTERM and exits 4, for its supervisor
+    to restart it (isolation="process" tasks are killed on timeout instead).
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
@@ -109,6 +133,7 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
         lease_seconds=lease_s,
         grace=grace,
         sweep_interval=sweep_s if sweep else None,
+        max_abandoned_threads=max_abandoned_threads,
     )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
