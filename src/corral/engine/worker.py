@@ -204,6 +204,7 @@ class Worker:
         self._draining = 0
         self.stray_check_interval = stray_check_interval
         self._strays_seen: set[tuple[str, str]] = set()
+        self._stray_checks = 0
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -293,6 +294,7 @@ class Worker:
         them. A timed-out thread still running is not waited for either.
         Claiming goes on: :meth:`stop` ends it."""
         end = None if timeout is None else time.monotonic() + timeout
+        horizon = None if timeout is None else self.store.now() + timeout
 
         def left() -> float | None:
             return None if end is None else max(0.0, end - time.monotonic())
@@ -308,7 +310,7 @@ class Worker:
                     since[0] = self._claim_seq
                 if not ok or not self._flush(left()):
                     return False
-                due = self._retries_due(end)
+                due = self._retries_due(horizon)
                 if due is None:
                     return True
                 pause = 0.05 if end is None else min(0.05, end - time.monotonic())
@@ -323,11 +325,10 @@ class Worker:
         """No claim will come (stopped or halted) and nothing is in flight."""
         return self._stop_claiming.is_set() and self._inflight == 0
 
-    def _retries_due(self, end: float | None) -> float | None:
-        """The earliest retry of this worker's tasks due before ``end``
-        (monotonic; None: any), or None if there is none."""
+    def _retries_due(self, horizon: float | None) -> float | None:
+        """The earliest retry of this worker's tasks due by ``horizon``
+        (store time; None: any), or None if there is none."""
         names = frozenset(self.registry)
-        horizon = None if end is None else self.store.now() + max(0.0, end - time.monotonic())
         earliest: float | None = None
         for q in self.queues:
             try:
@@ -878,6 +879,7 @@ class Worker:
         """Warn, once per name and queue, of queued tasks this worker cannot
         claim because it does not register their name: they wait, and hold
         their groups, until a worker that does comes along."""
+        self._stray_checks += 1
         names = frozenset(self.registry)
         for q in self.queues:
             try:
