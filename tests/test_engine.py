@@ -147,31 +147,56 @@ def test_hung_thread_task_times_out_and_its_slot_is_replaced(app):
 
     h = hang.submit()
     app.start(workers=1)  # one slot: the quick tasks can only run if it is replaced
-    wait_for(lambda: h.status() is State.TIMEOUT, message="hung task should time out")
+    wait_for(lambda: app._worker.abandoned_threads == 1, message="hung task should time out")
     quick_handles = [quick.submit(i) for i in range(5)]
     assert [q.result(timeout=5) for q in quick_handles] == list(range(5))
     assert not finished_late.is_set()  # the hung thread is still blocked, yet work went on
+    assert h.status() is State.RUNNING  # still leased: nothing else may run it meanwhile
     release.set()
-    wait_for(finished_late.is_set)
+    wait_for(lambda: h.status() is State.TIMEOUT, message="the timeout is written once the thread ends")
+    assert finished_late.is_set() and app._worker.abandoned_threads == 0
     rec = h.get()
-    assert rec.status is State.TIMEOUT and rec.result is None  # late result discarded
-    assert "timed out" in rec.error
+    assert rec.result is None and "timed out" in rec.error  # late result discarded
 
 
-def test_timeout_with_retries_left_retries(app):
-    runs = []
+def test_timed_out_thread_is_not_retried_while_it_still_runs(app):
+    """A retry starts only once the timed-out attempt's thread has really ended."""
+    release = threading.Event()
+    events = []
 
     @app.task(timeout=0.2, retries=1, backoff=FAST)
     def slow_once(ctx):
-        runs.append(ctx.attempt)
+        events.append(("start", ctx.attempt))
         if ctx.attempt == 1:
-            threading.Event().wait(2)
+            release.wait(20)
+        events.append(("end", ctx.attempt))
         return "ok"
 
     h = slow_once.submit()
     app.start(workers=2)
+    wait_for(lambda: app._worker.abandoned_threads == 1, message="the first attempt times out")
+    assert h.status() is State.RUNNING and events == [("start", 1)]
+    release.set()
     assert h.result(timeout=10) == "ok"
-    assert runs[:2] == [1, 2]
+    assert events == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+
+
+def test_overlap_on_timeout_frees_the_lane_at_once(app):
+    release = threading.Event()
+    runs = []
+
+    @app.task(timeout=0.2, retries=1, backoff=FAST, overlap_on_timeout=True)
+    def slow_once(ctx):
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            release.wait(20)
+        return "ok"
+
+    h = slow_once.submit()
+    app.start(workers=2)
+    assert h.result(timeout=10) == "ok"  # the retry ran beside the blocked first attempt
+    assert runs == [1, 2] and app._worker.abandoned_threads == 0
+    release.set()
 
 
 def _pid_alive(pid: int) -> bool:

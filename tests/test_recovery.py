@@ -38,16 +38,19 @@ def test_a_chunk_member_that_never_started_goes_back_with_its_attempt():
     )
 
 
-def test_overdue_and_exhausted():
-    assert decide_stuck(row(timeout=40, started_at=919), NOW) == (
+def test_overdue_and_exhausted_are_failed_once_the_lease_is_lost():
+    lost = 999
+    assert decide_stuck(row(timeout=40, started_at=919, lease_expires_at=lost), NOW) == (
         "overdue_failed",
         Rescue(7, 3, State.FAILED, OVERDUE_ERROR),
     )
-    assert decide_stuck(row(timeout=50, started_at=919), NOW) is None
-    assert decide_stuck(row(attempt=3, max_retries=1), NOW) == (
+    assert decide_stuck(row(attempt=3, max_retries=1, lease_expires_at=lost), NOW) == (
         "exhausted_failed",
         Rescue(7, 3, State.FAILED, EXHAUSTED_ERROR),
     )
+    # a worker that still renews the lease is left alone, however late its task
+    assert decide_stuck(row(timeout=40, started_at=919), NOW) is None
+    assert decide_stuck(row(attempt=3, max_retries=1), NOW) is None
 
 
 def test_a_lost_lease_wins_over_the_other_rules():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from corral.errors import (
     GroupDeadlock,
     QueueFull,
     ResultTimeout,
+    StoreError,
     TaskFailed,
     TaskNotFound,
     UnknownTask,
@@ -31,8 +34,10 @@ from corral.errors import (
 from corral.stores import Store, open_store
 
 if TYPE_CHECKING:
-    from corral.engine.worker import Worker
+    from corral.engine.worker import DrainReport, Worker
     from corral.stores.base import BatchSummary
+
+log = logging.getLogger("corral.app")
 
 ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
@@ -58,6 +63,7 @@ class TaskDef:
     backoff: Backoff = Backoff()
     halt_group_on_failure: bool = False
     takes_ctx: bool = False
+    overlap_on_timeout: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -176,8 +182,21 @@ class App:
         permanent_on: Sequence[type[BaseException]] | None = None,
         backoff: Backoff | None = None,
         halt_group_on_failure: bool = False,
+        overlap_on_timeout: bool = False,
     ) -> Any:
-        """Register a function as a task. Usable bare (``@app.task``) or with options."""
+        """Register a function as a task. Usable bare (``@app.task``) or with options.
+
+        ``timeout`` (seconds) ends a run that takes longer. With
+        ``isolation="process"`` the task's child process is killed: the way
+        to a hard stop. A thread cannot be killed: a timed-out thread task is
+        abandoned, and its task keeps its lease, its group and its limits
+        until the thread really ends, so no retry and no next task of its
+        group starts meanwhile (the timeout is written then). A worker with
+        too many such threads stops claiming (``corral worker`` exits for its
+        supervisor to restart it). ``overlap_on_timeout=True`` writes the
+        timeout at once and frees the lane, letting a retry or the group's
+        next task run beside the abandoned thread.
+        """
 
         def register(f: Callable) -> TaskDef:
             if not callable(f):
@@ -212,6 +231,7 @@ class App:
                 backoff=backoff or Backoff(),
                 halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
+                overlap_on_timeout=overlap_on_timeout,
             )
             self.registry[task_name] = tdef
             return tdef
@@ -436,7 +456,11 @@ class App:
         return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
-        """Start an in-process worker with ``workers`` slots; returns at once."""
+        """Start an in-process worker with ``workers`` slots; returns at once.
+
+        If too many of its timed-out threads are still running
+        (``max_abandoned_threads``), the worker logs an error and stops
+        claiming: only ending the process ends a thread."""
         with self._lock:
             if self._worker is None:
                 self._worker = self.worker(workers, **options).start()
@@ -452,13 +476,15 @@ class App:
         **options: Any,
     ) -> bool:
         """Run a worker in the foreground until SIGTERM/SIGINT (or, with
-        ``until_idle``, until nothing is queued or running).
+        ``until_idle``, until it has nothing left it can run: see :meth:`drain`).
 
         The first signal stops claiming and gives in-flight tasks ``grace``
         seconds; what does not finish is handed back to the queue. A second
-        signal during the grace period exits at once with code 3. With
-        ``sweep_interval`` a sweeper runs beside it (one leader at a time
-        across the fleet). Returns True if nothing had to be handed back."""
+        signal during the grace period exits at once with code 3. If too many
+        timed-out threads are still running (``max_abandoned_threads``), it
+        stops the same way and exits with code 4 for its supervisor to restart
+        it. With ``sweep_interval`` a sweeper runs beside it (one leader at a
+        time across the fleet). Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
         from corral.maintenance.sweeper import Sweeper
 
@@ -472,7 +498,7 @@ class App:
             self._worker = worker
         try:
             return run_until_signal(
-                worker, grace=grace, sweeper=sweeper, until=(lambda: self.drain(timeout=0)) if until_idle else None
+                worker, grace=grace, sweeper=sweeper, until=(lambda: worker.drain(timeout=0.2)) if until_idle else None
             )
         finally:
             self._worker = None
@@ -481,32 +507,53 @@ class App:
         return sum(self.store.active_counts().values())
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is queued, waiting or running; True if reached."""
+        """Wait until the work this process can do is done; True if reached.
+
+        With a worker here: nothing is in flight, and nothing of its queues
+        and task names is due and free to start (nor a retry of those due
+        before the deadline). Tasks of names it does not register, of other
+        queues, delayed ones, and those held behind their group or a limit are
+        not waited for, so a drain always ends. It keeps claiming: ``close``
+        stops it. With no worker here: nothing in the store is queued, waiting
+        or running (the work of other processes' workers)."""
         worker = self._worker
+        if worker is not None:
+            return worker.drain(timeout)
+        return poll_until(lambda: self.active_count() == 0, timeout, first=0.001)
 
-        def idle() -> bool:
-            return self.active_count() == 0 and (worker is None or worker.wait_idle(0))
-
-        return poll_until(idle, timeout, first=0.001)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Refuse new submits, finish everything queued and in flight, stop,
+    def close(self, timeout: float | None = None) -> DrainReport:
+        """Refuse new submits, drain (see :meth:`drain`), stop the worker here,
         and close the store if this app opened it.
 
-        With no worker in this process, queued work stays in the store for
-        other workers. Returns False if ``timeout`` ran out first (what is
-        unfinished is handed back, never lost)."""
+        Returns a report, true when drained. At ``timeout`` what is in flight
+        is handed back to the queue (never lost), and the report counts it;
+        it also counts what was left in the store and why (other names or
+        queues, delayed, waiting, blocked), and the close logs it. With no
+        worker in this process, queued work stays in the store for other
+        workers."""
+        from corral.engine.worker import DrainReport
+
         if self._closed:
-            return True
+            return DrainReport()
         self._closed = True
-        drained = True
-        if self._worker is not None:
-            drained = self.drain(timeout)
-            self._worker.stop(grace=0 if not drained else 30.0)
+        report = DrainReport()
+        worker = self._worker
+        if worker is not None:
+            end = None if timeout is None else time.monotonic() + timeout
+            drained = worker.drain(timeout)
+            grace = 0.0 if not drained else 30.0 if end is None else max(0.0, end - time.monotonic())
+            clean = worker.stop(grace=grace)
+            try:
+                left = worker.leftovers()
+            except StoreError as exc:
+                log.warning("close: could not count the tasks left in the store: %s", exc)
+                left = {}
+            report = DrainReport(drained and clean, worker.handed_back, worker.abandoned_at_stop, left)
             self._worker = None
+            log.log(logging.INFO if report.drained else logging.WARNING, "app closed: %s", report.summary())
         if self._owns_store:
             self.store.close()
-        return drained
+        return report
 
     def __enter__(self) -> App:
         return self

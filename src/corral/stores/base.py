@@ -262,9 +262,8 @@ class Store(abc.ABC):
     # candidates and applies guarded decisions.
     @abc.abstractmethod
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
-        """Up to ``limit`` RUNNING tasks, by id, that a rule may recover at
-        ``now``: lease expired, past ``started_at + 2 * timeout``, or more
-        attempts than ``max_retries + 1``."""
+        """Up to ``limit`` RUNNING tasks, by id, whose lease expired before
+        ``now``: only a lost lease is recovered (a live one is its worker's)."""
 
     @abc.abstractmethod
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:

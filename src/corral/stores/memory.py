@@ -527,9 +527,7 @@ class MemoryStore(Store):
             stuck = [
                 t
                 for t in map(self._tasks.__getitem__, sorted(self._running))
-                if (t.lease_expires_at is not None and t.lease_expires_at < now)
-                or (t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now)
-                or t.attempt > t.max_retries + 1
+                if t.lease_expires_at is not None and t.lease_expires_at < now
             ]
             return [self._sweep_row(t) for t in stuck[: max(0, limit)]]
 

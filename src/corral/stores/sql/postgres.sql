@@ -690,13 +690,10 @@ WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0
 GROUP BY n;
 
 -- name: find_stuck
--- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+-- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
 SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
 FROM corral_tasks
-WHERE status = 'RUNNING'
-  AND (lease_expires_at < %(now)s::float8
-       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < %(now)s::float8)
-       OR attempt > max_retries + 1)
+WHERE status = 'RUNNING' AND lease_expires_at < %(now)s::float8
 ORDER BY id
 LIMIT %(limit)s;
 

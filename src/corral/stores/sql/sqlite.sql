@@ -451,13 +451,10 @@ ORDER BY 1
 -- ---- maintenance ---------------------------------------------------------------
 
 -- name: find_stuck
--- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+-- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
 SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
 FROM tasks INDEXED BY tasks_running_expiry
-WHERE status = 'RUNNING'
-  AND (lease_expires_at < :now
-       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < :now)
-       OR attempt > max_retries + 1)
+WHERE status = 'RUNNING' AND lease_expires_at < :now
 ORDER BY id
 LIMIT :limit
 
