@@ -53,8 +53,10 @@ def test_overdue_and_exhausted_are_failed_once_the_lease_is_lost():
     assert decide_stuck(row(attempt=3, max_retries=1), NOW) is None
 
 
-def test_a_lost_lease_wins_over_the_other_rules():
-    got = decide_stuck(row(attempt=3, max_retries=1, timeout=1, lease_expires_at=999), NOW)
+def test_a_lost_lease_past_twice_its_timeout_is_failed_as_overdue_not_retried():
+    got = decide_stuck(row(attempt=1, max_retries=3, timeout=1, lease_expires_at=999), NOW)
+    assert got == ("overdue_failed", Rescue(7, 3, State.FAILED, OVERDUE_ERROR))
+    got = decide_stuck(row(attempt=2, max_retries=1, lease_expires_at=999), NOW)
     assert got == ("lost_leases_failed", Rescue(7, 3, State.FAILED, LOST_LEASE_ERROR))
 
 
