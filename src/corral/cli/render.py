@@ -37,6 +37,16 @@ TABLE_FIELD_CHARS = 2_000
 JSON_FIELD_CHARS = 1_048_576
 #: The fields either bound applies to.
 BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message")
+
+
+def json_help(tail: str) -> str:
+    """Help of a ``--json`` option that prints task fields: how big ones are cut."""
+    return (
+        f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
+        f'{JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "truncated"; {tail}'
+    )
+
+
 #: Where ``corral status`` counts rows whose stored status names no state.
 UNKNOWN = "UNKNOWN"
 STATE_STYLE = {
