@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core import validation as check
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
-from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
+from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps, new_holder_id
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
 from corral.engine.context import current
@@ -442,18 +442,20 @@ class App:
         return self.store.counts()
 
     # ---- running -----------------------------------------------------------------
-    def worker(self, concurrency: int = 10, **options: Any) -> Worker:
+    def worker(self, concurrency: int = 10, *, extra_hooks: Sequence[Hooks] = (), **options: Any) -> Worker:
         """Build (not start) a worker for this app's tasks: the one place a
         worker is assembled, for ``start``, ``run`` and ``corral worker``.
 
         Options are those of :class:`corral.engine.worker.Worker` (``queues``,
         ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...); bad ones
         raise ConfigError (concurrency is at most 1000 slots per process).
-        Results over this app's ``max_payload_bytes`` fail their task."""
+        Results over this app's ``max_payload_bytes`` fail their task.
+        ``extra_hooks`` watch this worker only, beside the app's own."""
         from corral.engine.worker import Worker
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
-        return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock, concurrency=concurrency, **options)
+        hooks = HookChain(self.hooks, *extra_hooks) if extra_hooks else self.hooks
+        return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
         """Start an in-process worker with ``workers`` slots; returns at once.
@@ -473,6 +475,7 @@ class App:
         until_idle: bool = False,
         grace: float = 30.0,
         sweep_interval: float | None = None,
+        extra_hooks: Sequence[Hooks] = (),
         **options: Any,
     ) -> bool:
         """Run a worker in the foreground until SIGTERM/SIGINT (or, with
@@ -484,14 +487,16 @@ class App:
         timed-out threads are still running (``max_abandoned_threads``), it
         stops the same way and exits with code 4 for its supervisor to restart
         it. With ``sweep_interval`` a sweeper runs beside it (one leader at a
-        time across the fleet). Returns True if nothing had to be handed back."""
+        time across the fleet). ``extra_hooks`` watch this worker (metrics).
+        Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
         from corral.maintenance.sweeper import Sweeper
 
-        worker = self.worker(workers, **options)
+        holder = options.pop("worker_id", None) or new_holder_id()
         sweeper = None
         if sweep_interval is not None:
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=worker.id)
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder)
+        worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:
                 raise ConfigError("this app already runs a worker in this process")

@@ -23,6 +23,7 @@ from corral.cli import (
     store_option,
     store_url_of,
 )
+from corral.core.model import new_holder_id
 from corral.core.validation import CONCURRENCY_RANGE
 
 log = logging.getLogger("corral.cli")
@@ -88,6 +89,12 @@ def _setup_logging(level: str) -> None:
     show_default=True,
     help="Timed-out task threads still running at which the worker stops and exits 4 to be restarted.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (this process's counters; "
+    "the store-wide gauges from one worker of the fleet at a time).",
+)
 @log_level_option
 def worker(
     app_spec,
@@ -100,6 +107,7 @@ def worker(
     sweep_interval,
     lease,
     max_abandoned_threads,
+    metrics_port,
     log_level,
 ):
     """Run tasks of APP (module:attribute, a corral.App) until SIGTERM.
@@ -135,8 +143,24 @@ def worker(
         log.warning(
             "store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url
         )
+    holder = new_holder_id()
+    extra = []
+    if metrics_port is not None:
+        try:
+            from corral.edges import metrics
+        except ImportError:
+            raise CLIError("--metrics-port needs prometheus_client: pip install 'corral[metrics]'") from None
+        registry, watcher = metrics.worker_registry(app.store, holder)
+        try:
+            metrics.serve(registry, metrics_port)
+        except OSError as exc:
+            raise CLIError(f"--metrics-port {metrics_port}: {exc.strerror or exc}") from None
+        extra.append(watcher)
+        log.info("metrics at http://127.0.0.1:%d/metrics", metrics_port)
     app.run(
         concurrency,
+        worker_id=holder,
+        extra_hooks=extra,
         queues=queue_list,
         chunk_size=chunk_size,
         lease_seconds=lease_s,
