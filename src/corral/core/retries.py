@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from corral.core.validation import MAX_DURATION, seconds
 from corral.errors import PermanentError, Retry
 
+#: How many times a task may ask to run later (``Retry``, a 429 with
+#: Retry-After under a limit) before it fails: a snooze burns no attempt, so
+#: without a cap a task that always snoozes would never end.
+MAX_SNOOZES = 100
+
 #: HTTP statuses that say "try again later".
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Exceptions that are bugs or bad input: retrying cannot help.
