@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral.core import validation as check
-from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.breaker import BreakerConfig, BreakerState
+from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.model import BreakerEvent, LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
 from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
@@ -45,6 +45,7 @@ def _duration(value: float | str, option: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}")
     return float(value)
+
 
 if TYPE_CHECKING:
     from corral.engine.worker import Worker

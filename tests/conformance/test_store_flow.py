@@ -100,9 +100,7 @@ def test_a_429_pauses_the_whole_limit_and_snoozes_the_task(store, advance):
     free = submit_one(store, "free")
     rec = claim(store, 1)[0].tasks[0]
     assert rec.id == a
-    assert finish(
-        store, rec, State.RETRYING, run_at=store.now() + 30, snooze=True, pause_limits=30.0, error="429"
-    )
+    assert finish(store, rec, State.RETRYING, run_at=store.now() + 30, snooze=True, pause_limits=30.0, error="429")
     after = store.get(a)
     assert after.attempt == 0 and after.snoozes == 1
     assert store.limits()["api"].paused_until is not None

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core import validation
+from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskRecord, dumps, new_holder_id
-from corral.core.breaker import counts_as_failure
 from corral.core.retries import MAX_SNOOZES, Backoff, _status_of, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
@@ -448,7 +448,9 @@ class Worker:
             )
         if retryable and rec.max_retries:
             text = f"{text} (gave up after {rec.attempt} attempts)"
-        return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict)
+        return Outcome(
+            rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
+        )
 
     def _snooze_outcome(self, rec: TaskRecord, token: str, exc: BaseException, started_at: float) -> Outcome | None:
         """``Retry`` (and a 429 with Retry-After under a limit) runs the task
@@ -498,7 +500,9 @@ class Worker:
                 run_at=self.store.now() + delay,
                 started_at=started_at,
             )
-        return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at, breaker_failure=True)
+        return Outcome(
+            rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at, breaker_failure=True
+        )
 
     def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
         if msg[0] == "progress":

@@ -410,9 +410,7 @@ class MemoryStore(Store):
                             until = now + o.pause_limits
                             lim.spec.paused_until = max(lim.spec.paused_until or 0.0, until)
                 if self._breakers and (t.name in self._breakers or any(n in self._breakers for n in t.limits)):
-                    changed, events = record_outcomes(
-                        self._breakers, [((t.name, *t.limits), o.breaker_failure)], now
-                    )
+                    changed, events = record_outcomes(self._breakers, [((t.name, *t.limits), o.breaker_failure)], now)
                     for name, state in changed.items():
                         self._breakers[name].state = state
                     self._events.extend(events)

@@ -726,9 +726,7 @@ class SQLiteStore(SqlStore):
     def _save_breaker(con: sqlite3.Connection, name: str, state: brk.Breaker, ev: BreakerEvent | None) -> None:
         con.execute(Q["breaker_save"], (state.state.value, brk.state_to_json(state), name))
         if ev is not None:
-            con.execute(
-                Q["breaker_event"], (ev.at, ev.name, ev.before, ev.after, ev.reason, ev.calls, ev.failures)
-            )
+            con.execute(Q["breaker_event"], (ev.at, ev.name, ev.before, ev.after, ev.reason, ev.calls, ev.failures))
 
     @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
