@@ -99,20 +99,37 @@ def test_retryable_error_retries_then_succeeds_and_exhausts_to_failed(app):
     assert rec.status is State.FAILED and rec.attempt == 4 and "gave up after 4 attempts" in rec.error
 
 
-def test_ctx_retry_after_and_attempt(app):
+def test_ctx_retry_snoozes_without_counting_an_attempt(app):
     seen = []
 
-    @app.task(retries=2)
+    @app.task(retries=0)  # no retries: a snooze must not need one
     def t(ctx):
         seen.append(ctx.attempt)
-        if ctx.attempt == 1:
+        if len(seen) == 1:
             ctx.retry(after=0.0)
         return ctx.attempt
 
     h = t.submit()
     app.start(workers=1)
-    assert h.result(timeout=5) == 2
-    assert seen == [1, 2]
+    assert h.result(timeout=5) == 1
+    assert seen == [1, 1]
+    assert app.store.get(h.id).snoozes == 1
+
+
+def test_snoozes_are_capped(app, monkeypatch):
+    import corral.engine.worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "MAX_SNOOZES", 3)
+
+    @app.task
+    def t(ctx):
+        ctx.retry(after=0.0)
+
+    h = t.submit()
+    app.start(workers=1)
+    with pytest.raises(TaskFailed, match="asked to run later 3 times"):
+        h.result(timeout=5)
+    assert app.store.get(h.id).attempt == 1
 
 
 def test_retry_does_not_jump_ahead_of_fresh_work(app):
@@ -121,14 +138,14 @@ def test_retry_does_not_jump_ahead_of_fresh_work(app):
     @app.task(retries=1)
     def t(ctx, name):
         order.append((name, ctx.attempt))
-        if name == "a" and ctx.attempt == 1:
-            ctx.retry(after=0.0)
+        if order == [("a", 1)]:
+            ctx.retry(after=0.0)  # a snooze: the attempt is given back
 
     for name in "abc":
         t.submit(name)
     app.start(workers=1)
     assert app.drain(5)
-    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 2)]
+    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 1)]
 
 
 def test_hung_thread_task_times_out_and_its_slot_is_replaced(app):

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral.core import validation as check
+from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
-from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.model import BreakerEvent, LimitSpec, NewTask, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
 from corral.engine.context import current
@@ -32,6 +34,21 @@ from corral.errors import (
     UnknownTask,
 )
 from corral.stores import Store, open_store
+
+
+def _duration(value: float | str, option: str) -> float:
+    """``"60s"``, ``"5m"``, ``"1h"`` or a number of seconds."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(text[-1:], None)
+        try:
+            return float(text[:-1]) * unit if unit is not None else float(text)
+        except ValueError:
+            raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}")
+    return float(value)
+
 
 if TYPE_CHECKING:
     from corral.engine.worker import DrainReport, Worker
@@ -238,9 +255,14 @@ class App:
 
         return register(fn) if fn is not None else register
 
-    def limit(self, name: str, *, concurrency: int | None = None, rate: str | None = None) -> None:
+    def limit(
+        self, name: str, *, concurrency: int | None = None, rate: str | None = None, burst: int | None = None
+    ) -> None:
         """Declare a named limit shared by every worker of this store.
 
+        ``concurrency`` caps the claims running at once; ``rate`` ("100/s",
+        "6000/m", "20/h") is a token bucket of at most ``burst`` tokens
+        (default: one second's worth) charged when a task starts, fleet-wide.
         A task may name a limit in ``@app.task(limits=[...])`` before or
         after it is declared; submitting it needs the limit declared, here
         or by another app of the same store."""
@@ -249,8 +271,52 @@ class App:
             check.integer(concurrency, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
         if rate is not None:
             check.text(rate, "a limit's rate")
-        self.store.set_limit(LimitSpec(name, concurrency, rate))
+        if burst is not None and rate is None:
+            raise ConfigError("a limit's burst needs a rate: app.limit(name, rate='100/s', burst=20)")
+        if rate is not None:
+            try:
+                parse_rate(rate, burst)
+            except ValueError as exc:
+                raise ConfigError(f"limit {name!r}: {exc}") from None
+        self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
         self._known_limits.add(name)
+
+    def breaker(
+        self,
+        name: str,
+        *,
+        failure_ratio: float = 0.5,
+        min_calls: int = 20,
+        window: float | str = "60s",
+        cooldown: float | str = "30s",
+        probes: int = 3,
+    ) -> None:
+        """A circuit breaker on a limit or a task name, shared by the fleet.
+
+        When at least ``failure_ratio`` of the last ``window``'s calls (and at
+        least ``min_calls``) failed, it opens: its tasks are not claimed (no
+        attempt burned) for ``cooldown``, then exactly ``probes`` run; if they
+        all succeed it closes, else it opens again for twice as long."""
+        check.text(name, "breaker name")
+        try:
+            cfg = BreakerConfig(
+                failure_ratio=failure_ratio,
+                min_calls=min_calls,
+                window=_duration(window, "window"),
+                cooldown=_duration(cooldown, "cooldown"),
+                probes=probes,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"breaker {name!r}: {exc}") from None
+        self.store.set_breaker(name, cfg)
+
+    def breaker_force(self, name: str, state: str, reason: str) -> BreakerEvent:
+        """Open (held until closed by hand) or close a breaker; logged with ``reason``."""
+        wanted = str(state).upper()
+        if wanted not in ("OPEN", "CLOSED", "CLOSE"):
+            raise ConfigError(f"a breaker is forced 'open' or 'close', not {state!r}")
+        target = BreakerState.OPEN if wanted == "OPEN" else BreakerState.CLOSED
+        return self.store.force_breaker(name, target, check.text(reason, "reason"))
 
     @property
     def task_names(self) -> frozenset[str]:

@@ -85,6 +85,10 @@ _PG_SHIFT = (
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
     " lease_expires_at = lease_expires_at - %(s)s",
     "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
+    "UPDATE corral_limits SET counted_at = counted_at - %(s)s, paused_until = paused_until - %(s)s",
+    "UPDATE corral_breakers SET state = jsonb_set(state::jsonb, '{opened_at}',"
+    " to_jsonb((state::jsonb->>'opened_at')::float8 - %(s)s))::text"
+    " WHERE state IS NOT NULL AND state::jsonb->>'opened_at' IS NOT NULL",
 )
 
 

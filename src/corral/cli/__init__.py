@@ -232,7 +232,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import demo, plan, tasks, worker
+    from corral.cli import demo, flow, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -246,6 +246,7 @@ def _add_commands() -> None:
         demo.dashboard,
         demo.demo,
         plan.plan,
+        flow.breaker,
     ):
         cli.add_command(command)
     _add_bench()

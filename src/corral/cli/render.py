@@ -329,6 +329,15 @@ def plan_dict(plan, example: bool) -> dict:
     return plan.as_dict() | {"example": example}
 
 
+def rate_text(qps: float) -> str:
+    """A QPS cap as a limit's rate: ``"100/s"``, or per minute or hour when below one a second."""
+    for per, unit in ((1, "s"), (60, "m"), (3600, "h")):
+        n = qps * per
+        if n >= 1 and abs(n - round(n)) < 1e-9:
+            return f"{round(n)}/{unit}"
+    return f"{max(1, int(qps * 3600))}/h"
+
+
 def print_plan(plan, example: bool) -> None:
     """A :class:`corral.core.planning.CapacityPlan`, part by part, and what to do with it."""
     from rich.table import Table
@@ -361,7 +370,10 @@ def print_plan(plan, example: bool) -> None:
                 ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
             ],
         )
-        advice.append(f'app.limit("downstream", concurrency={c.limit})  # shared by every worker of the store')
+        advice.append(
+            f'app.limit("downstream", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
+            "  # shared by every worker of the store"
+        )
     if plan.littles_law is not None:
         law = plan.littles_law
         rows = [

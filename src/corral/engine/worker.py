@@ -41,15 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core import validation
+from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
-from corral.core.retries import is_retryable, retry_delay
+from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
+from corral.core.retry_after import retry_after
 from corral.core.states import State
 from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import UNLIMITED, Hooks
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, PermanentError, StoreCorrupt, StoreError
+from corral.errors import Canceled, ChildFailed, PermanentError, Retry, StoreCorrupt, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -574,7 +576,9 @@ class Worker:
             too_big = validation.payload_problem(result, self.max_payload_bytes, "the result")
             if too_big is not None:
                 raise PermanentError(too_big)
-            outcome = Outcome(rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at)
+            outcome = Outcome(
+                rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at, breaker_failure=False
+            )
         except _CANCELED:
             outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
         except TimeoutError as exc:
@@ -607,11 +611,15 @@ class Worker:
     def _failure_outcome(
         self, rec: TaskRecord, token: str, exc: BaseException, tdef: TaskSpec | None, started_at: float
     ) -> Outcome:
+        snooze = self._snooze_outcome(rec, token, exc, started_at)
+        if snooze is not None:
+            return snooze
         if isinstance(exc, ChildFailed):
             retryable, text = exc.retryable, exc.text
         else:
             retryable = tdef is not None and is_retryable(exc, tdef.retry_on, tdef.permanent_on)
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        verdict = counts_as_failure(exc, permanent=not retryable)
         if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
             return Outcome(
@@ -622,10 +630,47 @@ class Worker:
                 error=text,
                 run_at=self.store.now() + delay,
                 started_at=started_at,
+                breaker_failure=verdict,
             )
         if retryable and rec.max_retries:
             text = f"{text} (gave up after {rec.attempt} attempts)"
-        return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
+        return Outcome(
+            rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
+        )
+
+    def _snooze_outcome(self, rec: TaskRecord, token: str, exc: BaseException, started_at: float) -> Outcome | None:
+        """``Retry`` (and a 429 with Retry-After under a limit) runs the task
+        again later without counting a failure: the attempt is given back and a
+        snooze counted, up to MAX_SNOOZES. A 429 also pauses the task's limits
+        fleet-wide for as long as the downstream asked."""
+        pause = None
+        if isinstance(exc, Retry):
+            now = self.store.now()
+            after = retry_delay(exc, rec.snoozes + 1, Backoff())  # no ``after``: a growing pause
+            reason = str(exc)
+        elif rec.limits and http_status(exc) == 429:
+            now = self.store.now()
+            ra = retry_after(exc, now)
+            if ra is None:
+                return None
+            after = pause = ra
+            reason = f"429 from downstream: retry after {ra:g}s"
+        else:
+            return None
+        if rec.snoozes >= MAX_SNOOZES:
+            text = f"asked to run later {rec.snoozes} times, the most a task may (last: {reason})"
+            return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
+        return Outcome(
+            rec.id,
+            token,
+            rec.version,
+            State.RETRYING,
+            error=reason,
+            run_at=now + after,
+            started_at=started_at,
+            snooze=True,
+            pause_limits=pause,
+        )
 
     def _timeout_outcome(self, rec: TaskRecord, token: str, started_at: float) -> Outcome:
         text = f"timed out after {rec.timeout:g}s (attempt {rec.attempt})"
@@ -641,7 +686,9 @@ class Worker:
                 run_at=self.store.now() + delay,
                 started_at=started_at,
             )
-        return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at)
+        return Outcome(
+            rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at, breaker_failure=True
+        )
 
     def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
         if msg[0] == "progress":
