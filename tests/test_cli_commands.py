@@ -103,7 +103,9 @@ def test_plan_prints_the_limit_line_to_paste():
     from corral.cli import cli
 
     out = CliRunner().invoke(cli, ["plan", "--qps", "100", "--latency-ms", "120"]).output
-    assert 'app.limit("downstream", concurrency=8, rate="100/s")' in out
+    # the rate holds the safety margin (70 % of the cap), the burst what is left
+    # under the cap, the concurrency what is in flight at the cap
+    assert 'app.limit("downstream", concurrency=12, rate="70/s", burst=30)' in out
 
 
 def test_breaker_open_show_close(tmp_path):

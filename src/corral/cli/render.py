@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from corral.cli import one_line
+from corral.core import planning
 from corral.core.model import TaskRecord, loads
 from corral.core.states import FINAL, State
 
@@ -370,10 +371,16 @@ def print_plan(plan, example: bool) -> None:
                 ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
             ],
         )
-        advice.append(
-            f'app.limit("downstream", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
-            "  # shared by every worker of the store"
-        )
+        if c.qps >= 1:
+            advice.append(
+                planning.limit_advice(c.qps, c.latency_s, c.safety).line()
+                + "  # shared by every worker of the store; the rate keeps the safety margin"
+            )
+        else:
+            advice.append(
+                f'app.limit("downstream", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
+                "  # shared by every worker of the store"
+            )
     if plan.littles_law is not None:
         law = plan.littles_law
         rows = [
