@@ -39,9 +39,11 @@ def test_kill_9_during_submit_and_complete_bursts_loses_nothing(sqlite_url, tmp_
         submitter = subprocess.Popen([sys.executable, str(SUBMITTER)], env=env, stderr=subprocess.DEVNULL)
         worker = AppWorker(sqlite_url, runs, tmp_path / f"worker{round_}.log", concurrency=4)
         try:
-            wait_for(lambda: len(_acked(acked)) >= before + 400, timeout=30, message="bursts under way")
+            wait_for(lambda n=before + 400: len(_acked(acked)) >= n, timeout=30, message="bursts under way")
             ran = len(History.load(runs).runs)
-            wait_for(lambda: len(History.load(runs).runs) >= ran + 50, timeout=30, message="the worker runs tasks")
+            wait_for(
+                lambda p=runs, n=ran + 50: len(History.load(p).runs) >= n, timeout=30, message="the worker runs tasks"
+            )
         finally:
             submitter.send_signal(signal.SIGKILL)
             worker.proc.send_signal(signal.SIGKILL)

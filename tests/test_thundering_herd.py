@@ -23,9 +23,7 @@ def test_eight_workers_start_together_and_claim_nothing_twice(kind, request, tmp
     app = corral.App(url)
     app.task(name="noop")(lambda ctx: 0)
     app.submit_many("noop", [{} for _ in range(N)])
-    workers = [
-        AppWorker(url, runs, tmp_path / f"w{i}.log", concurrency=4, poll_interval=0.05) for i in range(WORKERS)
-    ]
+    workers = [AppWorker(url, runs, tmp_path / f"w{i}.log", concurrency=4, poll_interval=0.05) for i in range(WORKERS)]
     try:
         wait_for(lambda: app.counts().get("SUCCESS", 0) == N, timeout=100, interval=0.2, message="all finished")
     finally:
