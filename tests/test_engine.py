@@ -489,13 +489,8 @@ def test_backpressure_block_waits_for_room_times_out_and_never_overshoots():
     app.close(1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the queue bound is checked before the store write and not in it: two submitters that both "
-    "saw room for one both insert (needs the bound enforced inside the store's submit transaction)",
-)
 def test_backpressure_several_submitters_never_overshoot_the_bound():
-    app = corral.App("memory://", max_queued=5, on_full="block", full_timeout=5)
+    app = corral.App("memory://", max_queued=5, on_full="block", full_timeout=0.3)
 
     @app.task
     def t(i):
@@ -505,22 +500,30 @@ def test_backpressure_several_submitters_never_overshoot_the_bound():
     inner = app.store.submit
     both_checked = threading.Barrier(2, timeout=0.5)
 
-    def submit(tasks):
+    def submit(tasks, **kw):
         try:
-            both_checked.wait()  # two submitters meet here only if both passed the bound
+            both_checked.wait()  # two submitters meet here: both saw room for one
         except threading.BrokenBarrierError:
             pass
-        return inner(tasks)
+        return inner(tasks, **kw)
 
     app.store.submit = submit
-    accepted = []
-    threads = [threading.Thread(target=lambda i=i: accepted.append(t.submit(i))) for i in range(2)]
+    accepted, refused = [], []
+
+    def one(i):
+        try:
+            accepted.append(t.submit(i))
+        except QueueFull:
+            refused.append(i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
     for th in threads:
         th.start()
     for th in threads:
         th.join(10)
     queued = app.store.active_counts().get("PENDING", 0)
-    assert queued <= 5, f"the queue holds {queued} tasks, bound 5"
+    assert queued == 5, f"the queue holds {queued} tasks, bound 5"
+    assert (len(accepted), len(refused)) == (1, 1)  # the second waited, then gave up
     app.close(1)
 
 

@@ -41,6 +41,7 @@ SQLITE_ONLY = {
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
 POSTGRES_ONLY = {
+    "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
     "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_member`)",
     "claim_probe": "capped limits with ready work (SQLite: checked by the Python claim)",
     "limit_lock": "advisory locks serialise capped limits (SQLite: one writer at a time)",

@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 from corral.core import validation as check
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
-from corral.core.model import BreakerEvent, LimitSpec, NewTask, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.model import (
+    BreakerEvent,
+    LimitSpec,
+    NewTask,
+    SubmitResult,
+    TaskFilter,
+    TaskRecord,
+    dumps,
+    new_holder_id,
+)
 from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
@@ -450,23 +459,33 @@ class App:
                     nt.run_at += now
         if tdef.limits:
             self._check_limits(tdef)
-        self._backpressure(len(new))
-        results = self.store.submit(new)
+        results = self._store_bounded(new)
         return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
 
-    def _backpressure(self, n: int) -> None:
+    def _store_bounded(self, new: list[NewTask]) -> list[SubmitResult]:
+        """Store ``new``, within ``max_queued`` when set (backpressure).
+
+        The store counts the queue inside its own write, so several submitters
+        never overshoot the bound together; ``on_full="block"`` tries again
+        until there is room or ``full_timeout`` runs out."""
         bound = self.max_queued
         if bound is None:
-            return
-        seen = {"queued": 0}
+            return self.store.submit(new)
+        if len(new) > bound:
+            raise QueueFull(f"{len(new)} tasks can never fit a queue bound of {bound}")
+        outcome: dict[str, Any] = {}
 
-        def room() -> bool:
-            counts = self.store.active_counts()
-            seen["queued"] = sum(counts.get(s.value, 0) for s in (State.PENDING, State.RETRYING, State.WAITING))
-            return seen["queued"] + n <= bound
+        def stored() -> bool:
+            try:
+                outcome["results"] = self.store.submit(new, max_queued=bound)
+                return True
+            except QueueFull as exc:
+                outcome["full"] = exc
+                return False
 
-        if not poll_until(room, 0.0 if self.on_full == "raise" else self.full_timeout, first=0.001):
-            raise QueueFull(f"queue bound reached: {seen['queued']} queued, bound {bound}")
+        if poll_until(stored, 0.0 if self.on_full == "raise" else self.full_timeout, first=0.001):
+            return outcome["results"]
+        raise outcome["full"]
 
     # ---- reading and operating -------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord:

@@ -175,3 +175,24 @@ def test_tasks_are_shared_between_instances(store, second_store):
     assert [t.id for t in c.tasks] == [tid]
     assert store.get(tid).status == State.RUNNING
     assert store.claim("w1", ["default"], 5) == []
+
+
+def test_a_bounded_submit_counts_inside_its_write_so_racing_submitters_never_overshoot(store):
+    from corral.errors import QueueFull
+    from helpers import run_concurrently
+
+    submit(store, *[new() for _ in range(3)])
+
+    def one(i: int) -> bool:
+        try:
+            store.submit([new(), new()], max_queued=7)
+            return True
+        except QueueFull:
+            return False
+
+    stored = run_concurrently(6, one)
+    assert stored.count(True) == 2  # 3 + 2 + 2 = 7: a third pair would overshoot
+    assert sum(store.active_counts().values()) == 7
+    with pytest.raises(QueueFull, match="bound 7"):
+        store.submit([new()], max_queued=7)
+    assert store.submit([new()], max_queued=None)  # no bound asked: stored

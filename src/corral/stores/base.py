@@ -66,6 +66,16 @@ from corral.core.model import (
     TaskRecord,
 )
 from corral.core.states import ACTIVE, State
+from corral.errors import QueueFull
+
+
+def check_bound(counts: dict[str, int], adding: int, max_queued: int | None) -> None:
+    """Raise QueueFull when ``adding`` more would put the queued tasks over ``max_queued``."""
+    if max_queued is None:
+        return
+    queued = sum(counts.get(s, 0) for s in ("WAITING", "PENDING", "RETRYING"))
+    if queued + adding > max_queued:
+        raise QueueFull(f"queue bound reached: {queued} queued, {adding} more asked, bound {max_queued}")
 
 
 @dataclass(slots=True)
@@ -168,7 +178,7 @@ class Store(abc.ABC):
 
     # ---- producers --------------------------------------------------------
     @abc.abstractmethod
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
         """Insert tasks atomically (all or none), in order, ids increasing.
 
         A task whose ``key`` already exists is not inserted; its result names
@@ -177,6 +187,11 @@ class Store(abc.ABC):
         PENDING), or one ended without success (then FAILED at once). An
         unknown dependency id raises :class:`~corral.errors.SubmitError` and
         nothing is stored.
+
+        With ``max_queued``, the tasks queued (WAITING, PENDING, RETRYING)
+        plus these must not exceed it, counted inside the same write, so
+        several submitters together never overshoot the bound: else
+        :class:`~corral.errors.QueueFull` and nothing is stored.
         """
 
     # ---- workers ----------------------------------------------------------

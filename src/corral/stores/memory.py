@@ -191,8 +191,9 @@ class MemoryStore(Store):
                 g.running -= 1
 
     # ---- producers --------------------------------------------------------
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
         with self._lock:
+            base.check_bound({s.value: n for s, n in self._count.items()}, len(tasks), max_queued)
             now = self.now()
             # validate first: all or nothing
             batch_keys: dict[str, int] = {}

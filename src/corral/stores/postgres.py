@@ -69,7 +69,7 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import HeartbeatReply, Rescue, SweepRow
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
@@ -302,7 +302,7 @@ class PostgresStore(SqlStore):
         return self._run(lambda conn: conn.execute(self._q["now"]).fetchone()[0])
 
     # ---- producers --------------------------------------------------------------
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
         tasks = list(tasks)
         if not tasks:
             return []
@@ -324,7 +324,12 @@ class PostgresStore(SqlStore):
         def go(conn):
             # Without dependencies the insert is one atomic statement; with
             # them, the dependency rows are locked first in the same transaction.
-            with conn.transaction() if all_deps else _nothing():
+            with conn.transaction() if all_deps or max_queued is not None else _nothing():
+                if max_queued is not None:
+                    # one bounded submit at a time: the count and the insert are one step
+                    conn.execute(self._q["lock_queue_bound"])
+                    counts = dict(conn.execute(self._q["active_counts"]).fetchall())
+                    check_bound(counts, len(tasks), max_queued)
                 states: dict[int, State] = {}
                 if all_deps:
                     for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):

@@ -95,7 +95,7 @@ from corral.core.model import (
 )
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
-from corral.stores.base import HeartbeatReply, Rescue, SweepRow
+from corral.stores.base import HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
@@ -488,13 +488,15 @@ class SQLiteStore(SqlStore):
 
     # ---- producers --------------------------------------------------------
     @_guard
-    def submit(self, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+    def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
         tasks = list(tasks)
         if not tasks:
             return []
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
+            if max_queued is not None:  # counted under the write lock: no other submit in between
+                check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
             now = self._clock.time()
             all_deps = {d for t in tasks for d in t.depends_on}
             dep_state: dict[int, State] = {}

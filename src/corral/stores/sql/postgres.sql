@@ -688,6 +688,11 @@ SELECT id FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) AND cancel_request
 -- name: counts
 SELECT status, count(*) FROM corral_tasks GROUP BY status;
 
+-- name: lock_queue_bound
+-- Bounded submits (App(max_queued=...)) take this transaction lock, so that
+-- counting the queue and inserting are one step across every submitter.
+SELECT pg_advisory_xact_lock(7302318442001);
+
 -- name: active_counts
 -- Unfinished tasks per state; each part matches a partial index, so the
 -- cost follows the live work, never the finished rows.
