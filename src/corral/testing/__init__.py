@@ -1,5 +1,21 @@
-"""Tools for testing code that runs on corral, and corral itself."""
+"""Tools for testing code that runs on corral, and corral itself.
+
+- :class:`FakeClock`, :func:`run_until_idle`, :func:`assert_enqueued`: test
+  your own tasks in process, with time moved by hand (``corral.testing.kit``).
+- :class:`History`: check that every group ran one task at a time, in submit
+  order, and that no task overlapped itself (``corral.testing.history``).
+"""
 
 from corral.testing.history import History, HistoryLog, Run, Violation
+from corral.testing.kit import FakeClock, assert_enqueued, enqueued, run_until_idle
 
-__all__ = ["History", "HistoryLog", "Run", "Violation"]
+__all__ = [
+    "FakeClock",
+    "History",
+    "HistoryLog",
+    "Run",
+    "Violation",
+    "assert_enqueued",
+    "enqueued",
+    "run_until_idle",
+]
