@@ -57,6 +57,9 @@ POSTGRES_ONLY = {
     "migration_0002": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0003": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0004": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
+    "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
+    "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }
 
 

@@ -85,6 +85,8 @@ _PG_SHIFT = (
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
     " lease_expires_at = lease_expires_at - %(s)s",
     "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
+    "UPDATE corral_fleet SET calm_since = calm_since - %(s)s, changed_at = changed_at - %(s)s",
+    "UPDATE corral_events SET at = at - %(s)s",
 )
 
 
