@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from corral.core import validation as check
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
+from corral.core.levels import Level
 from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
@@ -32,7 +33,7 @@ from corral.stores import Store, open_store
 
 if TYPE_CHECKING:
     from corral.engine.worker import Worker
-    from corral.stores.base import BatchSummary
+    from corral.stores.base import BatchSummary, FleetLevel
 
 ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
@@ -58,6 +59,8 @@ class TaskDef:
     backoff: Backoff = Backoff()
     halt_group_on_failure: bool = False
     takes_ctx: bool = False
+    #: runs at the DEGRADED level, when only critical work does
+    critical: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -132,6 +135,7 @@ class App:
         hooks: Sequence[Hooks] = (),
         clock: Clock | None = None,
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+        critical_queues: Sequence[str] = (),
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
@@ -151,6 +155,8 @@ class App:
         self.registry: dict[str, TaskDef] = {}
         #: what steers and watches this app's workers (flow control, metrics, events)
         self.hooks = HookChain(*hooks)
+        #: queues whose work still runs at the DEGRADED level (with tasks marked critical)
+        self.critical_queues: tuple[str, ...] = check.names(critical_queues, "critical_queues")
         self.max_queued = max_queued
         self.on_full = on_full
         self.full_timeout = full_timeout
@@ -176,8 +182,12 @@ class App:
         permanent_on: Sequence[type[BaseException]] | None = None,
         backoff: Backoff | None = None,
         halt_group_on_failure: bool = False,
+        critical: bool = False,
     ) -> Any:
-        """Register a function as a task. Usable bare (``@app.task``) or with options."""
+        """Register a function as a task. Usable bare (``@app.task``) or with options.
+
+        ``critical=True`` keeps the task running at the DEGRADED level, when
+        the fleet runs only critical work."""
 
         def register(f: Callable) -> TaskDef:
             if not callable(f):
@@ -190,6 +200,8 @@ class App:
             if not isinstance(halt_group_on_failure, bool):
                 shown = check.shown(halt_group_on_failure)
                 raise ConfigError(f"halt_group_on_failure must be True or False, not {shown}")
+            if not isinstance(critical, bool):
+                raise ConfigError(f"critical must be True or False, not {check.shown(critical)}")
             if task_name in self.registry:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
@@ -212,6 +224,7 @@ class App:
                 backoff=backoff or Backoff(),
                 halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
+                critical=critical,
             )
             self.registry[task_name] = tdef
             return tdef
@@ -415,6 +428,58 @@ class App:
     def tasks(self, **filters: Any) -> list[TaskRecord]:
         return self.store.list_tasks(TaskFilter(**filters))
 
+    def dead(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        """The dead letters: tasks that ended FAILED or TIMEOUT (retries spent,
+        a permanent error, arguments that cannot be decoded) and were not
+        retried since, oldest first, each with its error, attempts and trace id."""
+        return self.store.dead_letters(batch, limit, offset)
+
+    def retry_dead(self, batch: str | None = None) -> list[int]:
+        """Queue the dead letters (of ``batch``) again, all in one write, and
+        return their ids. A group's re-queued tasks run in submit order,
+        before its tasks still queued behind them."""
+        return self.store.retry_dead(batch)
+
+    # ---- degradation levels ----------------------------------------------------------
+    def level(self) -> Level:
+        """The fleet's degradation level, NORMAL (L0) to EMERGENCY (L4)."""
+        return Level(self.store.fleet_level().level)
+
+    def level_state(self) -> FleetLevel:
+        """The stored level with whether it was set by hand, why, and since when."""
+        return self.store.fleet_level()
+
+    def set_level(self, level: str | int | Level, *, reason: str = "") -> Level:
+        """Set the fleet's level by hand (``"CIRCUIT_OPEN"``, ``"L3"``, ``3``),
+        or hand it back to the automatic rules with ``"auto"``.
+
+        A level set by hand stays until set again or handed back; workers
+        follow it within about a second. Returns the level now in force."""
+        from corral.stores.base import FleetLevel
+
+        if not isinstance(reason, str):
+            raise ConfigError(f"reason must be text, not {check.shown(reason)}")
+        cur = self.store.fleet_level()
+        auto = isinstance(level, str) and level.strip().lower() == "auto"
+        if auto:
+            new = FleetLevel(cur.level, False, None, reason or "handed back to the automatic rules")
+        else:
+            try:
+                lv = Level.parse(level)
+            except ValueError as exc:
+                raise ConfigError(f"{exc}, or auto") from None
+            new = FleetLevel(int(lv), True, None, reason or "set by hand")
+        event = dumps(
+            {
+                "from": Level(cur.level).name,
+                "to": Level(new.level).name,
+                "reason": new.reason,
+                "manual": new.manual,
+            }
+        )
+        self.store.set_fleet_level(new, auto=False, event=event)
+        return Level(new.level)
+
     def batch_status(self, batch: str) -> BatchSummary:
         return self.store.batch_summary(batch)
 
@@ -431,9 +496,17 @@ class App:
         raise ConfigError (concurrency is at most 1000 slots per process).
         Results over this app's ``max_payload_bytes`` fail their task."""
         from corral.engine.worker import Worker
+        from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
-        return Worker(self.store, self.registry, hooks=self.hooks, clock=self.clock, concurrency=concurrency, **options)
+        levels = LevelHooks(
+            self.store,
+            concurrency,
+            critical_names=[n for n, t in self.registry.items() if t.critical],
+            critical_queues=self.critical_queues,
+        )
+        hooks = HookChain(self.hooks, levels)
+        return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
         """Start an in-process worker with ``workers`` slots; returns at once."""
@@ -460,12 +533,14 @@ class App:
         ``sweep_interval`` a sweeper runs beside it (one leader at a time
         across the fleet). Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
+        from corral.maintenance.levels import LevelKeeper
         from corral.maintenance.sweeper import Sweeper
 
         worker = self.worker(workers, **options)
         sweeper = None
         if sweep_interval is not None:
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=worker.id)
+            levels = LevelKeeper(self.store, queue_bound=self.max_queued)
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=worker.id, levels=levels)
         with self._lock:
             if self._worker is not None:
                 raise ConfigError("this app already runs a worker in this process")

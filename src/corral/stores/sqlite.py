@@ -928,7 +928,7 @@ class SQLiteStore(SqlStore):
         with self._write() as con:
             ids = [r[0] for r in con.execute(Q["dead_ids"], {"batch": batch, "limit": max(0, limit)})]
             now = self._clock.time()
-            groups = set()
+            groups: set[str | None] = set()
             for tid in ids:
                 groups.update(r[0] for r in con.execute(Q["retry"], (now, tid)))
             self._refresh_heads(con, groups)
