@@ -455,30 +455,9 @@ class App:
 
         A level set by hand stays until set again or handed back; workers
         follow it within about a second. Returns the level now in force."""
-        from corral.stores.base import FleetLevel
+        from corral.flow.levels import set_level
 
-        if not isinstance(reason, str):
-            raise ConfigError(f"reason must be text, not {check.shown(reason)}")
-        cur = self.store.fleet_level()
-        auto = isinstance(level, str) and level.strip().lower() == "auto"
-        if auto:
-            new = FleetLevel(cur.level, False, None, reason or "handed back to the automatic rules")
-        else:
-            try:
-                lv = Level.parse(level)
-            except ValueError as exc:
-                raise ConfigError(f"{exc}, or auto") from None
-            new = FleetLevel(int(lv), True, None, reason or "set by hand")
-        event = dumps(
-            {
-                "from": Level(cur.level).name,
-                "to": Level(new.level).name,
-                "reason": new.reason,
-                "manual": new.manual,
-            }
-        )
-        self.store.set_fleet_level(new, auto=False, event=event)
-        return Level(new.level)
+        return set_level(self.store, level, reason=reason)
 
     def batch_status(self, batch: str) -> BatchSummary:
         return self.store.batch_summary(batch)

@@ -230,7 +230,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import demo, plan, tasks, worker
+    from corral.cli import demo, flow, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -241,6 +241,8 @@ def _add_commands() -> None:
         tasks.cancel,
         tasks.retry,
         worker.sweep,
+        flow.level,
+        flow.dead,
         demo.dashboard,
         demo.demo,
         plan.plan,

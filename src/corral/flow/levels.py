@@ -25,10 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Collection
 
+from corral.core import validation as check
 from corral.core.levels import Level, dispatch_at
+from corral.core.model import dumps
 from corral.engine.hooks import DispatchPolicy, Hooks, Lane
-from corral.errors import StoreError
-from corral.stores.base import Store
+from corral.errors import ConfigError, StoreError
+from corral.stores.base import FleetLevel, Store
 
 log = logging.getLogger("corral.levels")
 
@@ -104,3 +106,22 @@ class LevelHooks(Hooks):
 
     def dispatch_budget(self) -> int | None:
         return self.dispatch().max_units
+
+
+def set_level(store: Store, level: str | int | Level, *, reason: str = "") -> Level:
+    """Set the fleet's level by hand, or hand it back with ``"auto"`` (see
+    :meth:`corral.App.set_level`); the change and its reason go to the event log."""
+    if not isinstance(reason, str):
+        raise ConfigError(f"reason must be text, not {check.shown(reason)}")
+    cur = store.fleet_level()
+    if isinstance(level, str) and level.strip().lower() == "auto":
+        new = FleetLevel(cur.level, False, None, reason or "handed back to the automatic rules")
+    else:
+        try:
+            lv = Level.parse(level)
+        except ValueError as exc:
+            raise ConfigError(f"{exc}, or auto") from None
+        new = FleetLevel(int(lv), True, None, reason or "set by hand")
+    event = {"from": Level(cur.level).name, "to": Level(new.level).name, "reason": new.reason, "manual": new.manual}
+    store.set_fleet_level(new, auto=False, event=dumps(event))
+    return Level(new.level)
