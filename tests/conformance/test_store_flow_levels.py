@@ -217,3 +217,43 @@ def test_retry_dead_keeps_group_order(store):
         order.append(got[0].tasks[0].id)
         assert finish(store, got[0].tasks[0])
     assert order == [t1, t2, t4]
+
+
+# ---- the leader's step over each store ---------------------------------------------
+
+
+def test_level_keeper_steps_up_at_once_and_down_after_calm(store, advance):
+    from corral.core.levels import Level, Thresholds
+    from corral.maintenance.levels import LevelKeeper
+
+    for name in ("a", "b"):
+        for _ in range(3):
+            _run(store, name, State.FAILED)
+    keeper = LevelKeeper(store, thresholds=Thresholds(calm_period=100.0), window=50.0)
+    assert Level(keeper.tick().level) is Level.WARNING  # two kinds failing in a row
+    (ev,) = store.events(kind="level")
+    data = json.loads(ev.data)
+    assert (data["from"], data["to"], data["signals"]["failing_kinds"]) == ("NORMAL", "WARNING", 2)
+    advance(60)  # the failures left the window: calm from now
+    assert Level(keeper.tick().level) is Level.WARNING
+    advance(99)
+    assert Level(keeper.tick().level) is Level.WARNING
+    advance(2)
+    assert Level(keeper.tick().level) is Level.NORMAL
+    assert [json.loads(e.data)["to"] for e in store.events(kind="level")] == ["NORMAL", "WARNING"]
+    # by hand: the keeper leaves it alone, EMERGENCY included, until handed back
+    assert store.set_fleet_level(FleetLevel(int(Level.EMERGENCY), True, None, "ops"), auto=False)
+    advance(500)
+    assert Level(keeper.tick().level) is Level.EMERGENCY
+
+
+def test_level_keeper_counts_queue_depth_and_lost_leases(store):
+    from corral.core.levels import Level
+    from corral.core.model import SweepReport
+    from corral.maintenance.levels import LevelKeeper
+
+    submit(store, *(new() for _ in range(4)))
+    assert Level(LevelKeeper(store, queue_bound=5).tick().level) is Level.WARNING
+    keeper = LevelKeeper(store, window=60.0)
+    report = SweepReport(lost_leases_retried=list(range(5)))
+    assert keeper.signals(store.now(), report).lease_losses_per_min == 5.0
