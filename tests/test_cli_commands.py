@@ -17,6 +17,7 @@ from corral.engine.runner import StopSignals
 
 COMMANDS = [
     "bench",
+    "breaker",
     "cancel",
     "dashboard",
     "dead",
@@ -96,3 +97,35 @@ def test_the_forced_exit_code_is_the_runners():
     from corral.engine import runner
 
     assert EXIT_FORCED == runner.EXIT_FORCED == 3
+
+
+def test_plan_prints_the_limit_line_to_paste():
+    from click.testing import CliRunner
+
+    from corral.cli import cli
+
+    out = CliRunner().invoke(cli, ["plan", "--qps", "100", "--latency-ms", "120"]).output
+    # the rate holds the safety margin (70 % of the cap), the burst what is left
+    # under the cap, the concurrency what is in flight at the cap
+    assert 'app.limit("downstream", concurrency=12, rate="70/s", burst=30)' in out
+
+
+def test_breaker_open_show_close(tmp_path):
+    from click.testing import CliRunner
+
+    import corral
+    from corral.cli import cli
+
+    url = f"sqlite:///{tmp_path}/b.db"
+    app = corral.App(url)
+    app.breaker("partner_api", min_calls=5)
+    app.close()
+    run = CliRunner()
+    opened = run.invoke(cli, ["breaker", "open", "partner_api", "--reason", "partner outage", "--store", url])
+    assert opened.exit_code == 0 and "CLOSED -> OPEN" in opened.output
+    shown = run.invoke(cli, ["breaker", "show", "--store", url]).output
+    assert "partner_api: OPEN (forced)" in shown and "partner outage" in shown
+    closed = run.invoke(cli, ["breaker", "close", "partner_api", "--store", url])
+    assert closed.exit_code == 0 and "OPEN -> CLOSED" in closed.output
+    unknown = run.invoke(cli, ["breaker", "close", "nope", "--store", url])
+    assert unknown.exit_code == 1 and "no breaker named 'nope'" in unknown.output

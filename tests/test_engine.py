@@ -99,20 +99,37 @@ def test_retryable_error_retries_then_succeeds_and_exhausts_to_failed(app):
     assert rec.status is State.FAILED and rec.attempt == 4 and "gave up after 4 attempts" in rec.error
 
 
-def test_ctx_retry_after_and_attempt(app):
+def test_ctx_retry_snoozes_without_counting_an_attempt(app):
     seen = []
 
-    @app.task(retries=2)
+    @app.task(retries=0)  # no retries: a snooze must not need one
     def t(ctx):
         seen.append(ctx.attempt)
-        if ctx.attempt == 1:
+        if len(seen) == 1:
             ctx.retry(after=0.0)
         return ctx.attempt
 
     h = t.submit()
     app.start(workers=1)
-    assert h.result(timeout=5) == 2
-    assert seen == [1, 2]
+    assert h.result(timeout=5) == 1
+    assert seen == [1, 1]
+    assert app.store.get(h.id).snoozes == 1
+
+
+def test_snoozes_are_capped(app, monkeypatch):
+    import corral.engine.worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "MAX_SNOOZES", 3)
+
+    @app.task
+    def t(ctx):
+        ctx.retry(after=0.0)
+
+    h = t.submit()
+    app.start(workers=1)
+    with pytest.raises(TaskFailed, match="asked to run later 3 times"):
+        h.result(timeout=5)
+    assert app.store.get(h.id).attempt == 1
 
 
 def test_retry_does_not_jump_ahead_of_fresh_work(app):
@@ -121,14 +138,14 @@ def test_retry_does_not_jump_ahead_of_fresh_work(app):
     @app.task(retries=1)
     def t(ctx, name):
         order.append((name, ctx.attempt))
-        if name == "a" and ctx.attempt == 1:
-            ctx.retry(after=0.0)
+        if order == [("a", 1)]:
+            ctx.retry(after=0.0)  # a snooze: the attempt is given back
 
     for name in "abc":
         t.submit(name)
     app.start(workers=1)
     assert app.drain(5)
-    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 2)]
+    assert order == [("a", 1), ("b", 1), ("c", 1), ("a", 1)]
 
 
 def test_hung_thread_task_times_out_and_its_slot_is_replaced(app):
@@ -147,31 +164,56 @@ def test_hung_thread_task_times_out_and_its_slot_is_replaced(app):
 
     h = hang.submit()
     app.start(workers=1)  # one slot: the quick tasks can only run if it is replaced
-    wait_for(lambda: h.status() is State.TIMEOUT, message="hung task should time out")
+    wait_for(lambda: app._worker.abandoned_threads == 1, message="hung task should time out")
     quick_handles = [quick.submit(i) for i in range(5)]
     assert [q.result(timeout=5) for q in quick_handles] == list(range(5))
     assert not finished_late.is_set()  # the hung thread is still blocked, yet work went on
+    assert h.status() is State.RUNNING  # still leased: nothing else may run it meanwhile
     release.set()
-    wait_for(finished_late.is_set)
+    wait_for(lambda: h.status() is State.TIMEOUT, message="the timeout is written once the thread ends")
+    assert finished_late.is_set() and app._worker.abandoned_threads == 0
     rec = h.get()
-    assert rec.status is State.TIMEOUT and rec.result is None  # late result discarded
-    assert "timed out" in rec.error
+    assert rec.result is None and "timed out" in rec.error  # late result discarded
 
 
-def test_timeout_with_retries_left_retries(app):
-    runs = []
+def test_timed_out_thread_is_not_retried_while_it_still_runs(app):
+    """A retry starts only once the timed-out attempt's thread has really ended."""
+    release = threading.Event()
+    events = []
 
     @app.task(timeout=0.2, retries=1, backoff=FAST)
     def slow_once(ctx):
-        runs.append(ctx.attempt)
+        events.append(("start", ctx.attempt))
         if ctx.attempt == 1:
-            threading.Event().wait(2)
+            release.wait(20)
+        events.append(("end", ctx.attempt))
         return "ok"
 
     h = slow_once.submit()
     app.start(workers=2)
+    wait_for(lambda: app._worker.abandoned_threads == 1, message="the first attempt times out")
+    assert h.status() is State.RUNNING and events == [("start", 1)]
+    release.set()
     assert h.result(timeout=10) == "ok"
-    assert runs[:2] == [1, 2]
+    assert events == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+
+
+def test_overlap_on_timeout_frees_the_lane_at_once(app):
+    release = threading.Event()
+    runs = []
+
+    @app.task(timeout=0.2, retries=1, backoff=FAST, overlap_on_timeout=True)
+    def slow_once(ctx):
+        runs.append(ctx.attempt)
+        if ctx.attempt == 1:
+            release.wait(20)
+        return "ok"
+
+    h = slow_once.submit()
+    app.start(workers=2)
+    assert h.result(timeout=10) == "ok"  # the retry ran beside the blocked first attempt
+    assert runs == [1, 2] and app._worker.abandoned_threads == 0
+    release.set()
 
 
 def _pid_alive(pid: int) -> bool:

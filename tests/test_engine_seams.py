@@ -55,7 +55,10 @@ def test_a_thread_task_times_out_when_the_clock_is_moved_past_its_timeout():
         clock.advance(3599)
         assert h.status() is State.RUNNING  # not yet: one second left on the clock
         clock.advance(2)
-        wait_for(lambda: h.status() is State.TIMEOUT, message="watchdog should time the task out")
+        wait_for(lambda: app._worker.abandoned_threads == 1, message="watchdog should time the task out")
+        assert h.status() is State.RUNNING  # leased until its thread ends
+        release.set()
+        wait_for(lambda: h.status() is State.TIMEOUT, message="the timeout is written when the thread ends")
         assert "timed out after 3600s" in h.get().error
     finally:
         release.set()

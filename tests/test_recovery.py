@@ -38,20 +38,25 @@ def test_a_chunk_member_that_never_started_goes_back_with_its_attempt():
     )
 
 
-def test_overdue_and_exhausted():
-    assert decide_stuck(row(timeout=40, started_at=919), NOW) == (
+def test_overdue_and_exhausted_are_failed_once_the_lease_is_lost():
+    lost = 999
+    assert decide_stuck(row(timeout=40, started_at=919, lease_expires_at=lost), NOW) == (
         "overdue_failed",
         Rescue(7, 3, State.FAILED, OVERDUE_ERROR),
     )
-    assert decide_stuck(row(timeout=50, started_at=919), NOW) is None
-    assert decide_stuck(row(attempt=3, max_retries=1), NOW) == (
+    assert decide_stuck(row(attempt=3, max_retries=1, lease_expires_at=lost), NOW) == (
         "exhausted_failed",
         Rescue(7, 3, State.FAILED, EXHAUSTED_ERROR),
     )
+    # a worker that still renews the lease is left alone, however late its task
+    assert decide_stuck(row(timeout=40, started_at=919), NOW) is None
+    assert decide_stuck(row(attempt=3, max_retries=1), NOW) is None
 
 
-def test_a_lost_lease_wins_over_the_other_rules():
-    got = decide_stuck(row(attempt=3, max_retries=1, timeout=1, lease_expires_at=999), NOW)
+def test_a_lost_lease_past_twice_its_timeout_is_failed_as_overdue_not_retried():
+    got = decide_stuck(row(attempt=1, max_retries=3, timeout=1, lease_expires_at=999), NOW)
+    assert got == ("overdue_failed", Rescue(7, 3, State.FAILED, OVERDUE_ERROR))
+    got = decide_stuck(row(attempt=2, max_retries=1, lease_expires_at=999), NOW)
     assert got == ("lost_leases_failed", Rescue(7, 3, State.FAILED, LOST_LEASE_ERROR))
 
 

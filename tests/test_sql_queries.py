@@ -35,6 +35,8 @@ SQLITE_ONLY = {
     "select_tasks": "the column list of every task read (PostgreSQL reads by name: SELECT *)",
     "status_of": "cancel reads the state first (PostgreSQL: guarded updates in one transaction)",
     "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
+    "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
+    "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
@@ -53,10 +55,12 @@ POSTGRES_ONLY = {
     "unsettled": "dependents a crashed completion left WAITING (SQLite settles in the same transaction)",
     "notify": "LISTEN/NOTIFY wake-ups (SQLite polls data_version)",
     "now": "the database clock (SQLite uses the store's Clock)",
+    "tx_now": "the transaction's clock, which tokens are charged at (SQLite uses the store's Clock)",
     "migration_0001": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0002": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0003": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0004": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from corral.core import validation as check
+from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.levels import Level
-from corral.core.model import LimitSpec, NewTask, TaskFilter, TaskRecord, dumps
+from corral.core.model import BreakerEvent, LimitSpec, NewTask, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
 from corral.engine.context import current
@@ -25,15 +29,33 @@ from corral.errors import (
     GroupDeadlock,
     QueueFull,
     ResultTimeout,
+    StoreError,
     TaskFailed,
     TaskNotFound,
     UnknownTask,
 )
 from corral.stores import Store, open_store
 
+
+def _duration(value: float | str, option: str) -> float:
+    """``"60s"``, ``"5m"``, ``"1h"`` or a number of seconds."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        unit = {"s": 1.0, "m": 60.0, "h": 3600.0}.get(text[-1:], None)
+        try:
+            return float(text[:-1]) * unit if unit is not None else float(text)
+        except ValueError:
+            raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}")
+    return float(value)
+
+
 if TYPE_CHECKING:
-    from corral.engine.worker import Worker
+    from corral.engine.worker import DrainReport, Worker
     from corral.stores.base import BatchSummary, FleetLevel
+
+log = logging.getLogger("corral.app")
 
 ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
@@ -59,6 +81,7 @@ class TaskDef:
     backoff: Backoff = Backoff()
     halt_group_on_failure: bool = False
     takes_ctx: bool = False
+    overlap_on_timeout: bool = False
     #: runs at the DEGRADED level, when only critical work does
     critical: bool = False
 
@@ -182,12 +205,24 @@ class App:
         permanent_on: Sequence[type[BaseException]] | None = None,
         backoff: Backoff | None = None,
         halt_group_on_failure: bool = False,
+        overlap_on_timeout: bool = False,
         critical: bool = False,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
-        ``critical=True`` keeps the task running at the DEGRADED level, when
-        the fleet runs only critical work."""
+        ``timeout`` (seconds) ends a run that takes longer. With
+        ``isolation="process"`` the task's child process is killed: the way
+        to a hard stop. A thread cannot be killed: a timed-out thread task is
+        abandoned, and its task keeps its lease, its group and its limits
+        until the thread really ends, so no retry and no next task of its
+        group starts meanwhile (the timeout is written then). A worker with
+        too many such threads stops claiming (``corral worker`` exits for its
+        supervisor to restart it). ``overlap_on_timeout=True`` writes the
+        timeout at once and frees the lane, letting a retry or the group's
+        next task run beside the abandoned thread. ``critical=True`` keeps the
+        task running at the DEGRADED level, when the fleet runs only critical
+        work.
+        """
 
         def register(f: Callable) -> TaskDef:
             if not callable(f):
@@ -224,6 +259,7 @@ class App:
                 backoff=backoff or Backoff(),
                 halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
+                overlap_on_timeout=overlap_on_timeout,
                 critical=critical,
             )
             self.registry[task_name] = tdef
@@ -231,9 +267,14 @@ class App:
 
         return register(fn) if fn is not None else register
 
-    def limit(self, name: str, *, concurrency: int | None = None, rate: str | None = None) -> None:
+    def limit(
+        self, name: str, *, concurrency: int | None = None, rate: str | None = None, burst: int | None = None
+    ) -> None:
         """Declare a named limit shared by every worker of this store.
 
+        ``concurrency`` caps the claims running at once; ``rate`` ("100/s",
+        "6000/m", "20/h") is a token bucket of at most ``burst`` tokens
+        (default: one second's worth) charged when a task starts, fleet-wide.
         A task may name a limit in ``@app.task(limits=[...])`` before or
         after it is declared; submitting it needs the limit declared, here
         or by another app of the same store."""
@@ -242,8 +283,52 @@ class App:
             check.integer(concurrency, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
         if rate is not None:
             check.text(rate, "a limit's rate")
-        self.store.set_limit(LimitSpec(name, concurrency, rate))
+        if burst is not None and rate is None:
+            raise ConfigError("a limit's burst needs a rate: app.limit(name, rate='100/s', burst=20)")
+        if rate is not None:
+            try:
+                parse_rate(rate, burst)
+            except ValueError as exc:
+                raise ConfigError(f"limit {name!r}: {exc}") from None
+        self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
         self._known_limits.add(name)
+
+    def breaker(
+        self,
+        name: str,
+        *,
+        failure_ratio: float = 0.5,
+        min_calls: int = 20,
+        window: float | str = "60s",
+        cooldown: float | str = "30s",
+        probes: int = 3,
+    ) -> None:
+        """A circuit breaker on a limit or a task name, shared by the fleet.
+
+        When at least ``failure_ratio`` of the last ``window``'s calls (and at
+        least ``min_calls``) failed, it opens: its tasks are not claimed (no
+        attempt burned) for ``cooldown``, then exactly ``probes`` run; if they
+        all succeed it closes, else it opens again for twice as long."""
+        check.text(name, "breaker name")
+        try:
+            cfg = BreakerConfig(
+                failure_ratio=failure_ratio,
+                min_calls=min_calls,
+                window=_duration(window, "window"),
+                cooldown=_duration(cooldown, "cooldown"),
+                probes=probes,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"breaker {name!r}: {exc}") from None
+        self.store.set_breaker(name, cfg)
+
+    def breaker_force(self, name: str, state: str, reason: str) -> BreakerEvent:
+        """Open (held until closed by hand) or close a breaker; logged with ``reason``."""
+        wanted = str(state).upper()
+        if wanted not in ("OPEN", "CLOSED", "CLOSE"):
+            raise ConfigError(f"a breaker is forced 'open' or 'close', not {state!r}")
+        target = BreakerState.OPEN if wanted == "OPEN" else BreakerState.CLOSED
+        return self.store.force_breaker(name, target, check.text(reason, "reason"))
 
     @property
     def task_names(self) -> frozenset[str]:
@@ -466,14 +551,15 @@ class App:
         return self.store.counts()
 
     # ---- running -----------------------------------------------------------------
-    def worker(self, concurrency: int = 10, **options: Any) -> Worker:
+    def worker(self, concurrency: int = 10, *, extra_hooks: Sequence[Hooks] = (), **options: Any) -> Worker:
         """Build (not start) a worker for this app's tasks: the one place a
         worker is assembled, for ``start``, ``run`` and ``corral worker``.
 
         Options are those of :class:`corral.engine.worker.Worker` (``queues``,
         ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...); bad ones
         raise ConfigError (concurrency is at most 1000 slots per process).
-        Results over this app's ``max_payload_bytes`` fail their task."""
+        Results over this app's ``max_payload_bytes`` fail their task.
+        ``extra_hooks`` watch this worker only, beside the app's own."""
         from corral.engine.worker import Worker
         from corral.flow.levels import LevelHooks
 
@@ -484,11 +570,15 @@ class App:
             critical_names=[n for n, t in self.registry.items() if t.critical],
             critical_queues=self.critical_queues,
         )
-        hooks = HookChain(self.hooks, levels)
+        hooks = HookChain(self.hooks, *extra_hooks, levels)
         return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
-        """Start an in-process worker with ``workers`` slots; returns at once."""
+        """Start an in-process worker with ``workers`` slots; returns at once.
+
+        If too many of its timed-out threads are still running
+        (``max_abandoned_threads``), the worker logs an error and stops
+        claiming: only ending the process ends a thread."""
         with self._lock:
             if self._worker is None:
                 self._worker = self.worker(workers, **options).start()
@@ -501,32 +591,37 @@ class App:
         until_idle: bool = False,
         grace: float = 30.0,
         sweep_interval: float | None = None,
+        extra_hooks: Sequence[Hooks] = (),
         **options: Any,
     ) -> bool:
         """Run a worker in the foreground until SIGTERM/SIGINT (or, with
-        ``until_idle``, until nothing is queued or running).
+        ``until_idle``, until it has nothing left it can run: see :meth:`drain`).
 
         The first signal stops claiming and gives in-flight tasks ``grace``
         seconds; what does not finish is handed back to the queue. A second
-        signal during the grace period exits at once with code 3. With
-        ``sweep_interval`` a sweeper runs beside it (one leader at a time
-        across the fleet). Returns True if nothing had to be handed back."""
+        signal during the grace period exits at once with code 3. If too many
+        timed-out threads are still running (``max_abandoned_threads``), it
+        stops the same way and exits with code 4 for its supervisor to restart
+        it. With ``sweep_interval`` a sweeper runs beside it (one leader at a
+        time across the fleet). ``extra_hooks`` watch this worker (metrics).
+        Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
         from corral.maintenance.levels import LevelKeeper
         from corral.maintenance.sweeper import Sweeper
 
-        worker = self.worker(workers, **options)
+        holder = options.pop("worker_id", None) or new_holder_id()
         sweeper = None
         if sweep_interval is not None:
             levels = LevelKeeper(self.store, queue_bound=self.max_queued)
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=worker.id, levels=levels)
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels)
+        worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:
                 raise ConfigError("this app already runs a worker in this process")
             self._worker = worker
         try:
             return run_until_signal(
-                worker, grace=grace, sweeper=sweeper, until=(lambda: self.drain(timeout=0)) if until_idle else None
+                worker, grace=grace, sweeper=sweeper, until=(lambda: worker.drain(timeout=0.2)) if until_idle else None
             )
         finally:
             self._worker = None
@@ -535,32 +630,53 @@ class App:
         return sum(self.store.active_counts().values())
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until nothing is queued, waiting or running; True if reached."""
+        """Wait until the work this process can do is done; True if reached.
+
+        With a worker here: nothing is in flight, and nothing of its queues
+        and task names is due and free to start (nor a retry of those due
+        before the deadline). Tasks of names it does not register, of other
+        queues, delayed ones, and those held behind their group or a limit are
+        not waited for, so a drain always ends. It keeps claiming: ``close``
+        stops it. With no worker here: nothing in the store is queued, waiting
+        or running (the work of other processes' workers)."""
         worker = self._worker
+        if worker is not None:
+            return worker.drain(timeout)
+        return poll_until(lambda: self.active_count() == 0, timeout, first=0.001)
 
-        def idle() -> bool:
-            return self.active_count() == 0 and (worker is None or worker.wait_idle(0))
-
-        return poll_until(idle, timeout, first=0.001)
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Refuse new submits, finish everything queued and in flight, stop,
+    def close(self, timeout: float | None = None) -> DrainReport:
+        """Refuse new submits, drain (see :meth:`drain`), stop the worker here,
         and close the store if this app opened it.
 
-        With no worker in this process, queued work stays in the store for
-        other workers. Returns False if ``timeout`` ran out first (what is
-        unfinished is handed back, never lost)."""
+        Returns a report, true when drained. At ``timeout`` what is in flight
+        is handed back to the queue (never lost), and the report counts it;
+        it also counts what was left in the store and why (other names or
+        queues, delayed, waiting, blocked), and the close logs it. With no
+        worker in this process, queued work stays in the store for other
+        workers."""
+        from corral.engine.worker import DrainReport
+
         if self._closed:
-            return True
+            return DrainReport()
         self._closed = True
-        drained = True
-        if self._worker is not None:
-            drained = self.drain(timeout)
-            self._worker.stop(grace=0 if not drained else 30.0)
+        report = DrainReport()
+        worker = self._worker
+        if worker is not None:
+            end = None if timeout is None else time.monotonic() + timeout
+            drained = worker.drain(timeout)
+            grace = 0.0 if not drained else 30.0 if end is None else max(0.0, end - time.monotonic())
+            clean = worker.stop(grace=grace)
+            try:
+                left = worker.leftovers()
+            except StoreError as exc:
+                log.warning("close: could not count the tasks left in the store: %s", exc)
+                left = {}
+            report = DrainReport(drained and clean, worker.handed_back, worker.abandoned_at_stop, left)
             self._worker = None
+            log.log(logging.INFO if report.drained else logging.WARNING, "app closed: %s", report.summary())
         if self._owns_store:
             self.store.close()
-        return drained
+        return report
 
     def __enter__(self) -> App:
         return self

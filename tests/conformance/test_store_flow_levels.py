@@ -56,6 +56,45 @@ def test_only_retries_chunks_stop_at_fresh_members(store):
     assert [len(c.tasks) for c in got] == [1] and got[0].tasks[0].id == head
 
 
+def test_only_retries_still_respects_rates(store, advance):
+    from corral.core.model import LimitSpec
+
+    store.set_limit(LimitSpec("api", rate="1/m", burst=1))
+    retry = _retrying(store, "t", limits=("api",))  # its first run took the one token
+    fresh = submit_one(store, "t", limits=("api",))
+    assert claim(store, 5, only_retries=True) == []  # no token yet: nothing claimed, nothing burned
+    assert store.get(retry).attempt == 1
+    advance(60)
+    assert claimed_ids(claim(store, 5, only_retries=True)) == [retry]
+    assert store.get(fresh).status == State.PENDING
+
+
+def test_only_retries_still_respects_a_paused_limit(store, advance):
+    from corral.core.model import LimitSpec
+
+    store.set_limit(LimitSpec("api", concurrency=5))
+    tid = submit_one(store, "t", limits=("api",))
+    rec = claim_one(store)
+    # a 429: the task snoozes (due at once) and its limit pauses for 30 s
+    assert finish(store, rec, State.RETRYING, run_at=store.now(), snooze=True, pause_limits=30.0, error="429")
+    assert store.get(tid).status == State.RETRYING
+    assert claim(store, 5, only_retries=True) == []
+    advance(31)
+    assert claimed_ids(claim(store, 5, only_retries=True)) == [tid]
+
+
+def test_only_retries_still_respects_breakers(store):
+    from corral.core.breaker import BreakerConfig, BreakerState
+
+    store.set_breaker("flaky", BreakerConfig(min_calls=4, probes=1))
+    retry = _retrying(store, "flaky")
+    store.force_breaker("flaky", BreakerState.OPEN, "partner outage")
+    assert claim(store, 5, only_retries=True) == []
+    assert store.get(retry).attempt == 1
+    store.force_breaker("flaky", BreakerState.CLOSED, "partner back")
+    assert claimed_ids(claim(store, 5, only_retries=True)) == [retry]
+
+
 # ---- fleet level and events ----------------------------------------------------
 
 
@@ -257,3 +296,21 @@ def test_level_keeper_counts_queue_depth_and_lost_leases(store):
     keeper = LevelKeeper(store, window=60.0)
     report = SweepReport(lost_leases_retried=list(range(5)))
     assert keeper.signals(store.now(), report).lease_losses_per_min == 5.0
+
+
+def test_level_keeper_counts_open_breakers_from_the_store(store):
+    from corral.core.breaker import BreakerConfig, BreakerState
+    from corral.core.levels import Level
+    from corral.maintenance.levels import LevelKeeper
+
+    for name in ("a", "b", "c"):
+        store.set_breaker(name, BreakerConfig())
+    keeper = LevelKeeper(store)
+    assert keeper.signals(store.now()).open_breakers == 0
+    store.force_breaker("a", BreakerState.OPEN, "outage")
+    assert keeper.signals(store.now()).open_breakers == 1
+    assert Level(keeper.tick().level) is Level.WARNING
+    store.force_breaker("b", BreakerState.OPEN, "outage")
+    assert Level(keeper.tick().level) is Level.DEGRADED
+    (ev, _) = store.events(kind="level")
+    assert json.loads(ev.data)["signals"]["open_breakers"] == 2

@@ -44,6 +44,8 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2
 #: A worker stopped at once by a second signal during its grace period.
 EXIT_FORCED = 3  # the same value as corral.engine.runner.EXIT_FORCED (a test holds them equal)
+#: A worker that stopped because too many of its timed-out task threads still ran: restart it.
+EXIT_ABANDONED = 4  # the same value as corral.engine.runner.EXIT_ABANDONED
 #: Interrupted by Ctrl-C (outside a worker, which handles it).
 EXIT_INTERRUPTED = 130
 
@@ -241,6 +243,7 @@ def _add_commands() -> None:
         tasks.cancel,
         tasks.retry,
         worker.sweep,
+        flow.breaker,
         flow.level,
         flow.dead,
         demo.dashboard,
@@ -286,5 +289,6 @@ __all__ = [
     "EXIT_ERROR",
     "EXIT_USAGE",
     "EXIT_FORCED",
+    "EXIT_ABANDONED",
     "EXIT_INTERRUPTED",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from corral.cli import one_line
+from corral.core import planning
 from corral.core.model import TaskRecord, loads
 from corral.core.states import FINAL, State
 
@@ -37,6 +38,16 @@ TABLE_FIELD_CHARS = 2_000
 JSON_FIELD_CHARS = 1_048_576
 #: The fields either bound applies to.
 BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message")
+
+
+def json_help(tail: str) -> str:
+    """Help of a ``--json`` option that prints task fields: how big ones are cut."""
+    return (
+        f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
+        f'{JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "truncated"; {tail}'
+    )
+
+
 #: Where ``corral status`` counts rows whose stored status names no state.
 UNKNOWN = "UNKNOWN"
 STATE_STYLE = {
@@ -319,6 +330,15 @@ def plan_dict(plan, example: bool) -> dict:
     return plan.as_dict() | {"example": example}
 
 
+def rate_text(qps: float) -> str:
+    """A QPS cap as a limit's rate: ``"100/s"``, or per minute or hour when below one a second."""
+    for per, unit in ((1, "s"), (60, "m"), (3600, "h")):
+        n = qps * per
+        if n >= 1 and abs(n - round(n)) < 1e-9:
+            return f"{round(n)}/{unit}"
+    return f"{max(1, int(qps * 3600))}/h"
+
+
 def print_plan(plan, example: bool) -> None:
     """A :class:`corral.core.planning.CapacityPlan`, part by part, and what to do with it."""
     from rich.table import Table
@@ -351,7 +371,16 @@ def print_plan(plan, example: bool) -> None:
                 ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
             ],
         )
-        advice.append(f'app.limit("downstream", concurrency={c.limit})  # shared by every worker of the store')
+        if c.qps >= 1:
+            advice.append(
+                planning.limit_advice(c.qps, c.latency_s, c.safety).line()
+                + "  # shared by every worker of the store; the rate keeps the safety margin"
+            )
+        else:
+            advice.append(
+                f'app.limit("downstream", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
+                "  # shared by every worker of the store"
+            )
     if plan.littles_law is not None:
         law = plan.littles_law
         rows = [

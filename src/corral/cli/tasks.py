@@ -176,9 +176,7 @@ def status(store_url, queue, batch, as_json):
     "--json",
     "as_json",
     is_flag=True,
-    help=f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
-    f"{render.JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "
-    '"truncated"; the table cuts it to ' + f"{render.TABLE_FIELD_CHARS}.",
+    help=render.json_help(f"the table cuts it to {render.TABLE_FIELD_CHARS}."),
 )
 def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, stale, as_json):
     """List tasks, newest first."""
@@ -211,9 +209,7 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
     "--json",
     "as_json",
     is_flag=True,
-    help=f"Print JSON instead of a table. A field (args, result, error, checkpoint) longer than "
-    f"{render.JSON_FIELD_CHARS} characters is cut to that and listed with its full length under "
-    '"truncated"; App.get(ID) in Python reads it whole.',
+    help=render.json_help("App.get(ID) in Python reads it whole."),
 )
 def show(task_id, store_url, as_json):
     """Every field of one task: state, progress, checkpoint, error.

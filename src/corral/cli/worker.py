@@ -23,6 +23,7 @@ from corral.cli import (
     store_option,
     store_url_of,
 )
+from corral.core.model import new_holder_id
 from corral.core.validation import CONCURRENCY_RANGE
 
 log = logging.getLogger("corral.cli")
@@ -81,8 +82,34 @@ def _setup_logging(level: str) -> None:
     show_default=True,
     help="Lease a running task holds; a crashed worker's tasks are recovered after it.",
 )
+@click.option(
+    "--max-abandoned-threads",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Timed-out task threads still running at which the worker stops and exits 4 to be restarted.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=1, max=65535),
+    help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (this process's counters; "
+    "the store-wide gauges from one worker of the fleet at a time).",
+)
 @log_level_option
-def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, sweep_interval, lease, log_level):
+def worker(
+    app_spec,
+    store_url,
+    concurrency,
+    queues,
+    chunk_size,
+    grace,
+    sweep,
+    sweep_interval,
+    lease,
+    max_abandoned_threads,
+    metrics_port,
+    log_level,
+):
     """Run tasks of APP (module:attribute, a corral.App) until SIGTERM.
 
     SIGTERM (or Ctrl-C) stops claiming, lets in-flight tasks finish within
@@ -93,6 +120,11 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
     A store that is damaged, not a database or of a newer corral stops the
     worker with one error line and exit status 1 (a locked or unreachable
     one is retried).
+
+    A thread cannot be killed: a timed-out thread task keeps its lease until
+    its thread ends. With --max-abandoned-threads such threads running, the
+    worker stops the same way as on SIGTERM and exits 4, for its supervisor
+    to restart it (isolation="process" tasks are killed on timeout instead).
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
@@ -111,13 +143,30 @@ def worker(app_spec, store_url, concurrency, queues, chunk_size, grace, sweep, s
         log.warning(
             "store %s lives in this process only: tasks submitted elsewhere never reach this worker", app.store.url
         )
+    holder = new_holder_id()
+    extra = []
+    if metrics_port is not None:
+        try:
+            from corral.edges import metrics
+        except ImportError:
+            raise CLIError("--metrics-port needs prometheus_client: pip install 'corral[metrics]'") from None
+        registry, watcher = metrics.worker_registry(app.store, holder)
+        try:
+            metrics.serve(registry, metrics_port)
+        except OSError as exc:
+            raise CLIError(f"--metrics-port {metrics_port}: {exc.strerror or exc}") from None
+        extra.append(watcher)
+        log.info("metrics at http://127.0.0.1:%d/metrics", metrics_port)
     app.run(
         concurrency,
+        worker_id=holder,
+        extra_hooks=extra,
         queues=queue_list,
         chunk_size=chunk_size,
         lease_seconds=lease_s,
         grace=grace,
         sweep_interval=sweep_s if sweep else None,  # on by default: a dead worker's group must not stay blocked
+        max_abandoned_threads=max_abandoned_threads,
     )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.
@@ -149,7 +198,7 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
     """Recover what crashed workers left: one pass, or --loop.
 
     A RUNNING task whose lease expired is retried (failed when it has no
-    retry left); one running past twice its timeout is failed; a PENDING
+    retry left, or when it ran past twice its timeout); a PENDING
     task a worker could have taken for longer than --stale-pending-age is
     canceled, its error saying so (`corral tasks --stale` lists them,
     `corral retry --stale` queues them again). A task waiting behind its

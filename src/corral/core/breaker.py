@@ -22,7 +22,7 @@ import enum
 import math
 from dataclasses import dataclass, replace
 
-from corral.core.retries import _status_of
+from corral.core.retries import http_status
 
 
 class BreakerState(str, enum.Enum):
@@ -197,9 +197,66 @@ def counts_as_failure(exc: BaseException | None, *, permanent: bool = False) -> 
     error (bad input, a bug) or a 401/403/429 answer does not."""
     if exc is None:
         return False
-    status = _status_of(exc)
+    status = http_status(exc)
     if status is not None:
         return status >= 500 or status == 408
     if isinstance(exc, TimeoutError | ConnectionError | OSError):
         return True
     return not permanent
+
+
+# ---- keeping a breaker in a store row -------------------------------------------------
+def config_to_json(cfg: BreakerConfig) -> str:
+    """The config as JSON text (a store keeps it beside the state)."""
+    import json
+
+    return json.dumps({f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, separators=(",", ":"))
+
+
+def config_from_json(text: str) -> BreakerConfig:
+    import json
+
+    return BreakerConfig(**json.loads(text))
+
+
+def state_to_json(b: Breaker) -> str:
+    """The state as JSON text: the state name, the window's slots, the cooldown and probes."""
+    import json
+
+    return json.dumps(
+        {
+            "state": b.state.value,
+            "slots": [list(s) for s in b.slots],
+            "opened_at": b.opened_at,
+            "cooldown": b.cooldown,
+            "probes_issued": b.probes_issued,
+            "probes_ok": b.probes_ok,
+            "forced": b.forced,
+        },
+        separators=(",", ":"),
+    )
+
+
+def state_from_json(text: str | None) -> Breaker:
+    import json
+
+    if not text:
+        return Breaker()
+    d = json.loads(text)
+    return Breaker(
+        state=BreakerState(d["state"]),
+        slots=tuple((int(s), int(ok), int(bad)) for s, ok, bad in d.get("slots", ())),
+        opened_at=d.get("opened_at"),
+        cooldown=d.get("cooldown"),
+        probes_issued=int(d.get("probes_issued", 0)),
+        probes_ok=int(d.get("probes_ok", 0)),
+        forced=bool(d.get("forced", False)),
+    )
+
+
+def give_back_probe(b: Breaker) -> Breaker:
+    """A probe ended without a verdict (snoozed, canceled, handed back): its
+    place goes back, so HALF_OPEN never waits forever for an answer."""
+    if b.state is BreakerState.HALF_OPEN and b.probes_issued > b.probes_ok:
+        return replace(b, probes_issued=b.probes_issued - 1)
+    return b

@@ -75,6 +75,7 @@ class TaskRecord:
     progress_message: str | None = None
     checkpoint: str | None = None  # JSON object {stage: data}, last stage last
     cancel_requested: bool = False
+    snoozes: int = 0  # times the task asked to run later (Retry), attempts given back
 
     @property
     def result_value(self) -> Any:
@@ -122,6 +123,13 @@ class Outcome:
     attempt: int | None = None  # when set, the stored attempt count becomes this (wins over burn_attempt)
     started_at: float | None = None
     finished_at: float | None = None
+    #: RETRYING that gives the attempt back and counts a snooze instead (``Retry``)
+    snooze: bool = False
+    #: pause every limit of the task for this many seconds (a 429 with Retry-After)
+    pause_limits: float | None = None
+    #: for breakers on the task's name or limits: True a failure, False a success,
+    #: None no verdict (canceled, snoozed, handed back)
+    breaker_failure: bool | None = None
 
 
 @dataclass(slots=True)
@@ -134,7 +142,22 @@ class SubmitResult:
 class LimitSpec:
     name: str
     concurrency: int | None = None
-    rate: str | None = None
+    rate: str | None = None  # "100/s", "6000/m", "20/h": a token bucket shared by the fleet
+    burst: int | None = None  # tokens saved up at most (default: one second's worth)
+    paused_until: float | None = None  # read only: set by a 429 with Retry-After
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerEvent:
+    """One change of a breaker's state, with why and the counts behind it."""
+
+    at: float
+    name: str
+    before: str
+    after: str
+    reason: str
+    calls: int
+    failures: int
 
 
 @dataclass(slots=True)

@@ -122,6 +122,34 @@ def concurrency_limit(qps: float, latency_s: float, safety: float = DEFAULT_SAFE
     return ConcurrencyLimit(qps, latency_s, safety, 1.0 / latency_s, theoretical, limit)
 
 
+@dataclass(frozen=True, slots=True)
+class LimitAdvice:
+    """A limit that holds a downstream's QPS cap with a token bucket.
+
+    The safety margin goes into the rate (``qps x safety`` a second); the
+    burst is what is left under the cap (``qps - rate``), so no sliding
+    second ever sees more than the cap; the concurrency is what is in flight
+    at the cap (``qps x latency``), enough to reach the rate even when calls
+    slow down by up to ``1 / safety``."""
+
+    concurrency: int
+    rate_per_s: int
+    burst: int
+
+    def line(self, name: str = "downstream") -> str:
+        return f'app.limit("{name}", concurrency={self.concurrency}, rate="{self.rate_per_s}/s", burst={self.burst})'
+
+
+def limit_advice(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -> LimitAdvice:
+    """The ``app.limit(...)`` to declare for a downstream capped at ``qps``."""
+    _positive("qps", qps)
+    _positive("latency", latency_s)
+    rate = max(1, math.floor(qps * safety + _EPS))
+    burst = max(1, math.floor(qps - rate + _EPS))
+    concurrency = max(1, math.ceil(qps * latency_s - _EPS))
+    return LimitAdvice(concurrency, rate, burst)
+
+
 # ---- (b) Little's law ------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class LittlesLaw:

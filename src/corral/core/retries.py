@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from corral.core.validation import MAX_DURATION, seconds
 from corral.errors import PermanentError, Retry
 
+#: How many times a task may ask to run later (``Retry``, a 429 with
+#: Retry-After under a limit) before it fails: a snooze burns no attempt, so
+#: without a cap a task that always snoozes would never end.
+MAX_SNOOZES = 100
+
 #: HTTP statuses that say "try again later".
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: Exceptions that are bugs or bad input: retrying cannot help.
@@ -48,7 +53,7 @@ class Backoff:
         return raw + (rng or random).uniform(0.0, raw * self.jitter)
 
 
-def _status_of(exc: BaseException) -> int | None:
+def http_status(exc: BaseException) -> int | None:
     for attr in ("status_code", "status"):
         value = getattr(exc, attr, None)
         if isinstance(value, int):
@@ -73,7 +78,7 @@ def is_retryable(
         return True
     if isinstance(exc, PermanentError):
         return False
-    status = _status_of(exc)
+    status = http_status(exc)
     if status is not None:
         return status in RETRYABLE_STATUS
     if retry_on is not None:

@@ -1,16 +1,25 @@
 """How one task body runs: in the slot's thread, on an event loop, or in a child process.
 
 Only the process executor can be stopped from outside: Python threads cannot
-be killed safely, so a timed-out thread task is abandoned and its late result
-is discarded by the store's version check.
+be killed safely, so a timed-out thread task is abandoned (the worker keeps
+its task leased until the thread ends).
+
+A child process dies with its worker: were it to outlive a killed worker, the
+sweeper would re-queue its task once the lease expired and another worker
+would run it while the orphan still ran. On Linux the kernel kills the child
+when the worker goes (``PR_SET_PDEATHSIG``); everywhere, a thread in the
+child ends it when its pipe to the worker breaks or it is re-parented.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import multiprocessing
 import os
+import select
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -84,7 +93,46 @@ class _ChildContext(CheckpointView):
         self._conn.send(("checkpoint", stage, text))
 
 
-def _child_main(conn, fn, takes_ctx, args, kwargs, meta, rules) -> None:
+#: Exit code of a child that ended itself because its worker was gone.
+EXIT_ORPHANED = 70
+_PR_SET_PDEATHSIG = 1
+#: How often the child's watcher looks for a change of parent (its pipe wakes it at once).
+_WATCH_EVERY = 0.5
+
+
+def _die_with_parent(parent_pid: int, conn: Any) -> None:
+    """Make this child end when the worker that forked it ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no usable libc: the watcher below still ends the child
+            pass
+    # The worker may have died before prctl took effect: the signal would never come.
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_ORPHANED)
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid, conn.fileno()), name="corral-parent-watch", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int, fd: int) -> None:
+    """End the child when the worker's end of its pipe closes (the pipe reports
+    an error to its writer once no reader is left) or it is re-parented.
+    Re-parenting is also checked because a sibling child may hold a copy of
+    the worker's end, inherited at its fork."""
+    poller = select.poll()
+    poller.register(fd, 0)  # errors and hang-ups are always reported
+    while True:
+        events = poller.poll(_WATCH_EVERY * 1000)
+        if any(ev & select.POLLNVAL for _, ev in events):
+            return  # the child closed the pipe itself: it is finishing
+        if events or os.getppid() != parent_pid:
+            os._exit(EXIT_ORPHANED)
+
+
+def _child_main(conn, parent_pid, fn, takes_ctx, args, kwargs, meta, rules) -> None:
+    _die_with_parent(parent_pid, conn)
     os.setpgrp() if hasattr(os, "setpgrp") else None
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -127,8 +175,10 @@ class ProcessRun:
         self._on_message = on_message
         self.killed_for: str | None = None
         rules = (retry_on, permanent_on)  # the child judges its error by the task's own rules
+        # The kernel's death signal follows the thread that forks: the slot
+        # thread, which waits here for the child to end.
         self.proc = self._ctx.Process(
-            target=_child_main, args=(child, fn, takes_ctx, args, kwargs, meta, rules), daemon=True
+            target=_child_main, args=(child, os.getpid(), fn, takes_ctx, args, kwargs, meta, rules), daemon=True
         )
         self.proc.start()
         child.close()

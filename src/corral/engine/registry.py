@@ -31,6 +31,8 @@ class TaskSpec(Protocol):
     def permanent_on(self) -> tuple[type[BaseException], ...]: ...
     @property
     def backoff(self) -> Backoff: ...
+    @property
+    def overlap_on_timeout(self) -> bool: ...  # a timed-out thread frees its lane at once
 
 
 #: Task name -> definition. The worker claims only names found here.

@@ -7,7 +7,11 @@ The one place that turns signals into a worker's life cycle, used by
   ``grace`` seconds to finish; what does not finish is handed back;
 - a second one during the grace period ends the process at once with
   :data:`EXIT_FORCED` (the sweeper recovers its tasks when their leases
-  expire).
+  expire);
+- a worker that stopped claiming because too many of its timed-out threads
+  still run (``Worker.halted``) is stopped the same way as by a first signal,
+  and the process exits with :data:`EXIT_ABANDONED`: only a process exit
+  ends a thread, so its supervisor should restart it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ log = logging.getLogger("corral.worker")
 
 #: Exit code of a worker stopped at once by a second signal during its grace period.
 EXIT_FORCED = 3
+#: Exit code of a worker that stopped because too many timed-out threads still ran.
+EXIT_ABANDONED = 4
 
 
 class StopSignals:
@@ -128,13 +134,13 @@ def run_until_signal(
             ",".join(sorted(worker.registry)),
         )
         while state["phase"] == "running" and worker.fatal is None:
-            if until is not None and until():
+            if worker.halted.is_set() or (until is not None and until()):
                 break
-            wait = check_every
             if signals is not None:
-                signals.wait(wait)
+                signals.wait(check_every)
             else:
                 time.sleep(check_every)
+        state["phase"] = "stopping"  # a signal from here on is a second one
         if sweeper is not None:
             sweeper.stop()
         t0 = time.monotonic()
@@ -148,4 +154,11 @@ def run_until_signal(
         )
         if worker.fatal is not None:
             raise worker.fatal  # the store cannot be used: `corral worker` exits 1 with this line
-        return clean
+    if worker.halted.is_set():
+        log.error(
+            "worker %s: exiting with code %d so that its supervisor restarts it and its timed-out threads end",
+            worker.id,
+            EXIT_ABANDONED,
+        )
+        raise SystemExit(EXIT_ABANDONED)
+    return clean

@@ -7,9 +7,14 @@ Threads, each with one job:
 - *slots* run a unit's tasks in order and report outcomes;
 - the *watchdog* times out overdue tasks without their help (a hung task
   cannot be trusted to notice) and replaces an abandoned slot so concurrency
-  holds;
+  holds. A timed-out thread cannot be stopped, so its task keeps its lease
+  (renewed by the heartbeat) and its group and limits stay held until the
+  thread really ends; only then is the timeout written. Too many such
+  threads (``max_abandoned_threads``) and the worker stops claiming: only a
+  process exit ends a thread;
 - the *heartbeat* renews leases every third of the lease and, in between,
-  looks for cancel requests of the tasks running here every second;
+  looks for cancel requests of the tasks running here every second; about
+  once a minute it also warns of queued tasks no worker here can claim;
 - the *completer* (durable stores) writes outcomes in batches; a unit of a
   group or under a limit frees its slot only once its outcomes are written;
 - an optional *sweeper* loop, one leader at a time across the fleet.
@@ -36,15 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core import validation
+from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskRecord, dumps, new_holder_id
-from corral.core.retries import is_retryable, retry_delay
+from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
+from corral.core.retry_after import retry_after
 from corral.core.states import State
 from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, PermanentError, StoreCorrupt, StoreError
+from corral.errors import Canceled, ChildFailed, PermanentError, Retry, StoreCorrupt, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -54,6 +61,46 @@ _CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError
 #: Writing outcomes through a store outage: tries, and the longest pause between them.
 _COMPLETE_TRIES = 5
 _COMPLETE_MAX_PAUSE = 5.0
+#: Timed-out task threads still running before a worker stops claiming.
+DEFAULT_MAX_ABANDONED_THREADS = 10
+#: Rows read per queue by the check for queued tasks no worker here registers.
+_STRAY_SCAN = 200
+#: Rows read per state when a drain reports what it left in the store.
+_LEFT_SCAN = 1000
+
+
+@dataclass
+class DrainReport:
+    """What a drain or a close left unfinished; true when nothing was.
+
+    ``left`` counts queued tasks this worker could not run now, by reason:
+    ``unregistered`` (a name this worker does not register), ``other_queue``,
+    ``delayed`` (due later), ``waiting`` (on dependencies) and ``blocked``
+    (behind their group's head or a limit, or a retry due later).
+    """
+
+    drained: bool = True
+    handed_back: int = 0  # tasks in flight here, given back to the queue
+    abandoned_threads: int = 0  # timed-out threads still running, their tasks leased
+    left: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.drained
+
+    def summary(self) -> str:
+        """One line for the log."""
+        head = "drained" if self.drained else "not drained (timeout)"
+        parts = [f"{n} {why}" for why, n in sorted(self.left.items()) if n]
+        left = f"; left in the store: {', '.join(parts)}" if parts else ""
+        extra = ""
+        if self.handed_back:
+            extra += f"; {self.handed_back} in-flight task(s) handed back"
+        if self.abandoned_threads:
+            extra += (
+                f"; {self.abandoned_threads} timed-out thread(s) still running"
+                " (their tasks stay leased until the lease runs out)"
+            )
+        return head + left + extra
 
 
 @dataclass(eq=False)
@@ -61,6 +108,7 @@ class _Unit:
     claim: Claim
     done: bool = False  # accounting settled (by its slot or by the watchdog)
     lost: bool = False  # lease gone, or handed back at shutdown: start nothing more
+    slot_freed: bool = False  # its slot was replaced (a timed-out thread): not counted in flight
     begun: int = -1  # index of the last task this unit's slot committed to run
     #: chunk members started here whose start the store has not recorded yet:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
@@ -78,6 +126,8 @@ class _Run:
     finished: bool = False
     proc: ProcessRun | None = None
     future: Any = None
+    #: written when an abandoned thread really ends (None: write nothing then)
+    late_outcome: Outcome | None = None
 
 
 class Worker:
@@ -105,6 +155,8 @@ class Worker:
         completer_window: float = 0.005,
         cancel_poll_interval: float = 1.0,
         max_payload_bytes: int = validation.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_abandoned_threads: int = DEFAULT_MAX_ABANDONED_THREADS,
+        stray_check_interval: float = 60.0,
     ):
         validation.worker_options(
             concurrency=concurrency,
@@ -116,6 +168,7 @@ class Worker:
             completer_window=completer_window,
             sweep_interval=sweep_interval,
         )
+        validation.integer(max_abandoned_threads, "max_abandoned_threads", (1, 10_000))
         self.max_payload_bytes = validation.max_payload_bytes(max_payload_bytes)
         self.store = store
         self.registry = registry
@@ -151,6 +204,21 @@ class Worker:
         self._sweeper: Any = None
         #: Set when the store failed for good (damaged, foreign, too new): the worker stopped claiming.
         self.fatal: StoreCorrupt | None = None
+        #: timed-out task threads still running here; at this many the worker stops claiming
+        self.max_abandoned_threads = max_abandoned_threads
+        self._abandoned: dict[int, _Run] = {}
+        #: set when the worker stopped claiming because of its abandoned threads
+        self.halted = threading.Event()
+        #: tasks handed back by the last stop, and timed-out threads it left running
+        self.handed_back = 0
+        self.abandoned_at_stop = 0
+        # drain: claims begun, the last one that found nothing with nothing in flight
+        self._claim_seq = 0
+        self._quiet_seq = 0
+        self._draining = 0
+        self.stray_check_interval = stray_check_interval
+        self._strays_seen: set[tuple[str, str]] = set()
+        self._stray_checks = 0
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -196,15 +264,26 @@ class Worker:
             return False
         return self._flush(None if end is None else max(0.0, end - time.monotonic()))
 
+    @property
+    def abandoned_threads(self) -> int:
+        """Timed-out task threads still running here (their tasks stay leased)."""
+        return len(self._abandoned)
+
     def stop(self, grace: float = 30.0) -> bool:
         """Stop claiming, let in-flight work finish for ``grace`` seconds, hand
-        back what did not, and stop. Returns True if nothing had to be handed back."""
+        back what did not, and stop. Returns True if nothing had to be handed back.
+
+        A timed-out thread still running is not waited for: its task keeps its
+        lease, unrenewed, so the sweeper recovers it once the lease runs out
+        (by then a worker process that exits has ended the thread)."""
         self._stop_claiming.set()
         with self._cond:
             self._cond.notify_all()
         clean = self.wait_idle(grace)
+        self.handed_back = 0
         if not clean:
             self._hand_back_all()
+        self._let_go_abandoned()
         self._flush(10.0)
         self._stopped.set()
         if self._sweeper is not None:
@@ -216,6 +295,90 @@ class Worker:
             if t.name != "corral-completer":
                 t.join(self.poll_interval + 2.0)
         return clean
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until this worker has nothing left it can run now; True if reached.
+
+        Drained means: nothing is in flight here, every outcome is written, a
+        claim made after this call found nothing (so nothing of this worker's
+        queues and task names is due and free to start), and no retry of
+        those is due before the deadline (with no timeout: none at all).
+        Tasks of other names or queues, delayed ones and those held behind
+        their group or a limit are not waited for; :meth:`leftovers` counts
+        them. A timed-out thread still running is not waited for either.
+        Claiming goes on: :meth:`stop` ends it."""
+        end = None if timeout is None else time.monotonic() + timeout
+        horizon = None if timeout is None else self.store.now() + timeout
+
+        def left() -> float | None:
+            return None if end is None else max(0.0, end - time.monotonic())
+
+        with self._cond:
+            self._draining += 1
+            since = [self._claim_seq]  # a claim begun after this found nothing
+            self._cond.notify_all()
+        try:
+            while True:
+                with self._cond:
+                    ok = self._cond.wait_for(lambda: self._quiet_seq > since[0] or self._claims_over(), left())
+                    since[0] = self._claim_seq
+                if not ok or not self._flush(left()):
+                    return False
+                due = self._retries_due(horizon)
+                if due is None:
+                    return True
+                pause = 0.05 if end is None else min(0.05, end - time.monotonic())
+                if pause <= 0:
+                    return False
+                self._stopped.wait(pause)
+        finally:
+            with self._cond:
+                self._draining -= 1
+
+    def _claims_over(self) -> bool:
+        """No claim will come (stopped or halted) and nothing is in flight."""
+        return self._stop_claiming.is_set() and self._inflight == 0
+
+    def _retries_due(self, horizon: float | None) -> float | None:
+        """The earliest retry of this worker's tasks due by ``horizon``
+        (store time; None: any), or None if there is none."""
+        names = frozenset(self.registry)
+        earliest: float | None = None
+        for q in self.queues:
+            try:
+                rows = self.store.list_tasks(
+                    TaskFilter(status=State.RETRYING, queue=q, limit=_LEFT_SCAN, newest_first=False)
+                )
+            except StoreError as exc:
+                log.warning("drain: reading retries failed: %s", exc)
+                return time.monotonic()
+            for r in rows:
+                due = r.run_at or 0.0
+                if r.name in names and (horizon is None or due <= horizon):
+                    earliest = due if earliest is None else min(earliest, due)
+        return earliest
+
+    def leftovers(self) -> dict[str, int]:
+        """Count queued tasks this worker cannot run now, by reason (see :class:`DrainReport`).
+
+        Reads at most a bounded number of rows per state: a count, not an inventory."""
+        names = frozenset(self.registry)
+        now = self.store.now()
+        left: dict[str, int] = {}
+        for status in (State.PENDING, State.RETRYING, State.WAITING):
+            for r in self.store.list_tasks(TaskFilter(status=status, limit=_LEFT_SCAN, newest_first=False)):
+                if r.name not in names:
+                    why = "unregistered"
+                elif r.queue not in self.queues:
+                    why = "other_queue"
+                elif status is State.WAITING:
+                    why = "waiting"
+                elif r.run_at is not None and r.run_at > now:
+                    why = "delayed"
+                else:
+                    why = "blocked"
+                left[why] = left.get(why, 0) + 1
+        return left
 
     def cancel_local(self, task_id: int) -> None:
         """Apply a cancel request to a task running here, without waiting for the heartbeat."""
@@ -242,8 +405,13 @@ class Worker:
         names = frozenset(self.registry)
         while not self._stop_claiming.is_set():
             policy: DispatchPolicy = self._hook("dispatch")
-            if policy.max_units is None:
-                self.store.wait_for_work(self.poll_interval)
+            if policy.max_units is None:  # paused: nothing can run now, as far as a drain is concerned
+                with self._cond:
+                    self._claim_seq += 1
+                    if self._inflight == 0:
+                        self._quiet_seq = self._claim_seq
+                        self._cond.notify_all()
+                self.store.wait_for_work(self._idle_wait())
                 continue
             with self._cond:
                 cap = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
@@ -251,6 +419,9 @@ class Worker:
                 if free <= 0:
                     self._cond.wait(self.poll_interval)
                     continue
+                self._claim_seq += 1
+                seq = self._claim_seq
+                quiet = self._inflight == 0  # an empty claim now means nothing here can run
                 # reserve the slots this claim may fill, so nothing else
                 # counts them free while the claim is under way
                 want = min(free, policy.max_units)
@@ -267,12 +438,14 @@ class Worker:
                 log.warning("claim failed, will retry: %s", exc)
             with self._cond:
                 self._inflight -= want - len(claims or ())
+                if claims == [] and quiet:
+                    self._quiet_seq = max(self._quiet_seq, seq)
                 self._cond.notify_all()
             if claims is None:
                 self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
                 continue
             if not claims:
-                self.store.wait_for_work(self.poll_interval)
+                self.store.wait_for_work(self._idle_wait())
                 continue
             self._hook("on_claims", self.id, claims)
             for c in claims:
@@ -310,6 +483,11 @@ class Worker:
             )
         return claims
 
+    def _idle_wait(self) -> float:
+        """How long an idle dispatcher waits for work: briefly while a drain
+        waits for a claim to find nothing."""
+        return min(self.poll_interval, 0.02) if self._draining else self.poll_interval
+
     def _release(self, unit: _Unit) -> None:
         """Free a unit's slot; for a group or a limit, only once its outcomes
         are in the store, so the next claim already sees them free (no empty
@@ -327,8 +505,10 @@ class Worker:
             if unit.done:
                 return False
             unit.done = True
+            counted = not unit.slot_freed
         with self._cond:
-            self._inflight -= 1
+            if counted:
+                self._inflight -= 1
             self._units.discard(unit)
             self._cond.notify_all()
         return True
@@ -418,7 +598,9 @@ class Worker:
             too_big = validation.payload_problem(result, self.max_payload_bytes, "the result")
             if too_big is not None:
                 raise PermanentError(too_big)
-            outcome = Outcome(rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at)
+            outcome = Outcome(
+                rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at, breaker_failure=False
+            )
         except _CANCELED:
             outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
         except TimeoutError as exc:
@@ -433,21 +615,33 @@ class Worker:
             self._runs.pop(rec.id, None)
         if rec.id in unit.uncounted:
             outcome.attempt = rec.attempt
+        late = None
         with unit.lock:
-            if run.abandoned:
-                return None
             run.finished = True
+            if run.abandoned:
+                late, run.late_outcome = run.late_outcome, None
+        if run.abandoned:
+            if late is not None:  # the lane was held for this thread: free it now
+                self._abandoned.pop(rec.id, None)
+                log.info("task %s (%s): its timed-out thread ended; writing the timeout", rec.id, rec.name)
+                self._write(late)
+                self._release(unit)
+            return None
         self._write(outcome)
         return outcome.status
 
     def _failure_outcome(
         self, rec: TaskRecord, token: str, exc: BaseException, tdef: TaskSpec | None, started_at: float
     ) -> Outcome:
+        snooze = self._snooze_outcome(rec, token, exc, started_at)
+        if snooze is not None:
+            return snooze
         if isinstance(exc, ChildFailed):
             retryable, text = exc.retryable, exc.text
         else:
             retryable = tdef is not None and is_retryable(exc, tdef.retry_on, tdef.permanent_on)
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        verdict = counts_as_failure(exc, permanent=not retryable)
         if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
             return Outcome(
@@ -458,10 +652,47 @@ class Worker:
                 error=text,
                 run_at=self.store.now() + delay,
                 started_at=started_at,
+                breaker_failure=verdict,
             )
         if retryable and rec.max_retries:
             text = f"{text} (gave up after {rec.attempt} attempts)"
-        return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
+        return Outcome(
+            rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
+        )
+
+    def _snooze_outcome(self, rec: TaskRecord, token: str, exc: BaseException, started_at: float) -> Outcome | None:
+        """``Retry`` (and a 429 with Retry-After under a limit) runs the task
+        again later without counting a failure: the attempt is given back and a
+        snooze counted, up to MAX_SNOOZES. A 429 also pauses the task's limits
+        fleet-wide for as long as the downstream asked."""
+        pause = None
+        if isinstance(exc, Retry):
+            now = self.store.now()
+            after = retry_delay(exc, rec.snoozes + 1, Backoff())  # no ``after``: a growing pause
+            reason = str(exc)
+        elif rec.limits and http_status(exc) == 429:
+            now = self.store.now()
+            ra = retry_after(exc, now)
+            if ra is None:
+                return None
+            after = pause = ra
+            reason = f"429 from downstream: retry after {ra:g}s"
+        else:
+            return None
+        if rec.snoozes >= MAX_SNOOZES:
+            text = f"asked to run later {rec.snoozes} times, the most a task may (last: {reason})"
+            return Outcome(rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at)
+        return Outcome(
+            rec.id,
+            token,
+            rec.version,
+            State.RETRYING,
+            error=reason,
+            run_at=now + after,
+            started_at=started_at,
+            snooze=True,
+            pause_limits=pause,
+        )
 
     def _timeout_outcome(self, rec: TaskRecord, token: str, started_at: float) -> Outcome:
         text = f"timed out after {rec.timeout:g}s (attempt {rec.attempt})"
@@ -477,7 +708,9 @@ class Worker:
                 run_at=self.store.now() + delay,
                 started_at=started_at,
             )
-        return Outcome(rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at)
+        return Outcome(
+            rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at, breaker_failure=True
+        )
 
     def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
         if msg[0] == "progress":
@@ -494,14 +727,15 @@ class Worker:
         """After the grace period: give every unfinished task back, attempts intact.
 
         A task under way is abandoned (its process killed) and given back; its
-        thread, if it ever returns, writes nothing."""
+        thread, if it ever returns, writes nothing. A timed-out thread's task
+        is left to :meth:`_let_go_abandoned`."""
         with self._cond:
             units = list(self._units)
         token_tasks: list[tuple[_Unit, list[TaskRecord]]] = []
         for unit in units:
             tasks = unit.claim.tasks
             with unit.lock:
-                if unit.done:
+                if unit.done or unit.slot_freed:
                     continue
                 unit.lost = True  # its slot starts nothing more
                 if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt
@@ -509,6 +743,7 @@ class Worker:
                     self._write(
                         Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1)
                     )
+                    self.handed_back += 1
                     rest = tasks[1:]
                 else:
                     run = self._runs.get(tasks[unit.begun].id)
@@ -520,11 +755,34 @@ class Worker:
                         self._write(
                             Outcome(rec.id, unit.claim.token, rec.version, State.PENDING, attempt=rec.attempt - 1)
                         )
+                        self.handed_back += 1
                     rest = tasks[unit.begun + 1 :]
             token_tasks.append((unit, rest))
         for unit, rest in token_tasks:
             self._hand_back(unit, rest, unit.claim.token)
+            self.handed_back += len(rest)
             self._release(unit)
+
+    def _let_go_abandoned(self) -> None:
+        """At stop: timed-out threads still running keep their tasks' leases,
+        no longer renewed; the sweeper recovers the tasks when the leases run
+        out. Writing their outcome now would let another worker start a task
+        whose thread may still run here."""
+        runs = list(self._abandoned.values())
+        self.abandoned_at_stop = len(runs)
+        for run in runs:
+            with run.unit.lock:
+                run.late_outcome = None  # a thread that ends after this writes nothing
+            self._abandoned.pop(run.record.id, None)
+            self._settle(run.unit)
+        if runs:
+            log.warning(
+                "worker %s: %d timed-out task thread(s) still running at stop: task(s) %s stay leased"
+                " until the lease runs out, then the sweeper recovers them",
+                self.id,
+                len(runs),
+                ", ".join(str(r.record.id) for r in runs),
+            )
 
     # ---- writing outcomes ------------------------------------------------------
     def _write(self, outcome: Outcome) -> None:
@@ -596,7 +854,7 @@ class Worker:
             now = self.clock.monotonic()
             next_check = 0.05
             for run in list(self._runs.values()):
-                if run.deadline is None or run.finished:
+                if run.deadline is None or run.finished or run.abandoned:
                     continue
                 if run.deadline <= now:
                     self._time_out(run)
@@ -605,30 +863,70 @@ class Worker:
             self._stopped.wait(max(0.005, next_check))
 
     def _time_out(self, run: _Run) -> None:
+        """Time out a thread task. Its thread cannot be stopped, so by default
+        the task keeps its lease (and so its group and limits) until the
+        thread really ends, and only then is the timeout written; the slot is
+        replaced so concurrency holds. A task with ``overlap_on_timeout``
+        gets its outcome at once and frees its lane."""
         unit = run.unit
+        rec = run.record
+        tdef = self.registry.get(rec.name)
+        overlap = bool(getattr(tdef, "overlap_on_timeout", False))
+        outcome = self._timeout_outcome(rec, unit.claim.token, self.clock.time() - (rec.timeout or 0))
+        if rec.id in unit.uncounted:
+            outcome.attempt = rec.attempt
         with unit.lock:
             if run.finished or run.abandoned or unit.done:
                 return
             run.abandoned = True
             unit.lost = True  # the rest of the chunk is handed back below
-        rec = run.record
-        log.warning("task %s (%s) timed out after %ss; abandoning its thread", rec.id, rec.name, rec.timeout)
+            if not overlap:
+                run.late_outcome = outcome
+                unit.slot_freed = True
+                self._abandoned[rec.id] = run
         if run.future is not None:
             run.future.cancel()
-        self._runs.pop(rec.id, None)
-        outcome = self._timeout_outcome(rec, unit.claim.token, self.clock.time() - (rec.timeout or 0))
-        if rec.id in unit.uncounted:
-            outcome.attempt = rec.attempt
-        self._write(outcome)
         self._hand_back(unit, unit.claim.tasks[unit.begun + 1 :], unit.claim.token)
+        if overlap:
+            log.warning("task %s (%s) timed out after %ss; abandoning its thread", rec.id, rec.name, rec.timeout)
+            self._runs.pop(rec.id, None)
+            self._write(outcome)
+            self._spawn_slot()
+            self._release(unit)
+            return
+        held = len(self._abandoned)
+        log.warning(
+            "task %s (%s) timed out after %ss; its thread cannot be stopped, so the task stays leased"
+            " until it ends (%d timed-out thread(s) running here; isolation='process' stops a task hard)",
+            rec.id,
+            rec.name,
+            rec.timeout,
+            held,
+        )
+        if held >= self.max_abandoned_threads and not self.halted.is_set():
+            log.error(
+                "worker %s: %d timed-out task threads still running (max_abandoned_threads=%d); it stops"
+                " claiming. Only a process exit ends a thread: restart this worker",
+                self.id,
+                held,
+                self.max_abandoned_threads,
+            )
+            self.halted.set()
+            self._stop_claiming.set()  # before the slot is freed, so nothing is claimed into it
         self._spawn_slot()
-        self._release(unit)
+        with self._cond:
+            self._inflight -= 1  # the unit stays in _units: the heartbeat keeps its lease
+            self._cond.notify_all()
 
     def _heartbeat_loop(self) -> None:
         # Renewals follow the clock leases are measured on; the loop itself
         # wakes on real time, at least once a second.
         next_renewal = self.clock.monotonic() + self.heartbeat_interval
+        next_stray_check = time.monotonic() + min(self.stray_check_interval, 5.0)
         while not self._stopped.wait(min(self.cancel_poll_interval, self.heartbeat_interval)):
+            if time.monotonic() >= next_stray_check:
+                next_stray_check = time.monotonic() + self.stray_check_interval
+                self._check_strays()
             if self.clock.monotonic() < next_renewal:
                 self._poll_cancels()
                 continue
@@ -665,3 +963,31 @@ class Worker:
             return
         for tid in asked:
             self.cancel_local(tid)
+
+    def _check_strays(self) -> None:
+        """Warn, once per name and queue, of queued tasks this worker cannot
+        claim because it does not register their name: they wait, and hold
+        their groups, until a worker that does comes along."""
+        self._stray_checks += 1
+        names = frozenset(self.registry)
+        for q in self.queues:
+            try:
+                rows = self.store.list_tasks(
+                    TaskFilter(status=State.PENDING, queue=q, limit=_STRAY_SCAN, newest_first=False)
+                )
+            except StoreError:  # the next check tries again
+                return
+            strays: dict[str, int] = {}
+            for r in rows:
+                if r.name not in names and (r.name, q) not in self._strays_seen:
+                    strays[r.name] = strays.get(r.name, 0) + 1
+            for name, n in sorted(strays.items()):
+                self._strays_seen.add((name, q))
+                log.warning(
+                    "queue %r holds %d%s pending task(s) named %r, a name this worker does not register:"
+                    " it cannot run them, and they hold their groups until a worker that registers it runs",
+                    q,
+                    n,
+                    "+" if len(rows) >= _STRAY_SCAN else "",
+                    name,
+                )

@@ -12,7 +12,8 @@ Signals, each a bounded read:
 * failing kinds: task names whose newest outcomes in ``window`` are
   ``in_a_row`` failures with no success after them (``Store.failing_kinds``,
   from the dead-letter index);
-* open breakers: ``open_breakers()``, 0 until breakers exist in the store;
+* open breakers: circuit breakers now OPEN (``Store.breakers``; a breaker
+  letting its probes through is HALF_OPEN and not counted);
 * queue depth against ``queue_bound`` (``App(max_queued=)``), from the
   partial indexes behind ``Store.active_counts``;
 * leases lost per minute, from the sweeps' own reports (lost leases are
@@ -27,6 +28,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from corral.core.breaker import BreakerState
 from corral.core.levels import Level, LevelState, Signals, Thresholds, step, target_level
 from corral.core.model import SweepReport
 from corral.core.states import State
@@ -57,14 +59,17 @@ class LevelKeeper:
         self.store = store
         self.thresholds = thresholds or Thresholds()
         self.queue_bound = queue_bound
-        #: Where the count of open circuit breakers comes from; none are
-        #: counted until breakers are kept in the store.
-        self.open_breakers = open_breakers or (lambda: 0)
+        #: Where the count of open circuit breakers comes from (default: the
+        #: breakers kept in the store that are OPEN).
+        self.open_breakers = open_breakers or self._open_breakers
         self.window = window
         self.in_a_row = in_a_row
         self.events_keep = events_keep
         self.events_max_age = events_max_age
         self._losses: deque[tuple[float, int]] = deque()  # (at, leases lost) per sweep
+
+    def _open_breakers(self) -> int:
+        return sum(1 for _, b in self.store.breakers().values() if b.state is BreakerState.OPEN)
 
     def signals(self, now: float, report: SweepReport | None = None) -> Signals:
         if report is not None:

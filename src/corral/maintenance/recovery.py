@@ -62,18 +62,26 @@ STALE_PENDING_ERROR = stale_pending_error(DEFAULT_STALE_PENDING_AGE)
 
 def decide_stuck(row: SweepRow, now: float) -> tuple[str, Rescue] | None:
     """The decision for one RUNNING task at ``now``, with the report field it
-    counts in; None when the task is healthy."""
-    if row.lease_expires_at is not None and row.lease_expires_at < now:
-        if row.started_at is None:  # a chunk member that never started: no attempt to burn
-            return "lost_leases_retried", Rescue(row.id, row.version, State.PENDING, None)
-        if row.attempt <= row.max_retries:
-            return "lost_leases_retried", Rescue(row.id, row.version, State.RETRYING, LOST_LEASE_ERROR)
-        return "lost_leases_failed", Rescue(row.id, row.version, State.FAILED, LOST_LEASE_ERROR)
-    if row.timeout is not None and row.started_at is not None and row.started_at + 2 * row.timeout < now:
+    counts in; None when the task is healthy.
+
+    Only a lost lease is recovered. While its worker renews the lease the
+    task is that worker's to end, even past twice its timeout: a timed-out
+    thread cannot be killed, so its worker holds its lane until the thread
+    has really ended, and a sweeper that failed it meanwhile would let the
+    task's retry or the next task of its group run beside it. Once the
+    lease is lost, a task that ran past twice its timeout or past its
+    retries is failed rather than retried."""
+    if row.lease_expires_at is None or row.lease_expires_at >= now:
+        return None
+    if row.started_at is None:  # a chunk member that never started: no attempt to burn
+        return "lost_leases_retried", Rescue(row.id, row.version, State.PENDING, None)
+    if row.timeout is not None and row.started_at + 2 * row.timeout < now:
         return "overdue_failed", Rescue(row.id, row.version, State.FAILED, OVERDUE_ERROR)
     if row.attempt > row.max_retries + 1:
         return "exhausted_failed", Rescue(row.id, row.version, State.FAILED, EXHAUSTED_ERROR)
-    return None
+    if row.attempt <= row.max_retries:
+        return "lost_leases_retried", Rescue(row.id, row.version, State.RETRYING, LOST_LEASE_ERROR)
+    return "lost_leases_failed", Rescue(row.id, row.version, State.FAILED, LOST_LEASE_ERROR)
 
 
 def decide(

@@ -26,6 +26,12 @@ Claim rules (the heart; every store implements them the same way):
    of its backoff, so it queues behind fresh work submitted before then.
 5. Named limits count *claims* (lease tokens) in RUNNING, across every worker
    sharing the store; a candidate whose limit is full is skipped, never taken.
+   The same holds for a limit's ``rate`` (a token bucket in the limit's row,
+   charged with the store's clock in the claim's own transaction; a unit
+   under a rate is one task), a limit paused by a 429's Retry-After, and a
+   circuit breaker on one of the task's limits or on its name (OPEN: nothing
+   passes; HALF_OPEN: exactly ``probes`` claims across the fleet). A skipped
+   task keeps its attempts and holds its group's place.
 6. Never more than ``max_units`` claims. Claimed tasks become RUNNING with a
    new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
    The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
@@ -46,8 +52,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.core.breaker import Breaker, BreakerConfig, BreakerState
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
+    BreakerEvent,
     Claim,
     LimitSpec,
     NewTask,
@@ -156,6 +164,24 @@ class Store(abc.ABC):
     url: str = ""
     #: True when submit() in one process is seen by workers in another.
     shared: bool = True
+    #: monotonic time when a task the last claim skipped for a rate, a pause or
+    #: a cooldown may start; wait_for_work() waits no longer than that
+    _gate_wake: float | None = None
+
+    def _note_gate_wait(self, seconds: float | None) -> None:
+        """Remember (from a claim) how long until a skipped gate opens."""
+        import time
+
+        self._gate_wake = None if seconds is None else time.monotonic() + max(0.0005, seconds)
+
+    def _gate_timeout(self, timeout: float) -> float:
+        """``timeout`` capped at the time left until a gate opens."""
+        import time
+
+        wake = self._gate_wake
+        if wake is None:
+            return timeout
+        return max(0.0, min(timeout, wake - time.monotonic()))
 
     # ---- life cycle -------------------------------------------------------
     def migrate(self) -> None:
@@ -341,14 +367,31 @@ class Store(abc.ABC):
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name; limits with none are absent."""
 
+    # ---- circuit breakers -------------------------------------------------
+    @abc.abstractmethod
+    def set_breaker(self, name: str, config: BreakerConfig) -> None:
+        """Create or change the breaker on a limit or a task name (its state is kept)."""
+
+    @abc.abstractmethod
+    def breakers(self) -> dict[str, tuple[BreakerConfig, Breaker]]:
+        """Every breaker with its config and current state."""
+
+    @abc.abstractmethod
+    def force_breaker(self, name: str, state: BreakerState, reason: str) -> BreakerEvent:
+        """Open (held until closed by hand) or close a breaker; the change is logged.
+        Raises :class:`~corral.errors.ConfigError` for an unknown breaker."""
+
+    @abc.abstractmethod
+    def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
+        """The last changes of breakers (of ``name``, or all), newest first."""
+
     # ---- maintenance ------------------------------------------------------
     # The sweep's rules live in corral.maintenance.recovery; a store reads
     # candidates and applies guarded decisions.
     @abc.abstractmethod
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
-        """Up to ``limit`` RUNNING tasks, by id, that a rule may recover at
-        ``now``: lease expired, past ``started_at + 2 * timeout``, or more
-        attempts than ``max_retries + 1``."""
+        """Up to ``limit`` RUNNING tasks, by id, whose lease expired before
+        ``now``: only a lost lease is recovered (a live one is its worker's)."""
 
     @abc.abstractmethod
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:

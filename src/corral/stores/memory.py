@@ -16,9 +16,11 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
+from corral.core import breaker as brk
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
+    BreakerEvent,
     Claim,
     LimitSpec,
     NewTask,
@@ -31,9 +33,10 @@ from corral.core.model import (
 )
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
-from corral.errors import SubmitError
+from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import DEAD, BatchSummary, Event, FleetLevel, HeartbeatReply, Rescue, Store, SweepRow
+from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 
 
 @dataclass(slots=True)
@@ -69,8 +72,10 @@ class MemoryStore(Store):
         self._waiting_on: dict[int, set[int]] = {}
         self._leases: dict[str, _Lease] = {}
         self._running: set[int] = set()
-        self._limits: dict[str, LimitSpec] = {}
+        self._limits: dict[str, LimitState] = {}
         self._usage: dict[str, int] = {}
+        self._breakers: dict[str, BreakerRow] = {}
+        self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
         self._level = FleetLevel()
         self._events: list[Event] = []
@@ -280,6 +285,7 @@ class MemoryStore(Store):
             self._promote_due(now)
             heaps = [self._ready[q] for q in queues if self._ready.get(q)]
             skipped: list[tuple[list, tuple]] = []
+            gates: Gates | None = None
             while heaps and len(claims) < max_units:
                 heap = min(heaps, key=lambda h: h[0])
                 entry = heapq.heappop(heap)
@@ -295,11 +301,17 @@ class MemoryStore(Store):
                 if (names is not None and t.name not in names) or (only_retries and t.status is not State.RETRYING):
                     skipped.append((heap, entry))
                     continue
-                if any(self._full(name) for name in t.limits):
-                    skipped.append((heap, entry))
-                    continue
+                solo = False
+                if t.limits or t.name in self._breakers:
+                    if gates is None:
+                        gates = Gates(now, self._limits, self._usage, self._breakers)
+                    if not gates.fits(t.limits, t.name):
+                        skipped.append((heap, entry))
+                        continue
+                    gates.take(t.limits, t.name)
+                    solo = gates.solo(t.limits, t.name)
                 members = [t]
-                if g is not None and chunk_size > 1:
+                if g is not None and chunk_size > 1 and not solo:
                     for nid in itertools.islice(g.ids, 1, None):
                         if len(members) >= chunk_size:
                             break
@@ -310,6 +322,7 @@ class MemoryStore(Store):
                             or n.queue != t.queue
                             or (names is not None and n.name not in names)
                             or (only_retries and n.status is not State.RETRYING)
+                            or n.name in self._breakers
                         ):
                             break
                         members.append(n)
@@ -341,13 +354,17 @@ class MemoryStore(Store):
                     heaps.append(heap)
             for heap, entry in skipped:
                 heapq.heappush(heap, entry)
+            if gates is not None:
+                for name, bucket in gates.bucket_writes().items():
+                    self._limits[name].tokens, self._limits[name].counted_at = bucket.tokens, bucket.at
+                for name, (state, ev) in gates.breaker_writes().items():
+                    self._breakers[name].state = state
+                    if ev is not None:
+                        self._breaker_events.append(ev)
+            self._note_gate_wait(gates.wait if gates is not None and skipped else None)
             if claims:
                 self._changes += 1
         return claims
-
-    def _full(self, name: str) -> bool:
-        spec = self._limits.get(name)
-        return spec is not None and spec.concurrency is not None and self._usage.get(name, 0) >= spec.concurrency
 
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         reply = HeartbeatReply()
@@ -387,8 +404,21 @@ class MemoryStore(Store):
                     fields["error"] = o.error
                 if o.attempt is not None:
                     fields["attempt"] = o.attempt
-                elif not o.burn_attempt:
+                elif not o.burn_attempt or o.snooze:
                     fields["attempt"] = max(0, t.attempt - 1)
+                if o.snooze:
+                    fields["snoozes"] = t.snoozes + 1
+                if o.pause_limits is not None:
+                    for name in t.limits:
+                        lim = self._limits.get(name)
+                        if lim is not None:
+                            until = now + o.pause_limits
+                            lim.spec.paused_until = max(lim.spec.paused_until or 0.0, until)
+                if self._breakers and (t.name in self._breakers or any(n in self._breakers for n in t.limits)):
+                    changed, events = record_outcomes(self._breakers, [((t.name, *t.limits), o.breaker_failure)], now)
+                    for name, state in changed.items():
+                        self._breakers[name].state = state
+                    self._breaker_events.extend(events)
                 if o.status in QUEUED:
                     fields["run_at"] = o.run_at if o.run_at is not None else now
                     fields["worker_id"] = None
@@ -407,7 +437,7 @@ class MemoryStore(Store):
     def wait_for_work(self, timeout: float) -> None:
         with self._lock:
             seen = self._changes
-            self._wake.wait_for(lambda: self._changes != seen, timeout)
+            self._wake.wait_for(lambda: self._changes != seen, self._gate_timeout(timeout))
 
     def set_progress(self, task_id, token, fraction, message) -> bool:
         with self._lock:
@@ -487,7 +517,7 @@ class MemoryStore(Store):
             return True
 
     def _retry(self, t: TaskRecord, now: float) -> None:
-        self._set(t, State.PENDING, attempt=0, run_at=now, finished_at=None, cancel_requested=False)
+        self._set(t, State.PENDING, attempt=0, snoozes=0, run_at=now, finished_at=None, cancel_requested=False)
         self._requeue(t, now)
 
     def _dead(self, batch: str | None) -> list[TaskRecord]:
@@ -600,13 +630,46 @@ class MemoryStore(Store):
     # ---- limits -----------------------------------------------------------
     def set_limit(self, spec: LimitSpec) -> None:
         with self._lock:
-            self._limits[spec.name] = replace(spec)
+            old = self._limits.get(spec.name)
+            new = LimitState(replace(spec, paused_until=old.spec.paused_until if old else None))
+            if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
+                new.tokens, new.counted_at = old.tokens, old.counted_at
+            self._limits[spec.name] = new
             self._changes += 1
             self._wake.notify_all()
 
     def limits(self) -> dict[str, LimitSpec]:
         with self._lock:
-            return {k: replace(v) for k, v in self._limits.items()}
+            return {k: replace(v.spec) for k, v in self._limits.items()}
+
+    # ---- circuit breakers -------------------------------------------------
+    def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:
+        with self._lock:
+            old = self._breakers.get(name)
+            self._breakers[name] = BreakerRow(name, config, old.state if old else brk.Breaker())
+            self._changes += 1
+
+    def breakers(self) -> dict[str, tuple[brk.BreakerConfig, brk.Breaker]]:
+        with self._lock:
+            return {n: (r.config, r.state) for n, r in self._breakers.items()}
+
+    def force_breaker(self, name: str, state: brk.BreakerState, reason: str) -> BreakerEvent:
+        with self._lock:
+            row = self._breakers.get(name)
+            if row is None:
+                raise ConfigError(f"no breaker named {name!r}")
+            now = self.now()
+            row.state, change = brk.force(row.state, row.config, now, state, reason)
+            ev = BreakerEvent(now, name, change.before.value, change.after.value, reason, change.calls, change.failures)
+            self._breaker_events.append(ev)
+            self._changes += 1
+            self._wake.notify_all()
+            return ev
+
+    def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
+        with self._lock:
+            evs = [e for e in self._breaker_events if name is None or e.name == name]
+        return evs[::-1][: max(0, limit)]
 
     def limit_usage(self) -> dict[str, int]:
         with self._lock:
@@ -622,9 +685,7 @@ class MemoryStore(Store):
             stuck = [
                 t
                 for t in map(self._tasks.__getitem__, sorted(self._running))
-                if (t.lease_expires_at is not None and t.lease_expires_at < now)
-                or (t.timeout is not None and t.started_at is not None and t.started_at + 2 * t.timeout < now)
-                or t.attempt > t.max_retries + 1
+                if t.lease_expires_at is not None and t.lease_expires_at < now
             ]
             return [self._sweep_row(t) for t in stuck[: max(0, limit)]]
 

@@ -46,8 +46,10 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from corral.core import breaker as brk
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
+    BreakerEvent,
     Claim,
     LimitSpec,
     NewTask,
@@ -59,6 +61,7 @@ from corral.core.model import (
 )
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import (
+    ConfigError,
     CorralError,
     StoreCorrupt,
     StoreError,
@@ -67,6 +70,7 @@ from corral.errors import (
 )
 from corral.stores import sql as _sql
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow
+from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
@@ -107,9 +111,12 @@ CHANNEL = "corral_work"
 SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
-#: 4: status must name a state (a CHECK constraint); 6: the dead-letter
-#: index, the fleet level row and the event log.
+#: 4: status must name a state (a CHECK constraint); 5: flow control;
+#: 6: the dead-letter index, the fleet level row and the event log.
 SCHEMA_VERSION = 6
+#: How long a process trusts its list of breaker names (a completion under
+#: one feeds it); a breaker declared in this process is seen at once.
+BREAKER_NAMES_TTL = 1.0
 _BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
 
@@ -192,6 +199,8 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"cannot connect to {self._shown}: timed out") from None
         self._closed = False
         self._limited_hint = True  # probe for capped limits before claiming
+        self._breaker_names: frozenset[str] = frozenset()
+        self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
         # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
         self._cond = threading.Condition()
@@ -385,6 +394,7 @@ class PostgresStore(SqlStore):
             "lease": float(lease_seconds),
             "worker": worker_id,
             "only_retries": bool(only_retries),
+            "solo": [],
         }
 
         def go(conn):
@@ -417,6 +427,7 @@ class PostgresStore(SqlStore):
             limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
             self._limited_hint = bool(limited)
             if not limited:
+                self._note_gate_wait(None)
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
             return self._claim_limited(conn, cur, base, max_units, limited)
@@ -434,40 +445,90 @@ class PostgresStore(SqlStore):
         return list(claims.values())
 
     def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str]) -> list[dict]:
-        """Claim while holding the advisory locks of the capped limits that have
-        ready work; a claim uses at most one slot of each limit, so taking at most
-        ``min(free)`` claims per statement can never overfill a limit."""
+        """Claim while holding the advisory locks of the gates (limits and
+        breakers) that have ready work. A claim uses at most one place of each
+        gate (a unit under a rate or a probing breaker is one task), so taking
+        at most ``min(room)`` claims per statement never overfills one; the
+        tokens and probes taken are written back in the same transaction."""
         out: list[dict] = []
         with conn.transaction():
             conn.execute(self._q["limit_lock"], {"names": names})
-            free = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
+            rows = conn.execute(self._q["limits"]).fetchall()
+            now = rows[0][7] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+            limits = {r[0]: LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows}
+            free_cap = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
+            usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
+            breakers = self._breaker_rows(conn)
+            gates = Gates(now, limits, usage, breakers)
+            free = {n: gates.room(n) for n in names}
+            solo = [n for n in names if gates.solo((n,), "")] + [n for n in names if gates.solo((), n)]
+            self._note_gate_wait(gates.wait)
             if (
                 all(f <= 0 for f in free.values())
                 and not conn.execute(self._q["unlimited_ready"], {"queues": base["queues"]}).fetchone()[0]
             ):
-                return out  # every limit is full and nothing else waits: skip the claim
+                self._save_gates(conn, gates)
+                return out  # every gate is shut and nothing else waits: skip the claim
             remaining = max_units
             k = remaining
             while remaining > 0 and k > 0:
                 allowed = [n for n, f in free.items() if f >= k]
-                cur.execute(self._q["claim"], {**base, "n": k, "allowed": allowed})
+                cur.execute(self._q["claim"], {**base, "n": k, "allowed": allowed, "solo": solo})
                 rows = cur.fetchall()
                 out.extend(rows)
                 got = len({r["lease_token"] for r in rows})
                 remaining -= got
                 used: dict[str, set[str]] = {}
+                heads: dict[str, dict] = {}
                 for r in rows:
-                    for n in r["limits"] or ():
-                        used.setdefault(n, set()).add(r["lease_token"])
+                    for n in (*(r["limits"] or ()), r["name"]):
+                        if n in free:
+                            used.setdefault(n, set()).add(r["lease_token"])
+                    heads.setdefault(r["lease_token"], r)
                 for n, toks in used.items():
-                    if n in free:
-                        free[n] -= len(toks)
+                    free[n] -= len(toks)
+                for r in heads.values():
+                    gates.take(r["limits"] or (), r["name"])
                 small = [f for f in free.values() if 0 < f < k]
                 if got < k and not small:
                     break  # nothing more this allowed set can take
                 open_slots = [f for f in free.values() if f > 0]
                 k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
+            self._save_gates(conn, gates)
         return out
+
+    def _save_gates(self, conn, gates: Gates) -> None:
+        for name, b in gates.bucket_writes().items():
+            conn.execute(self._q["limit_charge"], {"tokens": b.tokens, "at": b.at, "name": name})
+        for name, (state, ev) in gates.breaker_writes().items():
+            self._save_breaker(conn, name, state, ev)
+
+    def _breaker_rows(self, conn) -> dict[str, BreakerRow]:
+        rows = conn.execute(self._q["breakers"]).fetchall()
+        self._breaker_names = frozenset(n for n, _, _ in rows)
+        self._breaker_names_until = time.monotonic() + BREAKER_NAMES_TTL
+        return {n: BreakerRow(n, brk.config_from_json(c), brk.state_from_json(st)) for n, c, st in rows}
+
+    def _save_breaker(self, conn, name: str, state: brk.Breaker, ev: BreakerEvent | None) -> None:
+        conn.execute(
+            self._q["breaker_save"], {"state_name": state.state.value, "state": brk.state_to_json(state), "name": name}
+        )
+        if ev is not None:
+            self._log_event(conn, ev)
+
+    def _log_event(self, conn, ev: BreakerEvent) -> None:
+        conn.execute(
+            self._q["breaker_event"],
+            {
+                "at": ev.at,
+                "name": ev.name,
+                "before": ev.before,
+                "after": ev.after,
+                "reason": ev.reason,
+                "calls": ev.calls,
+                "failures": ev.failures,
+            },
+        )
 
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         tokens = list(tokens)
@@ -503,11 +564,13 @@ class PostgresStore(SqlStore):
             "started_at": [o.started_at for o in outcomes],
             "finished_at": [o.finished_at for o in outcomes],
             "attempt": [o.attempt for o in outcomes],
+            "snooze": [bool(o.snooze) for o in outcomes],
+            "pause": [o.pause_limits for o in outcomes],
         }
 
         def go(conn):
             rows = conn.execute(self._q["complete"], params).fetchall()
-            settle = [outcomes[ord_ - 1].task_id for ord_, has_deps, _ in rows if has_deps]
+            settle = [outcomes[r[0] - 1].task_id for r in rows if r[1]]
             if settle:
                 # its own statement (fresh snapshot), after the rows above
                 # committed; if it fails, sweep() settles those dependents later
@@ -517,8 +580,41 @@ class PostgresStore(SqlStore):
                     pass
             return rows
 
-        applied = {row[0] for row in self._run(go)}
+        rows = self._run(go)
+        self._feed_breakers(outcomes, rows)
+        applied = {row[0] for row in rows}
         return [i + 1 in applied for i in range(len(outcomes))]
+
+    def _feed_breakers(self, outcomes: list[Outcome], rows: list) -> None:
+        """Count the applied outcomes of tasks under a breaker (their name or a
+        limit), under the breakers' locks; nothing to do, and no round trip,
+        when no breaker is declared."""
+        if time.monotonic() >= self._breaker_names_until:
+            self._run(self._breaker_rows)
+        known = self._breaker_names
+        if not known:
+            return
+        feed = []
+        for r in rows:
+            gate_names = (r[3], *(r[4] or ()))
+            if any(n in known for n in gate_names):
+                feed.append((gate_names, outcomes[r[0] - 1].breaker_failure))
+        if not feed:
+            return
+        names = sorted({n for g, _ in feed for n in g if n in known})
+
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": names})
+                now = conn.execute(self._q["limits"]).fetchone()
+                at = now[7] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
+                changed, events = record_outcomes(self._breaker_rows(conn), feed, at)
+                for name, state in changed.items():
+                    self._save_breaker(conn, name, state, None)
+                for ev in events:
+                    self._log_event(conn, ev)
+
+        self._run(go, retry=False)
 
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
         return (
@@ -588,6 +684,7 @@ class PostgresStore(SqlStore):
     def wait_for_work(self, timeout: float) -> None:
         if self._closed:
             return
+        timeout = self._gate_timeout(timeout)
         self._local.hot = False
         seen = getattr(self._local, "seen", None)
         if not self._listen_lock.acquire(blocking=False):
@@ -775,9 +872,40 @@ class PostgresStore(SqlStore):
 
     # ---- limits -------------------------------------------------------------------
     def set_limit(self, spec: LimitSpec) -> None:
-        self._rowcount("set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate})
+        self._rowcount(
+            "set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
+        )
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
+
+    # ---- circuit breakers -----------------------------------------------------------
+    def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:
+        self._rowcount("set_breaker", {"name": name, "config": brk.config_to_json(config)})
+        self._breaker_names_until = 0.0
+
+    def breakers(self) -> dict[str, tuple[brk.BreakerConfig, brk.Breaker]]:
+        return {n: (r.config, r.state) for n, r in self._run(self._breaker_rows).items()}
+
+    def force_breaker(self, name: str, state: brk.BreakerState, reason: str) -> BreakerEvent:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [name]})
+                row = self._breaker_rows(conn).get(name)
+                if row is None:
+                    raise ConfigError(f"no breaker named {name!r}")
+                now = conn.execute(self._q["tx_now"]).fetchone()[0]
+                after, change = brk.force(row.state, row.config, now, state, reason)
+                ev = BreakerEvent(
+                    now, name, change.before.value, change.after.value, reason, change.calls, change.failures
+                )
+                self._save_breaker(conn, name, after, ev)
+                conn.execute(self._q["notify"], {"queue": ""})
+                return ev
+
+        return self._run(go, retry=False)
+
+    def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
+        return [BreakerEvent(*r) for r in self._fetchall("breaker_events", {"name": name, "limit": max(0, limit)})]
 
     # ---- maintenance --------------------------------------------------------------
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:

@@ -76,6 +76,7 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         progress_message=row["progress_message"],
         checkpoint=row["checkpoint"],
         cancel_requested=bool(row["cancel_requested"]),
+        snoozes=row["snoozes"] or 0,
     )
 
 
@@ -120,7 +121,7 @@ class SqlStore(Store):
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])
-        return {n: LimitSpec(n, c, r) for n, c, r in rows}
+        return {r[0]: LimitSpec(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])

@@ -78,9 +78,11 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl
 
+from corral.core import breaker as brk
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
+    BreakerEvent,
     Claim,
     LimitSpec,
     NewTask,
@@ -94,12 +96,15 @@ from corral.core.model import (
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow
+from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
+#: 4: flow control (a limit's bucket and pause, snoozes, breakers);
 #: 5: the dead-letter index, the fleet_control row and the events log.
-#: The schema script is idempotent: an older file reruns it whole.
+#: The schema script is idempotent: an older file reruns it whole, and
+#: columns added since are added where missing.
 SCHEMA_VERSION = 5
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
@@ -176,6 +181,11 @@ def _guard(fn):
 
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
+
+
+def _limit_state(row: Sequence[Any]) -> LimitState:
+    """A ``limits`` row: name, concurrency, rate, burst, paused_until, tokens, counted_at."""
+    return LimitState(LimitSpec(row[0], row[1], row[2], row[3], row[4]), row[5], row[6])
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
@@ -399,6 +409,10 @@ class SQLiteStore(SqlStore):
                 return
             for stmt in _split_script(Q["schema"]):
                 con.execute(stmt)
+            for stmt in _split_script(Q["columns_v4"]):
+                table, column = stmt.split()[2], stmt.split()[5]
+                if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
+                    con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def close(self) -> None:
@@ -625,8 +639,8 @@ class SQLiteStore(SqlStore):
     def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing."""
         last_claimed: dict[str, float] = {}
-        specs: dict[str, int] | None = None
-        usage: dict[str, int] | None = None
+        gates: Gates | None = None
+        breakers = self._breaker_rows(con)
 
         def eligible_key(row) -> tuple:
             tid, prio, run_at, group = row[0], row[1], row[2], row[3]
@@ -638,12 +652,13 @@ class SQLiteStore(SqlStore):
                 lca = last_claimed[group] = hit[0] if hit else 0.0
             return (-prio, max(run_at, lca), tid)
 
-        def fits(limit_names: Collection[str]) -> bool:
-            nonlocal specs, usage
-            if specs is None or usage is None:
-                specs = {n: c for n, c, _ in con.execute(Q["limits"]) if c is not None}
+        def the_gates() -> Gates:
+            nonlocal gates
+            if gates is None:
+                limits = {r[0]: _limit_state(r) for r in con.execute(Q["limits"])}
                 usage = dict(con.execute(Q["limit_usage"]).fetchall())
-            return all(usage.get(n, 0) < specs[n] for n in limit_names if n in specs)
+                gates = Gates(now, limits, usage, breakers)
+            return gates
 
         cursors = [con.execute(Q["claim_candidates"], (q, now)) for q in queues]
         stream = cursors[0] if len(cursors) == 1 else heapq.merge(*cursors, key=lambda r: (-r[1], r[2], r[0]))
@@ -657,23 +672,27 @@ class SQLiteStore(SqlStore):
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
                 return False  # an operator retried an old task while its group runs on
             lims = set(json.loads(row[5])) if row[5] else set()
-            if lims and not fits(lims):
+            g = the_gates() if lims or row[4] in breakers else None
+            if g is not None and not g.fits(lims, row[4]):
                 return False
             members = [row]
-            if row[3] is not None and chunk_size > 1:
+            if row[3] is not None and chunk_size > 1 and not (g is not None and g.solo(lims, row[4])):
                 for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
-                    if (known is not None and f[4] not in known) or (only_retries and f[7] != State.RETRYING):
+                    if (known is not None and f[4] not in known) or f[4] in breakers:
+                        break
+                    if only_retries and f[7] != State.RETRYING:
                         break
                     more = (set(json.loads(f[5])) if f[5] else set()) - lims
-                    if more and not fits(more):
-                        break
+                    if more:
+                        fg = the_gates()
+                        if not fg.fits(more, "") or fg.solo(more, ""):
+                            break
                     lims |= more
                     members.append(f)
-            if lims and usage is not None:
-                for n in lims:
-                    usage[n] = usage.get(n, 0) + 1
+            if g is not None or lims:
+                the_gates().take(lims, row[4])
             picked.append(members)
             return len(picked) >= max_units
 
@@ -693,7 +712,25 @@ class SQLiteStore(SqlStore):
         finally:
             for c in cursors:
                 c.close()
+        self._note_gate_wait(gates.wait if gates is not None else None)
+        if gates is not None:
+            for name, b in gates.bucket_writes().items():
+                con.execute(Q["limit_charge"], (b.tokens, b.at, name))
+            for name, (state, ev) in gates.breaker_writes().items():
+                self._save_breaker(con, name, state, ev)
         return picked
+
+    @staticmethod
+    def _breaker_rows(con: sqlite3.Connection) -> dict[str, BreakerRow]:
+        return {
+            n: BreakerRow(n, brk.config_from_json(c), brk.state_from_json(s)) for n, c, s in con.execute(Q["breakers"])
+        }
+
+    @staticmethod
+    def _save_breaker(con: sqlite3.Connection, name: str, state: brk.Breaker, ev: BreakerEvent | None) -> None:
+        con.execute(Q["breaker_save"], (state.state.value, brk.state_to_json(state), name))
+        if ev is not None:
+            con.execute(Q["breaker_event"], (ev.at, ev.name, ev.before, ev.after, ev.reason, ev.calls, ev.failures))
 
     @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
@@ -735,6 +772,7 @@ class SQLiteStore(SqlStore):
         applied: list[bool] = []
         ended: list[tuple[int, State]] = []
         groups: set[str] = set()
+        verdicts: list[tuple[Outcome, str, str | None]] = []
         with self._write() as con:
             now = self._clock.time()
             cur = con.cursor()
@@ -763,9 +801,10 @@ class SQLiteStore(SqlStore):
                         ended.append((o.task_id, status))
                         if rows[0][0] is not None:
                             groups.add(rows[0][0])
+                        verdicts.append((o, rows[0][1], rows[0][2]))
                     applied.append(bool(rows))
                 else:  # back in the queue: the group's line is unchanged
-                    cur.execute(
+                    rows = cur.execute(
                         requeue_sql,
                         (
                             status.value,
@@ -775,15 +814,37 @@ class SQLiteStore(SqlStore):
                             o.run_at if o.run_at is not None else now,
                             o.started_at,
                             o.attempt,
-                            give_back,
+                            1 if o.snooze else give_back,
+                            1 if o.snooze else 0,
                             o.task_id,
                             o.token,
                             o.version,
                         ),
-                    )
-                    applied.append(cur.rowcount == 1)
+                    ).fetchall()
+                    if rows:
+                        verdicts.append((o, rows[0][0], rows[0][1]))
+                        if o.pause_limits is not None and rows[0][1]:
+                            con.execute(Q["limit_pause"], (now + o.pause_limits, rows[0][1]))
+                    applied.append(bool(rows))
+            self._flow_after_complete(con, verdicts, now)
             self._after_final(con, ended, now, groups)
         return applied
+
+    def _flow_after_complete(self, con: sqlite3.Connection, verdicts: list[tuple[Outcome, str, str | None]], now):
+        """Feed the applied outcomes to the breakers on their tasks' names and limits."""
+        if not verdicts:
+            return
+        rows = self._breaker_rows(con)
+        if not rows:
+            return
+        feed = [((name, *(json.loads(lims) if lims else ())), o.breaker_failure) for o, name, lims in verdicts]
+        changed, events = record_outcomes(rows, feed, now)
+        for name, state in changed.items():
+            self._save_breaker(con, name, state, None)
+        for ev in events:
+            con.execute(Q["breaker_event"], (ev.at, ev.name, ev.before, ev.after, ev.reason, ev.calls, ev.failures))
+        if any(ev.after != "CLOSED" for ev in events):
+            self._plain_until = 0.0
 
     def _complete_finals(self, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
@@ -807,15 +868,18 @@ class SQLiteStore(SqlStore):
                     for o, s in zip(outcomes, statuses)
                 ]
             )
-            done = dict(con.execute(Q["complete_final_many"], (rows,)).fetchall())
+            got = con.execute(Q["complete_final_many"], (rows,)).fetchall()
+            done = {r[0]: r[1] for r in got}
             status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
             ended = [(tid, status_of[tid]) for tid in done]
+            by_id = {o.task_id: o for o in outcomes}
+            self._flow_after_complete(con, [(by_id[r[0]], r[2], r[3]) for r in got], now)
             self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
     def wait_for_work(self, timeout: float) -> None:
         """Return when another connection (any process) commits, or after ``timeout``."""
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = time.monotonic() + self._gate_timeout(max(0.0, timeout))
         try:
             con = self._con()
             pragma = "PRAGMA data_version"
@@ -989,7 +1053,36 @@ class SQLiteStore(SqlStore):
     @_guard
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
-            con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate))
+            con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
+
+    # ---- circuit breakers -------------------------------------------------
+    @_guard
+    def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:
+        with self._write() as con:
+            con.execute(Q["set_breaker"], (name, brk.config_to_json(config)))
+
+    @_guard
+    def breakers(self) -> dict[str, tuple[brk.BreakerConfig, brk.Breaker]]:
+        with self._read() as con:
+            return {n: (r.config, r.state) for n, r in self._breaker_rows(con).items()}
+
+    @_guard
+    def force_breaker(self, name: str, state: brk.BreakerState, reason: str) -> BreakerEvent:
+        with self._write() as con:
+            row = self._breaker_rows(con).get(name)
+            if row is None:
+                raise ConfigError(f"no breaker named {name!r}")
+            now = self._clock.time()
+            after, change = brk.force(row.state, row.config, now, state, reason)
+            ev = BreakerEvent(now, name, change.before.value, change.after.value, reason, change.calls, change.failures)
+            self._save_breaker(con, name, after, ev)
+        if after.state is not brk.BreakerState.CLOSED:
+            self._plain_until = 0.0
+        return ev
+
+    @_guard
+    def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
+        return [BreakerEvent(*r) for r in self._con().execute(Q["breaker_events"], (name, max(0, limit)))]
 
     # ---- maintenance ------------------------------------------------------
     @_guard

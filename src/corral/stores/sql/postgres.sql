@@ -237,6 +237,34 @@ BEGIN
 END
 $$;
 
+-- name: migration_0005
+-- Flow control: a limit's token bucket (tokens as counted at counted_at) and
+-- its pause after a 429; a task's snoozes (runs it asked to postpone, which
+-- burn no attempt); circuit breakers on a limit or a task name, and the log
+-- of their changes.
+ALTER TABLE corral_tasks ADD COLUMN snoozes integer NOT NULL DEFAULT 0;
+ALTER TABLE corral_limits
+    ADD COLUMN burst        integer,
+    ADD COLUMN tokens       double precision,
+    ADD COLUMN counted_at   double precision,
+    ADD COLUMN paused_until double precision;
+CREATE TABLE corral_breakers (
+    name       text PRIMARY KEY,
+    config     text NOT NULL,
+    state_name text NOT NULL DEFAULT 'CLOSED',
+    state      text
+);
+CREATE TABLE corral_breaker_events (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at       double precision NOT NULL,
+    name     text NOT NULL,
+    before   text NOT NULL,
+    after    text NOT NULL,
+    reason   text NOT NULL,
+    calls    integer NOT NULL,
+    failures integer NOT NULL
+);
+
 -- name: migration_0006
 -- Dead letters, the fleet-wide degradation level and the event log. Only
 -- failures hold an entry in the dead-letter index, so a success costs nothing
@@ -261,6 +289,10 @@ CREATE TABLE IF NOT EXISTS corral_events (
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
+
+-- name: tx_now
+-- The transaction's clock: the time a claim charges tokens at.
+SELECT extract(epoch FROM now())::float8;
 
 -- name: dep_states
 -- Mark (and so lock) the dependencies: a completion racing this submit either
@@ -322,17 +354,30 @@ SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY i
 SELECT idem_key, id FROM corral_tasks WHERE idem_key = ANY(%(keys)s::text[]);
 
 -- name: claim_probe
--- Which capped limits have a ready task waiting? Empty for unlimited work.
-SELECT coalesce(array_agg(l.name ORDER BY l.name), '{}')
-FROM corral_limits l
-WHERE l.concurrency IS NOT NULL
-  AND EXISTS (
-    SELECT 1 FROM corral_tasks t
-    WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
-      AND l.name = ANY(t.limits)
-      AND t.run_at <= extract(epoch FROM now())::float8
-      AND t.queue = ANY(%(queues)s::text[])
-  );
+-- Which gates (limits with a cap, a rate or a pause; breakers not CLOSED)
+-- have a ready task waiting? Empty for ungated work.
+SELECT coalesce(array_agg(g.name ORDER BY g.name), '{}') FROM (
+    SELECT l.name
+    FROM corral_limits l
+    WHERE (l.concurrency IS NOT NULL OR l.rate IS NOT NULL
+           OR l.paused_until > extract(epoch FROM now())::float8)
+      AND EXISTS (
+        SELECT 1 FROM corral_tasks t
+        WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
+          AND l.name = ANY(t.limits)
+          AND t.run_at <= extract(epoch FROM now())::float8
+          AND t.queue = ANY(%(queues)s::text[]))
+    UNION
+    SELECT b.name
+    FROM corral_breakers b
+    WHERE b.state_name <> 'CLOSED'
+      AND EXISTS (
+        SELECT 1 FROM corral_tasks t
+        WHERE t.status IN ('PENDING', 'RETRYING')
+          AND (t.name = b.name OR b.name = ANY(t.limits))
+          AND t.run_at <= extract(epoch FROM now())::float8
+          AND t.queue = ANY(%(queues)s::text[]))
+) g;
 
 -- name: unlimited_ready
 -- Is there queued, due work under no limit? When every capped limit is full
@@ -367,13 +412,19 @@ WITH RECURSIVE
 -- synchronous.
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
                             set_config('synchronous_commit', 'off', true) AS async_commit),
--- capped limits this claim may not use (full, or not allowed by the caller)
+-- gates this claim may not pass (limits with a cap, a rate or a pause, and
+-- breakers not CLOSED, on a limit or a task name), unless the caller, holding
+-- their locks, allows them
 barred AS MATERIALIZED (
-    SELECT coalesce(array_agg(name), '{}')::text[] AS names FROM corral_limits
-    WHERE concurrency IS NOT NULL AND NOT (name = ANY(%(allowed)s::text[]))
+    SELECT coalesce(array_agg(g.name), '{}')::text[] AS names FROM (
+        SELECT name FROM corral_limits
+        WHERE concurrency IS NOT NULL OR rate IS NOT NULL OR paused_until > (SELECT now FROM clk)
+        UNION
+        SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED') g
+    WHERE NOT (g.name = ANY(%(allowed)s::text[]))
 ),
 free_locked AS MATERIALIZED (
-    SELECT t.id, t.priority, t.run_at AS elig, t.group_key
+    SELECT t.id, t.priority, t.run_at AS elig, t.group_key, t.limits, t.name
     FROM corral_tasks t
     WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
       AND t.run_at <= (SELECT now FROM clk)
@@ -381,6 +432,7 @@ free_locked AS MATERIALIZED (
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND NOT (t.limits && (SELECT names FROM barred))
+      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
     ORDER BY t.priority DESC, t.run_at, t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -390,7 +442,7 @@ free_locked AS MATERIALIZED (
 -- checked again here (no earlier task holds the group's place, nothing of the
 -- group runs), so two claimers can never hold two tasks of one group.
 heads_locked AS MATERIALIZED (
-    SELECT t.id, t.priority, t.ready_at AS elig, t.group_key
+    SELECT t.id, t.priority, t.ready_at AS elig, t.group_key, t.limits, t.name
     FROM corral_tasks t
     WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
       AND t.ready_at <= (SELECT now FROM clk)
@@ -399,6 +451,7 @@ heads_locked AS MATERIALIZED (
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND NOT (t.limits && (SELECT names FROM barred))
+      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -415,7 +468,7 @@ heads_locked AS MATERIALIZED (
     FOR UPDATE OF t SKIP LOCKED
 ),
 picked AS MATERIALIZED (
-    SELECT u.id, u.group_key, replace(gen_random_uuid()::text, '-', '') AS token,
+    SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
            row_number() OVER (ORDER BY u.priority DESC, u.elig, u.id) AS rk
     FROM (SELECT * FROM free_locked UNION ALL SELECT * FROM heads_locked) u
     ORDER BY u.priority DESC, u.elig, u.id
@@ -433,7 +486,10 @@ followers AS MATERIALIZED (
                     AND x.queue = ANY(%(queues)s::text[])
                     AND (%(all_names)s::bool OR x.name = ANY(%(names)s::text[]))
                     AND (NOT %(only_retries)s::bool OR x.status = 'RETRYING')
-                    AND NOT (x.limits && (SELECT names FROM barred))) AS ok
+                    AND NOT (x.limits && (SELECT names FROM barred))
+                    AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
+                    AND NOT (x.limits && %(solo)s::text[])
+                    AND NOT (x.name = ANY(%(solo)s::text[]))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -442,7 +498,9 @@ followers AS MATERIALIZED (
             LIMIT %(chunk)s - 1
         ) z
     ) f
+    -- a unit under a rate or a probing breaker is one task: each start is charged
     WHERE p.group_key IS NOT NULL AND f.run_ok
+      AND NOT (p.limits && %(solo)s::text[]) AND NOT (p.name = ANY(%(solo)s::text[]))
 ),
 members AS (
     SELECT id, token, rk, true AS is_head FROM picked
@@ -486,6 +544,7 @@ picked AS (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
+      AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
     ORDER BY t.priority DESC, t.run_at, t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -530,9 +589,10 @@ o AS (
     SELECT * FROM unnest(
         %(id)s::bigint[], %(token)s::text[], %(version)s::int[], %(status)s::text[],
         %(result)s::text[], %(error)s::text[], %(run_at)s::float8[], %(burn)s::bool[],
-        %(started_at)s::float8[], %(finished_at)s::float8[], %(attempt)s::int[]
+        %(started_at)s::float8[], %(finished_at)s::float8[], %(attempt)s::int[],
+        %(snooze)s::bool[], %(pause)s::float8[]
     ) WITH ORDINALITY AS o(id, token, version, status, result, error, run_at, burn,
-                           started_at, finished_at, attempt, ord)
+                           started_at, finished_at, attempt, snooze, pause, ord)
 ),
 locked AS (
     -- lock in id order, as heartbeat does, so the two never deadlock
@@ -552,14 +612,22 @@ upd AS (
         started_at = coalesce(t.started_at, o.started_at),
         finished_at = CASE WHEN o.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
                            THEN coalesce(o.finished_at, clk.now) END,
-        attempt = coalesce(o.attempt, t.attempt - CASE WHEN o.burn THEN 0 ELSE 1 END),
+        attempt = coalesce(o.attempt, t.attempt - CASE WHEN o.burn AND NOT o.snooze THEN 0 ELSE 1 END),
+        snoozes = t.snoozes + CASE WHEN o.snooze THEN 1 ELSE 0 END,
         lease_token = NULL,
         lease_expires_at = NULL,
         version = t.version + 1
     FROM o, clk, locked
     WHERE t.id = o.id AND locked.id = o.id
       AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
-    RETURNING o.ord, o.token, t.queue, t.group_key, t.limits, t.status, t.has_dependents
+    RETURNING o.ord, o.token, o.pause, t.queue, t.group_key, t.limits, t.name, t.status, t.has_dependents
+),
+paused AS (
+    -- a 429 with Retry-After pauses every limit of its task until then
+    UPDATE corral_limits l SET paused_until = greatest(coalesce(l.paused_until, 0), p.until)
+    FROM (SELECT n, max((SELECT now FROM clk) + u.pause) AS until
+          FROM upd u, unnest(u.limits) AS n WHERE u.pause IS NOT NULL GROUP BY n) p
+    WHERE l.name = p.n
 ),
 note AS (
     -- Wake workers only when something became claimable: a task queued again,
@@ -576,7 +644,7 @@ note AS (
                        AND NOT (r.id = ANY(%(id)s::bigint[]))))) q
 )
 SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'),
-       (SELECT count(*) FROM note) AS notified
+       (SELECT count(*) FROM note) AS notified, name, limits
 FROM upd;
 
 -- name: settle_dependents
@@ -682,7 +750,7 @@ WHERE id = %(id)s AND (status || '') = 'RUNNING';
 
 -- name: retry
 UPDATE corral_tasks
-SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
     finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1
@@ -702,12 +770,42 @@ SELECT finished_at - started_at AS d FROM corral_tasks
 WHERE batch = %(batch)s AND finished_at IS NOT NULL AND started_at IS NOT NULL
 ORDER BY d;
 
+-- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- name: set_limit
-INSERT INTO corral_limits (name, concurrency, rate) VALUES (%(name)s, %(concurrency)s, %(rate)s)
-ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate;
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+    burst = excluded.burst,
+    tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
+    counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
 
 -- name: limits
-SELECT name, concurrency, rate FROM corral_limits ORDER BY name;
+-- (the last column: the transaction's now, the time a claim charges tokens at)
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at,
+       extract(epoch FROM now())::float8 AS now
+FROM corral_limits ORDER BY name;
+
+-- A claim took tokens: the bucket as counted now.
+-- name: limit_charge
+UPDATE corral_limits SET tokens = %(tokens)s, counted_at = %(at)s WHERE name = %(name)s;
+
+-- name: breakers
+SELECT name, config, state FROM corral_breakers ORDER BY name;
+
+-- name: set_breaker
+INSERT INTO corral_breakers (name, config) VALUES (%(name)s, %(config)s)
+ON CONFLICT (name) DO UPDATE SET config = excluded.config;
+
+-- name: breaker_save
+UPDATE corral_breakers SET state_name = %(state_name)s, state = %(state)s WHERE name = %(name)s;
+
+-- name: breaker_event
+INSERT INTO corral_breaker_events (at, name, before, after, reason, calls, failures)
+VALUES (%(at)s, %(name)s, %(before)s, %(after)s, %(reason)s, %(calls)s, %(failures)s);
+
+-- name: breaker_events
+SELECT at, name, before, after, reason, calls, failures FROM corral_breaker_events
+WHERE (%(name)s::text IS NULL OR name = %(name)s::text) ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: limit_usage
 SELECT n AS name, count(DISTINCT t.lease_token) AS used
@@ -716,13 +814,10 @@ WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0
 GROUP BY n;
 
 -- name: find_stuck
--- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+-- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
 SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
 FROM corral_tasks
-WHERE status = 'RUNNING'
-  AND (lease_expires_at < %(now)s::float8
-       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < %(now)s::float8)
-       OR attempt > max_retries + 1)
+WHERE status = 'RUNNING' AND lease_expires_at < %(now)s::float8
 ORDER BY id
 LIMIT %(limit)s;
 
@@ -799,7 +894,7 @@ SELECT 1 FROM corral_groups WHERE group_key = ANY(%(groups)s::text[]) ORDER BY g
 
 -- name: retry_many
 UPDATE corral_tasks
-SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0,
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
     finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1

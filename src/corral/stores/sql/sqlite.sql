@@ -125,6 +125,27 @@ CREATE TABLE IF NOT EXISTS named_limits (
     rate        TEXT
 ) WITHOUT ROWID;
 
+-- Circuit breakers on a limit or a task name: config and state as JSON,
+-- the state's name apart (the plain claim path reads it).
+CREATE TABLE IF NOT EXISTS breakers (
+    name       TEXT PRIMARY KEY,
+    config     TEXT NOT NULL,
+    state_name TEXT NOT NULL DEFAULT 'CLOSED',
+    state      TEXT
+) WITHOUT ROWID;
+
+-- Every change of a breaker, with why and the counts behind it.
+CREATE TABLE IF NOT EXISTS breaker_events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    at       REAL    NOT NULL,
+    name     TEXT    NOT NULL,
+    before   TEXT    NOT NULL,
+    after    TEXT    NOT NULL,
+    reason   TEXT    NOT NULL,
+    calls    INTEGER NOT NULL,
+    failures INTEGER NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS leadership (
     role       TEXT PRIMARY KEY,
     holder     TEXT NOT NULL,
@@ -157,6 +178,14 @@ CREATE TABLE IF NOT EXISTS events (
     subject TEXT NOT NULL,
     data    TEXT NOT NULL
 );
+
+-- Columns of schema version 4 (flow control); each is added only when missing.
+-- name: columns_v4
+ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE named_limits ADD COLUMN burst INTEGER;
+ALTER TABLE named_limits ADD COLUMN tokens REAL;
+ALTER TABLE named_limits ADD COLUMN counted_at REAL;
+ALTER TABLE named_limits ADD COLUMN paused_until REAL;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -197,7 +226,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested
+       checkpoint, cancel_requested, snoozes
 FROM tasks
 
 -- name: get
@@ -205,7 +234,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested
+       checkpoint, cancel_requested, snoozes
 FROM tasks WHERE id = ?
 
 -- name: deps_of
@@ -298,7 +327,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested
+       checkpoint, cancel_requested, snoozes
 
 -- The fast path for plain work (no group, no limit) while nothing else is
 -- queued: one statement. Parameters: expires, worker, now, queue, now,
@@ -313,13 +342,14 @@ WHERE id IN (
       AND group_key IS NULL AND limits IS NULL
       AND queue = ? AND run_at <= ?
       AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
+      AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
     ORDER BY priority DESC, run_at, id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested
+       checkpoint, cancel_requested, snoozes
 
 -- Is grouped or limited work queued? (decides whether claim_plain may be used)
 -- name: special_ready
@@ -336,16 +366,48 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested
+       checkpoint, cancel_requested, snoozes
 
 -- ---- limits --------------------------------------------------------------------
 
 -- name: limits
-SELECT name, concurrency, rate FROM named_limits ORDER BY name
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at FROM named_limits ORDER BY name
 
+-- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- name: set_limit
-INSERT INTO named_limits (name, concurrency, rate) VALUES (?, ?, ?)
-ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate
+INSERT INTO named_limits (name, concurrency, rate, burst) VALUES (?, ?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+    burst = excluded.burst,
+    tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
+    counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
+
+-- A claim took tokens: the bucket as counted now.
+-- name: limit_charge
+UPDATE named_limits SET tokens = ?, counted_at = ? WHERE name = ?
+
+-- A 429 with Retry-After pauses each limit of the task until then.
+-- name: limit_pause
+UPDATE named_limits SET paused_until = max(coalesce(paused_until, 0), ?)
+WHERE name IN (SELECT value FROM json_each(?))
+
+-- ---- circuit breakers ----------------------------------------------------------
+
+-- name: breakers
+SELECT name, config, state FROM breakers ORDER BY name
+
+-- name: set_breaker
+INSERT INTO breakers (name, config) VALUES (?, ?)
+ON CONFLICT (name) DO UPDATE SET config = excluded.config
+
+-- name: breaker_save
+UPDATE breakers SET state_name = ?, state = ? WHERE name = ?
+
+-- name: breaker_event
+INSERT INTO breaker_events (at, name, before, after, reason, calls, failures) VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: breaker_events
+SELECT at, name, before, after, reason, calls, failures FROM breaker_events
+WHERE (?1 IS NULL OR name = ?1) ORDER BY id DESC LIMIT ?2
 
 -- Distinct lease tokens among RUNNING tasks, per limit name.
 -- name: limit_usage
@@ -389,7 +451,7 @@ SET status = ?, result = coalesce(?, result),
     attempt = coalesce(?, max(0, attempt - ?)),
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
-RETURNING group_key
+RETURNING group_key, name, limits
 
 -- Many final outcomes in one statement (one JSON array of
 -- [id, token, version, status, result, set_error, error, finished_at,
@@ -411,19 +473,21 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS t
       FROM json_each(?)) AS o
 WHERE tasks.id = o.id AND tasks.status = 'RUNNING' AND tasks.lease_token = o.token
   AND tasks.version = o.version
-RETURNING tasks.id, tasks.group_key
+RETURNING tasks.id, tasks.group_key, tasks.name, tasks.limits
 
--- Outcome that queues the task again (RETRYING, or PENDING when handed back).
+-- Outcome that queues the task again (RETRYING, or PENDING when handed back;
+-- a snooze gives the attempt back and counts a snooze).
 -- Parameters: status, result, error(flag, value), run_at, started_at,
--- attempt, give_back, id, token, version.
+-- attempt, give_back, snoozed, id, token, version.
 -- name: complete_requeue
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
     run_at = ?, started_at = coalesce(started_at, ?),
-    attempt = coalesce(?, max(0, attempt - ?)), worker_id = NULL,
+    attempt = coalesce(?, max(0, attempt - ?)), snoozes = snoozes + ?, worker_id = NULL,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ? AND version = ?
+RETURNING name, limits
 
 -- ---- dependencies --------------------------------------------------------------
 
@@ -459,7 +523,7 @@ UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
 
 -- name: retry
 UPDATE tasks
-SET status = 'PENDING', attempt = 0, run_at = ?, finished_at = NULL,
+SET status = 'PENDING', attempt = 0, snoozes = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
     version = version + 1
 WHERE id = ?  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
@@ -478,13 +542,10 @@ ORDER BY 1
 -- ---- maintenance ---------------------------------------------------------------
 
 -- name: find_stuck
--- RUNNING tasks a sweep rule may recover (see corral.maintenance.recovery).
+-- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
 SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
 FROM tasks INDEXED BY tasks_running_expiry
-WHERE status = 'RUNNING'
-  AND (lease_expires_at < :now
-       OR (timeout IS NOT NULL AND started_at IS NOT NULL AND started_at + 2 * timeout < :now)
-       OR attempt > max_retries + 1)
+WHERE status = 'RUNNING' AND lease_expires_at < :now
 ORDER BY id
 LIMIT :limit
 

@@ -1,0 +1,117 @@
+"""A worker process and what it leaves behind when it dies or gives up.
+
+A process task's child dies with its worker (kill -9, or a second signal),
+so the sweeper never re-queues a task whose orphan still runs. A worker with
+too many timed-out threads exits 4 for its supervisor to restart it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.cli import EXIT_ABANDONED, EXIT_FORCED
+from corral.core.model import NewTask, dumps
+from corral.core.states import State
+from corral.engine import runner
+from corral.stores import open_store
+from helpers import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+APP = "tests.apps.runtime_app:app"
+
+pytestmark = pytest.mark.slow
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.fixture
+def worker(tmp_path, sqlite_url):
+    procs: list[subprocess.Popen] = []
+    log_path = tmp_path / "worker.log"
+
+    def start(*args: str) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.pop("CORRAL_STORE", None)
+        with open(log_path, "ab") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-m", "corral", "worker", APP, "--store", sqlite_url, *args],
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        procs.append(p)
+        return p
+
+    start.log = lambda: log_path.read_text(errors="replace") if log_path.exists() else ""
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def _submit(url: str, name: str, *args: object, timeout: float | None = None) -> int:
+    store = open_store(url)
+    try:
+        [r] = store.submit([NewTask(name, dumps({"args": list(args), "kwargs": {}}), timeout=timeout)])
+        return r.id
+    finally:
+        store.close()
+
+
+def _child_pid(pidfile: Path) -> int:
+    wait_for(pidfile.exists, timeout=30, message="the child process started")
+    return int(pidfile.read_text())
+
+
+@pytest.mark.parametrize("how", ["kill -9", "double SIGTERM"])
+def test_process_task_child_dies_with_its_worker(worker, sqlite_url, tmp_path, how):
+    pidfile = tmp_path / "child.pid"
+    _submit(sqlite_url, "hold_in_child", str(pidfile))
+    w = worker("--concurrency", "1", "--grace", "60")
+    child = _child_pid(pidfile)
+    assert pid_alive(child)
+    if how == "kill -9":
+        w.kill()
+        assert w.wait(10) == -signal.SIGKILL
+    else:
+        w.send_signal(signal.SIGTERM)
+        wait_for(lambda: "SIGTERM received" in worker.log(), timeout=20)
+        w.send_signal(signal.SIGTERM)
+        assert w.wait(10) == EXIT_FORCED, worker.log()
+    wait_for(lambda: not pid_alive(child), timeout=10, message="the orphaned child is gone")
+
+
+def test_worker_exits_4_at_its_abandoned_thread_cap(worker, sqlite_url):
+    assert EXIT_ABANDONED == runner.EXIT_ABANDONED == 4
+    tid = _submit(sqlite_url, "hang_in_thread", timeout=0.3)
+    w = worker("--concurrency", "2", "--grace", "1", "--max-abandoned-threads", "1")
+    try:
+        code = w.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"worker did not exit:\n{worker.log()}") from None
+    assert code == EXIT_ABANDONED, worker.log()
+    text = worker.log()
+    assert "max_abandoned_threads=1" in text and "Traceback" not in text
+    store = open_store(sqlite_url)
+    try:  # still leased: the sweeper recovers it once the lease runs out, not before
+        assert store.get(tid).status is State.RUNNING
+    finally:
+        store.close()
