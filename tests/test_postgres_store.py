@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from corral.core.model import LimitSpec, NewTask, Outcome
+from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter
 from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
@@ -395,5 +395,51 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
         got = s.claim("w", ["default"], 10)
         # a's first queued task, and the free one; b waits for its running task
         assert sorted(t.id for c in got for t in c.tasks) == [2, 6]
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
+    """A database at version 4 (before flow control) takes migrations 0005
+    (rates, snoozes, breakers) and 0006 (dead letters, fleet level, events) in
+    order; one at version 5 takes 0006."""
+    import psycopg
+
+    from corral.core.breaker import BreakerConfig, BreakerState
+    from corral.stores.base import FleetLevel
+    from corral.stores.postgres import SCHEMA_VERSION
+    from corral.stores.sql import load
+
+    q = load("postgres")
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(q["schema_version_table"])
+        for n in range(1, version + 1):
+            conn.execute(q[f"migration_000{n}"])
+        conn.execute(q["set_schema_version"], {"v": version})
+        conn.execute(
+            "INSERT INTO corral_tasks (name, args, status, created_at, run_at) VALUES ('t', '{}', 'PENDING', 0, 0)"
+        )
+    s = open_store(pg_url)
+    try:
+        s.migrate()
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 6
+            tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
+            assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
+            assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]
+        (rec,) = s.list_tasks(TaskFilter())
+        assert rec.snoozes == 0
+        s.set_limit(LimitSpec("api", rate="1/m", burst=1))
+        s.set_breaker("t", BreakerConfig())
+        s.force_breaker("t", BreakerState.OPEN, "test")
+        assert s.claim("w", ["default"], 5) == []  # the breaker holds the task
+        s.force_breaker("t", BreakerState.CLOSED, "test")
+        (c,) = s.claim("w", ["default"], 5)
+        t = c.tasks[0]
+        assert s.complete([Outcome(t.id, t.lease_token, t.version, State.FAILED, error="boom")]) == [True]
+        assert [d.id for d in s.dead_letters()] == [rec.id]
+        assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
+        assert s.fleet_level().level == 1 and len(s.events()) == 1
     finally:
         s.close()

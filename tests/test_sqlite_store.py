@@ -194,6 +194,63 @@ def test_a_version_1_database_is_brought_up_to_date(tmp_path):
         s.close()
 
 
+def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
+    """Both flow-control schemas are there and work: rates, snoozes and
+    breakers (version 4), dead letters, the fleet level and events (version 5)."""
+    from corral.core.breaker import BreakerConfig, BreakerState
+    from corral.core.model import LimitSpec
+    from corral.stores.base import FleetLevel
+
+    con = s._con()
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 5
+    columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
+    assert "snoozes" in columns
+    columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
+    assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
+    names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
+    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead"} <= names
+    assert s.get(task_id).snoozes == 0
+    s.set_limit(LimitSpec("api", rate="1/m", burst=1))
+    s.set_breaker("t", BreakerConfig())
+    assert s.force_breaker("t", BreakerState.OPEN, "test").after == "OPEN"
+    assert s.claim("w", ["default"], 5) == []  # the breaker holds the task
+    s.force_breaker("t", BreakerState.CLOSED, "test")
+    (c,) = s.claim("w", ["default"], 5)
+    rec = c.tasks[0]
+    assert s.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")]) == [True]
+    assert [t.id for t in s.dead_letters()] == [task_id]
+    assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
+    assert s.fleet_level().level == 1 and len(s.events()) == 1
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
+    """A file as version 3 left it (before flow control) or as version 4 left
+    it (rates and breakers, no levels) is brought up to version 5."""
+    url = f"sqlite:///{tmp_path}/old.db"
+    s = SQLiteStore(url)
+    (kept,) = s.submit([new("t")])
+    s.close()
+    con = sqlite3.connect(f"{tmp_path}/old.db")
+    con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
+    if version == 3:
+        con.executescript(
+            "DROP TABLE breakers; DROP TABLE breaker_events;"
+            " ALTER TABLE tasks DROP COLUMN snoozes;"
+            " ALTER TABLE named_limits DROP COLUMN burst; ALTER TABLE named_limits DROP COLUMN tokens;"
+            " ALTER TABLE named_limits DROP COLUMN counted_at; ALTER TABLE named_limits DROP COLUMN paused_until;"
+        )
+    con.execute("DELETE FROM corral_schema")
+    con.execute("INSERT INTO corral_schema (version) VALUES (?)", (version,))
+    con.commit()
+    con.close()
+    s = SQLiteStore(url)
+    try:
+        _flow_schema_check(s, kept.id)
+    finally:
+        s.close()
+
+
 def test_checkpoints_run_in_the_background_not_in_commits(tmp_path):
     s = SQLiteStore(f"sqlite:///{tmp_path}/ck.db")
     try:

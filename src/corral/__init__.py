@@ -6,6 +6,7 @@ dies half-way. See README.md for a tour and docs/architecture.md for the map.
 
 from corral.app import App, Handle, TaskDef
 from corral.core.groups import subgroup
+from corral.core.levels import Level
 from corral.core.retries import Backoff
 from corral.core.states import State
 from corral.engine.context import Context
@@ -43,6 +44,7 @@ __all__ = [
     "State",
     "Context",
     "Backoff",
+    "Level",
     "subgroup",
     "CorralError",
     "ConfigError",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from corral.core import validation as check
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
+from corral.core.levels import Level
 from corral.core.model import (
     BreakerEvent,
     LimitSpec,
@@ -61,7 +62,7 @@ def _duration(value: float | str, option: str) -> float:
 
 if TYPE_CHECKING:
     from corral.engine.worker import DrainReport, Worker
-    from corral.stores.base import BatchSummary
+    from corral.stores.base import BatchSummary, FleetLevel
 
 log = logging.getLogger("corral.app")
 
@@ -90,6 +91,8 @@ class TaskDef:
     halt_group_on_failure: bool = False
     takes_ctx: bool = False
     overlap_on_timeout: bool = False
+    #: runs at the DEGRADED level, when only critical work does
+    critical: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -164,6 +167,7 @@ class App:
         hooks: Sequence[Hooks] = (),
         clock: Clock | None = None,
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+        critical_queues: Sequence[str] = (),
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
@@ -183,6 +187,8 @@ class App:
         self.registry: dict[str, TaskDef] = {}
         #: what steers and watches this app's workers (flow control, metrics, events)
         self.hooks = HookChain(*hooks)
+        #: queues whose work still runs at the DEGRADED level (with tasks marked critical)
+        self.critical_queues: tuple[str, ...] = check.names(critical_queues, "critical_queues")
         self.max_queued = max_queued
         self.on_full = on_full
         self.full_timeout = full_timeout
@@ -209,6 +215,7 @@ class App:
         backoff: Backoff | None = None,
         halt_group_on_failure: bool = False,
         overlap_on_timeout: bool = False,
+        critical: bool = False,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -221,7 +228,9 @@ class App:
         too many such threads stops claiming (``corral worker`` exits for its
         supervisor to restart it). ``overlap_on_timeout=True`` writes the
         timeout at once and frees the lane, letting a retry or the group's
-        next task run beside the abandoned thread.
+        next task run beside the abandoned thread. ``critical=True`` keeps the
+        task running at the DEGRADED level, when the fleet runs only critical
+        work.
         """
 
         def register(f: Callable) -> TaskDef:
@@ -235,6 +244,8 @@ class App:
             if not isinstance(halt_group_on_failure, bool):
                 shown = check.shown(halt_group_on_failure)
                 raise ConfigError(f"halt_group_on_failure must be True or False, not {shown}")
+            if not isinstance(critical, bool):
+                raise ConfigError(f"critical must be True or False, not {check.shown(critical)}")
             if task_name in self.registry:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
@@ -258,6 +269,7 @@ class App:
                 halt_group_on_failure=halt_group_on_failure,
                 takes_ctx=bool(params) and params[0] == "ctx",
                 overlap_on_timeout=overlap_on_timeout,
+                critical=critical,
             )
             self.registry[task_name] = tdef
             return tdef
@@ -520,6 +532,37 @@ class App:
     def tasks(self, **filters: Any) -> list[TaskRecord]:
         return self.store.list_tasks(TaskFilter(**filters))
 
+    def dead(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        """The dead letters: tasks that ended FAILED or TIMEOUT (retries spent,
+        a permanent error, arguments that cannot be decoded) and were not
+        retried since, oldest first, each with its error, attempts and trace id."""
+        return self.store.dead_letters(batch, limit, offset)
+
+    def retry_dead(self, batch: str | None = None) -> list[int]:
+        """Queue the dead letters (of ``batch``) again, all in one write, and
+        return their ids. A group's re-queued tasks run in submit order,
+        before its tasks still queued behind them."""
+        return self.store.retry_dead(batch)
+
+    # ---- degradation levels ----------------------------------------------------------
+    def level(self) -> Level:
+        """The fleet's degradation level, NORMAL (L0) to EMERGENCY (L4)."""
+        return Level(self.store.fleet_level().level)
+
+    def level_state(self) -> FleetLevel:
+        """The stored level with whether it was set by hand, why, and since when."""
+        return self.store.fleet_level()
+
+    def set_level(self, level: str | int | Level, *, reason: str = "") -> Level:
+        """Set the fleet's level by hand (``"CIRCUIT_OPEN"``, ``"L3"``, ``3``),
+        or hand it back to the automatic rules with ``"auto"``.
+
+        A level set by hand stays until set again or handed back; workers
+        follow it within about a second. Returns the level now in force."""
+        from corral.flow.levels import set_level
+
+        return set_level(self.store, level, reason=reason)
+
     def batch_status(self, batch: str) -> BatchSummary:
         return self.store.batch_summary(batch)
 
@@ -537,9 +580,16 @@ class App:
         Results over this app's ``max_payload_bytes`` fail their task.
         ``extra_hooks`` watch this worker only, beside the app's own."""
         from corral.engine.worker import Worker
+        from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
-        hooks = HookChain(self.hooks, *extra_hooks) if extra_hooks else self.hooks
+        levels = LevelHooks(
+            self.store,
+            concurrency,
+            critical_names=[n for n, t in self.registry.items() if t.critical],
+            critical_queues=self.critical_queues,
+        )
+        hooks = HookChain(self.hooks, *extra_hooks, levels)
         return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:
@@ -575,12 +625,14 @@ class App:
         time across the fleet). ``extra_hooks`` watch this worker (metrics).
         Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
+        from corral.maintenance.levels import LevelKeeper
         from corral.maintenance.sweeper import Sweeper
 
         holder = options.pop("worker_id", None) or new_holder_id()
         sweeper = None
         if sweep_interval is not None:
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder)
+            levels = LevelKeeper(self.store, queue_bound=self.max_queued)
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels)
         worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:

@@ -85,10 +85,18 @@ _PG_SHIFT = (
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
     " lease_expires_at = lease_expires_at - %(s)s",
     "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
+    "UPDATE corral_fleet SET calm_since = calm_since - %(s)s, changed_at = changed_at - %(s)s",
+    "UPDATE corral_events SET at = at - %(s)s",
     "UPDATE corral_limits SET counted_at = counted_at - %(s)s, paused_until = paused_until - %(s)s",
     "UPDATE corral_breakers SET state = jsonb_set(state::jsonb, '{opened_at}',"
     " to_jsonb((state::jsonb->>'opened_at')::float8 - %(s)s))::text"
     " WHERE state IS NOT NULL AND state::jsonb->>'opened_at' IS NOT NULL",
+    # a breaker's window counts calls per whole second
+    "UPDATE corral_breakers SET state = jsonb_set(state::jsonb, '{slots}', coalesce((SELECT jsonb_agg("
+    "jsonb_build_array(floor((e->>0)::float8 - %(s)s)::bigint, e->1, e->2) ORDER BY n)"
+    " FROM jsonb_array_elements(state::jsonb->'slots') WITH ORDINALITY AS x(e, n)), '[]'::jsonb))::text"
+    " WHERE state IS NOT NULL AND jsonb_typeof(state::jsonb->'slots') = 'array'",
+    "UPDATE corral_breaker_events SET at = at - %(s)s",
 )
 
 

@@ -243,10 +243,12 @@ def _add_commands() -> None:
         tasks.cancel,
         tasks.retry,
         worker.sweep,
+        flow.breaker,
+        flow.level,
+        flow.dead,
         demo.dashboard,
         demo.demo,
         plan.plan,
-        flow.breaker,
     ):
         cli.add_command(command)
     _add_bench()

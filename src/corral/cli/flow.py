@@ -1,5 +1,7 @@
-"""``corral breaker``: circuit breakers' state and their last changes; open or
-close one by hand."""
+"""The flow-control commands: ``corral breaker`` (circuit breakers' state and
+their last changes; open or close one by hand), ``corral level`` (the fleet's
+degradation level) and ``corral dead`` (the dead-letter view; ``corral retry
+--dead`` re-queues dead letters)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import datetime
 
 import click
 
-from corral.cli import CLIError, open_given_store, store_option
+from corral.cli import CLIError, json_option, open_given_store, render, store_option
 from corral.core.breaker import BreakerState
+from corral.core.levels import Level
 from corral.errors import ConfigError
+from corral.flow.levels import set_level
 
 
 def _when(at: float) -> str:
@@ -74,3 +78,111 @@ def open_(name, reason, store_url=None):
 def close(name, reason, store_url=None):
     """Close NAME: its tasks are claimed again."""
     _force(store_url, name, BreakerState.CLOSED, reason)
+
+
+def _level_dict(store) -> dict:
+    lv = store.fleet_level()
+    return {
+        "level": Level(lv.level).name,
+        "value": lv.level,
+        "manual": lv.manual,
+        "reason": lv.reason,
+        "changed_at": lv.changed_at,
+    }
+
+
+def _print_level(store) -> None:
+    d = _level_dict(store)
+    how = "set by hand" if d["manual"] else "automatic"
+    since = f" since {render.when(d['changed_at'])}" if d["changed_at"] is not None else ""
+    reason = f": {d['reason']}" if d["reason"] else ""
+    click.echo(f"L{d['value']} {d['level']} ({how}){since}{reason}")
+
+
+@click.group(invoke_without_command=True)
+@store_option
+@click.pass_context
+def level(ctx: click.Context, store_url: str | None) -> None:
+    """Show or set the fleet's degradation level (default: show).
+
+    Levels: NORMAL (L0) everything runs; WARNING (L1) smaller claims and an
+    alert; DEGRADED (L2) half the slots, critical work only; CIRCUIT_OPEN
+    (L3) only retries run; EMERGENCY (L4) nothing is dispatched. Workers
+    follow a change within about a second.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["store_url"] = store_url
+    if ctx.invoked_subcommand is None:
+        _print_level(open_given_store(store_url))
+
+
+def _url(ctx: click.Context, store_url: str | None) -> str | None:
+    return store_url if store_url is not None else (ctx.obj or {}).get("store_url")
+
+
+@level.command("show")
+@store_option
+@json_option
+@click.pass_context
+def level_show(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
+    """The level, whether it was set by hand, since when and why."""
+    store = open_given_store(_url(ctx, store_url))
+    if as_json:
+        render.print_json(_level_dict(store))
+    else:
+        _print_level(store)
+
+
+@level.command("set")
+@click.argument("name", metavar="LEVEL")
+@click.option("--reason", required=True, help="Why (kept with the level and in the event log).")
+@store_option
+@click.pass_context
+def level_set(ctx: click.Context, name: str, reason: str, store_url: str | None) -> None:
+    """Set the level by hand (a name, or L0-L4); it stays until set again or `corral level auto`."""
+    if name.strip().lower() == "auto":
+        raise click.UsageError("use `corral level auto` to hand the level back")
+    store = open_given_store(_url(ctx, store_url))
+    lv = set_level(store, name, reason=reason)
+    click.echo(f"level set to L{lv.value} {lv.name} by hand: {reason}")
+
+
+@level.command("auto")
+@click.option("--reason", default="", help="Why (kept in the event log).")
+@store_option
+@click.pass_context
+def level_auto(ctx: click.Context, reason: str, store_url: str | None) -> None:
+    """Hand the level back to the automatic rules (the sweeper leader steps it from there)."""
+    store = open_given_store(_url(ctx, store_url))
+    lv = set_level(store, "auto", reason=reason)
+    click.echo(f"level handed back to the automatic rules (now L{lv.value} {lv.name})")
+
+
+@click.command()
+@store_option
+@click.option("--batch", help="Only this batch.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--offset", type=click.IntRange(min=0), default=0)
+@json_option
+def dead(store_url: str | None, batch: str | None, limit: int, offset: int, as_json: bool) -> None:
+    """Dead letters: tasks that ended FAILED or TIMEOUT and were not retried
+    since (retries spent, a permanent error, arguments that cannot be
+    decoded), oldest first. `corral retry --dead` queues them again."""
+    rows = open_given_store(store_url).dead_letters(batch, limit, offset)
+    if as_json:
+        render.print_json([render.record_dict(r) for r in rows])
+        return
+    if not rows:
+        click.echo("no dead letters" + (f" in batch {batch}" if batch else ""))
+        return
+    for r in rows:
+        error = render.clip((r.error or "").replace("\n", " "), 120)
+        click.echo(
+            f"{r.id}  {r.name}  {r.status.value}  attempts {r.attempt}  trace {r.trace_id or '-'}"
+            + (f"  batch {r.batch}" if r.batch else "")
+            + (f"  group {r.group}" if r.group else "")
+            + f"  {error}"
+        )
+
+
+__all__ = ["breaker", "level", "dead"]

@@ -252,12 +252,27 @@ def cancel(task_id, store_url):
     is_flag=True,
     help="Retry every task the sweeper canceled because no worker took it in time (see `corral tasks --stale`).",
 )
+@click.option(
+    "--dead",
+    is_flag=True,
+    help="Retry every dead letter (FAILED or TIMEOUT; with --batch, of that batch) in one write, "
+    "keeping each group's submit order (see `corral dead`).",
+)
 @store_option
-def retry(task_id, batch, stale, store_url):
+def retry(task_id, batch, stale, dead, store_url):
     """Put a FAILED, TIMEOUT or CANCELED task (or a whole batch's, or every
-    stale one the sweeper canceled) back in the queue."""
+    stale one the sweeper canceled, or the dead letters) back in the queue."""
+    if dead:
+        if task_id is not None or stale:
+            raise click.UsageError("--dead goes alone or with --batch B")
+        store = open_given_store(store_url)
+        if batch is not None and store.batch_summary(batch).total == 0:
+            raise _no_batch(batch)
+        ids = store.retry_dead(batch)
+        click.echo(f"{len(ids)} dead letter(s) queued again" + (f" from batch {batch}" if batch else ""))
+        return
     if sum((task_id is not None, batch is not None, stale)) != 1:
-        raise click.UsageError("give one of: a task ID, --batch B, --stale")
+        raise click.UsageError("give one of: a task ID, --batch B, --stale, --dead [--batch B]")
     store = open_given_store(store_url)
     if stale:
         ids = _ids(store, State.CANCELED, None, STALE_PENDING_PREFIX)

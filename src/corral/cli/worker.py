@@ -226,7 +226,9 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
             click.echo(render.sweep_line(url, report))
         return
     _setup_logging(log_level)
-    sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows)
+    from corral.maintenance.levels import LevelKeeper
+
+    sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows, levels=LevelKeeper(store))
     with StopSignals() as signals:
         sweeper.start()
         log.info(

@@ -14,11 +14,45 @@ dropped, never allowed to stop the worker.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
 from corral.core.model import Claim, Outcome
 
 #: What :meth:`Hooks.dispatch_budget` returns when nothing limits dispatch.
 UNLIMITED = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """Part of what a worker may claim: its queues within ``queues`` and its
+    task names within ``names`` (None: no restriction)."""
+
+    queues: frozenset[str] | None = None
+    names: frozenset[str] | None = None
+
+    def __and__(self, other: Lane) -> Lane:
+        def both(a: frozenset[str] | None, b: frozenset[str] | None) -> frozenset[str] | None:
+            return b if a is None else a if b is None else a & b
+
+        return Lane(both(self.queues, other.queues), both(self.names, other.names))
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPolicy:
+    """What the dispatcher may claim now (see :meth:`Hooks.dispatch`)."""
+
+    #: units per claim; None pauses dispatch
+    max_units: int | None = UNLIMITED
+    #: units in flight at most (None: the worker's concurrency)
+    slots: int | None = None
+    #: claim only tasks waiting to be retried (``Store.claim(only_retries=True)``)
+    only_retries: bool = False
+    #: claim only from these lanes, in order (None: everything the worker runs)
+    lanes: tuple[Lane, ...] | None = None
+
+
+#: The policy that restricts nothing.
+OPEN = DispatchPolicy()
 
 
 class Hooks:
@@ -27,6 +61,14 @@ class Hooks:
     def dispatch_budget(self) -> int | None:
         """How many units the worker may claim now; ``None`` pauses dispatch."""
         return UNLIMITED
+
+    def dispatch(self) -> DispatchPolicy:
+        """What the worker may claim now; asked before every claim.
+
+        The default is :meth:`dispatch_budget` alone, so a hook that only
+        caps the claim size overrides that; one that also restricts what is
+        claimed (retries only, critical work only, fewer slots) overrides this."""
+        return DispatchPolicy(self.dispatch_budget())
 
     def on_claims(self, worker_id: str, claims: Sequence[Claim]) -> None:
         """Units were just claimed by ``worker_id``."""
@@ -52,6 +94,25 @@ class HookChain(Hooks):
                 return None
             budget = min(budget, b) if budget is not None else b
         return budget
+
+    def dispatch(self) -> DispatchPolicy:
+        """Every restriction at once: the smallest budget and slots, retries
+        only if any says so, and only what every hook's lanes allow."""
+        max_units: int | None = UNLIMITED
+        slots: int | None = None
+        only_retries = False
+        lanes: tuple[Lane, ...] | None = None
+        for h in self.hooks:
+            p = h.dispatch()
+            if p.max_units is None:
+                return DispatchPolicy(None)
+            max_units = p.max_units if max_units is None else min(max_units, p.max_units)
+            if p.slots is not None:
+                slots = p.slots if slots is None else min(slots, p.slots)
+            only_retries = only_retries or p.only_retries
+            if p.lanes is not None:
+                lanes = p.lanes if lanes is None else tuple(a & b for a in lanes for b in p.lanes)
+        return DispatchPolicy(max_units, slots, only_retries, lanes)
 
     def on_claims(self, worker_id: str, claims: Sequence[Claim]) -> None:
         for h in self.hooks:

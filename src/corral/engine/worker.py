@@ -49,7 +49,7 @@ from corral.core.retry_after import retry_after
 from corral.core.states import State
 from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
-from corral.engine.hooks import UNLIMITED, Hooks
+from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
 from corral.engine.registry import Registry, TaskSpec
 from corral.errors import Canceled, ChildFailed, PermanentError, Retry, StoreCorrupt, StoreError
 from corral.stores.base import Store
@@ -398,14 +398,14 @@ class Worker:
             return getattr(self.hooks, name)(*args)
         except Exception:  # noqa: BLE001 - a watcher's bug must not stop the work
             log.exception("hook %s failed", name)
-            return UNLIMITED if name == "dispatch_budget" else None
+            return {"dispatch_budget": UNLIMITED, "dispatch": OPEN}.get(name)
 
     # ---- dispatch -----------------------------------------------------------
     def _dispatch_loop(self) -> None:
         names = frozenset(self.registry)
         while not self._stop_claiming.is_set():
-            mode = self._hook("dispatch_budget")
-            if mode is None:  # paused: nothing can run now, as far as a drain is concerned
+            policy: DispatchPolicy = self._hook("dispatch")
+            if policy.max_units is None:  # paused: nothing can run now, as far as a drain is concerned
                 with self._cond:
                     self._claim_seq += 1
                     if self._inflight == 0:
@@ -414,7 +414,8 @@ class Worker:
                 self.store.wait_for_work(self._idle_wait())
                 continue
             with self._cond:
-                free = self.concurrency - self._inflight
+                cap = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
+                free = cap - self._inflight
                 if free <= 0:
                     self._cond.wait(self.poll_interval)
                     continue
@@ -423,17 +424,10 @@ class Worker:
                 quiet = self._inflight == 0  # an empty claim now means nothing here can run
                 # reserve the slots this claim may fill, so nothing else
                 # counts them free while the claim is under way
-                want = min(free, mode)
+                want = min(free, policy.max_units)
                 self._inflight += want
             try:
-                claims = self.store.claim(
-                    self.id,
-                    self.queues,
-                    want,
-                    names=names,
-                    chunk_size=self.chunk_size,
-                    lease_seconds=self.lease_seconds,
-                )
+                claims = self._claim(want, names, policy)
             except StoreCorrupt as exc:  # no retry can cure it: stop claiming, let the runner exit
                 self.fatal = exc
                 claims = None
@@ -460,6 +454,34 @@ class Worker:
                     self._units.add(unit)
                 self._inbox.put(unit)
             time.sleep(0)  # let the woken slots take the GIL before the next claim
+
+    def _claim(self, want: int, names: frozenset[str], policy: DispatchPolicy) -> list[Claim]:
+        """One claim, or one per lane of the policy until ``want`` is reached."""
+        extra = {"only_retries": True} if policy.only_retries else {}
+        if policy.lanes is None:
+            lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
+        else:
+            lanes = tuple(
+                (
+                    self.queues if lane.queues is None else tuple(q for q in self.queues if q in lane.queues),
+                    names if lane.names is None else names & lane.names,
+                )
+                for lane in policy.lanes
+            )
+        claims: list[Claim] = []
+        for queues, lane_names in lanes:
+            if not queues or not lane_names or len(claims) >= want:
+                continue
+            claims += self.store.claim(
+                self.id,
+                queues,
+                want - len(claims),
+                names=lane_names,
+                chunk_size=self.chunk_size,
+                lease_seconds=self.lease_seconds,
+                **extra,
+            )
+        return claims
 
     def _idle_wait(self) -> float:
         """How long an idle dispatcher waits for work: briefly while a drain

@@ -20,11 +20,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from corral.core.model import SweepReport, new_holder_id
 from corral.errors import ConfigError
 from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
 from corral.stores.base import Store
+
+if TYPE_CHECKING:
+    from corral.maintenance.levels import LevelKeeper
 
 log = logging.getLogger("corral.sweeper")
 
@@ -43,6 +47,7 @@ class Sweeper:
         max_rows: int = DEFAULT_MAX_ROWS,
         holder: str | None = None,
         on_report: Callable[[SweepReport], None] | None = None,
+        levels: LevelKeeper | None = None,
     ):
         if interval <= 0:
             raise ConfigError("the sweep interval must be > 0 seconds")
@@ -54,6 +59,8 @@ class Sweeper:
         self.max_rows = max_rows
         self.holder = holder or new_holder_id()
         self.on_report = on_report
+        #: the leader's next step after each sweep: the fleet's degradation level
+        self.levels = levels
         #: Leadership lasts three intervals, so one slow tick does not lose it
         #: but a dead leader is replaced within a few intervals.
         self.lead_ttl = self.interval * 3
@@ -78,6 +85,8 @@ class Sweeper:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
         if self.on_report is not None:
             self.on_report(report)
+        if self.levels is not None:
+            self.levels.tick(report)
         return report
 
     def run(self) -> None:

@@ -114,6 +114,34 @@ class Rescue:
     error: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class FleetLevel:
+    """The fleet-wide degradation level as stored (one row; see
+    :mod:`corral.core.levels`). ``level`` is a :class:`~corral.core.levels.Level`
+    value; ``manual`` means an operator set it and automatic steps leave it alone."""
+
+    level: int = 0
+    manual: bool = False
+    calm_since: float | None = None
+    reason: str = ""
+    changed_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One row of the store's event log: what changed, when, and why (``data`` is JSON)."""
+
+    id: int
+    at: float
+    kind: str
+    subject: str
+    data: str
+
+
+#: Final states that make a dead letter (CANCELED is an operator's choice, not a failure).
+DEAD = (State.FAILED, State.TIMEOUT)
+
+
 @dataclass(slots=True)
 class BatchSummary:
     batch: str
@@ -205,8 +233,12 @@ class Store(abc.ABC):
         names: Collection[str] | None = None,
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        only_retries: bool = False,
     ) -> list[Claim]:
-        """Take up to ``max_units`` claims by the module's claim rules."""
+        """Take up to ``max_units`` claims by the module's claim rules.
+
+        ``only_retries`` takes only RETRYING tasks (chunk members included):
+        the CIRCUIT_OPEN level lets retries drain while fresh work waits."""
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
@@ -285,6 +317,58 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...
+
+    # ---- dead letters -----------------------------------------------------
+    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        """Tasks that ended FAILED or TIMEOUT and were not retried since, by id.
+
+        A durable store reads them from a partial index holding only those
+        rows, so a healthy history costs nothing."""
+        raise NotImplementedError
+
+    def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
+        """Queue up to ``limit`` dead letters again (as :meth:`retry`), in one
+        transaction, lowest id first; returns their ids.
+
+        All at once, so a group's re-queued tasks are back in its line in
+        their submit order before any of them can be claimed."""
+        raise NotImplementedError
+
+    # ---- fleet control ----------------------------------------------------
+    def fleet_level(self) -> FleetLevel:
+        """The stored degradation level (NORMAL, automatic, when never set)."""
+        raise NotImplementedError
+
+    def set_fleet_level(self, new: FleetLevel, *, auto: bool, event: str | None = None) -> bool:
+        """Store ``new`` (its ``changed_at`` is ignored: the store stamps now
+        when the level differs from the stored one); True if written.
+
+        ``auto`` marks an automatic step: it applies only while the stored
+        level is not manual, so an operator's setting always wins a race.
+        ``event`` (JSON) is added as a ``level`` event in the same
+        transaction when the write applies."""
+        raise NotImplementedError
+
+    def add_event(self, kind: str, subject: str, data: str) -> int:
+        """Append one event (``data`` is JSON); returns its id."""
+        raise NotImplementedError
+
+    def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
+        """The newest ``limit`` events (of ``kind``), newest first."""
+        raise NotImplementedError
+
+    def trim_events(self, keep: int, before: float) -> int:
+        """Delete events older than ``before`` and all but the newest ``keep``;
+        returns how many went."""
+        raise NotImplementedError
+
+    def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
+        """Task names whose last ``in_a_row`` outcomes since ``since`` are all
+        FAILED or TIMEOUT, with no success of the name after them.
+
+        Reads at most the ``scan`` newest failures (the dead-letter index),
+        so its cost is bounded however busy the fleet."""
+        raise NotImplementedError
 
     # ---- limits -----------------------------------------------------------
     @abc.abstractmethod

@@ -35,7 +35,7 @@ from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
-from corral.stores.base import BatchSummary, HeartbeatReply, Rescue, Store, SweepRow
+from corral.stores.base import DEAD, BatchSummary, Event, FleetLevel, HeartbeatReply, Rescue, Store, SweepRow
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 
 
@@ -75,8 +75,11 @@ class MemoryStore(Store):
         self._limits: dict[str, LimitState] = {}
         self._usage: dict[str, int] = {}
         self._breakers: dict[str, BreakerRow] = {}
-        self._events: list[BreakerEvent] = []
+        self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
+        self._level = FleetLevel()
+        self._events: list[Event] = []
+        self._event_ids = itertools.count(1)
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
 
@@ -273,6 +276,7 @@ class MemoryStore(Store):
         names: Collection[str] | None = None,
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        only_retries: bool = False,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -295,7 +299,7 @@ class MemoryStore(Store):
                 g = self._groups.get(t.group) if t.group is not None else None
                 if g is not None and (g.running or g.ids[0] != tid):
                     continue
-                if names is not None and t.name not in names:
+                if (names is not None and t.name not in names) or (only_retries and t.status is not State.RETRYING):
                     skipped.append((heap, entry))
                     continue
                 solo = False
@@ -318,6 +322,7 @@ class MemoryStore(Store):
                             or n.run_at > now
                             or n.queue != t.queue
                             or (names is not None and n.name not in names)
+                            or (only_retries and n.status is not State.RETRYING)
                             or n.name in self._breakers
                         ):
                             break
@@ -356,7 +361,7 @@ class MemoryStore(Store):
                 for name, (state, ev) in gates.breaker_writes().items():
                     self._breakers[name].state = state
                     if ev is not None:
-                        self._events.append(ev)
+                        self._breaker_events.append(ev)
             self._note_gate_wait(gates.wait if gates is not None and skipped else None)
             if claims:
                 self._changes += 1
@@ -414,7 +419,7 @@ class MemoryStore(Store):
                     changed, events = record_outcomes(self._breakers, [((t.name, *t.limits), o.breaker_failure)], now)
                     for name, state in changed.items():
                         self._breakers[name].state = state
-                    self._events.extend(events)
+                    self._breaker_events.extend(events)
                 if o.status in QUEUED:
                     fields["run_at"] = o.run_at if o.run_at is not None else now
                     fields["worker_id"] = None
@@ -508,10 +513,100 @@ class MemoryStore(Store):
             t = self._tasks.get(task_id)
             if t is None or t.status not in (State.FAILED, State.TIMEOUT, State.CANCELED):
                 return False
-            self._set(t, State.PENDING, attempt=0, snoozes=0, run_at=now, finished_at=None, cancel_requested=False)
-            self._requeue(t, now)
+            self._retry(t, now)
             self._wake.notify_all()
             return True
+
+    def _retry(self, t: TaskRecord, now: float) -> None:
+        self._set(t, State.PENDING, attempt=0, snoozes=0, run_at=now, finished_at=None, cancel_requested=False)
+        self._requeue(t, now)
+
+    def _dead(self, batch: str | None) -> list[TaskRecord]:
+        return [
+            t
+            for t in sorted(self._tasks.values(), key=lambda t: t.id)
+            if t.status in DEAD and (batch is None or t.batch == batch)
+        ]
+
+    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        with self._lock:
+            return [replace(t) for t in self._dead(batch)[max(0, offset) : max(0, offset) + max(0, limit)]]
+
+    def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
+        with self._lock:
+            now = self.now()
+            dead = self._dead(batch)[: max(0, limit)]
+            # every task back in its group's line first, then the heads recomputed
+            for t in dead:
+                self._set(t, State.PENDING, attempt=0, run_at=now, finished_at=None, cancel_requested=False)
+                if t.group is not None:
+                    self._group_insert(t)
+            for t in dead:
+                if t.group is not None:
+                    self._group_advance(t.group, now)
+                else:
+                    self._enqueue(t, now)
+            if dead:
+                self._wake.notify_all()
+            return [t.id for t in dead]
+
+    # ---- fleet control ------------------------------------------------------
+    def fleet_level(self) -> FleetLevel:
+        with self._lock:
+            return self._level
+
+    def set_fleet_level(self, new: FleetLevel, *, auto: bool, event: str | None = None) -> bool:
+        with self._lock:
+            cur = self._level
+            if auto and cur.manual:
+                return False
+            now = self.now()
+            changed_at = now if new.level != cur.level or cur.changed_at is None else cur.changed_at
+            self._level = replace(new, changed_at=changed_at)
+            if event is not None:
+                self._add_event(now, "level", "fleet", event)
+            self._changes += 1
+            self._wake.notify_all()
+            return True
+
+    def _add_event(self, at: float, kind: str, subject: str, data: str) -> int:
+        ev = Event(next(self._event_ids), at, kind, subject, data)
+        self._events.append(ev)
+        return ev.id
+
+    def add_event(self, kind: str, subject: str, data: str) -> int:
+        with self._lock:
+            return self._add_event(self.now(), kind, subject, data)
+
+    def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
+        with self._lock:
+            rows = (e for e in reversed(self._events) if kind is None or e.kind == kind)
+            return list(itertools.islice(rows, max(0, limit)))
+
+    def trim_events(self, keep: int, before: float) -> int:
+        with self._lock:
+            n = len(self._events)
+            kept = [e for e in self._events[-keep:] if e.at >= before] if keep > 0 else []
+            self._events = kept
+            return n - len(kept)
+
+    def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
+        with self._lock:
+            bad = [t for t in self._tasks.values() if t.status in DEAD and (t.finished_at or 0) >= since]
+            bad.sort(key=lambda t: t.id, reverse=True)
+            seen: dict[str, list[int]] = {}
+            for t in bad[: max(0, scan)]:
+                seen.setdefault(t.name, []).append(t.id)
+            out = []
+            for name, ids in seen.items():
+                if len(ids) < in_a_row:
+                    continue
+                oldest = ids[in_a_row - 1]
+                if not any(
+                    t.name == name and t.id > oldest and t.status is State.SUCCESS for t in self._tasks.values()
+                ):
+                    out.append(name)
+            return sorted(out)
 
     def batch_summary(self, batch: str) -> BatchSummary:
         with self._lock:
@@ -567,14 +662,14 @@ class MemoryStore(Store):
             now = self.now()
             row.state, change = brk.force(row.state, row.config, now, state, reason)
             ev = BreakerEvent(now, name, change.before.value, change.after.value, reason, change.calls, change.failures)
-            self._events.append(ev)
+            self._breaker_events.append(ev)
             self._changes += 1
             self._wake.notify_all()
             return ev
 
     def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
         with self._lock:
-            evs = [e for e in self._events if name is None or e.name == name]
+            evs = [e for e in self._breaker_events if name is None or e.name == name]
         return evs[::-1][: max(0, limit)]
 
     def limit_usage(self) -> dict[str, int]:

@@ -69,7 +69,7 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
@@ -111,8 +111,9 @@ CHANNEL = "corral_work"
 SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
-#: 4: status must name a state (a CHECK constraint); 5: flow control.
-SCHEMA_VERSION = 5
+#: 4: status must name a state (a CHECK constraint); 5: flow control;
+#: 6: the dead-letter index, the fleet level row and the event log.
+SCHEMA_VERSION = 6
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -383,6 +384,7 @@ class PostgresStore(SqlStore):
         names: Collection[str] | None = None,
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        only_retries: bool = False,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -396,6 +398,7 @@ class PostgresStore(SqlStore):
             "chunk": max(1, int(chunk_size)),
             "lease": float(lease_seconds),
             "worker": worker_id,
+            "only_retries": bool(only_retries),
             "solo": [],
         }
 
@@ -803,6 +806,67 @@ class PostgresStore(SqlStore):
                 return row is not None
 
         return self._run(go)
+
+    # ---- dead letters ------------------------------------------------------------
+    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
+        return [_record(r) for r in self._fetchall("dead_letters", params, dicts=True)]
+
+    def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
+        def go(conn):
+            with conn.transaction():
+                rows = conn.execute(self._q["dead_ids"], {"batch": batch, "limit": max(0, limit)}).fetchall()
+                if not rows:
+                    return []
+                groups = sorted({g for _, g in rows if g is not None})
+                if groups:
+                    conn.execute(self._q["lock_groups"], {"groups": groups}).fetchall()
+                done = conn.execute(self._q["retry_many"], {"ids": [i for i, _ in rows]}).fetchall()
+                for queue in sorted({q for _, q in done}):
+                    conn.execute(self._q["notify"], {"queue": queue})
+                return sorted(i for i, _ in done)
+
+        return self._run(go)
+
+    def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
+        params = {"since": float(since), "n": max(1, in_a_row), "scan": max(0, scan)}
+        return [r[0] for r in self._fetchall("failing_kinds", params)]
+
+    # ---- fleet control ------------------------------------------------------------
+    def fleet_level(self) -> FleetLevel:
+        rows = self._fetchall("fleet_level")
+        if not rows:
+            return FleetLevel()
+        level, manual, calm_since, reason, changed_at = rows[0]
+        return FleetLevel(level, bool(manual), calm_since, reason, changed_at)
+
+    def set_fleet_level(self, new: FleetLevel, *, auto: bool, event: str | None = None) -> bool:
+        params = {
+            "level": int(new.level),
+            "manual": bool(new.manual),
+            "calm_since": new.calm_since,
+            "reason": new.reason,
+            "auto": bool(auto),
+        }
+
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["set_fleet_level"], params).fetchone() is None:
+                    return False
+                if event is not None:
+                    conn.execute(self._q["add_event"], {"kind": "level", "subject": "fleet", "data": event})
+                return True
+
+        return self._run(go)
+
+    def add_event(self, kind: str, subject: str, data: str) -> int:
+        return int(self._fetchall("add_event", {"kind": kind, "subject": subject, "data": data})[0][0])
+
+    def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
+        return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
+
+    def trim_events(self, keep: int, before: float) -> int:
+        return self._rowcount("trim_events", {"keep": max(0, keep), "before": float(before)})
 
     def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):

@@ -95,16 +95,17 @@ from corral.core.model import (
 )
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
-from corral.stores.base import HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
-#: 4: flow control (a limit's bucket and pause, snoozes, breakers).
+#: 4: flow control (a limit's bucket and pause, snoozes, breakers);
+#: 5: the dead-letter index, the fleet_control row and the events log.
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -579,6 +580,7 @@ class SQLiteStore(SqlStore):
         names: Collection[str] | None = None,
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        only_retries: bool = False,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
@@ -586,7 +588,7 @@ class SQLiteStore(SqlStore):
         queues = sorted(set(queues))
         with self._write() as con:
             now = self._clock.time()
-            if len(queues) == 1 and self._plain_until > time.monotonic():
+            if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
                 # Only plain work was queued a moment ago: one statement.
                 rows = (
                     _task_cursor(con)
@@ -606,7 +608,7 @@ class SQLiteStore(SqlStore):
                 )
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now)
+            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -636,7 +638,7 @@ class SQLiteStore(SqlStore):
                     claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
         return claims
 
-    def _pick(self, con, queues, max_units, known, chunk_size, now) -> list[list[tuple]]:
+    def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
@@ -667,7 +669,7 @@ class SQLiteStore(SqlStore):
 
         def take(row) -> bool:
             """Try to make a claim headed by ``row``; True when max_units is reached."""
-            if known is not None and row[4] not in known:
+            if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
                 return False
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
                 return False  # an operator retried an old task while its group runs on
@@ -680,7 +682,9 @@ class SQLiteStore(SqlStore):
                 for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
-                    if known is not None and f[4] not in known or f[4] in breakers:
+                    if (known is not None and f[4] not in known) or f[4] in breakers:
+                        break
+                    if only_retries and f[7] != State.RETRYING:
                         break
                     more = (set(json.loads(f[5])) if f[5] else set()) - lims
                     if more:
@@ -977,6 +981,70 @@ class SQLiteStore(SqlStore):
             rows = con.execute(Q["retry"], (self._clock.time(), task_id)).fetchall()
             self._refresh_heads(con, {r[0] for r in rows})
             return bool(rows)
+
+    # ---- dead letters -------------------------------------------------------
+    @_guard
+    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
+        with self._read() as con:
+            return self._records(con, _task_cursor(con).execute(Q["dead_letters"], params).fetchall())
+
+    @_guard
+    def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
+        with self._write() as con:
+            ids = [r[0] for r in con.execute(Q["dead_ids"], {"batch": batch, "limit": max(0, limit)})]
+            now = self._clock.time()
+            groups: set[str | None] = set()
+            for tid in ids:
+                groups.update(r[0] for r in con.execute(Q["retry"], (now, tid)))
+            self._refresh_heads(con, groups)
+            return ids
+
+    @_guard
+    def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
+        params = {"since": since, "n": max(1, in_a_row), "scan": max(0, scan)}
+        return [r[0] for r in self._con().execute(Q["failing_kinds"], params)]
+
+    # ---- fleet control ----------------------------------------------------------
+    @_guard
+    def fleet_level(self) -> FleetLevel:
+        row = self._con().execute(Q["fleet_level"]).fetchone()
+        if row is None:
+            return FleetLevel()
+        return FleetLevel(row[0], bool(row[1]), row[2], row[3], row[4])
+
+    @_guard
+    def set_fleet_level(self, new: FleetLevel, *, auto: bool, event: str | None = None) -> bool:
+        with self._write() as con:
+            now = self._clock.time()
+            params = {
+                "level": int(new.level),
+                "manual": 1 if new.manual else 0,
+                "calm_since": new.calm_since,
+                "reason": new.reason,
+                "now": now,
+                "auto": 1 if auto else 0,
+            }
+            if con.execute(Q["set_fleet_level"], params).rowcount != 1:
+                return False
+            if event is not None:
+                con.execute(Q["add_event"], (now, "level", "fleet", event))
+            return True
+
+    @_guard
+    def add_event(self, kind: str, subject: str, data: str) -> int:
+        with self._write() as con:
+            cur = con.execute(Q["add_event"], (self._clock.time(), kind, subject, data))
+            return int(cur.lastrowid or 0)
+
+    @_guard
+    def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
+        return [Event(*r) for r in self._con().execute(Q["events"], {"kind": kind, "limit": max(0, limit)})]
+
+    @_guard
+    def trim_events(self, keep: int, before: float) -> int:
+        with self._write() as con:
+            return con.execute(Q["trim_events"], {"keep": max(0, keep), "before": before}).rowcount
 
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:

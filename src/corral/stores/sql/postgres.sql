@@ -265,6 +265,28 @@ CREATE TABLE corral_breaker_events (
     failures integer NOT NULL
 );
 
+-- name: migration_0006
+-- Dead letters, the fleet-wide degradation level and the event log. Only
+-- failures hold an entry in the dead-letter index, so a success costs nothing
+-- there; the leader also reads the newest failures from it.
+CREATE INDEX IF NOT EXISTS corral_tasks_dead ON corral_tasks (id)
+    WHERE status IN ('FAILED', 'TIMEOUT');
+CREATE TABLE IF NOT EXISTS corral_fleet (
+    id          integer PRIMARY KEY CHECK (id = 1),
+    level       integer NOT NULL DEFAULT 0,
+    manual      boolean NOT NULL DEFAULT false,
+    calm_since  double precision,
+    reason      text NOT NULL DEFAULT '',
+    changed_at  double precision
+);
+CREATE TABLE IF NOT EXISTS corral_events (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      double precision NOT NULL,
+    kind    text NOT NULL,
+    subject text NOT NULL,
+    data    text NOT NULL
+);
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -408,6 +430,7 @@ free_locked AS MATERIALIZED (
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
     ORDER BY t.priority DESC, t.run_at, t.id
@@ -426,6 +449,7 @@ heads_locked AS MATERIALIZED (
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
       AND NOT EXISTS (
@@ -461,6 +485,7 @@ followers AS MATERIALIZED (
                     AND x.run_at <= (SELECT now FROM clk)
                     AND x.queue = ANY(%(queues)s::text[])
                     AND (%(all_names)s::bool OR x.name = ANY(%(names)s::text[]))
+                    AND (NOT %(only_retries)s::bool OR x.status = 'RETRYING')
                     AND NOT (x.limits && (SELECT names FROM barred))
                     AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
                     AND NOT (x.limits && %(solo)s::text[])
@@ -518,6 +543,7 @@ picked AS (
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
     ORDER BY t.priority DESC, t.run_at, t.id
     LIMIT %(n)s
@@ -853,3 +879,77 @@ ON CONFLICT (role) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at
 WHERE l.holder = excluded.holder OR l.expires_at < extract(epoch FROM now())::float8
 RETURNING holder;
+
+
+-- ---- dead letters ----------------------------------------------------------------
+
+-- name: dead_letters
+SELECT * FROM corral_tasks
+WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
+ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: dead_ids
+SELECT id, group_key FROM corral_tasks
+WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: lock_groups
+-- Group locks in one order, as every writer takes them.
+SELECT 1 FROM corral_groups WHERE group_key = ANY(%(groups)s::text[]) ORDER BY group_key FOR UPDATE;
+
+-- name: retry_many
+UPDATE corral_tasks
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
+    finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
+    lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
+    progress = NULL, progress_message = NULL, version = version + 1
+WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('FAILED', 'TIMEOUT')
+RETURNING id, queue;
+
+-- name: failing_kinds
+-- Task kinds whose newest failures since %(since)s come %(n)s in a row: the
+-- n-th newest failure of the name (among the %(scan)s newest failures) with
+-- no success of the name after it.
+WITH bad AS (
+    SELECT id, name FROM corral_tasks
+    WHERE status IN ('FAILED', 'TIMEOUT') AND finished_at >= %(since)s::float8
+    ORDER BY id DESC LIMIT %(scan)s
+), ranked AS (
+    SELECT name, id, row_number() OVER (PARTITION BY name ORDER BY id DESC) AS rn FROM bad
+)
+SELECT r.name FROM ranked r
+WHERE r.rn = %(n)s
+  AND NOT EXISTS (SELECT 1 FROM corral_tasks s WHERE s.id > r.id AND s.name = r.name AND s.status = 'SUCCESS')
+ORDER BY r.name;
+
+-- ---- fleet control ---------------------------------------------------------------
+
+-- name: fleet_level
+SELECT level, manual, calm_since, reason, changed_at FROM corral_fleet WHERE id = 1;
+
+-- name: set_fleet_level
+-- An automatic step (auto) applies only while the stored level is not manual.
+INSERT INTO corral_fleet AS f (id, level, manual, calm_since, reason, changed_at)
+VALUES (1, %(level)s, %(manual)s, %(calm_since)s::float8, %(reason)s, extract(epoch FROM now())::float8)
+ON CONFLICT (id) DO UPDATE SET
+    level = excluded.level, manual = excluded.manual, calm_since = excluded.calm_since,
+    reason = excluded.reason,
+    changed_at = CASE WHEN f.level = excluded.level AND f.changed_at IS NOT NULL
+                      THEN f.changed_at ELSE excluded.changed_at END
+WHERE NOT (%(auto)s::bool AND f.manual)
+RETURNING 1;
+
+-- name: add_event
+INSERT INTO corral_events (at, kind, subject, data)
+VALUES (extract(epoch FROM now())::float8, %(kind)s, %(subject)s, %(data)s)
+RETURNING id;
+
+-- name: events
+SELECT id, at, kind, subject, data FROM corral_events
+WHERE (%(kind)s::text IS NULL OR kind = %(kind)s::text)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: trim_events
+DELETE FROM corral_events
+WHERE at < %(before)s::float8
+   OR id <= (SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s);

@@ -152,6 +152,33 @@ CREATE TABLE IF NOT EXISTS leadership (
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
 
+-- Dead letters: tasks that ended FAILED or TIMEOUT (schema 5). Only failures
+-- hold an entry, so a success costs nothing here; the leader also reads the
+-- newest failures from it to see which task kinds fail in a row.
+CREATE INDEX IF NOT EXISTS tasks_dead
+    ON tasks (id)
+    WHERE status IN ('FAILED', 'TIMEOUT');
+
+-- The fleet-wide degradation level: one row (id 1), absent until first set.
+CREATE TABLE IF NOT EXISTS fleet_control (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    level       INTEGER NOT NULL DEFAULT 0,
+    manual      INTEGER NOT NULL DEFAULT 0,
+    calm_since  REAL,
+    reason      TEXT NOT NULL DEFAULT '',
+    changed_at  REAL
+);
+
+-- What changed and why (level changes today), newest by id; trimmed by the
+-- sweeper leader.
+CREATE TABLE IF NOT EXISTS events (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    at      REAL NOT NULL,
+    kind    TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    data    TEXT NOT NULL
+);
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -558,3 +585,61 @@ INSERT INTO leadership (role, holder, expires_at) VALUES (?, ?, ?)
 ON CONFLICT (role) DO UPDATE
 SET holder = excluded.holder, expires_at = excluded.expires_at
 WHERE leadership.holder = excluded.holder OR leadership.expires_at < ?
+
+
+-- ---- dead letters ----------------------------------------------------------------
+
+-- name: dead_letters
+SELECT * FROM tasks INDEXED BY tasks_dead
+WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
+ORDER BY id LIMIT :limit OFFSET :offset
+
+-- name: dead_ids
+SELECT id FROM tasks INDEXED BY tasks_dead
+WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
+ORDER BY id LIMIT :limit
+
+-- Task kinds whose newest failures since :since come :n in a row: the n-th
+-- newest failure of the name (among the :scan newest failures) with no
+-- success of the name after it.
+-- name: failing_kinds
+WITH bad AS (
+    SELECT id, name FROM tasks INDEXED BY tasks_dead
+    WHERE status IN ('FAILED', 'TIMEOUT') AND finished_at >= :since
+    ORDER BY id DESC LIMIT :scan
+), ranked AS (
+    SELECT name, id, row_number() OVER (PARTITION BY name ORDER BY id DESC) AS rn FROM bad
+)
+SELECT r.name FROM ranked r
+WHERE r.rn = :n
+  AND NOT EXISTS (SELECT 1 FROM tasks s WHERE s.id > r.id AND s.name = r.name AND s.status = 'SUCCESS')
+ORDER BY r.name
+
+-- ---- fleet control ---------------------------------------------------------------
+
+-- name: fleet_level
+SELECT level, manual, calm_since, reason, changed_at FROM fleet_control WHERE id = 1
+
+-- Parameters: level, manual, calm_since, reason, now, auto (1: only while not manual).
+-- name: set_fleet_level
+INSERT INTO fleet_control (id, level, manual, calm_since, reason, changed_at)
+VALUES (1, :level, :manual, :calm_since, :reason, :now)
+ON CONFLICT (id) DO UPDATE SET
+    level = excluded.level, manual = excluded.manual, calm_since = excluded.calm_since,
+    reason = excluded.reason,
+    changed_at = CASE WHEN fleet_control.level = excluded.level AND fleet_control.changed_at IS NOT NULL
+                      THEN fleet_control.changed_at ELSE excluded.changed_at END
+WHERE NOT (:auto AND fleet_control.manual)
+
+-- name: add_event
+INSERT INTO events (at, kind, subject, data) VALUES (?, ?, ?, ?)
+
+-- name: events
+SELECT id, at, kind, subject, data FROM events
+WHERE (:kind IS NULL OR kind = :kind)
+ORDER BY id DESC LIMIT :limit
+
+-- name: trim_events
+DELETE FROM events
+WHERE at < :before
+   OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
