@@ -175,16 +175,25 @@ def breaker_figures(
     first_ok = next((c.at for c in log if c.status == 200 and c.at >= end), None)
     last = max((c.at for c in log), default=end)
     spans = open_spans(events, last)
-    # a call whose task started inside an OPEN span was claimed while the
-    # breaker was open: an attempt burned on a downstream known to be down
-    burned = sum(1 for c in log if c.started is not None and any(a < c.started < b for a, b in spans))
+    # a call whose attempt the store handed out inside an OPEN span (by its
+    # own claim time, on the clock of the breaker's changes) is an attempt
+    # burned on a downstream known to be down
+    burned = [
+        (round(c.claimed - a, 4), round(c.at - a, 4), c.status, c.worker)
+        for c in log
+        if c.claimed is not None
+        for a, b in spans
+        if a < c.claimed < b
+    ]
     return {
         "calls": len(log),
         "outage_s": round(end - start, 3),
         "outage_calls": during,
         "opened": sum(1 for e in events if e.after == "OPEN"),
         "open_s": round(sum(b - a for a, b in spans), 3),
-        "claimed_while_open": burned,
+        "claimed_while_open": len(burned),
+        # (claim, call) in seconds after the breaker opened, answer, process: the first ten
+        "claimed_while_open_calls": burned[:10],
         "recovery_to_first_ok_s": None if first_ok is None else round(first_ok - end, 3),
         "cooldown_at_recovery_s": cooldown_at(events, end, cooldown),
         "changes": [

@@ -25,6 +25,7 @@ import time
 from corral.app import App
 from corral.core.retries import Backoff
 from corral.edges.partner import call
+from corral.engine.context import Context
 
 PARTNER_ENV = "CORRAL_BENCH_PARTNER_URL"
 LIMIT = "partner_api"
@@ -43,20 +44,19 @@ def _partner_url() -> str:
     return url
 
 
-def _sync(sku: str) -> dict:
-    # the start time and the process go to the partner's log: the benchmark
-    # lines them up with the breaker's recorded changes
-    return call(_partner_url(), sku, worker=str(os.getpid()), started=time.time())
-
-
 def sync_sku(sku: str) -> dict:
-    """Fetch one SKU from the partner."""
-    return _sync(sku)
+    """Fetch one SKU from the partner (the process goes to the partner's log)."""
+    return call(_partner_url(), sku, worker=str(os.getpid()))
 
 
-def sync_sku_outage(sku: str) -> dict:
-    """Fetch one SKU from the partner (retried through an outage)."""
-    return _sync(sku)
+def sync_sku_outage(ctx: Context, sku: str) -> dict:
+    """Fetch one SKU from the partner (retried through an outage).
+
+    The call carries the store's own claim time of this attempt, which the
+    benchmark lines up with the breaker's recorded changes (same clock): a
+    task handed out while the breaker was OPEN is an attempt burned."""
+    claimed = _the_app().get(ctx.task_id).started_at
+    return call(_partner_url(), sku, worker=str(os.getpid()), claimed=claimed)
 
 
 def flaky(i: int) -> None:
@@ -88,11 +88,15 @@ def build_app(store: str | None = None) -> App:
 _app: App | None = None
 
 
+def _the_app() -> App:
+    global _app
+    if _app is None:
+        _app = build_app()
+    return _app
+
+
 def __getattr__(name: str) -> App:
     """``app`` is built on first access, so importing this module opens no store."""
     if name == "app":
-        global _app
-        if _app is None:
-            _app = build_app()
-        return _app
+        return _the_app()
     raise AttributeError(name)

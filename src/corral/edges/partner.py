@@ -34,13 +34,14 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 class Call:
     """One call as the partner saw it: ``at`` is wall-clock time (the clock
     the stores write), ``status`` the answer; ``sku``, ``worker`` and
-    ``started`` (the task's own start time) come from the query string."""
+    ``claimed`` (when the store handed the task out) come from the query
+    string."""
 
     at: float
     status: int
     sku: str = ""
     worker: str = ""
-    started: float | None = None
+    claimed: float | None = None
 
 
 class PartnerState:
@@ -86,14 +87,14 @@ class PartnerState:
         self.outage_window = (wall, wall + seconds)
         self.armed_outage = None
 
-    def admit(self, sku: str = "", worker: str = "", started: float | None = None) -> int:
+    def admit(self, sku: str = "", worker: str = "", claimed: float | None = None) -> int:
         """Decide a call: 200, 429 (over the cap) or 503 (outage); log it."""
         with self.lock:
             if self.armed_outage is not None:
                 self._start_outage(self.armed_outage)
             now = time.monotonic()
             code = self._decide(now)
-            self.log.append(Call(time.time(), code, sku, worker, started))
+            self.log.append(Call(time.time(), code, sku, worker, claimed))
             return code
 
     def _decide(self, now: float) -> int:
@@ -172,7 +173,7 @@ def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
                 self._send(200, state.stats())
                 return
             q = parse_qs(url.query)
-            code = state.admit(q.get("sku", [""])[0], q.get("worker", [""])[0], _seconds(q.get("started", [""])[0]))
+            code = state.admit(q.get("sku", [""])[0], q.get("worker", [""])[0], _seconds(q.get("claimed", [""])[0]))
             if code == 429:
                 self._send(429, {"error": "too many requests"}, {"Retry-After": "1"})
                 return
@@ -224,15 +225,15 @@ class PartnerHTTPError(Exception):
 
 
 def call(
-    base_url: str, sku: str, timeout: float = 10.0, *, worker: str | None = None, started: float | None = None
+    base_url: str, sku: str, timeout: float = 10.0, *, worker: str | None = None, claimed: float | None = None
 ) -> dict[str, Any]:
     """One call to the partner, as a task would make it (stdlib only).
-    ``worker`` and ``started`` (the task's start time) go to the partner's log."""
+    ``worker`` and ``claimed`` (when the task was claimed) go to the partner's log."""
     query = {"sku": sku}
     if worker is not None:
         query["worker"] = worker
-    if started is not None:
-        query["started"] = repr(started)
+    if claimed is not None:
+        query["claimed"] = repr(claimed)
     try:
         with urllib.request.urlopen(f"{base_url}/product?{urlencode(query)}", timeout=timeout) as r:
             return json.loads(r.read())
