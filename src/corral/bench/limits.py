@@ -333,9 +333,9 @@ class PartnerRun:
 def partner_run(
     args, *, task: str, n: int, limit: dict[str, Any], breaker: dict[str, Any] | None = None, outage: float = 0.0
 ) -> PartnerRun:
-    """One run: a fresh store with ``limit`` (and ``breaker``) declared, ``n``
-    tasks queued, the partner up, then the worker processes until every
-    task is final."""
+    """One run: a fresh store with ``limit`` (and ``breaker``) declared, the
+    partner and the worker processes up, then ``n`` tasks submitted; until
+    every task is final."""
     from corral.bench.limits_app import LIMIT, build_app
     from corral.edges.partner import PartnerServer
 
@@ -345,12 +345,14 @@ def partner_run(
             app.limit(LIMIT, **limit)
             if breaker is not None:
                 app.breaker(LIMIT, **breaker)
-            _submit(app, task, n)
             with PartnerServer(cap=args.cap, latency=args.latency_ms / 1000.0) as partner:
                 if outage:
                     partner.state.arm_outage(outage)
-                t0 = time.monotonic()
                 with Fleet(url, partner.url, args.workers, args.concurrency) as fleet:
+                    # every process is up before the work arrives, so none starts late
+                    fleet.wait_ready()
+                    t0 = time.monotonic()
+                    _submit(app, task, n)
                     _wait_final(app, n, fleet, args.timeout, args.progress)
                 elapsed = time.monotonic() - t0
                 log = partner.state.calls_log()
@@ -547,7 +549,7 @@ def render(report: dict[str, Any]) -> None:
                 title=f"rate: partner capped at {r['cap']} calls in any sliding second, "
                 f"{r['latency_ms']:g} ms a call ({head})"
             )
-            cols = (
+            cols: tuple[str, ...] = (
                 "limit",
                 "tasks",
                 "429s",
