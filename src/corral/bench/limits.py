@@ -101,6 +101,7 @@ def rate_figures(log: Sequence[Call], *, cap: int, rate: float, burst: int) -> d
         "expected_s": round(expected, 3),
         "wall_ratio": round(span / expected, 4) if expected > 0 else None,
         "calls_by_worker": sorted(by_worker.values(), reverse=True),
+        "per_second": per_window,
     }
 
 
@@ -328,6 +329,8 @@ class PartnerRun:
     elapsed_s: float
     #: the breaker's configured cooldown (s), as the store keeps it
     cooldown: float
+    #: claim to written outcome of each finished task (s): how long it held its place under the limit
+    held: list[float]
 
 
 def partner_run(
@@ -337,6 +340,8 @@ def partner_run(
     partner and the worker processes up, then ``n`` tasks submitted; until
     every task is final."""
     from corral.bench.limits_app import LIMIT, build_app
+    from corral.core.model import TaskFilter
+    from corral.core.states import State
     from corral.edges.partner import PartnerServer
 
     with common.temp_store_url(args.store, args.pg_url) as url:
@@ -361,7 +366,9 @@ def partner_run(
             if breaker is not None:
                 events = app.store.breaker_events(LIMIT, limit=10_000)
                 cooldown = app.store.breakers()[LIMIT][0].cooldown
-            return PartnerRun(log, window, events, app.counts(), round(elapsed, 3), cooldown)
+            done = app.store.list_tasks(TaskFilter(name=task, status=State.SUCCESS, limit=n + 1))
+            held = [r.finished_at - r.started_at for r in done if r.finished_at and r.started_at]
+            return PartnerRun(log, window, events, app.counts(), round(elapsed, 3), cooldown, held)
         finally:
             app.store.close()
 
@@ -395,6 +402,9 @@ def scenario_rate(args) -> dict[str, Any]:
                 "limit": limit,
                 "elapsed_s": run.elapsed_s,
                 "succeeded": run.counts.get("SUCCESS", 0),
+                # a limit of `concurrency` places held this long each runs at most concurrency / held a second
+                "held_p50_ms": common.ms(percentile(run.held, 0.5)),
+                "held_p90_ms": common.ms(percentile(run.held, 0.9)),
                 **fig,
                 "targets": rate_targets(fig, cap=args.cap, rate=rate, workers=args.workers),
             }
