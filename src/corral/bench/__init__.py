@@ -3,7 +3,9 @@
 ``groups``      ordered groups under a shared downstream cap, corral
                 against two thread-pool baselines;
 ``throughput``  enqueue and processing rates, I/O efficiency and idle
-                submit-to-start latency of one store.
+                submit-to-start latency of one store;
+``limits``      rate limits, circuit breakers and the retry path against a
+                simulated partner API, with ``corral worker`` processes.
 
 Each measured run happens in a child process; progress goes to stderr and
 ``--json`` keeps stdout to one JSON object.
@@ -23,7 +25,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (ordered groups under a downstream cap) and `throughput`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput` and `limits`."""
 
 
 class StoreParam(click.ParamType):
@@ -288,6 +290,115 @@ def throughput_cmd(
         report = common.run_child(argv, f"throughput ({kind})", show_progress=not no_progress)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    render(report)
+
+
+@bench.command("limits")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="sqlite",
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
+)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@click.option("--concurrency", default=20, show_default=True, help="Slots per worker process.")
+@click.option("--tasks", default=3000, show_default=True, help="SKU syncs of the rate scenario (advised limit).")
+@click.option(
+    "--hand-tasks",
+    default=1000,
+    show_default=True,
+    help="SKU syncs under the limit written by hand (concurrency from the cap x latency x 0.7, "
+    "rate = the cap, default burst); 0 skips that run.",
+)
+@click.option("--breaker-tasks", default=600, show_default=True, help="SKU syncs of the breaker scenario.")
+@click.option("--outage", default=20.0, show_default=True, help="Seconds the partner answers 503 from its first call.")
+@click.option(
+    "--retry-tasks", default=1000, show_default=True, help="Fresh tasks, and failing ones, of the retry scenario."
+)
+@click.option("--fresh-rate", default=200.0, show_default=True, help="Fresh tasks submitted per second.")
+@click.option("--cap", default=100, show_default=True, help="The partner's cap: calls in any sliding second.")
+@click.option("--latency-ms", default=200.0, show_default=True, help="The partner's time per call.")
+@click.option(
+    "--scenarios",
+    default=",".join(("rate", "breaker", "retry")),
+    show_default=True,
+    help="Which to run (comma-separated): rate, breaker, retry.",
+)
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take before it is abandoned.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+def limits_cmd(
+    store: tuple[str, str | None],
+    pg_url: str | None,
+    workers: int,
+    concurrency: int,
+    tasks: int,
+    hand_tasks: int,
+    breaker_tasks: int,
+    outage: float,
+    retry_tasks: int,
+    fresh_rate: float,
+    cap: int,
+    latency_ms: float,
+    scenarios: str,
+    timeout: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Rate limits, circuit breakers and the retry path against a simulated partner API.
+
+    The partner (at most --cap calls in any sliding second, 429 with
+    Retry-After over it) runs in this process; the tasks run in --workers
+    `corral worker` processes on a fresh store. Every figure comes from the
+    partner's call log and the store's records."""
+    from corral.bench.limits import SCENARIOS, child_argv, render
+
+    kind, pg_url = _store(store, pg_url)
+    if kind == "memory":
+        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    chosen = [s.strip() for s in scenarios.split(",") if s.strip()]
+    bad = [s for s in chosen if s not in SCENARIOS]
+    if bad or not chosen:
+        raise click.BadParameter(
+            f"unknown scenario(s) {', '.join(bad) or '(none)'}; choose from {', '.join(SCENARIOS)}",
+            param_hint="--scenarios",
+        )
+    if min(workers, concurrency, tasks, breaker_tasks, retry_tasks, cap) < 1 or hand_tasks < 0:
+        raise click.UsageError(
+            "--workers, --concurrency, --tasks, --breaker-tasks, --retry-tasks and --cap must be >= 1"
+            " (--hand-tasks >= 0)"
+        )
+    if outage <= 0 or fresh_rate <= 0 or latency_ms <= 0 or timeout <= 0:
+        raise click.UsageError("--outage, --fresh-rate, --latency-ms and --timeout must be > 0")
+    results = []
+    for scenario in chosen:
+        argv = child_argv(
+            scenario,
+            store=kind,
+            pg_url=pg_url,
+            workers=workers,
+            concurrency=concurrency,
+            tasks=tasks,
+            hand_tasks=hand_tasks,
+            breaker_tasks=breaker_tasks,
+            outage=outage,
+            retry_tasks=retry_tasks,
+            fresh_rate=fresh_rate,
+            cap=cap,
+            latency_ms=latency_ms,
+            timeout=timeout,
+            progress=not no_progress,
+        )
+        try:
+            results.append(common.run_child(argv, f"limits: {scenario} ({kind})", show_progress=not no_progress))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    report = {"scenario": "limits", "store": kind, "workers": workers, "concurrency": concurrency, "results": results}
     if as_json:
         click.echo(common.dumps(report))
         return

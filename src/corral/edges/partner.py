@@ -10,6 +10,10 @@ It behaves like the downstream the rate limits exist for:
 Several worker processes share it over HTTP, so what it counts (calls,
 refusals, calls per second) is what the fleet really did. ``GET /stats``
 returns the counts as JSON; ``POST /outage?seconds=S`` starts an outage.
+
+Every call is also written to a log (:class:`Call`: its wall-clock time, the
+answer, and what the caller said about itself in the query string), so a
+benchmark can line the partner's view up with the store's own records.
 """
 
 from __future__ import annotations
@@ -20,13 +24,29 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call as the partner saw it: ``at`` is wall-clock time (the clock
+    the stores write), ``status`` the answer; ``sku``, ``worker`` and
+    ``claimed`` (when the store handed the task out) come from the query
+    string."""
+
+    at: float
+    status: int
+    sku: str = ""
+    worker: str = ""
+    claimed: float | None = None
 
 
 class PartnerState:
-    """The partner's counters; thread-safe, on the monotonic clock."""
+    """The partner's counters; thread-safe, on the monotonic clock (the
+    call log on wall-clock time)."""
 
     def __init__(self, cap: int, latency: float):
         self.cap = cap
@@ -39,30 +59,65 @@ class PartnerState:
         self.over_cap = 0
         self.failed_outage = 0
         self.outage_until = 0.0
+        #: an outage of this many seconds starts at the next call (see arm_outage)
+        self.armed_outage: float | None = None
+        #: wall-clock start and end of the last outage
+        self.outage_window: tuple[float, float] | None = None
+        #: every call, in arrival order
+        self.log: list[Call] = []
         #: accepted calls per whole second since start
         self.per_second: dict[int, int] = {}
         #: start times of every accepted call (seconds since start)
         self.accepted_at: list[float] = []
 
-    def admit(self) -> int:
-        """Decide a call: 200, 429 (over the cap) or 503 (outage)."""
-        now = time.monotonic()
+    def start_outage(self, seconds: float) -> None:
+        """Fail every call with 503 for ``seconds`` from now."""
         with self.lock:
-            self.calls += 1
-            if now < self.outage_until:
-                self.failed_outage += 1
-                return 503
-            while self.recent and self.recent[0] <= now - 1.0:
-                self.recent.popleft()
-            if len(self.recent) >= self.cap:
-                self.over_cap += 1
-                return 429
-            self.recent.append(now)
-            self.ok += 1
-            t = now - self.started
-            self.accepted_at.append(t)
-            self.per_second[int(t)] = self.per_second.get(int(t), 0) + 1
-            return 200
+            self._start_outage(seconds)
+
+    def arm_outage(self, seconds: float) -> None:
+        """Fail every call with 503 for ``seconds`` from the next call on: the
+        outage starts when the fleet does, however long it takes to boot."""
+        with self.lock:
+            self.armed_outage = seconds
+
+    def _start_outage(self, seconds: float) -> None:
+        self.outage_until = time.monotonic() + seconds
+        wall = time.time()
+        self.outage_window = (wall, wall + seconds)
+        self.armed_outage = None
+
+    def admit(self, sku: str = "", worker: str = "", claimed: float | None = None) -> int:
+        """Decide a call: 200, 429 (over the cap) or 503 (outage); log it."""
+        with self.lock:
+            if self.armed_outage is not None:
+                self._start_outage(self.armed_outage)
+            now = time.monotonic()
+            code = self._decide(now)
+            self.log.append(Call(time.time(), code, sku, worker, claimed))
+            return code
+
+    def _decide(self, now: float) -> int:
+        self.calls += 1
+        if now < self.outage_until:
+            self.failed_outage += 1
+            return 503
+        while self.recent and self.recent[0] <= now - 1.0:
+            self.recent.popleft()
+        if len(self.recent) >= self.cap:
+            self.over_cap += 1
+            return 429
+        self.recent.append(now)
+        self.ok += 1
+        t = now - self.started
+        self.accepted_at.append(t)
+        self.per_second[int(t)] = self.per_second.get(int(t), 0) + 1
+        return 200
+
+    def calls_log(self) -> list[Call]:
+        """A copy of the call log."""
+        with self.lock:
+            return list(self.log)
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
@@ -88,6 +143,13 @@ def max_in_window(times: list[float], window: float) -> int:
     return best
 
 
+def _seconds(text: str) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
 def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -110,7 +172,8 @@ def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
             if url.path == "/stats":
                 self._send(200, state.stats())
                 return
-            code = state.admit()
+            q = parse_qs(url.query)
+            code = state.admit(q.get("sku", [""])[0], q.get("worker", [""])[0], _seconds(q.get("claimed", [""])[0]))
             if code == 429:
                 self._send(429, {"error": "too many requests"}, {"Retry-After": "1"})
                 return
@@ -118,14 +181,13 @@ def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
             if code == 503:
                 self._send(503, {"error": "partner outage"})
                 return
-            self._send(200, {"sku": parse_qs(url.query).get("sku", [""])[0], "price": 9.99})
+            self._send(200, {"sku": q.get("sku", [""])[0], "price": 9.99})
 
         def do_POST(self) -> None:  # noqa: N802
             url = urlsplit(self.path)
             if url.path == "/outage":
                 seconds = float(parse_qs(url.query).get("seconds", ["0"])[0])
-                with state.lock:
-                    state.outage_until = time.monotonic() + seconds
+                state.start_outage(seconds)
                 self._send(200, {"outage_s": seconds})
                 return
             self._send(404, {"error": "no such endpoint"})
@@ -162,10 +224,18 @@ class PartnerHTTPError(Exception):
         self.response = type("Response", (), {"headers": headers, "status_code": status_code})()
 
 
-def call(base_url: str, sku: str, timeout: float = 10.0) -> dict[str, Any]:
-    """One call to the partner, as a task would make it (stdlib only)."""
+def call(
+    base_url: str, sku: str, timeout: float = 10.0, *, worker: str | None = None, claimed: float | None = None
+) -> dict[str, Any]:
+    """One call to the partner, as a task would make it (stdlib only).
+    ``worker`` and ``claimed`` (when the task was claimed) go to the partner's log."""
+    query = {"sku": sku}
+    if worker is not None:
+        query["worker"] = worker
+    if claimed is not None:
+        query["claimed"] = repr(claimed)
     try:
-        with urllib.request.urlopen(f"{base_url}/product?sku={sku}", timeout=timeout) as r:
+        with urllib.request.urlopen(f"{base_url}/product?{urlencode(query)}", timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         raise PartnerHTTPError(exc.code, dict(exc.headers.items())) from None

@@ -1,0 +1,639 @@
+"""``corral bench limits``: flow control against a partner API, as a user runs it.
+
+The partner (:class:`corral.edges.partner.PartnerServer`: at most ``cap``
+calls in any sliding second, ~``latency`` a call, 429 + Retry-After over the
+cap, 503 in an outage) runs in this process; the tasks run in ``--workers``
+``corral worker corral.bench.limits_app:app`` processes against a fresh
+store. What is reported comes from the partner's own call log and the
+store's own records, never from the workers' word. Three scenarios:
+
+- ``rate``: N SKU syncs under the limit ``corral plan`` advises
+  (``planning.limit_advice``), and, for comparison, under the limit a user
+  might write by hand (``concurrency`` from QPS x latency x 0.7, ``rate`` =
+  the cap, default burst);
+- ``breaker``: the partner fails every call with 503 for ``--outage``
+  seconds from the first call, then recovers; the same workload without and
+  with a breaker on the limit;
+- ``retry``: fresh tasks arriving at a steady pace while failing tasks
+  retry, against the same arrivals alone; the fresh tasks' wait (submit to
+  start, from the store's records).
+
+Each scenario is one child process (``python -m corral.bench.limits
+--scenario S``) printing one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from corral.bench import common
+from corral.bench.common import emit_progress
+from corral.core.model import BreakerEvent
+from corral.core.planning import concurrency_limit, limit_advice
+from corral.core.states import FINAL
+from corral.core.stats import percentile
+from corral.edges.partner import Call, max_in_window
+
+SCENARIOS = ("rate", "breaker", "retry")
+APP_SPEC = "corral.bench.limits_app:app"
+SUBMIT_BATCH = 1000
+#: the breaker of the breaker scenario (``app.breaker("partner_api", ...)``)
+BREAKER = {"failure_ratio": 0.5, "min_calls": 10, "window": "10s", "cooldown": "5s", "probes": 3}
+
+
+# ---- targets ------------------------------------------------------------------------------
+def target(name: str, value: Any, goal: str, met: bool | None) -> dict[str, Any]:
+    """One line of a scenario's verdict (``met`` None: could not be measured)."""
+    return {"name": name, "value": value, "target": goal, "met": met}
+
+
+# ---- the rate scenario's figures --------------------------------------------------------------
+def window_rates(times: Sequence[float]) -> list[int]:
+    """Accepted calls in each whole second after the first one, up to the
+    last full second: ``[t0 + k, t0 + k + 1)`` for k = 1 .. floor(span) - 1,
+    where t0 is the first call. The first second holds the initial burst and
+    the last one is cut short, so neither says what rate is held."""
+    if not times:
+        return []
+    ts = sorted(times)
+    t0 = ts[0]
+    full = math.floor(ts[-1] - t0)
+    counts = [0] * max(0, full - 1)
+    for t in ts:
+        k = math.floor(t - t0)
+        if 1 <= k < full:
+            counts[k - 1] += 1
+    return counts
+
+
+def rate_figures(log: Sequence[Call], *, cap: int, rate: float, burst: int) -> dict[str, Any]:
+    """What the partner saw of one run under a rate limit."""
+    ok = sorted(c.at for c in log if c.status == 200)
+    over = sum(1 for c in log if c.status == 429)
+    per_window = window_rates(ok)
+    span = ok[-1] - ok[0] if ok else 0.0
+    # the burst's tokens are spent at once; every later call waits for a token
+    expected = max(0, len(ok) - burst) / rate
+    by_worker: dict[str, int] = {}
+    for c in log:
+        if c.status == 200:
+            by_worker[c.worker] = by_worker.get(c.worker, 0) + 1
+    t0 = ok[0] if ok else 0.0
+    return {
+        "calls": len(log),
+        "ok": len(ok),
+        "over_cap": over,
+        "busiest_second": max_in_window([t - t0 for t in ok], 1.0),
+        "windows": len(per_window),
+        "min_rate": min(per_window) if per_window else None,
+        "median_rate": percentile(per_window, 0.5) if per_window else None,
+        "wall_s": round(span, 3),
+        "expected_s": round(expected, 3),
+        "wall_ratio": round(span / expected, 4) if expected > 0 else None,
+        "calls_by_worker": sorted(by_worker.values(), reverse=True),
+        "per_second": per_window,
+    }
+
+
+def rate_targets(fig: dict[str, Any], *, cap: int, rate: float, workers: int) -> list[dict[str, Any]]:
+    min_rate = fig["min_rate"]
+    ratio = fig["wall_ratio"]
+    shares = fig["calls_by_worker"]
+    return [
+        target("requests over the cap", fig["over_cap"], "0", fig["over_cap"] == 0),
+        target("busiest sliding second", fig["busiest_second"], f"<= {cap}", fig["busiest_second"] <= cap),
+        target(
+            "slowest whole second",
+            min_rate,
+            f">= {0.95 * rate:g}/s (95 % of {rate:g}/s)",
+            None if min_rate is None else min_rate >= 0.95 * rate,
+        ),
+        target(
+            "wall / (N - burst) / rate",
+            ratio,
+            "within 5 %",
+            None if ratio is None else abs(ratio - 1.0) <= 0.05,
+        ),
+        target(
+            "worker processes that made calls",
+            len(shares),
+            f"{workers} (one limit across all of them)",
+            len(shares) == workers,
+        ),
+    ]
+
+
+# ---- the breaker scenario's figures -----------------------------------------------------------
+def open_spans(events: Sequence[BreakerEvent], end: float) -> list[tuple[float, float]]:
+    """The times a breaker was OPEN: from each change to OPEN to the next
+    change away from it (or ``end``)."""
+    spans = []
+    opened: float | None = None
+    for e in sorted(events, key=lambda e: e.at):
+        if e.after == "OPEN" and opened is None:
+            opened = e.at
+        elif e.after != "OPEN" and opened is not None:
+            spans.append((opened, e.at))
+            opened = None
+    if opened is not None:
+        spans.append((opened, end))
+    return spans
+
+
+def cooldown_at(events: Sequence[BreakerEvent], when: float, base: float, cap: float = 600.0) -> float | None:
+    """The cooldown in force at ``when``: the base one after the breaker
+    opened on its counts, doubled by each failed probe since (up to ``cap``);
+    None when the breaker was not open or half-open then."""
+    cooldown: float | None = None
+    for e in sorted(events, key=lambda e: e.at):
+        if e.at > when:
+            break
+        if e.after == "OPEN":
+            cooldown = min(cap, cooldown * 2) if (e.before == "HALF_OPEN" and cooldown) else base
+        elif e.after == "CLOSED":
+            cooldown = None
+    return cooldown
+
+
+def breaker_figures(
+    log: Sequence[Call], outage: tuple[float, float] | None, events: Sequence[BreakerEvent], cooldown: float
+) -> dict[str, Any]:
+    """What the partner and the breaker's log show of one outage run."""
+    if outage is None:
+        return {"calls": len(log), "outage_calls": None}
+    start, end = outage
+    during = sum(1 for c in log if start <= c.at < end)
+    first_ok = next((c.at for c in log if c.status == 200 and c.at >= end), None)
+    last = max((c.at for c in log), default=end)
+    spans = open_spans(events, last)
+    # a call whose attempt the store handed out inside an OPEN span (by its
+    # own claim time, on the clock of the breaker's changes) is an attempt
+    # burned on a downstream known to be down
+    burned = [
+        (round(c.claimed - a, 4), round(c.at - a, 4), c.status, c.worker)
+        for c in log
+        if c.claimed is not None
+        for a, b in spans
+        if a < c.claimed < b
+    ]
+    return {
+        "calls": len(log),
+        "outage_s": round(end - start, 3),
+        "outage_calls": during,
+        "opened": sum(1 for e in events if e.after == "OPEN"),
+        "open_s": round(sum(b - a for a, b in spans), 3),
+        "claimed_while_open": len(burned),
+        # (claim, call) in seconds after the breaker opened, answer, process: the first ten
+        "claimed_while_open_calls": burned[:10],
+        "recovery_to_first_ok_s": None if first_ok is None else round(first_ok - end, 3),
+        "cooldown_at_recovery_s": cooldown_at(events, end, cooldown),
+        "changes": [
+            {"at": round(e.at - start, 3), "before": e.before, "after": e.after, "reason": e.reason}
+            for e in sorted(events, key=lambda e: e.at)
+        ],
+    }
+
+
+def breaker_targets(without: dict[str, Any], with_: dict[str, Any]) -> list[dict[str, Any]]:
+    a, b = without.get("outage_calls"), with_.get("outage_calls")
+    fewer = None if not a or b is None else round(1.0 - b / a, 4)
+    delay, cool = with_.get("recovery_to_first_ok_s"), with_.get("cooldown_at_recovery_s")
+    return [
+        target("fewer outage calls with the breaker", fewer, ">= 90 %", None if fewer is None else fewer >= 0.9),
+        target(
+            "attempts claimed while OPEN",
+            with_.get("claimed_while_open"),
+            "0",
+            with_.get("claimed_while_open") == 0,
+        ),
+        target(
+            "recovery to first success (s)",
+            delay,
+            f"<= the cooldown in force ({cool:g} s)" if cool else "<= the cooldown in force",
+            None if delay is None or cool is None else delay <= cool,
+        ),
+    ]
+
+
+# ---- the retry-path scenario's figures --------------------------------------------------------
+def wait_figures(waits: Sequence[float]) -> dict[str, Any]:
+    return {
+        "tasks": len(waits),
+        "p50_wait_ms": common.ms(percentile(waits, 0.5)),
+        "p99_wait_ms": common.ms(percentile(waits, 0.99)),
+        "max_wait_ms": common.ms(max(waits)) if waits else None,
+    }
+
+
+def retry_targets(alone: dict[str, Any], beside: dict[str, Any]) -> list[dict[str, Any]]:
+    a, b = alone.get("p99_wait_ms"), beside.get("p99_wait_ms")
+    ratio = round(b / a, 3) if a and b is not None else None
+    return [target("fresh p99 wait, with / without retries", ratio, "<= 2x", None if ratio is None else ratio <= 2.0)]
+
+
+# ---- running: the fleet --------------------------------------------------------------------
+class Fleet:
+    """``n`` ``corral worker`` processes on ``url``, started as a user would."""
+
+    def __init__(self, url: str, partner_url: str | None, n: int, concurrency: int):
+        self.url, self.partner_url, self.n, self.concurrency = url, partner_url, n, concurrency
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list[Any] = []
+
+    def __enter__(self) -> Fleet:
+        env = dict(os.environ)
+        if self.partner_url:
+            env["CORRAL_BENCH_PARTNER_URL"] = self.partner_url
+        for _ in range(self.n):
+            log = tempfile.TemporaryFile(mode="w+")
+            self.logs.append(log)
+            cmd = [sys.executable, "-m", "corral", "worker", APP_SPEC, "--store", self.url]
+            cmd += ["-c", str(self.concurrency), "--grace", "10"]
+            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
+        return self
+
+    def _text(self, k: int) -> str:
+        log = self.logs[k]
+        log.flush()
+        log.seek(0)
+        return log.read()
+
+    def check(self) -> None:
+        """Raise if a worker has exited (with the end of its log)."""
+        for k, p in enumerate(self.procs):
+            if p.poll() is not None:
+                tail = "\n".join(self._text(k).strip().splitlines()[-10:])
+                raise RuntimeError(f"worker {k} exited with {p.returncode}: {tail}")
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every worker has logged that it started."""
+        end = time.monotonic() + timeout
+        waiting = set(range(self.n))
+        while waiting:
+            self.check()
+            waiting = {k for k in waiting if " started: " not in self._text(k)}
+            if waiting and time.monotonic() > end:
+                raise RuntimeError(f"{len(waiting)} worker(s) did not start in {timeout:g}s")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for log in self.logs:
+            log.close()
+
+
+def _wait_final(app, n: int, fleet: Fleet, timeout: float, progress: bool) -> None:
+    end = time.monotonic() + timeout
+    while True:
+        counts = app.counts()
+        done = sum(v for k, v in counts.items() if k in {s.value for s in FINAL})
+        if progress:
+            emit_progress(done, n)
+        if done >= n:
+            return
+        fleet.check()
+        if time.monotonic() > end:
+            raise RuntimeError(f"timed out after {timeout:g}s: {done}/{n} tasks final ({counts})")
+        time.sleep(0.25)
+
+
+def _submit(app, name: str, n: int, prefix: str = "sku") -> None:
+    for start in range(0, n, SUBMIT_BATCH):
+        app.submit_many(name, [{"args": (f"{prefix}-{i}",)} for i in range(start, min(n, start + SUBMIT_BATCH))])
+
+
+@dataclass
+class PartnerRun:
+    log: list[Call]
+    outage: tuple[float, float] | None
+    events: list[BreakerEvent]
+    counts: dict[str, int]
+    elapsed_s: float
+    #: the breaker's configured cooldown (s), as the store keeps it
+    cooldown: float
+    #: claim to written outcome of each finished task (s): how long it held its place under the limit
+    held: list[float]
+
+
+def partner_run(
+    args, *, task: str, n: int, limit: dict[str, Any], breaker: dict[str, Any] | None = None, outage: float = 0.0
+) -> PartnerRun:
+    """One run: a fresh store with ``limit`` (and ``breaker``) declared, the
+    partner and the worker processes up, then ``n`` tasks submitted; until
+    every task is final."""
+    from corral.bench.limits_app import LIMIT, build_app
+    from corral.core.model import TaskFilter
+    from corral.core.states import State
+    from corral.edges.partner import PartnerServer
+
+    with common.temp_store_url(args.store, args.pg_url) as url:
+        app = build_app(url)
+        try:
+            app.limit(LIMIT, **limit)
+            if breaker is not None:
+                app.breaker(LIMIT, **breaker)
+            with PartnerServer(cap=args.cap, latency=args.latency_ms / 1000.0) as partner:
+                if outage:
+                    partner.state.arm_outage(outage)
+                with Fleet(url, partner.url, args.workers, args.concurrency) as fleet:
+                    # every process is up before the work arrives, so none starts late
+                    fleet.wait_ready()
+                    t0 = time.monotonic()
+                    _submit(app, task, n)
+                    _wait_final(app, n, fleet, args.timeout, args.progress)
+                elapsed = time.monotonic() - t0
+                log = partner.state.calls_log()
+                window = partner.state.outage_window
+            events, cooldown = [], 0.0
+            if breaker is not None:
+                events = app.store.breaker_events(LIMIT, limit=10_000)
+                cooldown = app.store.breakers()[LIMIT][0].cooldown
+            done = app.store.list_tasks(TaskFilter(name=task, status=State.SUCCESS, limit=n + 1))
+            held = [r.finished_at - r.started_at for r in done if r.finished_at and r.started_at]
+            return PartnerRun(log, window, events, app.counts(), round(elapsed, 3), cooldown, held)
+        finally:
+            app.store.close()
+
+
+def scenario_rate(args) -> dict[str, Any]:
+    latency = args.latency_ms / 1000.0
+    advice = limit_advice(args.cap, latency)
+    runs = []
+    variants = [
+        (
+            "advised",
+            args.tasks,
+            {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s", "burst": advice.burst},
+            float(advice.rate_per_s),
+            advice.burst,
+        )
+    ]
+    if args.hand_tasks:
+        conc = concurrency_limit(args.cap, latency).limit
+        # default burst: one second's worth of the rate
+        variants.append(
+            ("by hand", args.hand_tasks, {"concurrency": conc, "rate": f"{args.cap}/s"}, args.cap, args.cap)
+        )
+    for label, n, limit, rate, burst in variants:
+        run = partner_run(args, task="limits.sync_sku", n=n, limit=limit)
+        fig = rate_figures(run.log, cap=args.cap, rate=rate, burst=burst)
+        runs.append(
+            {
+                "variant": label,
+                "tasks": n,
+                "limit": limit,
+                "elapsed_s": run.elapsed_s,
+                "succeeded": run.counts.get("SUCCESS", 0),
+                # a limit of `concurrency` places held this long each runs at most concurrency / held a second
+                "held_p50_ms": common.ms(percentile(run.held, 0.5)),
+                "held_p90_ms": common.ms(percentile(run.held, 0.9)),
+                **fig,
+                "targets": rate_targets(fig, cap=args.cap, rate=rate, workers=args.workers),
+            }
+        )
+    return {"scenario": "rate", "cap": args.cap, "latency_ms": args.latency_ms, "runs": runs}
+
+
+def scenario_breaker(args) -> dict[str, Any]:
+    advice = limit_advice(args.cap, args.latency_ms / 1000.0)
+    limit = {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s", "burst": advice.burst}
+    out: dict[str, Any] = {}
+    for label, breaker in (("without", None), ("with", BREAKER)):
+        run = partner_run(
+            args, task="limits.sync_sku_outage", n=args.breaker_tasks, limit=limit, breaker=breaker, outage=args.outage
+        )
+        fig = breaker_figures(run.log, run.outage, run.events, run.cooldown)
+        out[label] = {"elapsed_s": run.elapsed_s, "succeeded": run.counts.get("SUCCESS", 0), **fig}
+    return {
+        "scenario": "breaker",
+        "tasks": args.breaker_tasks,
+        "outage_s": args.outage,
+        "limit": limit,
+        "breaker": BREAKER,
+        "without": out["without"],
+        "with": out["with"],
+        "targets": breaker_targets(out["without"], out["with"]),
+    }
+
+
+def retry_run(args, failing: int) -> dict[str, Any]:
+    """Fresh tasks arriving at ``--fresh-rate`` a second, ``failing`` failing
+    tasks queued at the start; the fresh tasks' waits from the store."""
+    from corral.bench.limits_app import build_app
+    from corral.core.model import TaskFilter
+
+    n = args.retry_tasks
+    with common.temp_store_url(args.store, args.pg_url) as url:
+        app = build_app(url)
+        try:
+            with Fleet(url, None, args.workers, args.concurrency) as fleet:
+                fleet.wait_ready()
+                t0 = time.monotonic()
+                if failing:
+                    _submit(app, "limits.flaky", failing, prefix="f")
+                step, per = 0.05, max(1, round(args.fresh_rate * 0.05))
+                sent = 0
+                while sent < n:
+                    k = min(per, n - sent)
+                    app.submit_many("limits.fresh", [{"args": (sent + j,)} for j in range(k)])
+                    sent += k
+                    pause = t0 + step * (sent // per) - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                _wait_final(app, n + failing, fleet, args.timeout, args.progress)
+                elapsed = time.monotonic() - t0
+            fresh = app.store.list_tasks(TaskFilter(name="limits.fresh", limit=n + 1))
+            waits = [r.started_at - r.created_at for r in fresh if r.started_at is not None]
+        finally:
+            app.store.close()
+    return {"failing": failing, "elapsed_s": round(elapsed, 3), **wait_figures(waits)}
+
+
+def scenario_retry(args) -> dict[str, Any]:
+    alone = retry_run(args, 0)
+    beside = retry_run(args, args.retry_tasks)
+    return {
+        "scenario": "retry",
+        "fresh": args.retry_tasks,
+        "fresh_rate": args.fresh_rate,
+        "alone": alone,
+        "beside_retries": beside,
+        "targets": retry_targets(alone, beside),
+    }
+
+
+def run(args) -> dict[str, Any]:
+    body = {"rate": scenario_rate, "breaker": scenario_breaker, "retry": scenario_retry}[args.scenario](args)
+    return {"store": args.store, "workers": args.workers, "concurrency": args.concurrency, **body}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m corral.bench.limits", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", choices=SCENARIOS, required=True)
+    p.add_argument("--store", default="sqlite", choices=["sqlite", "postgres"])
+    p.add_argument("--pg-url", default=None)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--concurrency", type=int, default=20)
+    p.add_argument("--tasks", type=int, default=3000)
+    p.add_argument("--hand-tasks", type=int, default=1000)
+    p.add_argument("--breaker-tasks", type=int, default=600)
+    p.add_argument("--outage", type=float, default=20.0)
+    p.add_argument("--retry-tasks", type=int, default=1000)
+    p.add_argument("--fresh-rate", type=float, default=200.0)
+    p.add_argument("--cap", type=int, default=100)
+    p.add_argument("--latency-ms", type=float, default=200.0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--progress", action="store_true")
+    return p
+
+
+def child_argv(scenario: str, **opts: Any) -> list[str]:
+    return common.child_argv("corral.bench.limits", "--scenario", scenario, **opts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    common.child_main(parser, run, argv)
+
+
+if __name__ == "__main__":
+    main()
+
+
+# ---- the tables ---------------------------------------------------------------------------
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, list):
+        return " + ".join(_fmt(x) for x in v)
+    return str(v)
+
+
+def _limit_text(limit: dict[str, Any]) -> str:
+    burst = limit.get("burst")
+    return f"{limit['concurrency']} at once, {limit['rate']}, burst {burst if burst is not None else 'default'}"
+
+
+def verdicts(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every target of a ``bench limits`` report, with the run it belongs to."""
+    out = []
+    for r in report["results"]:
+        if r["scenario"] == "rate":
+            out += [(f"rate: {run['variant']}", t) for run in r["runs"] for t in run["targets"]]
+        else:
+            out += [(r["scenario"], t) for t in r["targets"]]
+    return out
+
+
+def render(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(120, Console().width))
+    head = f"{report['store']}, {report['workers']} worker processes x {report['concurrency']} slots"
+    for r in report["results"]:
+        if r["scenario"] == "rate":
+            t = Table(
+                title=f"rate: partner capped at {r['cap']} calls in any sliding second, "
+                f"{r['latency_ms']:g} ms a call ({head})"
+            )
+            cols: tuple[str, ...] = (
+                "limit",
+                "tasks",
+                "429s",
+                "busiest 1 s",
+                "min / median per s",
+                "wall s",
+                "(N-burst)/rate s",
+                "ratio",
+                "calls per worker",
+            )
+            t.add_column("variant")
+            for c in cols:
+                t.add_column(c, justify="right")
+            for run in r["runs"]:
+                t.add_row(
+                    run["variant"],
+                    _limit_text(run["limit"]),
+                    _fmt(run["ok"]),
+                    _fmt(run["over_cap"]),
+                    _fmt(run["busiest_second"]),
+                    f"{_fmt(run['min_rate'])} / {_fmt(run['median_rate'])}",
+                    _fmt(run["wall_s"]),
+                    _fmt(run["expected_s"]),
+                    _fmt(run["wall_ratio"]),
+                    _fmt(run["calls_by_worker"]),
+                )
+        elif r["scenario"] == "breaker":
+            t = Table(
+                title=f"breaker: {r['tasks']} SKU syncs, the partner down {r['outage_s']:g} s "
+                f"from its first call ({head})"
+            )
+            cols = (
+                "outage calls",
+                "opened",
+                "open s",
+                "claimed while open",
+                "recovery to 1st ok s",
+                "cooldown then s",
+                "elapsed s",
+            )
+            t.add_column("run")
+            for c in cols:
+                t.add_column(c, justify="right")
+            for label in ("without", "with"):
+                b = r[label]
+                t.add_row(
+                    f"{label} breaker",
+                    _fmt(b.get("outage_calls")),
+                    _fmt(b.get("opened")) if label == "with" else "—",
+                    _fmt(b.get("open_s")) if label == "with" else "—",
+                    _fmt(b.get("claimed_while_open")) if label == "with" else "—",
+                    _fmt(b.get("recovery_to_first_ok_s")),
+                    _fmt(b.get("cooldown_at_recovery_s")),
+                    _fmt(b.get("elapsed_s")),
+                )
+        else:
+            t = Table(title=f"retry path: {r['fresh']} fresh tasks at {r['fresh_rate']:g}/s ({head})")
+            for c in ("run", "failing tasks", "fresh p50 wait ms", "fresh p99 wait ms", "max ms", "elapsed s"):
+                t.add_column(c, justify="left" if c == "run" else "right")
+            for label, key in (("fresh alone", "alone"), ("beside retries", "beside_retries")):
+                x = r[key]
+                t.add_row(
+                    label,
+                    _fmt(x["failing"]),
+                    _fmt(x["p50_wait_ms"]),
+                    _fmt(x["p99_wait_ms"]),
+                    _fmt(x["max_wait_ms"]),
+                    _fmt(x["elapsed_s"]),
+                )
+        console.print(t)
+    v = Table(title="targets")
+    for c in ("scenario", "measure", "value", "target", ""):
+        v.add_column(c, justify="right" if c == "value" else "left")
+    for where, tg in verdicts(report):
+        met = tg["met"]
+        mark = "[green]met[/]" if met else ("[red]not met[/]" if met is False else "[yellow]not measured[/]")
+        v.add_row(where, tg["name"], _fmt(tg["value"]), tg["target"], mark)
+    console.print(v)

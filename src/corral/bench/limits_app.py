@@ -1,0 +1,102 @@
+"""The app ``corral bench limits`` runs with ``corral worker``.
+
+``corral worker corral.bench.limits_app:app --store URL`` builds it from the
+environment: the store from ``$CORRAL_STORE`` (which ``--store`` sets) and
+the partner from ``$CORRAL_BENCH_PARTNER_URL``. The limit and the breaker are
+not declared here: the benchmark declares them in the store before the
+workers start, as an operator would, and every worker reads them there.
+
+Tasks:
+
+- ``limits.sync_sku``: one partner call under the ``partner_api`` limit (the
+  rate scenario); a 429 with ``Retry-After`` snoozes it and pauses the limit;
+- ``limits.sync_sku_outage``: the same call with retries enough to outlast
+  a 20 s outage and a short backoff (the breaker scenario);
+- ``limits.flaky``: 50 ms of work, then a transient error, three retries
+  with a short backoff (the retry-path scenario's failing load);
+- ``limits.fresh``: 50 ms of work (the retry-path scenario's new arrivals).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from corral.app import App
+from corral.core.retries import Backoff
+from corral.edges.partner import call
+from corral.engine.context import Context
+
+PARTNER_ENV = "CORRAL_BENCH_PARTNER_URL"
+LIMIT = "partner_api"
+#: what each retry-path task does, in seconds
+WORK_S = 0.05
+
+
+class FlakyError(ConnectionError):
+    """The retry-path scenario's transient failure (retried with backoff)."""
+
+
+def _partner_url() -> str:
+    url = os.environ.get(PARTNER_ENV)
+    if not url:
+        raise RuntimeError(f"${PARTNER_ENV} is not set: the partner API's URL")
+    return url
+
+
+def sync_sku(sku: str) -> dict:
+    """Fetch one SKU from the partner (the process goes to the partner's log)."""
+    return call(_partner_url(), sku, worker=str(os.getpid()))
+
+
+def sync_sku_outage(ctx: Context, sku: str) -> dict:
+    """Fetch one SKU from the partner (retried through an outage).
+
+    The call carries the store's own claim time of this attempt, which the
+    benchmark lines up with the breaker's recorded changes (same clock): a
+    task handed out while the breaker was OPEN is an attempt burned."""
+    claimed = _the_app().get(ctx.task_id).started_at
+    return call(_partner_url(), sku, worker=str(os.getpid()), claimed=claimed)
+
+
+def flaky(i: int) -> None:
+    """Work a little, then fail (transient)."""
+    time.sleep(WORK_S)
+    raise FlakyError(f"flaky task {i} failed")
+
+
+def fresh(i: int) -> None:
+    """Work a little."""
+    time.sleep(WORK_S)
+
+
+def build_app(store: str | None = None) -> App:
+    """The benchmark's app on ``store`` (default: ``$CORRAL_STORE``)."""
+    app = App(store)
+    app.task(name="limits.sync_sku", retries=20, limits=[LIMIT], backoff=Backoff(base=0.5, cap=5.0))(sync_sku)
+    app.task(
+        name="limits.sync_sku_outage",
+        retries=1000,
+        limits=[LIMIT],
+        backoff=Backoff(base=0.5, factor=1.5, cap=2.0, jitter=0.5),
+    )(sync_sku_outage)
+    app.task(name="limits.flaky", retries=3, backoff=Backoff(base=0.2, factor=2.0, cap=1.0, jitter=0.5))(flaky)
+    app.task(name="limits.fresh")(fresh)
+    return app
+
+
+_app: App | None = None
+
+
+def _the_app() -> App:
+    global _app
+    if _app is None:
+        _app = build_app()
+    return _app
+
+
+def __getattr__(name: str) -> App:
+    """``app`` is built on first access, so importing this module opens no store."""
+    if name == "app":
+        return _the_app()
+    raise AttributeError(name)
