@@ -644,20 +644,26 @@ class Worker:
         verdict = counts_as_failure(exc, permanent=not retryable)
         if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
-            return Outcome(
-                rec.id,
-                token,
-                rec.version,
-                State.RETRYING,
-                error=text,
-                run_at=self.store.now() + delay,
-                started_at=started_at,
-                breaker_failure=verdict,
-            )
+            return self._retry_later(rec, token, text, delay, started_at, verdict)
         if retryable and rec.max_retries:
             text = f"{text} (gave up after {rec.attempt} attempts)"
         return Outcome(
             rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
+        )
+
+    def _retry_later(
+        self, rec: TaskRecord, token: str, error: str, delay: float, started_at: float, breaker_failure: bool
+    ) -> Outcome:
+        """A failed attempt with retries left: RETRYING after its backoff."""
+        return Outcome(
+            rec.id,
+            token,
+            rec.version,
+            State.RETRYING,
+            error=error,
+            run_at=self.store.now() + delay,
+            started_at=started_at,
+            breaker_failure=breaker_failure,
         )
 
     def _snooze_outcome(self, rec: TaskRecord, token: str, exc: BaseException, started_at: float) -> Outcome | None:
@@ -699,15 +705,7 @@ class Worker:
         if rec.attempt <= rec.max_retries:
             tdef = self.registry.get(rec.name)
             delay = tdef.backoff.delay(rec.attempt) if tdef else 1.0
-            return Outcome(
-                rec.id,
-                token,
-                rec.version,
-                State.RETRYING,
-                error=text,
-                run_at=self.store.now() + delay,
-                started_at=started_at,
-            )
+            return self._retry_later(rec, token, text, delay, started_at, True)
         return Outcome(
             rec.id, token, rec.version, State.TIMEOUT, error=text, started_at=started_at, breaker_failure=True
         )
