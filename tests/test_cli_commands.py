@@ -106,8 +106,8 @@ def test_plan_prints_the_limit_line_to_paste():
 
     out = CliRunner().invoke(cli, ["plan", "--qps", "100", "--latency-ms", "120"]).output
     # the rate holds the safety margin (70 % of the cap), the burst what is left
-    # under the cap, the concurrency twice what is in flight at the cap
-    assert 'app.limit("downstream", concurrency=24, rate="70/s", burst=30)' in out
+    # under the cap halved, the concurrency twice what is in flight at the cap
+    assert 'app.limit("downstream", concurrency=24, rate="70/s", burst=15)' in out
 
 
 def test_breaker_open_show_close(tmp_path):

@@ -178,8 +178,8 @@ def test_limit_advice_keeps_every_sliding_second_under_the_cap():
     from corral.core.planning import limit_advice
 
     a = limit_advice(100, 0.2)
-    assert (a.concurrency, a.rate_per_s, a.burst) == (40, 70, 30)
-    assert a.rate_per_s + a.burst <= 100  # a full bucket plus a second of refill: never over the cap
-    assert a.line("partner_api") == 'app.limit("partner_api", concurrency=40, rate="70/s", burst=30)'
+    assert (a.concurrency, a.rate_per_s, a.burst) == (40, 70, 15)
+    assert a.rate_per_s + 2 * a.burst <= 100  # a full bucket, a second of refill and room for late calls
+    assert a.line("partner_api") == 'app.limit("partner_api", concurrency=40, rate="70/s", burst=15)'
     tiny = limit_advice(1, 0.05)
     assert (tiny.concurrency, tiny.rate_per_s, tiny.burst) == (1, 1, 1)

@@ -127,8 +127,11 @@ class LimitAdvice:
     """A limit that holds a downstream's QPS cap with a token bucket.
 
     The safety margin goes into the rate (``qps x safety`` a second); the
-    burst is what is left under the cap (``qps - rate``), so no sliding
-    second ever sees more than the cap. The concurrency is twice what is in
+    burst is half of what is left under the cap (``(qps - rate) / 2``): a
+    bucket charges a task when it is claimed, the downstream counts the call
+    when it arrives, and a worker that stalls between the two delivers a
+    second's calls late, on top of the next second's. The other half is
+    room for that, so no sliding second sees more than the cap. The concurrency is twice what is in
     flight at the cap (``2 x qps x latency``): a task holds its place from
     its claim to its written outcome, longer than the call itself (measured
     with ``corral bench limits``: about 1.3x the call at the median and 2x at
@@ -148,7 +151,7 @@ def limit_advice(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -
     _positive("qps", qps)
     _positive("latency", latency_s)
     rate = max(1, math.floor(qps * safety + _EPS))
-    burst = max(1, math.floor(qps - rate + _EPS))
+    burst = max(1, math.floor((qps - rate) / 2 + _EPS))
     concurrency = max(1, math.ceil(2 * qps * latency_s - _EPS))
     return LimitAdvice(concurrency, rate, burst)
 
