@@ -68,7 +68,9 @@ def _fail_third_row(store, store_kind: str, monkeypatch: pytest.MonkeyPatch) -> 
                 "CREATE FUNCTION reject_x3() RETURNS trigger LANGUAGE plpgsql AS"
                 " $$BEGIN IF NEW.name = 'x3' THEN RAISE EXCEPTION 'row rejected'; END IF; RETURN NEW; END$$"
             )
-            con.execute("CREATE TRIGGER reject_x3 BEFORE INSERT ON corral_tasks FOR EACH ROW EXECUTE FUNCTION reject_x3()")
+            con.execute(
+                "CREATE TRIGGER reject_x3 BEFORE INSERT ON corral_tasks FOR EACH ROW EXECUTE FUNCTION reject_x3()"
+            )
     return batch
 
 
