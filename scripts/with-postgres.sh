@@ -3,7 +3,8 @@
 #
 #   scripts/with-postgres.sh CMD [ARGS...]
 #
-# If CORRAL_TEST_PG_URL is already set, CMD simply runs against that server.
+# If CORRAL_TEST_PG_URL is already set, CMD simply runs against that server
+# (and CORRAL_TEST_PG_CTL is not set: tests never restart an outside server).
 # Otherwise a throwaway cluster is created in a fresh temporary directory,
 # started on a free TCP port on 127.0.0.1 only (trust auth, no durability),
 # CORRAL_TEST_PG_URL is exported for CMD, and the cluster is stopped and
@@ -21,6 +22,7 @@ die() { echo "$me: error: $*" >&2; exit 1; }
 [ $# -gt 0 ] || die "usage: $0 CMD [ARGS...]"
 
 if [ -n "${CORRAL_TEST_PG_URL:-}" ]; then
+    unset CORRAL_TEST_PG_CTL CORRAL_TEST_PG_DATA CORRAL_TEST_PG_LOG CORRAL_TEST_PG_AS
     masked=$(printf '%s' "$CORRAL_TEST_PG_URL" | sed -E 's#(://[^:/@]*):[^@]*@#\1:***@#')
     say "tests use the PostgreSQL server from CORRAL_TEST_PG_URL: $masked"
     exec "$@"
@@ -172,6 +174,13 @@ if [ -n "$PG_ISREADY" ]; then
 fi
 
 export CORRAL_TEST_PG_URL="postgresql://postgres@127.0.0.1:$PORT/postgres"
+# Tests that restart or crash the server they own use these (never set for an
+# outside server): pg_ctl, the data directory, its log, and the command prefix
+# that runs pg_ctl as the server's user (empty when not root).
+export CORRAL_TEST_PG_CTL="$BINDIR/pg_ctl"
+export CORRAL_TEST_PG_DATA="$DATA"
+export CORRAL_TEST_PG_LOG="$LOG"
+export CORRAL_TEST_PG_AS="${AS[*]:-}"
 version=$("$BINDIR/postgres" --version | awk '{print $3}')
 say "tests use a throwaway PostgreSQL $version at $CORRAL_TEST_PG_URL (removed afterwards)"
 

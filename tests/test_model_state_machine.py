@@ -82,6 +82,7 @@ class StoreModel(RuleBasedStateMachine):
         self.t = 0.0
         self.tasks: dict[int, M] = {}
         self.units: list[Unit] = []
+        self.group_claimed: dict[str, float] = {}  # when each group was last claimed
 
     # ---- wiring, set by the test -------------------------------------------------
     def open_store(self, clock):  # pragma: no cover - replaced
@@ -104,6 +105,15 @@ class StoreModel(RuleBasedStateMachine):
 
     def group_running(self, group: str | None) -> bool:
         return group is not None and any(o.group == group and o.status is State.RUNNING for o in self.tasks.values())
+
+    def idle_head(self, m: M) -> bool:
+        """Stale only if not waiting its turn: ungrouped, or its group's head with
+        nothing of the group running and no claim of the group within STALE."""
+        return m.group is None or (
+            self.is_head(m)
+            and not self.group_running(m.group)
+            and self.group_claimed.get(m.group, float("-inf")) < self.t - STALE
+        )
 
     def claimable(self, m: M) -> bool:
         return m.status in QUEUED and m.run_at <= self.t and self.is_head(m) and not self.group_running(m.group)
@@ -195,7 +205,10 @@ class StoreModel(RuleBasedStateMachine):
                     if len(expected) >= chunk or o.status not in QUEUED or o.run_at > self.t:
                         break
                     expected.append(o.id)
-            # the head, then ready tasks of its group in order; a store may stop a chunk early
+            # the head, then ready tasks of its group in order; a store may stop a chunk early:
+            # the memory store stops at a finished task still listed in the middle of its
+            # group's line (it prunes the line from the front only), e.g. [1] where tasks
+            # 3, 4, 7 ended while 1 ran and 8 was ready
             got = [t.id for t in c.tasks]
             assert got == expected[: len(got)], f"chunk of group {head.group}: {got}, ready in order {expected}"
             for i, rec in enumerate(c.tasks):
@@ -213,6 +226,8 @@ class StoreModel(RuleBasedStateMachine):
                     m.started = False
                     m.started_at = None
                 assert rec.attempt == m.attempt
+            if head.group is not None:
+                self.group_claimed[head.group] = self.t
             self.units.append(Unit(c.token, [t.id for t in c.tasks], {t.id: t.version for t in c.tasks}))
 
     def live_units(self) -> list[Unit]:
@@ -350,7 +365,7 @@ class StoreModel(RuleBasedStateMachine):
                 elif m.timeout is not None and m.started and m.started_at + 2 * m.timeout < self.t:
                     moves.append((m, State.FAILED))
                     expected["overdue_failed"].append(m.id)
-            elif m.status is State.PENDING and m.run_at < self.t - STALE:
+            elif m.status is State.PENDING and m.run_at < self.t - STALE and self.idle_head(m):
                 moves.append((m, State.CANCELED))
                 expected["stale_pending_canceled"].append(m.id)
         report = sweep_once(self.store, stale_pending_age=STALE)
@@ -451,6 +466,7 @@ def test_store_follows_the_model(kind, examples, request, tmp_path):
             deadline=None,
             phases=[Phase.generate],
             database=None,
+            derandomize=True,  # the same examples every run: a failure reproduces
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )

@@ -415,28 +415,39 @@ def test_group_head_flag_survives_a_random_workload(store):
 # ---- wait_for_work ---------------------------------------------------------------------
 
 
-def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url):
+def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url, monkeypatch):
+    """One commit elsewhere wakes a 30 s wait within seconds (a sleeping wait would not)."""
     other = SQLiteStore(sqlite_url)
-    done = threading.Event()
+    snapshot = threading.Event()
+    real_con = store._con
+
+    class Watch:  # tells when the waiter has read data_version: a commit after it must wake it
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *a):
+            cur = self.con.execute(sql, *a)
+            if sql == "PRAGMA data_version":
+                snapshot.set()
+            return cur
+
+    monkeypatch.setattr(store, "_con", lambda: Watch(real_con()))
     elapsed = []
 
     def waiter():
         t0 = time.monotonic()
         store.wait_for_work(30.0)
         elapsed.append(time.monotonic() - t0)
-        done.set()
 
     t = threading.Thread(target=waiter)
     t.start()
     try:
-        deadline = time.monotonic() + 10
-        while not done.is_set() and time.monotonic() < deadline:
-            other.submit([new()])  # keep committing until the waiter has seen one
-            done.wait(0.05)
+        assert snapshot.wait(10), "the waiter never started waiting"
+        other.submit([new()])  # once
     finally:
         t.join(40)
         other.close()
-    assert done.is_set() and elapsed[0] < 10
+    assert elapsed and elapsed[0] < 5.0, elapsed
 
 
 def test_wait_for_work_times_out_without_commits(store):

@@ -22,10 +22,10 @@ history = HistoryLog(os.environ.get("HISTORY_LOG", "history.jsonl"))
 
 
 @app.task(retries=5, backoff=corral.Backoff(base=0.01, cap=0.1))
-def step(ctx, group: str, seq: int, dur: float, fail_first: bool = False) -> int:
+def step(ctx, group: str, seq: int, dur: float, fail_first: bool = False, first_dur: float | None = None) -> int:
     history.start(ctx.task_id, ctx.group, lease=str(ctx.attempt))
     try:
-        time.sleep(dur)
+        time.sleep(first_dur if first_dur is not None and ctx.attempt == 1 else dur)
         if fail_first and ctx.attempt == 1:
             raise ConnectionError("first attempt fails")
     finally:

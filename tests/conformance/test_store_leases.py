@@ -151,22 +151,62 @@ def test_cancel_unknown_is_none(store):
     assert store.cancel(123456) is None
 
 
-def test_wait_for_work_returns_early_on_submit(store):
-    done = threading.Event()
-    timeout = 10.0
+def _waiting(store, store_kind: str, monkeypatch) -> threading.Event:
+    """An event set once a wait_for_work call has taken its snapshot of the
+    store, so a submit after it must wake that call (and not be missed)."""
+    waiting = threading.Event()
+    if store_kind == "postgres":
+        store.wait_for_work(5)  # first call: returns once LISTEN is in place
+        store.claim("w", ["default"], 1)  # nothing; the claim remembers what it has seen
+        threading.Thread(
+            target=lambda: wait_for(store._listen_lock.locked, timeout=30) and waiting.set(), daemon=True
+        ).start()
+    elif store_kind == "memory":
+        real = store._gate_timeout  # called with the lock held, after the snapshot
+
+        def gate(timeout):
+            waiting.set()
+            return real(timeout)
+
+        monkeypatch.setattr(store, "_gate_timeout", gate)
+    else:
+        real_con = store._con
+
+        class Watch:  # the waiter's connection, telling when it read data_version
+            def __init__(self, con):
+                self.con = con
+
+            def execute(self, sql, *a):
+                cur = self.con.execute(sql, *a)
+                if sql == "PRAGMA data_version":
+                    waiting.set()
+                return cur
+
+        waiter = threading.current_thread
+
+        def con():
+            c = real_con()
+            return Watch(c) if waiter().name == "waiter" else c
+
+        monkeypatch.setattr(store, "_con", con)
+    return waiting
+
+
+def test_wait_for_work_wakes_on_one_submit(store, store_kind, monkeypatch):
+    """One submit wakes a long wait far before its timeout: a wait that only
+    polled would sleep through it."""
+    timeout = 30.0
+    waiting = _waiting(store, store_kind, monkeypatch)
+    woke: list[float] = []
 
     def waiter():
+        t0 = time.monotonic()
         store.wait_for_work(timeout)
-        done.set()
+        woke.append(time.monotonic() - t0)
 
-    t0 = time.monotonic()
-    th = threading.Thread(target=waiter, daemon=True)
+    th = threading.Thread(target=waiter, name="waiter", daemon=True)
     th.start()
-
-    def submitted_and_woken():
-        submit_one(store, "wake")
-        return done.wait(0.05)
-
-    wait_for(submitted_and_woken, timeout=5, message="wait_for_work woke up")
-    assert time.monotonic() - t0 < timeout / 2
-    th.join(timeout)
+    assert waiting.wait(10), "the waiter never started waiting"
+    submit_one(store, "wake")
+    th.join(timeout + 5)
+    assert woke and woke[0] < 5.0, f"woke after {woke}s of a {timeout:g}s wait"

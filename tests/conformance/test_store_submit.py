@@ -8,7 +8,7 @@ import pytest
 
 from corral.core.model import LimitSpec, TaskFilter
 from corral.core.states import State
-from corral.errors import SubmitError
+from corral.errors import StoreError, SubmitError
 
 from .conftest import claim, claim_one, claimed_ids, finish, new, submit, submit_one
 
@@ -32,16 +32,72 @@ def test_submit_result_says_created(store):
     assert [r.created for r in results] == [True, True]
 
 
-def test_bulk_submit_is_atomic(store):
+def _fail_third_row(store, store_kind: str, monkeypatch: pytest.MonkeyPatch) -> list:
+    """A batch whose third row fails while the batch is being inserted, after
+    the store checked it (dependencies, keys) and wrote the rows before it."""
+    batch = [new("x1"), new("x2", depends_on=()), new("x3"), new("x4")]
+    if store_kind == "memory":
+        import corral.stores.memory as memory
+
+        made = iter(range(1_000))
+        real = memory.TaskRecord
+
+        def third_fails(*a, **kw):
+            if next(made) == 2:
+                raise MemoryError("third row")
+            return real(*a, **kw)
+
+        monkeypatch.setattr(memory, "TaskRecord", third_fails)
+    elif store_kind == "sqlite":
+        import sqlite3
+
+        # a trigger in the file, seen by every connection: the database rejects row 3
+        # after rows 1 and 2 were inserted in the same transaction
+        con = sqlite3.connect(store.path)
+        con.execute(
+            "CREATE TRIGGER reject_x3 BEFORE INSERT ON tasks WHEN NEW.name = 'x3'"
+            " BEGIN SELECT RAISE(ABORT, 'row rejected'); END"
+        )
+        con.commit()
+        con.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(store.url, autocommit=True) as con:
+            con.execute(
+                "CREATE FUNCTION reject_x3() RETURNS trigger LANGUAGE plpgsql AS"
+                " $$BEGIN IF NEW.name = 'x3' THEN RAISE EXCEPTION 'row rejected'; END IF; RETURN NEW; END$$"
+            )
+            con.execute(
+                "CREATE TRIGGER reject_x3 BEFORE INSERT ON corral_tasks FOR EACH ROW EXECUTE FUNCTION reject_x3()"
+            )
+    return batch
+
+
+def test_bulk_submit_is_atomic(store, store_kind, monkeypatch):
+    """A batch that fails in the middle of its insert leaves nothing behind."""
     before = submit_one(store, "before")
-    with pytest.raises(SubmitError):
-        store.submit([new("x1"), new("x2", depends_on=(before + 10_000,)), new("x3")])
+    batch = _fail_third_row(store, store_kind, monkeypatch)
+    with pytest.raises((StoreError, MemoryError)) as failed:
+        store.submit(batch)
+    if store_kind != "memory":
+        assert "row rejected" in str(failed.value) and "\n" not in str(failed.value)
+    monkeypatch.undo()
     assert all_ids(store) == [before]
     assert sum(store.counts().values()) == 1
+    assert store.get(before + 1) is None and store.get(before + 2) is None
+    assert claimed_ids(claim(store, 5)) == [before], "no half-written row is claimable"
     # the store is still usable and the next ids still increase
     after = submit_one(store, "after")
     assert after > before
     assert [t.name for t in store.list_tasks(TaskFilter(newest_first=False))] == ["before", "after"]
+
+
+def test_bulk_submit_with_an_unknown_dependency_stores_nothing(store):
+    before = submit_one(store, "before")
+    with pytest.raises(SubmitError):
+        store.submit([new("x1"), new("x2", depends_on=(before + 10_000,)), new("x3")])
+    assert all_ids(store) == [before]
 
 
 def test_unknown_dependency_alone_raises_and_stores_nothing(store):

@@ -204,7 +204,10 @@ class MemoryStore(Store):
                 for dep in nt.depends_on:
                     if dep not in self._tasks:
                         raise SubmitError(f"unknown dependency id {dep}")
+            # build every record first, then apply them: a row that fails to build
+            # leaves nothing behind
             results: list[SubmitResult] = []
+            made: list[tuple[TaskRecord, set[int]]] = []
             for nt in tasks:
                 if nt.key is not None:
                     existing = self._keys.get(nt.key)
@@ -248,11 +251,16 @@ class MemoryStore(Store):
                     error=error,
                     finished_at=now if status is State.FAILED else None,
                 )
+                made.append((t, waiting))
+                if nt.key is not None:
+                    batch_keys[nt.key] = tid
+                results.append(SubmitResult(tid, True))
+            for t, waiting in made:
+                tid, status = t.id, t.status
                 self._tasks[tid] = t
                 self._count[status] += 1
-                if nt.key is not None:
-                    self._keys[nt.key] = tid
-                    batch_keys[nt.key] = tid
+                if t.key is not None:
+                    self._keys[t.key] = tid
                 if status is State.WAITING:
                     self._waiting_on[tid] = waiting
                     for dep in waiting:
@@ -261,7 +269,6 @@ class MemoryStore(Store):
                     self._group_insert(t)
                 if status is State.PENDING:
                     self._enqueue(t, now)
-                results.append(SubmitResult(tid, True))
             self._changes += 1
             self._wake.notify_all()
             return results
