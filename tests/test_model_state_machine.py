@@ -205,12 +205,11 @@ class StoreModel(RuleBasedStateMachine):
                     if len(expected) >= chunk or o.status not in QUEUED or o.run_at > self.t:
                         break
                     expected.append(o.id)
-            # the head, then ready tasks of its group in order; a store may stop a chunk early:
-            # the memory store stops at a finished task still listed in the middle of its
-            # group's line (it prunes the line from the front only), e.g. [1] where tasks
-            # 3, 4, 7 ended while 1 ran and 8 was ready
+            # the head, then the ready tasks of its group in order, passing over tasks
+            # that ended (they no longer hold a place) and stopping at the first that
+            # holds a place but is not ready
             got = [t.id for t in c.tasks]
-            assert got == expected[: len(got)], f"chunk of group {head.group}: {got}, ready in order {expected}"
+            assert got == expected, f"chunk of group {head.group}: {got}, ready in order {expected}"
             for i, rec in enumerate(c.tasks):
                 m = self.tasks[rec.id]
                 assert rec.version > m.version
@@ -351,20 +350,22 @@ class StoreModel(RuleBasedStateMachine):
         }
         moves: list[tuple[M, State]] = []
         for m in sorted(self.tasks.values(), key=lambda x: x.id):
-            if m.status is State.RUNNING:
-                if m.lease_exp < self.t:
-                    if not m.started:
-                        moves.append((m, State.PENDING))
-                        expected["lost_leases_retried"].append(m.id)
-                    elif m.attempt <= m.max_retries:
-                        moves.append((m, State.RETRYING))
-                        expected["lost_leases_retried"].append(m.id)
-                    else:
-                        moves.append((m, State.FAILED))
-                        expected["lost_leases_failed"].append(m.id)
-                elif m.timeout is not None and m.started and m.started_at + 2 * m.timeout < self.t:
+            if m.status is State.RUNNING and m.lease_exp < self.t:  # a live lease is its worker's
+                if not m.started:
+                    moves.append((m, State.PENDING))
+                    expected["lost_leases_retried"].append(m.id)
+                elif m.timeout is not None and m.started_at + 2 * m.timeout < self.t:
                     moves.append((m, State.FAILED))
                     expected["overdue_failed"].append(m.id)
+                elif m.attempt > m.max_retries + 1:
+                    moves.append((m, State.FAILED))
+                    expected["exhausted_failed"].append(m.id)
+                elif m.attempt <= m.max_retries:
+                    moves.append((m, State.RETRYING))
+                    expected["lost_leases_retried"].append(m.id)
+                else:
+                    moves.append((m, State.FAILED))
+                    expected["lost_leases_failed"].append(m.id)
             elif m.status is State.PENDING and m.run_at < self.t - STALE and self.idle_head(m):
                 moves.append((m, State.CANCELED))
                 expected["stale_pending_canceled"].append(m.id)

@@ -254,3 +254,27 @@ def test_operator_retry_of_an_old_failed_task_never_runs_beside_its_group(store)
     assert store.complete([Outcome(t2.id, c2.token, t2.version, State.SUCCESS)]) == [True]
     (c3,) = store.claim("w", ["default"], 5)
     assert [t.id for t in c3.tasks] == [first]
+
+
+def test_a_halting_task_failed_at_submit_holds_its_group(store):
+    # found by the model-based test: the memory store let the group run on
+    dep = submit_one(store, "dep")
+    store.cancel(dep)
+    halting = submit_one(store, "halts", group="g", depends_on=(dep,), halt_group_on_failure=True)
+    later = submit_one(store, "later", group="g")
+    assert status_of(store, halting) is State.FAILED  # its dependency ended CANCELED
+    assert claim(store, 5) == []
+    assert store.retry(halting)  # an operator lets the group go on, in order
+    assert claimed_ids(claim(store, 5)) == [halting]
+    assert status_of(store, later) is State.PENDING
+
+
+def test_a_chunk_passes_over_tasks_that_ended_in_the_middle_of_the_line(store):
+    # found by the model-based test: the memory store stopped the chunk there
+    head = submit_one(store, "head", group="g")
+    mid = [submit_one(store, f"m{i}", group="g") for i in range(2)]
+    tail = submit_one(store, "tail", group="g")
+    for m in mid:
+        store.cancel(m)
+    got = claim(store, 1, chunk_size=3)
+    assert [t.id for t in got[0].tasks] == [head, tail]

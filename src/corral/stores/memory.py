@@ -265,8 +265,8 @@ class MemoryStore(Store):
                     self._waiting_on[tid] = waiting
                     for dep in waiting:
                         self._dependents.setdefault(dep, []).append(tid)
-                if t.group is not None and status is not State.FAILED:
-                    self._group_insert(t)
+                if t.group is not None and (status is not State.FAILED or t.halt_group_on_failure):
+                    self._group_insert(t)  # a halting failure holds its group's line, as the SQL stores read it
                 if status is State.PENDING:
                     self._enqueue(t, now)
             self._changes += 1
@@ -324,6 +324,8 @@ class MemoryStore(Store):
                         if len(members) >= chunk_size:
                             break
                         n = self._tasks[nid]
+                        if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
+                            continue  # ended: no longer in the group's line (as the SQL stores read it)
                         if (
                             n.status not in QUEUED
                             or n.run_at > now
