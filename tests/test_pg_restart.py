@@ -124,12 +124,6 @@ def test_a_crash_under_load_loses_nothing(owned_pg, tmp_path):
     print(f"overlapping runs after the crash: {len(overlaps)}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claims commit with synchronous_commit=off: a server crash within the WAL writer's delay forgets "
-    "the claim, the task is PENDING again and a second worker claims it while the first still runs it "
-    "(two runs in flight; in a group, two tasks in flight) until the first worker's heartbeat finds its lease lost",
-)
 def test_a_claim_forgotten_by_a_crash_is_not_claimed_again_while_it_runs(owned_pg):
     """Deterministic: the WAL writer is slowed so the crash surely comes before the claim's flush."""
     with psycopg.connect(owned_pg, autocommit=True) as conn:

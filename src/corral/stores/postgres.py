@@ -24,11 +24,10 @@ Design notes
 * Tasks under a capped limit are claimed only inside a transaction that holds
   ``pg_advisory_xact_lock`` on each such limit, after counting the lease tokens
   in RUNNING; unlimited work never takes that path.
-* Durability: submits and completions commit synchronously, so an accepted
-  task and a finished result survive a crash of the database. Claims commit
-  with ``synchronous_commit = off`` (set inside the statement): if the
-  database crashes in the instant after a claim, the claim is forgotten and
-  the task is claimable again, which at-least-once delivery allows.
+* Durability: submits, claims and completions commit synchronously, so an
+  accepted task, a claim and a finished result survive a crash of the
+  database. A claim the database forgot would make its task claimable again
+  while its first run still goes on: two runs at once, in a group too.
 * Submits (and completions that free a group head, a limit slot or promote a
   dependent) ``NOTIFY corral_work`` once per statement and queue;
   :meth:`PostgresStore.wait_for_work` waits on one listening connection per

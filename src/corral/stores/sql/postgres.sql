@@ -406,12 +406,10 @@ WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
 -- move them all to RUNNING. A task under a capped limit not in %(allowed)s
 -- is never a candidate.
 WITH RECURSIVE
--- A claim commits without waiting for its WAL flush: if the database itself
--- crashes in that instant, the claim is forgotten and the task is simply
--- claimable again (delivery is at least once). Submits and completions stay
--- synchronous.
-clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
-                            set_config('synchronous_commit', 'off', true) AS async_commit),
+-- A claim commits durably, like submits and completions: a claim the
+-- database forgot in a crash would make its task claimable again while its
+-- first run still goes on (two in flight, in a group too).
+clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 -- gates this claim may not pass (limits with a cap, a rate or a pause, and
 -- breakers not CLOSED, on a limit or a task name), unless the caller, holding
 -- their locks, allows them
@@ -530,12 +528,10 @@ SELECT * FROM upd ORDER BY rk, id;
 -- name: claim_plain
 -- The fast path for plain work (no group, no limit): what most claims are
 -- when no grouped or limited work waits. Same row shape as claim.
-WITH -- A claim commits without waiting for its WAL flush: if the database itself
--- crashes in that instant, the claim is forgotten and the task is simply
--- claimable again (delivery is at least once). Submits and completions stay
--- synchronous.
-clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now,
-                            set_config('synchronous_commit', 'off', true) AS async_commit),
+WITH -- A claim commits durably, like submits and completions: a claim the
+-- database forgot in a crash would make its task claimable again while its
+-- first run still goes on (two in flight, in a group too).
+clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 picked AS (
     SELECT t.id FROM corral_tasks t
     WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
