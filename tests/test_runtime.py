@@ -237,3 +237,39 @@ def test_worker_warns_once_of_queued_tasks_it_does_not_register(store_url, caplo
         msgs = warned()
     assert len(msgs) == 1 and "'not_here'" in msgs[0] and "'default'" in msgs[0] and " 2 " in msgs[0]
     app.close(timeout=10)
+
+
+def test_corral_status_shows_what_workers_cannot_run(tmp_path):
+    """Tasks of a name no worker registers are counted in `corral status`
+    (from the workers' reports), with the timed-out threads still running."""
+    import json
+
+    from click.testing import CliRunner
+
+    from corral.cli import cli
+    from corral.core.model import NewTask, dumps
+
+    url = f"sqlite:///{tmp_path}/h.db"
+    app = corral.App(url)
+
+    @app.task(name="known")
+    def known():
+        return None
+
+    app.store.submit([NewTask("ghost", dumps({"args": [], "kwargs": {}})) for _ in range(2)])
+    worker = app.worker(1, stray_check_interval=0.05).start()
+    try:
+
+        def report():
+            out = CliRunner().invoke(cli, ["status", "--store", url, "--json"]).output
+            workers = json.loads(out)["workers"]
+            return workers if workers["unregistered"] else None
+
+        workers = wait_for(report, message="a worker's report reaches corral status")
+        assert workers["unregistered"] == {"default:ghost": 2}
+        assert workers["abandoned_threads"] == 0 and workers["reporting"] == 1
+        text = CliRunner().invoke(cli, ["status", "--store", url]).output
+        assert "pending tasks of names no worker registers" in text and "ghost" in text
+    finally:
+        worker.stop(grace=5)
+        app.close(5)

@@ -160,6 +160,21 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
         con.print(batch_table(summary))
 
 
+def print_health(health: dict) -> None:
+    """Workers' reports: tasks nobody can run, threads nobody can stop."""
+    if not health["reporting"]:
+        return
+    con = console()
+    line = f"workers reporting in the last 10 min: {health['reporting']}"
+    line += f"; timed-out threads still running: {health['abandoned_threads']}"
+    con.print(line, markup=False)
+    if health["unregistered"]:
+        con.print("[bold yellow]pending tasks of names no worker registers[/] (they wait, and hold their groups):")
+        for key, n in health["unregistered"].items():
+            q, _, name = key.partition(":")
+            con.print(f"  {n:>6}  {name}  (queue {q})", markup=False)
+
+
 def batch_dict(summary) -> dict:
     return {
         "batch": summary.batch,

@@ -56,6 +56,9 @@ from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
 
+#: The event a worker writes about once a minute with what it cannot fix itself.
+HEALTH_EVENT = "worker.health"
+
 #: What a run raises when it was canceled (by ctx, or its coroutine was cancelled).
 _CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError)
 #: Writing outcomes through a store outage: tries, and the longest pause between them.
@@ -968,6 +971,7 @@ class Worker:
         their groups, until a worker that does comes along."""
         self._stray_checks += 1
         names = frozenset(self.registry)
+        seen_now: dict[str, int] = {}  # "queue:name" -> pending tasks, for `corral status`
         for q in self.queues:
             try:
                 rows = self.store.list_tasks(
@@ -977,8 +981,10 @@ class Worker:
                 return
             strays: dict[str, int] = {}
             for r in rows:
-                if r.name not in names and (r.name, q) not in self._strays_seen:
-                    strays[r.name] = strays.get(r.name, 0) + 1
+                if r.name not in names:
+                    seen_now[f"{q}:{r.name}"] = seen_now.get(f"{q}:{r.name}", 0) + 1
+                    if (r.name, q) not in self._strays_seen:
+                        strays[r.name] = strays.get(r.name, 0) + 1
             for name, n in sorted(strays.items()):
                 self._strays_seen.add((name, q))
                 log.warning(
@@ -989,3 +995,14 @@ class Worker:
                     "+" if len(rows) >= _STRAY_SCAN else "",
                     name,
                 )
+        self._report_health(seen_now)
+
+    def _report_health(self, unregistered: dict[str, int]) -> None:
+        """Tell the store what this worker sees but cannot fix, so that
+        ``corral status`` shows it: pending tasks of names it does not
+        register, and timed-out threads still running here."""
+        data = {"unregistered": unregistered, "abandoned_threads": self.abandoned_threads}
+        try:
+            self.store.add_event(HEALTH_EVENT, self.id, dumps(data))
+        except (StoreError, NotImplementedError):  # a report, not the work: the next check sends it again
+            pass
