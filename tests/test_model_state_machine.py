@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from conformance.conftest import PG_SHIFT  # every stored time, shifted back to move time forward
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome
 from corral.core.states import ACTIVE, FINAL, QUEUED, State
@@ -419,15 +420,6 @@ def _pg_reset(url: str) -> None:
             conn.execute("TRUNCATE " + ", ".join(tables) + " RESTART IDENTITY CASCADE")
 
 
-_PG_SHIFT = (
-    "UPDATE corral_groups SET last_claimed_at = last_claimed_at - %(s)s WHERE last_claimed_at > 0",
-    "UPDATE corral_tasks SET created_at = created_at - %(s)s, run_at = run_at - %(s)s,"
-    " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
-    " lease_expires_at = lease_expires_at - %(s)s",
-    "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
-)
-
-
 @pytest.mark.parametrize(
     "kind, examples",
     [("memory", 50), ("sqlite", 15), pytest.param("postgres", 15, marks=pytest.mark.postgres)],
@@ -456,7 +448,7 @@ def test_store_follows_the_model(kind, examples, request, tmp_path):
             import psycopg
 
             with psycopg.connect(url) as conn, conn.transaction():
-                for statement in _PG_SHIFT:
+                for statement in PG_SHIFT:
                     conn.execute(statement, {"s": seconds})
 
     run_state_machine_as_test(

@@ -79,7 +79,7 @@ def second_store(store: Store, store_kind: str, clock: FakeClock) -> Iterator[St
 # Every stored time of the PostgreSQL schema, shifted back to move time forward.
 # Groups first: the statement triggers on corral_tasks recompute a head's
 # ready_at from its group's last_claimed_at.
-_PG_SHIFT = (
+PG_SHIFT = (
     "UPDATE corral_groups SET last_claimed_at = last_claimed_at - %(s)s WHERE last_claimed_at > 0",
     "UPDATE corral_tasks SET created_at = created_at - %(s)s, run_at = run_at - %(s)s,"
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
@@ -110,7 +110,7 @@ def advance(store: Store, store_kind: str, clock: FakeClock) -> Callable[[float]
 
     def shift(seconds: float) -> None:
         with psycopg.connect(store.url) as conn, conn.transaction():
-            for statement in _PG_SHIFT:
+            for statement in PG_SHIFT:
                 conn.execute(statement, {"s": float(seconds)})
 
     return shift
