@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 
 import corral
 from corral.core.model import TaskFilter
-from corral.core.planning import concurrency_limit, format_duration
+from corral.core.planning import LimitAdvice, concurrency_limit, format_duration, limit_advice
 from corral.core.retries import Backoff
 from corral.core.states import FINAL, State
+from corral.edges.partner import max_in_window
 
 CHANNELS = ("tmall", "jd", "pdd")
 #: Roughly one call in this many is refused once with a 503 or 429 (then retried).
@@ -57,6 +58,8 @@ class PartnerAPI:
         self.peak_in_flight = 0
         self.calls = 0
         self.refused: dict[int, int] = {}
+        #: when each call the partner accepted arrived (monotonic), for the busiest second
+        self.accepted_at: list[float] = []
 
     def fetch(self, sku: str, channel: str, fail_with: int | None = None) -> dict:
         now = time.monotonic()
@@ -68,6 +71,7 @@ class PartnerAPI:
                 self.refused[429] = self.refused.get(429, 0) + 1
                 raise PartnerError(429, "too many requests")
             self._recent.append(now)
+            self.accepted_at.append(now)
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             jitter = self.rng.uniform(0.6, 1.4)
@@ -95,12 +99,22 @@ class DemoResult:
     limit: int
     peak_in_flight: int
     failed_ids: list[int] = field(default_factory=list)
+    #: the most calls the partner accepted in any sliding second, and its cap
+    busiest_second: int = 0
+    rate: str = ""
+    breaker: str = ""
+    level: str = ""
     task_ids: list[int] = field(default_factory=list)
 
 
-def build_app(store_url: str, partner: PartnerAPI, limit: int, bad_sku: str, flaky: dict[str, int]) -> corral.App:
+def build_app(
+    store_url: str, partner: PartnerAPI, advice: LimitAdvice, bad_sku: str, flaky: dict[str, int]
+) -> corral.App:
     app = corral.App(store_url)
-    app.limit("partner_api", concurrency=limit, rate=f"{partner.qps:g}/s")
+    # what `corral plan --qps 100 --latency-ms 200` advises: the rate keeps the safety margin
+    app.limit("partner_api", concurrency=advice.concurrency, rate=f"{advice.rate_per_s}/s", burst=advice.burst)
+    # an outage of the partner opens it: its tasks wait (no attempt burned) instead of failing
+    app.breaker("partner_api", failure_ratio=0.5, min_calls=20, window="30s", cooldown="5s", probes=3)
 
     @app.task(
         name="sync_sku",
@@ -117,7 +131,7 @@ def build_app(store_url: str, partner: PartnerAPI, limit: int, bad_sku: str, fla
         if sku == bad_sku:
             # A validation error: retrying cannot help, so corral fails it at once.
             raise ValueError(f"partner sent a negative price for {sku} on {channel}")
-        ctx.check_cancelled()
+        ctx.check_canceled()
         ctx.progress(1.0, "saved")
         return {"merchant": merchant, **detail}
 
@@ -147,18 +161,18 @@ def run_demo(
     rng = random.Random(seed)
     merchants = max(1, min(merchants, skus))
     plan = concurrency_limit(qps, latency, 0.7)
+    advice = limit_advice(qps, latency, 0.7)
     partner = PartnerAPI(qps, latency, rng)
     batch = time.strftime("sku-sync-%Y%m%d-%H%M%S") + f"-{rng.randrange(16**4):04x}"
     sku_ids = [f"SKU-{i:05d}" for i in range(1, skus + 1)]
     bad_sku = sku_ids[min(len(sku_ids) - 1, 41)]
     flaky = {s: (503 if i % 2 else 429) for i, s in enumerate(sku_ids[7::TRANSIENT_EVERY]) if s != bad_sku}
 
-    app = build_app(store_url, partner, plan.limit, bad_sku, flaky)
+    app = build_app(store_url, partner, advice, bad_sku, flaky)
     con.print(
         f"[bold]corral demo[/]: sync {skus} SKUs for {merchants} merchants from a partner API capped at "
         f"{qps:g} QPS (~{latency * 1000:.0f} ms a call)\n"
-        f"  planner: {qps:g} QPS x {latency:g}s x 0.7 safety = limit [bold]partner_api={plan.limit}[/] in flight "
-        f"(worker slots: {workers})\n"
+        f"  planner: [bold]{escape(advice.line('partner_api'))}[/] (worker slots: {workers})\n"
         f"  store: {store_url}   batch: [bold]{batch}[/]"
     )
     calls = []
@@ -198,6 +212,9 @@ def run_demo(
         elapsed = time.monotonic() - started
         summary = app.batch_status(batch)
         rows = app.store.list_tasks(TaskFilter(batch=batch, limit=skus + 10, newest_first=False))
+        found = app.store.breakers().get("partner_api")
+        breaker = found[1].state.value if found is not None else "CLOSED"
+        level = app.level().name
     finally:
         app.close(timeout=10)  # closes the store too: read everything first
     retries = sum(max(0, r.attempt - 1) for r in rows)
@@ -220,10 +237,18 @@ def run_demo(
         "task duration avg / p99",
         f"{format_duration(summary.avg_duration or 0)} / {format_duration(summary.p99_duration or 0)}",
     )
+    busiest = max_in_window(partner.accepted_at, 1.0)
+    refused_429 = partner.refused.get(429, 0) - sum(1 for c in flaky.values() if c == 429)
+    t.add_row(
+        "rate held",
+        f"busiest second {busiest} calls (limit {advice.rate_per_s}/s + burst {advice.burst}, partner cap {qps:g}); "
+        f"{max(0, refused_429)} refused for the cap",
+    )
     t.add_row(
         "partner calls in flight, peak",
-        f"{partner.peak_in_flight} (limit {plan.limit}, partner cap {plan.theoretical:g})",
+        f"{partner.peak_in_flight} (limit {advice.concurrency}, at the cap {plan.theoretical:g})",
     )
+    t.add_row("breaker partner_api / fleet level", f"{breaker} / {level}")
     t.add_row("ordered lanes", f"{merchants} merchants, one SKU in flight each")
     con.print(t)
     for r in failed[:3]:
@@ -242,8 +267,12 @@ def run_demo(
         counts=dict(summary.counts),
         elapsed=elapsed,
         retries=retries,
-        limit=plan.limit,
+        limit=advice.concurrency,
         peak_in_flight=partner.peak_in_flight,
         failed_ids=[r.id for r in failed],
         task_ids=[h.id for h in handles],
+        busiest_second=busiest,
+        rate=f"{advice.rate_per_s}/s",
+        breaker=breaker,
+        level=level,
     )
