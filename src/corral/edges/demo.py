@@ -1,10 +1,11 @@
 """``corral demo``: a SKU sync, end to end, on the embedded store.
 
 Sync N SKUs from a partner API whose QPS is capped. The planner turns the
-partner's cap (100 QPS at ~200 ms a call) into a concurrency limit of 14
-(QPS x latency x safety factor 0.7), declared as the named limit
-``partner_api`` that every worker of the store shares. The worker has more
-slots than that (16): the limit, not the pool size, protects the partner.
+partner's cap (100 QPS at ~200 ms a call) into the limit ``partner_api``
+that every worker of the store shares: a rate of 70 a second (the cap x the
+0.7 safety factor) with a burst of 15, and at most 40 calls at once; a
+breaker on it holds the work through an outage. The limit, not the pool
+size, protects the partner.
 SKUs are synced in order per merchant (one lane per merchant, merchants in
 parallel, round robin), under one batch id with an aggregate status. Some
 calls fail with 429/503 and retry with backoff; one SKU carries a bad price
