@@ -1,8 +1,9 @@
 """The retry path apart from fresh work: ``Store.claim(retry_share=...)``.
 
-While fresh (PENDING) work is claimable, retries take at most their share of
-a claim (at least one unit, so they are never starved); fresh work fills the
-rest, and retries take whatever fresh work leaves. Group order still wins."""
+A claim takes candidates in claim order, but while fresh (PENDING) work is
+claimable at most ``ceil(max_units * share)`` units (at least one) are
+retries; the retries past that wait for a later claim, and take every unit
+fresh work leaves. Group order still wins."""
 
 from __future__ import annotations
 
@@ -63,14 +64,20 @@ def test_retries_take_the_units_fresh_work_leaves(store):
     assert set(fresh) <= set(claimed_ids(got))
 
 
-def test_retries_are_never_starved_by_fresh_work_of_higher_priority(store):
-    retries = _retrying(store, 3)
-    for _ in range(8):
-        submit_one(store, "fresh", priority=10)
-    assert _lanes(store, claim(store, 4)) == (0, 4)  # by claim order alone: priority wins
+def test_retries_do_not_jump_ahead_of_fresh_work_earlier_in_claim_order(store):
+    fresh = [submit_one(store, "fresh", priority=10) for _ in range(8)]
+    _retrying(store, 3)
     got = claim(store, 4, retry_share=0.25)
-    assert _lanes(store, got) == (1, 3)
-    assert set(claimed_ids(got)) & set(retries)
+    assert _lanes(store, got) == (0, 4)
+    assert sorted(claimed_ids(got)) == fresh[:4]
+
+
+def test_every_claim_of_one_unit_still_reaches_a_due_retry(store):
+    retries = _retrying(store, 2)
+    fresh = [submit_one(store, "fresh") for _ in range(3)]
+    # one unit a claim: the retry due first is taken, its share is then spent
+    order = [claimed_ids(claim(store, 1, retry_share=0.25)) for _ in range(5)]
+    assert sorted(sum(order, [])) == sorted(retries + fresh)
 
 
 def test_a_larger_share_gives_retries_more_units(store):

@@ -298,19 +298,26 @@ class MemoryStore(Store):
             retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
             fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
             cap = retry_cap(max_units, retry_share)
-            # (heaps, claims to reach): one pass in claim order, or the retry
-            # path's share, then fresh work, then retries in what fresh work left
-            passes: list[tuple[list[list], int]]
+            # one pass in claim order, the retry path only up to its share;
+            # then, if fresh work ran short, retries take the rest
             if cap is None or not retry or not fresh:
-                passes = [(fresh + retry, max_units)]
+                cap, passes = max_units, [fresh + retry]
             else:
-                passes = [(retry, cap), (fresh, max_units), (retry, max_units)]
+                passes = [fresh + retry, retry]
+            retry_heaps = {id(h) for h in retry}
+            retries_taken = 0
             skipped: list[tuple[list, tuple]] = []
             gates: Gates | None = None
-            for heaps, goal in passes:
-                while heaps and len(claims) < goal:
+            for i, heaps in enumerate(passes):
+                heaps = [h for h in heaps if h]
+                capped = i == 0 and len(passes) > 1
+                while heaps and len(claims) < max_units:
                     heap = min(heaps, key=lambda h: h[0])
                     entry = heapq.heappop(heap)
+                    if capped and id(heap) in retry_heaps and retries_taken >= cap:
+                        heapq.heappush(heap, entry)  # the share is taken: the rest waits for this pass to end
+                        heaps = [h for h in heaps if h is not heap]
+                        continue
                     if not heap:
                         heaps.remove(heap)
                     tid, stamp = entry[2], entry[3]
@@ -374,6 +381,8 @@ class MemoryStore(Store):
                         g.running += len(members)
                         g.last_claimed_at = now
                     claims.append(Claim(token, [replace(m) for m in members], t.group))
+                    if id(heap) in retry_heaps:
+                        retries_taken += 1
                     if heap not in heaps and heap:
                         heaps.append(heap)
             for heap, entry in skipped:

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import json
 import os
 import sqlite3
@@ -641,9 +642,9 @@ class SQLiteStore(SqlStore):
     def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
 
-        With a retry ``cap``, the retry path is read apart (its own index):
-        up to ``cap`` retries first, then fresh work, then retries again for
-        what fresh work left, each path in claim order."""
+        With a retry ``cap``, the retry path is read apart (its own index) and
+        merged in claim order with fresh work, taking at most ``cap`` retries;
+        if fresh work runs short, retries take the rest."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -683,13 +684,11 @@ class SQLiteStore(SqlStore):
             while heap:
                 yield heapq.heappop(heap)[1]
 
-        def fill(rows: Iterator[tuple], goal: int, fresh_only: bool = False) -> None:
+        def fill(rows: Iterator[tuple], goal: int) -> None:
             """Take claims headed by ``rows`` until ``goal`` claims are picked."""
             if len(picked) >= goal:
                 return
             for row in rows:
-                if fresh_only and row[7] == State.RETRYING:
-                    continue  # on the retry path, read apart
                 if take(row) and len(picked) >= goal:
                     return
 
@@ -728,10 +727,25 @@ class SQLiteStore(SqlStore):
             if cap is None:
                 fill(ordered("claim_candidates"), max_units)
             else:
+                # claim order across both paths, the retry path only up to its share
                 retries = ordered("claim_retry_candidates")
-                fill(retries, cap)
-                fill(ordered("claim_candidates"), max_units, fresh_only=True)
-                fill(retries, max_units)
+                fresh = (r for r in ordered("claim_candidates") if r[7] != State.RETRYING)
+                next_r, next_f = next(retries, None), next(fresh, None)
+                taken = 0
+                while len(picked) < max_units and (next_f is not None or (next_r is not None and taken < cap)):
+                    if (
+                        next_r is not None
+                        and taken < cap
+                        and (next_f is None or eligible_key(next_r) <= eligible_key(next_f))
+                    ):
+                        taken += take(next_r)
+                        next_r = next(retries, None)
+                    else:
+                        assert next_f is not None
+                        take(next_f)
+                        next_f = next(fresh, None)
+                if next_r is not None:  # fresh work ran short: retries take the rest
+                    fill(itertools.chain([next_r], retries), max_units)
         finally:
             for c in cursors:
                 c.close()

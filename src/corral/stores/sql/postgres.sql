@@ -507,21 +507,18 @@ retry_locked AS MATERIALIZED (
 lanes AS MATERIALIZED (
     SELECT u.*,
            row_number() OVER (PARTITION BY u.lane ORDER BY u.priority DESC, u.elig, u.id) AS ln,
-           count(*) FILTER (WHERE u.lane = 0) OVER () AS nf,
-           count(*) FILTER (WHERE u.lane = 1) OVER () AS nr
+           count(*) FILTER (WHERE u.lane = 0) OVER () AS nf
     FROM (SELECT *, 0 AS lane FROM free_locked
           UNION ALL SELECT *, 0 FROM heads_locked
           UNION ALL SELECT *, 1 FROM retry_locked) u
 ),
--- retries keep their share of n (more when fresh work runs short), fresh
--- work the rest; without a share, claim order alone
+-- claim order, but retries past their share of n are left for a later claim
+-- (unless fresh work runs short)
 picked AS MATERIALIZED (
     SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
            row_number() OVER (ORDER BY u.priority DESC, u.elig, u.id) AS rk
     FROM lanes u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
-    WHERE %(share)s::float8 IS NULL
-       OR (u.lane = 1 AND u.ln <= greatest(c.cap, %(n)s - u.nf))
-       OR (u.lane = 0 AND u.ln <= %(n)s - least(u.nr, greatest(c.cap, %(n)s - u.nf)))
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
     ORDER BY u.priority DESC, u.elig, u.id
     LIMIT %(n)s
 ),
@@ -612,18 +609,17 @@ retry AS MATERIALIZED (
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
--- retries keep their share of n (more when fresh work runs short), fresh
--- work the rest
+-- claim order, but retries past their share of n are left for a later claim
+-- (unless fresh work runs short)
 picked AS (
     SELECT u.id FROM (
-        SELECT l.id, l.lane, row_number() OVER (PARTITION BY l.lane ORDER BY l.priority DESC, l.run_at, l.id) AS ln,
-               count(*) FILTER (WHERE l.lane = 0) OVER () AS nf,
-               count(*) FILTER (WHERE l.lane = 1) OVER () AS nr
+        SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY l.priority DESC, l.run_at, l.id) AS ln,
+               count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
         FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
     ) u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
-    WHERE %(share)s::float8 IS NULL
-       OR (u.lane = 1 AND u.ln <= greatest(c.cap, %(n)s - u.nf))
-       OR (u.lane = 0 AND u.ln <= %(n)s - least(u.nr, greatest(c.cap, %(n)s - u.nf)))
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
+    ORDER BY u.priority DESC, u.run_at, u.id
+    LIMIT %(n)s
 )
 UPDATE corral_tasks t
 SET status = 'RUNNING',

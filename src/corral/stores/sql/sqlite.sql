@@ -368,17 +368,17 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        checkpoint, cancel_requested, snoozes
 
 -- claim_plain with a retry share: up to n fresh and up to n retry candidates,
--- each path in claim order; retries keep ?8 places (more when fresh work runs
--- short), fresh work fills the rest. Parameters as claim_plain, then ?8 = cap.
+-- taken in claim order, but retries past ?8 (the share of n) are left for a
+-- later claim unless fresh work runs short. Parameters as claim_plain, then ?8.
 -- name: claim_plain_shared
 UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
     worker_id = ?2, started_at = ?3, attempt = attempt + 1, version = version + 1
 WHERE id IN (
     SELECT id FROM (
-        SELECT id, lane,
+        SELECT id, lane, priority, run_at,
                row_number() OVER (PARTITION BY lane ORDER BY priority DESC, run_at, id) AS rn,
-               sum(lane) OVER () AS nr, count(*) OVER () - sum(lane) OVER () AS nf
+               count(*) OVER () - sum(lane) OVER () AS nf
         FROM (
             SELECT * FROM (
                 SELECT id, 1 AS lane, priority, run_at FROM tasks INDEXED BY tasks_retry_ready
@@ -400,7 +400,9 @@ WHERE id IN (
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
                 ORDER BY priority DESC, run_at, id
                 LIMIT ?7)))
-    WHERE rn <= CASE lane WHEN 1 THEN max(?8, ?7 - nf) ELSE ?7 - min(nr, max(?8, ?7 - nf)) END)
+    WHERE lane = 0 OR rn <= max(?8, ?7 - nf)
+    ORDER BY priority DESC, run_at, id
+    LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
