@@ -11,6 +11,8 @@ from corral.stores.sql import load
 #: bookkeeping that PostgreSQL's triggers keep.
 SQLITE_ONLY = {
     "claim_candidates": "the claim is picked in Python from ordered candidates (PostgreSQL: one `claim`)",
+    "claim_retry_candidates": "the retry path's candidates for the Python claim (PostgreSQL: inside `claim`)",
+    "claim_plain_shared": "the plain claim with a retry share (PostgreSQL: `claim_plain` takes the share)",
     "claim_head": "the claim writes its head, then each member",
     "claim_member": "the claim writes its head, then each member",
     "group_followers": "chunk members read by the Python claim",
@@ -63,6 +65,7 @@ POSTGRES_ONLY = {
     "migration_0004": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

@@ -202,7 +202,8 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 5
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -223,16 +224,19 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events()) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4])
+@pytest.mark.parametrize("version", [3, 4, 5])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
-    """A file as version 3 left it (before flow control) or as version 4 left
-    it (rates and breakers, no levels) is brought up to version 5."""
+    """A file as version 3 left it (before flow control), as version 4 left
+    it (rates and breakers, no levels) or as version 5 left it (no retry
+    path index) is brought up to version 6."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
-    con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
+    con.execute("DROP INDEX tasks_retry_ready")
+    if version < 5:
+        con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:
         con.executescript(
             "DROP TABLE breakers; DROP TABLE breaker_events;"

@@ -96,6 +96,11 @@ def test_payload_is_measured_in_utf8_bytes():
         ({"heartbeat_interval": 30.0}, "heartbeat_interval must be shorter than lease_seconds"),
         ({"chunk_size": 0}, "chunk_size"),
         ({"sweep_interval": 0}, "sweep_interval"),
+        ({"retry_share": 0}, "retry_share must be a number greater than 0 and at most 1, not 0"),
+        ({"retry_share": 1.5}, "retry_share"),
+        ({"retry_share": NAN}, "retry_share"),
+        ({"retry_share": True}, "retry_share"),
+        ({"retry_share": "0.5"}, "retry_share"),
     ],
 )
 def test_worker_options_that_would_spin_or_explode_are_refused(options, says):
@@ -103,6 +108,22 @@ def test_worker_options_that_would_spin_or_explode_are_refused(options, says):
     with pytest.raises(ConfigError, match=says) as exc:
         app.worker(**options)
     assert "\n" not in str(exc.value)
+
+
+def test_worker_retry_share_defaults_to_a_quarter_and_none_turns_it_off():
+    app = corral.App("memory://")
+    assert app.worker().retry_share == check.DEFAULT_RETRY_SHARE == 0.25
+    assert app.worker(retry_share=1).retry_share == 1.0
+    assert app.worker(retry_share=None).retry_share is None
+
+
+def test_retry_cap_is_the_share_rounded_up_and_never_zero():
+    assert check.retry_cap(4, 0.25) == 1
+    assert check.retry_cap(10, 0.3) == 3  # 10 * 0.3 is 3.0000000000000004 in floats
+    assert check.retry_cap(5, 0.25) == 2
+    assert check.retry_cap(1, 0.01) == 1
+    assert check.retry_cap(8, 1.0) == 8
+    assert check.retry_cap(8, None) is None
 
 
 def test_backoff_holds_through_thousands_of_retries_and_refuses_nan():

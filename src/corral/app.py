@@ -580,6 +580,10 @@ class App:
         ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...); bad ones
         raise ConfigError (concurrency is at most 1000 slots per process).
         Results over this app's ``max_payload_bytes`` fail their task.
+        ``retry_share`` (default 0.25, a number in (0, 1], or None) keeps
+        retries on a path apart: while fresh work waits, at most that share of
+        each claim (at least one task) goes to retries, so failing tasks
+        cannot delay fresh work.
         ``extra_hooks`` watch this worker only, beside the app's own."""
         from corral.engine.worker import Worker
         from corral.flow.levels import LevelHooks

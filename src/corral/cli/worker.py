@@ -24,7 +24,7 @@ from corral.cli import (
     store_url_of,
 )
 from corral.core.model import new_holder_id
-from corral.core.validation import CONCURRENCY_RANGE
+from corral.core.validation import CONCURRENCY_RANGE, DEFAULT_RETRY_SHARE
 
 log = logging.getLogger("corral.cli")
 #: Most slots one worker process runs.
@@ -90,6 +90,14 @@ def _setup_logging(level: str) -> None:
     help="Timed-out task threads still running at which the worker stops and exits 4 to be restarted.",
 )
 @click.option(
+    "--retry-share",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=DEFAULT_RETRY_SHARE,
+    show_default=True,
+    help="While fresh work waits, at most this share of each claim (at least one task) goes to retries,"
+    " so a flood of failing tasks cannot delay fresh work; retries take what fresh work leaves.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(min=1, max=65535),
     help="Serve Prometheus metrics at http://127.0.0.1:PORT/metrics (this process's counters; "
@@ -107,6 +115,7 @@ def worker(
     sweep_interval,
     lease,
     max_abandoned_threads,
+    retry_share,
     metrics_port,
     log_level,
 ):
@@ -167,6 +176,7 @@ def worker(
         grace=grace,
         sweep_interval=sweep_s if sweep else None,  # on by default: a dead worker's group must not stay blocked
         max_abandoned_threads=max_abandoned_threads,
+        retry_share=retry_share,
     )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.

@@ -43,6 +43,8 @@ CHUNK_SIZE_RANGE = (1, 10_000)
 MIN_LEASE_SECONDS = 1.0
 #: Shortest pause of a worker's polling loops.
 MIN_INTERVAL = 0.01
+#: The share of a claim's units that retries may take while fresh work waits.
+DEFAULT_RETRY_SHARE = 0.25
 
 _SHOWN = 40
 
@@ -119,6 +121,29 @@ def payload_problem(encoded: str, max_bytes: int, what: str) -> str | None:
     if size > max_bytes:
         return f"{what}: {size} bytes as JSON, over the limit of {max_bytes} bytes (App(max_payload_bytes=...) sets it)"
     return None
+
+
+def retry_share(value: Any, option: str = "retry_share") -> float | None:
+    """A share of a claim in (0, 1], or None (retries queue with fresh work).
+
+    A share of 0 would starve retries, so it is refused rather than read as "none"."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{option} must be a number greater than 0 and at most 1, not {shown(value)}")
+    v = float(value)
+    if not math.isfinite(v) or not 0.0 < v <= 1.0:
+        raise ConfigError(f"{option} must be a number greater than 0 and at most 1, not {value!r}")
+    return v
+
+
+def retry_cap(max_units: int, share: float | None) -> int | None:
+    """The most units of a claim of ``max_units`` that retries take while
+    fresh work waits: ``ceil(max_units * share)``, at least 1 so retries are
+    never starved (None: no share, claim order alone decides)."""
+    if share is None:
+        return None
+    return max(1, math.ceil(max_units * share - 1e-9))
 
 
 def max_payload_bytes(value: Any) -> int:

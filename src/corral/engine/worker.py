@@ -160,6 +160,7 @@ class Worker:
         max_payload_bytes: int = validation.DEFAULT_MAX_PAYLOAD_BYTES,
         max_abandoned_threads: int = DEFAULT_MAX_ABANDONED_THREADS,
         stray_check_interval: float = 60.0,
+        retry_share: float | None = validation.DEFAULT_RETRY_SHARE,
     ):
         validation.worker_options(
             concurrency=concurrency,
@@ -173,6 +174,9 @@ class Worker:
         )
         validation.integer(max_abandoned_threads, "max_abandoned_threads", (1, 10_000))
         self.max_payload_bytes = validation.max_payload_bytes(max_payload_bytes)
+        #: at most this share of a claim goes to retries while fresh work waits
+        #: (None: retries queue with fresh work, by priority then due time)
+        self.retry_share = validation.retry_share(retry_share)
         self.store = store
         self.registry = registry
         self.hooks = hooks if hooks is not None else Hooks()
@@ -460,7 +464,9 @@ class Worker:
 
     def _claim(self, want: int, names: frozenset[str], policy: DispatchPolicy) -> list[Claim]:
         """One claim, or one per lane of the policy until ``want`` is reached."""
-        extra = {"only_retries": True} if policy.only_retries else {}
+        extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
+        if self.retry_share is not None and not policy.only_retries:
+            extra["retry_share"] = self.retry_share
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:

@@ -39,6 +39,11 @@ Claim rules (the heart; every store implements them the same way):
    ``Outcome.attempt``), so running a chunk costs no write per task, and a
    crash hands back members whose start was never recorded without burning
    an attempt.
+7. With a ``retry_share`` the claim keeps retries on a path apart: still in
+   the order of rule 4, but while fresh (PENDING) work is claimable at most
+   ``ceil(max_units * retry_share)`` claims (at least one) are headed by a
+   RETRYING task; the retries past that wait for a later claim, unless fresh
+   work runs short: then they take the rest. Rules 2, 3 and 5 hold on both.
 
 Time: memory and SQLite read "now" from the :class:`~corral.core.clock.Clock`
 they were opened with (tests pass a fake one); PostgreSQL uses the database
@@ -234,11 +239,19 @@ class Store(abc.ABC):
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
+        retry_share: float | None = None,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
 
         ``only_retries`` takes only RETRYING tasks (chunk members included):
-        the CIRCUIT_OPEN level lets retries drain while fresh work waits."""
+        the CIRCUIT_OPEN level lets retries drain while fresh work waits.
+
+        ``retry_share`` keeps retries on a path apart, so a flood of failing
+        tasks cannot delay fresh work: claim order decides as usual, but while
+        fresh (PENDING) work is claimable at most ``ceil(max_units *
+        retry_share)`` units (at least one, so retries keep moving) are headed
+        by a RETRYING task; units fresh work leaves go to retries. Group
+        order, limits, pauses and breakers apply to both paths."""
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

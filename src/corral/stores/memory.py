@@ -33,6 +33,7 @@ from corral.core.model import (
 )
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
+from corral.core.validation import retry_cap
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import DEAD, BatchSummary, Event, FleetLevel, HeartbeatReply, Rescue, Store, SweepRow
@@ -63,7 +64,8 @@ class MemoryStore(Store):
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._keys: dict[str, int] = {}
-        self._ready: dict[str, list] = {}  # queue -> heap of (-prio, eligible, id, stamp)
+        self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (-prio, eligible, id, stamp)
+        self._retry_ready: dict[str, list] = {}  # queue -> heap of RETRYING ones, the retry path
         self._stamp: dict[int, int] = {}
         self._stamps = itertools.count(1)
         self._delayed: list = []  # heap of (run_at, id, stamp)
@@ -100,7 +102,8 @@ class MemoryStore(Store):
                 return  # not the head: pushed when it becomes one
             eligible = max(eligible, g.last_claimed_at)
         stamp = self._stamp[t.id] = next(self._stamps)
-        heapq.heappush(self._ready.setdefault(t.queue, []), (-t.priority, eligible, t.id, stamp))
+        ready = self._retry_ready if t.status is State.RETRYING else self._ready
+        heapq.heappush(ready.setdefault(t.queue, []), (-t.priority, eligible, t.id, stamp))
 
     def _promote_due(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -284,6 +287,7 @@ class MemoryStore(Store):
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
+        retry_share: float | None = None,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -291,77 +295,96 @@ class MemoryStore(Store):
         with self._lock:
             now = self.now()
             self._promote_due(now)
-            heaps = [self._ready[q] for q in queues if self._ready.get(q)]
+            retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
+            fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
+            cap = retry_cap(max_units, retry_share)
+            # one pass in claim order, the retry path only up to its share;
+            # then, if fresh work ran short, retries take the rest
+            if cap is None or not retry or not fresh:
+                cap, passes = max_units, [fresh + retry]
+            else:
+                passes = [fresh + retry, retry]
+            retry_heaps = {id(h) for h in retry}
+            retries_taken = 0
             skipped: list[tuple[list, tuple]] = []
             gates: Gates | None = None
-            while heaps and len(claims) < max_units:
-                heap = min(heaps, key=lambda h: h[0])
-                entry = heapq.heappop(heap)
-                if not heap:
-                    heaps.remove(heap)
-                tid, stamp = entry[2], entry[3]
-                t = self._tasks[tid]
-                if self._stamp.get(tid) != stamp or t.status not in QUEUED:
-                    continue
-                g = self._groups.get(t.group) if t.group is not None else None
-                if g is not None and (g.running or g.ids[0] != tid):
-                    continue
-                if (names is not None and t.name not in names) or (only_retries and t.status is not State.RETRYING):
-                    skipped.append((heap, entry))
-                    continue
-                solo = False
-                if t.limits or t.name in self._breakers:
-                    if gates is None:
-                        gates = Gates(now, self._limits, self._usage, self._breakers)
-                    if not gates.fits(t.limits, t.name):
+            for i, heaps in enumerate(passes):
+                heaps = [h for h in heaps if h]
+                capped = i == 0 and len(passes) > 1
+                while heaps and len(claims) < max_units:
+                    heap = min(heaps, key=lambda h: h[0])
+                    entry = heapq.heappop(heap)
+                    if capped and id(heap) in retry_heaps and retries_taken >= cap:
+                        heapq.heappush(heap, entry)  # the share is taken: the rest waits for this pass to end
+                        heaps = [h for h in heaps if h is not heap]
+                        continue
+                    if not heap:
+                        heaps.remove(heap)
+                    tid, stamp = entry[2], entry[3]
+                    t = self._tasks[tid]
+                    if self._stamp.get(tid) != stamp or t.status not in QUEUED:
+                        continue
+                    g = self._groups.get(t.group) if t.group is not None else None
+                    if g is not None and (g.running or g.ids[0] != tid):
+                        continue
+                    if (names is not None and t.name not in names) or (only_retries and t.status is not State.RETRYING):
                         skipped.append((heap, entry))
                         continue
-                    gates.take(t.limits, t.name)
-                    solo = gates.solo(t.limits, t.name)
-                members = [t]
-                if g is not None and chunk_size > 1 and not solo:
-                    for nid in itertools.islice(g.ids, 1, None):
-                        if len(members) >= chunk_size:
-                            break
-                        n = self._tasks[nid]
-                        if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
-                            continue  # ended: no longer in the group's line (as the SQL stores read it)
-                        if (
-                            n.status not in QUEUED
-                            or n.run_at > now
-                            or n.queue != t.queue
-                            or (names is not None and n.name not in names)
-                            or (only_retries and n.status is not State.RETRYING)
-                            or n.name in self._breakers
-                        ):
-                            break
-                        members.append(n)
-                token = uuid.uuid4().hex
-                expires = now + lease_seconds
-                for i, m in enumerate(members):
-                    self._stamp.pop(m.id, None)
-                    self._count[m.status] -= 1
-                    self._count[State.RUNNING] += 1
-                    m.status = State.RUNNING
-                    m.version += 1
-                    m.lease_token = token
-                    m.lease_expires_at = expires
-                    m.worker_id = worker_id
-                    if i == 0:
-                        m.attempt += 1
-                        m.started_at = now
-                    else:
-                        m.started_at = None
-                    self._running.add(m.id)
-                self._leases[token] = _Lease({m.id for m in members}, t.limits)
-                for name in t.limits:
-                    self._usage[name] = self._usage.get(name, 0) + 1
-                if g is not None:
-                    g.running += len(members)
-                    g.last_claimed_at = now
-                claims.append(Claim(token, [replace(m) for m in members], t.group))
-                if heap not in heaps and heap:
-                    heaps.append(heap)
+                    solo = False
+                    if t.limits or t.name in self._breakers:
+                        if gates is None:
+                            gates = Gates(now, self._limits, self._usage, self._breakers)
+                        if not gates.fits(t.limits, t.name):
+                            skipped.append((heap, entry))
+                            continue
+                        gates.take(t.limits, t.name)
+                        solo = gates.solo(t.limits, t.name)
+                    members = [t]
+                    if g is not None and chunk_size > 1 and not solo:
+                        for nid in itertools.islice(g.ids, 1, None):
+                            if len(members) >= chunk_size:
+                                break
+                            n = self._tasks[nid]
+                            if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
+                                continue  # ended: no longer in the group's line (as the SQL stores read it)
+                            if (
+                                n.status not in QUEUED
+                                or n.run_at > now
+                                or n.queue != t.queue
+                                or (names is not None and n.name not in names)
+                                or (only_retries and n.status is not State.RETRYING)
+                                or n.name in self._breakers
+                            ):
+                                break
+                            members.append(n)
+                    token = uuid.uuid4().hex
+                    expires = now + lease_seconds
+                    for i, m in enumerate(members):
+                        self._stamp.pop(m.id, None)
+                        self._count[m.status] -= 1
+                        self._count[State.RUNNING] += 1
+                        m.status = State.RUNNING
+                        m.version += 1
+                        m.lease_token = token
+                        m.lease_expires_at = expires
+                        m.worker_id = worker_id
+                        if i == 0:
+                            m.attempt += 1
+                            m.started_at = now
+                        else:
+                            m.started_at = None
+                        self._running.add(m.id)
+                    self._leases[token] = _Lease({m.id for m in members}, t.limits)
+                    for name in t.limits:
+                        self._usage[name] = self._usage.get(name, 0) + 1
+                    if g is not None:
+                        g.running += len(members)
+                        g.last_claimed_at = now
+                    claims.append(Claim(token, [replace(m) for m in members], t.group))
+                    if id(heap) in retry_heaps:
+                        retries_taken += 1
+                    if heap not in heaps and heap:
+                        heaps.append(heap)
             for heap, entry in skipped:
                 heapq.heappush(heap, entry)
             if gates is not None:

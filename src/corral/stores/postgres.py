@@ -112,7 +112,7 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -384,6 +384,7 @@ class PostgresStore(SqlStore):
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
+        retry_share: float | None = None,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -398,6 +399,8 @@ class PostgresStore(SqlStore):
             "lease": float(lease_seconds),
             "worker": worker_id,
             "only_retries": bool(only_retries),
+            # the retry path apart: one statement still (the share is applied in it)
+            "share": None if only_retries or retry_share is None else float(retry_share),
             "solo": [],
         }
 

@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import json
 import os
 import sqlite3
@@ -94,6 +95,7 @@ from corral.core.model import (
     loads,
 )
 from corral.core.states import FINAL, State, check_transition
+from corral.core.validation import retry_cap
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
@@ -105,7 +107,7 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 #: 5: the dead-letter index, the fleet_control row and the events log.
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -581,34 +583,33 @@ class SQLiteStore(SqlStore):
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
+        retry_share: float | None = None,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
         known = None if names is None else set(names)
         queues = sorted(set(queues))
+        cap = None if only_retries else retry_cap(max_units, retry_share)
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
                 # Only plain work was queued a moment ago: one statement.
-                rows = (
-                    _task_cursor(con)
-                    .execute(
-                        Q["claim_plain"],
-                        (
-                            now + lease_seconds,
-                            worker_id,
-                            now,
-                            queues[0],
-                            now,
-                            dumps(sorted(known)) if known is not None else None,
-                            max_units,
-                        ),
-                    )
-                    .fetchall()
+                args: tuple = (
+                    now + lease_seconds,
+                    worker_id,
+                    now,
+                    queues[0],
+                    now,
+                    dumps(sorted(known)) if known is not None else None,
+                    max_units,
                 )
+                if cap is None:
+                    rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
+                else:
+                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap)).fetchall()
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries)
+            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -638,8 +639,12 @@ class SQLiteStore(SqlStore):
                     claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
         return claims
 
-    def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False) -> list[list[tuple]]:
-        """Choose the claims (lists of candidate rows) by the claim rules; writes nothing."""
+    def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None) -> list[list[tuple]]:
+        """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
+
+        With a retry ``cap``, the retry path is read apart (its own index) and
+        merged in claim order with fresh work, taking at most ``cap`` retries;
+        if fresh work runs short, retries take the rest."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -662,13 +667,33 @@ class SQLiteStore(SqlStore):
                 gates = Gates(now, limits, usage, breakers)
             return gates
 
-        cursors = [con.execute(Q["claim_candidates"], (q, now)) for q in queues]
-        stream = cursors[0] if len(cursors) == 1 else heapq.merge(*cursors, key=lambda r: (-r[1], r[2], r[0]))
-        heap: list = []
+        cursors: list[sqlite3.Cursor] = []
         picked: list[list[tuple]] = []
 
+        def ordered(query: str) -> Iterator[tuple]:
+            """Candidates of ``query`` in claim order: priority, then eligibility."""
+            mine = [con.execute(Q[query], (q, now)) for q in queues]
+            cursors.extend(mine)
+            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (-r[1], r[2], r[0]))
+            heap: list = []
+            for row in stream:
+                index_key = (-row[1], row[2], row[0])
+                heapq.heappush(heap, (eligible_key(row), row))
+                while heap and heap[0][0] <= index_key:
+                    yield heapq.heappop(heap)[1]
+            while heap:
+                yield heapq.heappop(heap)[1]
+
+        def fill(rows: Iterator[tuple], goal: int) -> None:
+            """Take claims headed by ``rows`` until ``goal`` claims are picked."""
+            if len(picked) >= goal:
+                return
+            for row in rows:
+                if take(row) and len(picked) >= goal:
+                    return
+
         def take(row) -> bool:
-            """Try to make a claim headed by ``row``; True when max_units is reached."""
+            """Try to make a claim headed by ``row``; True when it was taken."""
             if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
                 return False
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
@@ -696,21 +721,31 @@ class SQLiteStore(SqlStore):
             if g is not None or lims:
                 the_gates().take(lims, row[4])
             picked.append(members)
-            return len(picked) >= max_units
+            return True
 
         try:
-            done = False
-            for row in stream:
-                index_key = (-row[1], row[2], row[0])
-                heapq.heappush(heap, (eligible_key(row), row))
-                while heap and heap[0][0] <= index_key:
-                    if take(heapq.heappop(heap)[1]):
-                        done = True
-                        break
-                if done:
-                    break
-            while not done and heap:
-                done = take(heapq.heappop(heap)[1])
+            if cap is None:
+                fill(ordered("claim_candidates"), max_units)
+            else:
+                # claim order across both paths, the retry path only up to its share
+                retries = ordered("claim_retry_candidates")
+                fresh = (r for r in ordered("claim_candidates") if r[7] != State.RETRYING)
+                next_r, next_f = next(retries, None), next(fresh, None)
+                taken = 0
+                while len(picked) < max_units and (next_f is not None or (next_r is not None and taken < cap)):
+                    if (
+                        next_r is not None
+                        and taken < cap
+                        and (next_f is None or eligible_key(next_r) <= eligible_key(next_f))
+                    ):
+                        taken += take(next_r)
+                        next_r = next(retries, None)
+                    else:
+                        assert next_f is not None
+                        take(next_f)
+                        next_f = next(fresh, None)
+                if next_r is not None:  # fresh work ran short: retries take the rest
+                    fill(itertools.chain([next_r], retries), max_units)
         finally:
             for c in cursors:
                 c.close()

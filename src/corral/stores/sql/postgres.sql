@@ -287,6 +287,13 @@ CREATE TABLE IF NOT EXISTS corral_events (
     data    text NOT NULL
 );
 
+-- name: migration_0007
+-- The retry path: tasks waiting to be retried, in claim order. A claim with a
+-- retry share reads them apart from fresh work; the index stays empty while
+-- nothing fails, so looking costs nothing then.
+CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
+    WHERE status = 'RETRYING';
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -429,6 +436,7 @@ free_locked AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
+      AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
     ORDER BY t.priority DESC, t.run_at, t.id
@@ -448,6 +456,7 @@ heads_locked AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
+      AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
       AND NOT EXISTS (
@@ -465,10 +474,51 @@ heads_locked AS MATERIALIZED (
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
+-- With a retry share, the retry path read apart from its own
+-- index: ungrouped retries and retrying group heads (the same head rule).
+retry_locked AS MATERIALIZED (
+    SELECT t.id, t.priority, CASE WHEN t.group_key IS NULL THEN t.run_at ELSE t.ready_at END AS elig,
+           t.group_key, t.limits, t.name
+    FROM corral_tasks t
+    WHERE %(share)s::float8 IS NOT NULL AND t.status = 'RETRYING'
+      AND t.run_at <= (SELECT now FROM clk)
+      AND t.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND NOT (t.limits && (SELECT names FROM barred))
+      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND (t.group_key IS NULL OR (
+            t.is_head AND t.ready_at <= (SELECT now FROM clk)
+            AND NOT EXISTS (
+                SELECT 1 FROM corral_tasks x
+                WHERE x.group_key = t.group_key AND x.id < t.id
+                  AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                       OR (x.status = 'FAILED' AND x.halt_group_on_failure))
+                OFFSET 0)
+            AND NOT EXISTS (
+                SELECT 1 FROM corral_tasks r
+                WHERE r.group_key = t.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
+                OFFSET 0)))
+    ORDER BY t.priority DESC, t.run_at, t.id
+    LIMIT %(n)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+-- every candidate with its place on its path (lane 1: retries) and the
+-- number on each path
+lanes AS MATERIALIZED (
+    SELECT u.*,
+           row_number() OVER (PARTITION BY u.lane ORDER BY u.priority DESC, u.elig, u.id) AS ln,
+           count(*) FILTER (WHERE u.lane = 0) OVER () AS nf
+    FROM (SELECT *, 0 AS lane FROM free_locked
+          UNION ALL SELECT *, 0 FROM heads_locked
+          UNION ALL SELECT *, 1 FROM retry_locked) u
+),
+-- claim order, but retries past their share of n are left for a later claim
+-- (unless fresh work runs short)
 picked AS MATERIALIZED (
     SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
            row_number() OVER (ORDER BY u.priority DESC, u.elig, u.id) AS rk
-    FROM (SELECT * FROM free_locked UNION ALL SELECT * FROM heads_locked) u
+    FROM lanes u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
     ORDER BY u.priority DESC, u.elig, u.id
     LIMIT %(n)s
 ),
@@ -532,18 +582,44 @@ WITH -- A claim commits durably, like submits and completions: a claim the
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
-picked AS (
-    SELECT t.id FROM corral_tasks t
+fresh AS MATERIALIZED (
+    SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
       AND cardinality(t.limits) = 0
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
+      AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
     ORDER BY t.priority DESC, t.run_at, t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
+),
+-- with a retry share: the retry path, read apart from its own index
+retry AS MATERIALIZED (
+    SELECT t.id, t.priority, t.run_at FROM corral_tasks t
+    WHERE %(share)s::float8 IS NOT NULL AND t.status = 'RETRYING' AND t.group_key IS NULL
+      AND cardinality(t.limits) = 0
+      AND t.run_at <= (SELECT now FROM clk)
+      AND t.queue = ANY(%(queues)s::text[])
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
+      AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
+    ORDER BY t.priority DESC, t.run_at, t.id
+    LIMIT %(n)s
+    FOR UPDATE OF t SKIP LOCKED
+),
+-- claim order, but retries past their share of n are left for a later claim
+-- (unless fresh work runs short)
+picked AS (
+    SELECT u.id FROM (
+        SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY l.priority DESC, l.run_at, l.id) AS ln,
+               count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
+        FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
+    ) u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
+    ORDER BY u.priority DESC, u.run_at, u.id
+    LIMIT %(n)s
 )
 UPDATE corral_tasks t
 SET status = 'RUNNING',
