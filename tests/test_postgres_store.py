@@ -424,9 +424,13 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     try:
         s.migrate()
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 7
-            retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
-            assert conn.execute(retry_index).fetchone()[0]
+            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 15
+            retry_index = "SELECT indexdef FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
+            assert "priority" in conn.execute(retry_index).fetchone()[0]
+            ranked = "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'corral_tasks_ready_%%'"
+            defs = dict(conn.execute(ranked).fetchall())
+            for name in ("corral_tasks_ready_free", "corral_tasks_ready_heads", "corral_tasks_ready_retry"):
+                assert "60" in defs[name] and "DESC" not in defs[name], defs[name]  # the ageing rank
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
             assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
             assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]

@@ -202,8 +202,10 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
-    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 15
+    indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"tasks_ready_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
+    assert not {"tasks_ready", "tasks_retry_ready"} & indexes  # the strict-priority ones are gone
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -224,17 +226,27 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events()) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
-    it (rates and breakers, no levels) or as version 5 left it (no retry
-    path index) is brought up to version 6."""
+    it (rates and breakers, no levels), as version 5 left it (no retry
+    path index) or as version 6 left it (claim order by strict priority) is
+    brought up to the current version."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
-    con.execute("DROP INDEX tasks_retry_ready")
+    con.executescript(
+        "DROP INDEX tasks_retry_ready_rank; DROP INDEX tasks_ready_rank;"
+        " CREATE INDEX tasks_ready ON tasks (queue, priority DESC, run_at, id)"
+        " WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);"
+    )
+    if version == 6:
+        con.execute(
+            "CREATE INDEX tasks_retry_ready ON tasks (queue, priority DESC, run_at, id)"
+            " WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)"
+        )
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:
@@ -346,7 +358,7 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     # backpressure and drain never read history: only partial indexes are scanned
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX)", plan) == [], plan
     plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
-    assert "USING INDEX tasks_ready" in plan and "SCAN" not in plan, plan
+    assert "USING INDEX tasks_ready_rank" in plan and "SCAN" not in plan, plan
     assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
     for name, params in (
         ("head_clear", ("g", "g")),
@@ -362,7 +374,7 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX tasks_running_expiry)", plan) == [], plan
     # the ready index holds queued heads and free tasks only
     ready = con.execute(
-        "SELECT count(*) FROM tasks INDEXED BY tasks_ready "
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_rank "
         "WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1) AND queue = 'default'"
     ).fetchone()[0]
     assert ready == 51

@@ -21,7 +21,11 @@ def _retrying(store, n: int, name: str = "again", groups: list[str] | None = Non
     got = claim(store, n, names=[name])
     assert sorted(claimed_ids(got)) == sorted(ids)
     outs = [
-        Outcome(t.id, t.lease_token, t.version, State.RETRYING, error="x", run_at=0.0) for c in got for t in c.tasks
+        # due at the store's now (the claim's start): waiting since long ago would
+        # age it past higher priorities
+        Outcome(t.id, t.lease_token, t.version, State.RETRYING, error="x", run_at=c.tasks[0].started_at)
+        for c in got
+        for t in c.tasks
     ]
     assert all(store.complete(outs))
     return ids

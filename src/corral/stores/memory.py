@@ -33,6 +33,7 @@ from corral.core.model import (
 )
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
+from corral.core.priorities import claim_rank
 from corral.core.validation import retry_cap
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
@@ -64,7 +65,7 @@ class MemoryStore(Store):
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._keys: dict[str, int] = {}
-        self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (-prio, eligible, id, stamp)
+        self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (rank, id, stamp)
         self._retry_ready: dict[str, list] = {}  # queue -> heap of RETRYING ones, the retry path
         self._stamp: dict[int, int] = {}
         self._stamps = itertools.count(1)
@@ -103,7 +104,7 @@ class MemoryStore(Store):
             eligible = max(eligible, g.last_claimed_at)
         stamp = self._stamp[t.id] = next(self._stamps)
         ready = self._retry_ready if t.status is State.RETRYING else self._ready
-        heapq.heappush(ready.setdefault(t.queue, []), (-t.priority, eligible, t.id, stamp))
+        heapq.heappush(ready.setdefault(t.queue, []), (claim_rank(t.priority, eligible), t.id, stamp))
 
     def _promote_due(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -320,7 +321,7 @@ class MemoryStore(Store):
                         continue
                     if not heap:
                         heaps.remove(heap)
-                    tid, stamp = entry[2], entry[3]
+                    tid, stamp = entry[1], entry[2]
                     t = self._tasks[tid]
                     if self._stamp.get(tid) != stamp or t.status not in QUEUED:
                         continue

@@ -111,8 +111,9 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
-#: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 7
+#: 6: the dead-letter index, the fleet level row and the event log;
+#: 7: the retry path's index; 15: claim-order indexes hold the ageing rank.
+SCHEMA_VERSION = 15
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0

@@ -57,8 +57,9 @@ How it is made safe and fast for several processes on one file:
 
 Claim order (rule 4 of :mod:`corral.stores.base`) sorts by an *eligible* time
 that for a group head is ``max(run_at, group.last_claimed_at)``, which no index
-can hold. Candidates are read in index order ``(priority DESC, run_at, id)``;
-since the eligible time is never before ``run_at``, a candidate read so far
+can hold. Candidates are read in index order ``(run_at - priority * 60, id)``
+(the ageing rank of :mod:`corral.core.priorities`); since the eligible time is
+never before ``run_at``, a candidate read so far
 may be taken as soon as its key is not after the index key of the row just
 read (a small heap), so only as many rows are read as the claim needs.
 """
@@ -81,6 +82,7 @@ from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.priorities import claim_rank
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -104,10 +106,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 15: the claim-order indexes hold the ageing rank (core/priorities.py).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 15
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -652,12 +655,12 @@ class SQLiteStore(SqlStore):
         def eligible_key(row) -> tuple:
             tid, prio, run_at, group = row[0], row[1], row[2], row[3]
             if group is None:
-                return (-prio, run_at, tid)
+                return (claim_rank(prio, run_at), tid)
             lca = last_claimed.get(group)
             if lca is None:
                 hit = con.execute(Q["group_last_claimed"], (group,)).fetchone()
                 lca = last_claimed[group] = hit[0] if hit else 0.0
-            return (-prio, max(run_at, lca), tid)
+            return (claim_rank(prio, max(run_at, lca)), tid)
 
         def the_gates() -> Gates:
             nonlocal gates
@@ -671,13 +674,13 @@ class SQLiteStore(SqlStore):
         picked: list[list[tuple]] = []
 
         def ordered(query: str) -> Iterator[tuple]:
-            """Candidates of ``query`` in claim order: priority, then eligibility."""
+            """Candidates of ``query`` in claim order: rank (priority with ageing), then id."""
             mine = [con.execute(Q[query], (q, now)) for q in queues]
             cursors.extend(mine)
-            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (-r[1], r[2], r[0]))
+            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (claim_rank(r[1], r[2]), r[0]))
             heap: list = []
             for row in stream:
-                index_key = (-row[1], row[2], row[0])
+                index_key = (claim_rank(row[1], row[2]), row[0])
                 heapq.heappush(heap, (eligible_key(row), row))
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
