@@ -139,3 +139,23 @@ def test_only_retries_ignores_the_share(store):
     got = claim(store, 4, only_retries=True, retry_share=0.25)
     assert _lanes(store, got) == (4, 0)
     assert all(store.get(t).status == State.PENDING for t in fresh)
+
+
+def test_a_worker_may_give_the_retry_bound_outright_even_zero(store):
+    """``retry_cap``: a worker already holding its share of retries passes 0,
+    and fresh work takes the claim; retries still take what fresh work leaves."""
+    _retrying(store, 6)
+    fresh = [submit_one(store, "fresh") for _ in range(5)]
+    got = claim(store, 4, retry_share=0.25, retry_cap=0)
+    assert _lanes(store, got) == (0, 4)
+    assert sorted(claimed_ids(got)) == fresh[:4]
+    got = claim(store, 4, retry_share=0.25, retry_cap=0)  # one fresh task left: retries take the rest
+    assert _lanes(store, got) == (3, 1)
+    got = claim(store, 4, retry_share=0.25, retry_cap=2)  # no fresh work: every unit
+    assert _lanes(store, got) == (3, 0)
+
+
+def test_a_given_retry_bound_above_the_claim_share(store):
+    _retrying(store, 6)
+    [submit_one(store, "fresh") for _ in range(6)]
+    assert _lanes(store, claim(store, 4, retry_share=0.25, retry_cap=3)) == (3, 1)

@@ -240,6 +240,7 @@ class Store(abc.ABC):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
 
@@ -251,7 +252,12 @@ class Store(abc.ABC):
         fresh (PENDING) work is claimable at most ``ceil(max_units *
         retry_share)`` units (at least one, so retries keep moving) are headed
         by a RETRYING task; units fresh work leaves go to retries. Group
-        order, limits, pauses and breakers apply to both paths."""
+        order, limits, pauses and breakers apply to both paths.
+
+        ``retry_cap`` (with ``retry_share``) gives that bound outright, 0
+        allowed: a worker bounds the retries it *holds* to its share of its
+        slots, so it passes what is left of that share (retries still take
+        every unit fresh work leaves)."""
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

@@ -31,10 +31,10 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
-from corral.core.priorities import claim_rank
-from corral.core.validation import retry_cap
+from corral.core.validation import retry_cap as units_for_retries
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import DEAD, BatchSummary, Event, FleetLevel, HeartbeatReply, Rescue, Store, SweepRow
@@ -289,6 +289,7 @@ class MemoryStore(Store):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -298,7 +299,7 @@ class MemoryStore(Store):
             self._promote_due(now)
             retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
             fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
-            cap = retry_cap(max_units, retry_share)
+            cap = units_for_retries(max_units, retry_share, retry_cap)
             # one pass in claim order, the retry path only up to its share;
             # then, if fresh work ran short, retries take the rest
             if cap is None or not retry or not fresh:

@@ -386,6 +386,7 @@ class PostgresStore(SqlStore):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -402,6 +403,8 @@ class PostgresStore(SqlStore):
             "only_retries": bool(only_retries),
             # the retry path apart: one statement still (the share is applied in it)
             "share": None if only_retries or retry_share is None else float(retry_share),
+            # a worker's own bound on retries (what is left of its share of its slots)
+            "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
             "solo": [],
         }
 

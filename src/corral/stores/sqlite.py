@@ -82,7 +82,6 @@ from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.priorities import claim_rank
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -96,8 +95,9 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition
-from corral.core.validation import retry_cap
+from corral.core.validation import retry_cap as units_for_retries
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
@@ -587,12 +587,13 @@ class SQLiteStore(SqlStore):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
         known = None if names is None else set(names)
         queues = sorted(set(queues))
-        cap = None if only_retries else retry_cap(max_units, retry_share)
+        cap = None if only_retries else units_for_retries(max_units, retry_share, retry_cap)
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:

@@ -532,7 +532,7 @@ lanes AS MATERIALIZED (
 picked AS MATERIALIZED (
     SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
            row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
-    FROM lanes u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
+    FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
     WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
     ORDER BY (u.elig - u.priority * 60::float8), u.id
     LIMIT %(n)s
@@ -631,7 +631,7 @@ picked AS (
         SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY (l.run_at - l.priority * 60::float8), l.id) AS ln,
                count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
         FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
-    ) u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
+    ) u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
     WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
     ORDER BY (u.run_at - u.priority * 60::float8), u.id
     LIMIT %(n)s
