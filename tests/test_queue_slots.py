@@ -185,3 +185,35 @@ def test_retries_hold_at_most_their_share_of_slots_while_fresh_work_waits_and_al
     finally:
         gates.open_all()
         worker.stop(grace=5.0)
+
+
+def test_degraded_runs_the_critical_queue_within_its_own_slots():
+    """DEGRADED claims only from queues marked critical, each still within its
+    own slots (and the worker within half its slots); back to NORMAL, every
+    queue fills its own."""
+    app = corral.App("memory://", critical_queues=["vip"])
+    gates = Gates()
+
+    @app.task(name="job")
+    def job(key: str) -> str:
+        assert gates(key).wait(WAIT)
+        return key
+
+    vip = [job.submit(f"v{i}", queue="vip") for i in range(5)]
+    [job.submit(f"b{i}", queue="bulk") for i in range(8)]
+    app.set_level("DEGRADED", reason="test")
+    worker = app.worker(queues={"vip": 2, "bulk": 4}, poll_interval=0.05).start()
+    try:
+        assert poll_until(lambda: len(_running(app)) == 2, WAIT)
+        assert {r.queue for r in _running(app)} == {"vip"}  # its 2 slots, though DEGRADED leaves 3
+        gates("v0").set()
+        assert vip[0].result(timeout=WAIT) == "v0"
+        assert poll_until(lambda: len(_running(app, queue="vip")) == 2, WAIT)
+        assert _running(app, queue="bulk") == []
+        app.set_level("NORMAL", reason="recovered")
+        assert poll_until(lambda: len(_running(app, queue="bulk")) == 4, WAIT)
+        assert len(_running(app, queue="vip")) == 2
+    finally:
+        gates.open_all()
+        worker.stop(grace=5.0)
+        app.close(timeout=10)
