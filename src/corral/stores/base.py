@@ -19,8 +19,9 @@ Claim rules (the heart; every store implements them the same way):
 3. With ``chunk_size > 1`` the head and the following tasks of its group (up
    to ``chunk_size``, stopping at the first one that is not a ready candidate)
    form one :class:`Claim`, run in order by one worker.
-4. Candidates are taken by ``priority`` (high first), then by the time they
-   became eligible, then by id. For a group head that time is
+4. Candidates are taken by their *rank*, ``eligible time - priority * 60 s``
+   (lowest first; :mod:`corral.core.priorities`: higher priority first, with
+   ageing, one level for each minute waited), then by id. For a group head the eligible time is
    ``max(run_at, group.last_claimed_at)``: a group served just now goes to the
    back, which is round robin between groups. A retry's ``run_at`` is the end
    of its backoff, so it queues behind fresh work submitted before then.
@@ -41,9 +42,10 @@ Claim rules (the heart; every store implements them the same way):
    an attempt.
 7. With a ``retry_share`` the claim keeps retries on a path apart: still in
    the order of rule 4, but while fresh (PENDING) work is claimable at most
-   ``ceil(max_units * retry_share)`` claims (at least one) are headed by a
-   RETRYING task; the retries past that wait for a later claim, unless fresh
-   work runs short: then they take the rest. Rules 2, 3 and 5 hold on both.
+   ``ceil(max_units * retry_share)`` claims (at least one; or ``retry_cap``
+   when given, 0 allowed) are headed by a RETRYING task; the retries past
+   that wait for a later claim, unless fresh work runs short: then they take
+   the rest. Rules 2, 3 and 5 hold on both.
 
 Time: memory and SQLite read "now" from the :class:`~corral.core.clock.Clock`
 they were opened with (tests pass a fake one); PostgreSQL uses the database
