@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import corral
 from corral.core.clock import poll_until
 from corral.core.model import TaskFilter
-from corral.core.slots import parse_queues, queue_budgets, rotate
+from corral.core.slots import RecentPeak, parse_queues, queue_budgets, retry_room, rotate
 from corral.core.states import State
 from corral.core.validation import held_retry_cap
 from corral.errors import ConfigError
@@ -58,6 +58,25 @@ def test_retries_hold_their_share_of_the_slots_not_of_each_claim():
     assert held_retry_cap(40, 0.25, 3) == 7
     assert held_retry_cap(1, 0.25, 0) == 1  # at least one: retries always move
     assert held_retry_cap(4, None, 9) is None
+
+
+def test_retry_room_keeps_room_for_recent_fresh_work_and_never_less_than_the_share():
+    assert retry_room(20, 0.25, 0) == 20  # no fresh work lately: every slot
+    assert retry_room(20, 0.25, 3) == 14  # room for twice the recent fresh peak
+    assert retry_room(20, 0.25, 10) == 5  # never below the share
+    assert retry_room(1, 0.25, 5) == 1
+
+
+def test_recent_peak_forgets_after_a_window_or_two():
+    p = RecentPeak(1.0)
+    assert p.peak(0.0) == 0
+    p.note(3, 0.0)
+    p.note(1, 0.5)
+    assert p.peak(0.9) == 3
+    assert p.peak(1.5) == 3  # the previous window still counts
+    p.note(2, 1.6)
+    assert p.peak(2.7) == 2
+    assert p.peak(5.0) == 0
 
 
 # ---- a worker ------------------------------------------------------------------------------

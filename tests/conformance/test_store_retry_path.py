@@ -159,3 +159,17 @@ def test_a_given_retry_bound_above_the_claim_share(store):
     _retrying(store, 6)
     [submit_one(store, "fresh") for _ in range(6)]
     assert _lanes(store, claim(store, 4, retry_share=0.25, retry_cap=3)) == (3, 1)
+
+
+def test_retry_max_bounds_retries_even_when_fresh_work_runs_short(store):
+    """``retry_max``: a worker keeping room for fresh arrivals; the retries
+    past it wait, whatever fresh work there is."""
+    retries = _retrying(store, 6)
+    fresh = submit_one(store, "fresh")
+    got = claim(store, 4, retry_share=0.25, retry_cap=1, retry_max=2)
+    assert _lanes(store, got) == (2, 1) and fresh in claimed_ids(got)
+    got = claim(store, 4, retry_share=0.25, retry_max=3)  # no fresh work left
+    assert _lanes(store, got) == (3, 0)
+    got = claim(store, 4, retry_share=0.25, retry_max=0)
+    assert got == []
+    assert len([t for t in retries if store.get(t).status is State.RETRYING]) == 1

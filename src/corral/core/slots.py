@@ -8,6 +8,7 @@ so the rules are tested without threads or a store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from corral.errors import ConfigError
@@ -89,4 +90,40 @@ def rotate(names: Sequence[str], turn: int) -> tuple[str, ...]:
     return tuple(names[k:]) + tuple(names[:k])
 
 
-__all__ = ["MAX_QUEUE_SLOTS", "check_slots", "parse_queues", "queue_budgets", "rotate"]
+def retry_room(slots: int, share: float, fresh_peak: int) -> int:
+    """The most slots retries may hold in a worker where fresh work held up
+    to ``fresh_peak`` slots a moment ago: room is kept for twice that many
+    fresh units (arrivals come in bursts, and a slot a retry holds frees
+    only when the retry ends), but retries always keep their share,
+    ``ceil(slots * share)`` (at least 1). Without recent fresh work
+    (``fresh_peak`` 0) retries may hold every slot."""
+    own = max(1, math.ceil(slots * share - 1e-9))
+    return max(own, slots - 2 * max(0, fresh_peak))
+
+
+class RecentPeak:
+    """The most of a count seen over roughly the last ``window`` seconds
+    (between one and two windows: two buckets, no list kept)."""
+
+    def __init__(self, window: float = 1.0) -> None:
+        self.window = window
+        self._start = -math.inf
+        self._now_max = 0
+        self._before_max = 0
+
+    def _roll(self, now: float) -> None:
+        if now - self._start >= 2 * self.window:
+            self._start, self._now_max, self._before_max = now, 0, 0
+        elif now - self._start >= self.window:
+            self._start, self._before_max, self._now_max = now, self._now_max, 0
+
+    def note(self, value: int, now: float) -> None:
+        self._roll(now)
+        self._now_max = max(self._now_max, value)
+
+    def peak(self, now: float) -> int:
+        self._roll(now)
+        return max(self._now_max, self._before_max)
+
+
+__all__ = ["MAX_QUEUE_SLOTS", "RecentPeak", "check_slots", "parse_queues", "queue_budgets", "retry_room", "rotate"]

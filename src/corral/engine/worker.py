@@ -210,6 +210,8 @@ class Worker:
         self._inflight = 0  # units claimed and not settled
         self._held: dict[str, int] = {}  # of those, by queue (per-queue slots)
         self._retries_held = 0  # of those, retries (their share of the slots)
+        self._fresh_held = 0  # and fresh units
+        self._fresh_peak = slots.RecentPeak(1.0)  # the most fresh units held in about the last second
         self._turn = 0  # which queue asks first (per-queue slots)
         self._full_queues = False  # the last claim left out a queue with no slot free
         self._units: set[_Unit] = set()
@@ -494,6 +496,10 @@ class Worker:
         self._held[q] = self._held.get(q, 0) + step
         if unit.retry:
             self._retries_held += step
+        else:
+            self._fresh_held += step
+            if step > 0:
+                self._fresh_peak.note(self._fresh_held, time.monotonic())
 
     def _claim(self, want: int, names: frozenset[str], policy: DispatchPolicy) -> list[Claim]:
         """One claim, or one per lane of the policy (and with per-queue slots,
@@ -504,8 +510,13 @@ class Worker:
             slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
             with self._cond:
                 retries_held = self._retries_held
+                fresh_peak = self._fresh_peak.peak(time.monotonic())
             extra["retry_share"] = self.retry_share
             extra["retry_cap"] = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
+            if fresh_peak:
+                # fresh work came a moment ago: keep room for its next arrivals
+                room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
+                extra["retry_max"] = max(0, room - retries_held)
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:
@@ -547,8 +558,10 @@ class Worker:
                     **extra,
                 )
                 claims += got
-                if extra.get("retry_cap") is not None:
-                    extra["retry_cap"] = max(0, extra["retry_cap"] - sum(1 for c in got if c.tasks[0].attempt > 1))
+                retried = sum(1 for c in got if c.tasks[0].attempt > 1)
+                for key in ("retry_cap", "retry_max"):
+                    if extra.get(key) is not None:
+                        extra[key] = max(0, extra[key] - retried)
         return claims
 
     def _idle_wait(self) -> float:

@@ -243,6 +243,7 @@ class Store(abc.ABC):
         only_retries: bool = False,
         retry_share: float | None = None,
         retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
 
@@ -259,7 +260,12 @@ class Store(abc.ABC):
         ``retry_cap`` (with ``retry_share``) gives that bound outright, 0
         allowed: a worker bounds the retries it *holds* to its share of its
         slots, so it passes what is left of that share (retries still take
-        every unit fresh work leaves)."""
+        every unit fresh work leaves).
+
+        ``retry_max`` (with ``retry_share``) bounds the retry units of the
+        claim even when fresh work runs short: a worker that saw fresh work
+        arrive a moment ago keeps room free for the next arrivals instead of
+        filling every idle slot with retries."""
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

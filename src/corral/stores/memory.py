@@ -290,6 +290,7 @@ class MemoryStore(Store):
         only_retries: bool = False,
         retry_share: float | None = None,
         retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -300,6 +301,9 @@ class MemoryStore(Store):
             retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
             fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
             cap = units_for_retries(max_units, retry_share, retry_cap)
+            most = max_units if retry_share is None or retry_max is None else max(0, retry_max)
+            if cap is not None:
+                cap = min(cap, most)
             # one pass in claim order, the retry path only up to its share;
             # then, if fresh work ran short, retries take the rest
             if cap is None or not retry or not fresh:
@@ -316,7 +320,7 @@ class MemoryStore(Store):
                 while heaps and len(claims) < max_units:
                     heap = min(heaps, key=lambda h: h[0])
                     entry = heapq.heappop(heap)
-                    if capped and id(heap) in retry_heaps and retries_taken >= cap:
+                    if id(heap) in retry_heaps and retries_taken >= (cap if capped else most):
                         heapq.heappush(heap, entry)  # the share is taken: the rest waits for this pass to end
                         heaps = [h for h in heaps if h is not heap]
                         continue

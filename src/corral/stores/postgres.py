@@ -387,6 +387,7 @@ class PostgresStore(SqlStore):
         only_retries: bool = False,
         retry_share: float | None = None,
         retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -405,6 +406,8 @@ class PostgresStore(SqlStore):
             "share": None if only_retries or retry_share is None else float(retry_share),
             # a worker's own bound on retries (what is left of its share of its slots)
             "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
+            # and the most retries a claim takes even when fresh work runs short
+            "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
             "solo": [],
         }
 

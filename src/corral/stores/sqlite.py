@@ -588,12 +588,16 @@ class SQLiteStore(SqlStore):
         only_retries: bool = False,
         retry_share: float | None = None,
         retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
         known = None if names is None else set(names)
         queues = sorted(set(queues))
         cap = None if only_retries else units_for_retries(max_units, retry_share, retry_cap)
+        most = max_units if cap is None or retry_max is None else max(0, min(retry_max, max_units))
+        if cap is not None:
+            cap = min(cap, most)
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
@@ -610,10 +614,10 @@ class SQLiteStore(SqlStore):
                 if cap is None:
                     rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
                 else:
-                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap)).fetchall()
+                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap)
+            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -643,12 +647,15 @@ class SQLiteStore(SqlStore):
                     claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
         return claims
 
-    def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None) -> list[list[tuple]]:
+    def _pick(
+        self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None, most=None
+    ) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
 
         With a retry ``cap``, the retry path is read apart (its own index) and
         merged in claim order with fresh work, taking at most ``cap`` retries;
-        if fresh work runs short, retries take the rest."""
+        if fresh work runs short, retries take the rest (at most ``most``
+        retries in all)."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -748,8 +755,9 @@ class SQLiteStore(SqlStore):
                         assert next_f is not None
                         take(next_f)
                         next_f = next(fresh, None)
-                if next_r is not None:  # fresh work ran short: retries take the rest
-                    fill(itertools.chain([next_r], retries), max_units)
+                room = (max_units if most is None else most) - taken
+                if next_r is not None and room > 0:  # fresh work ran short: retries take the rest
+                    fill(itertools.chain([next_r], retries), min(max_units, len(picked) + room))
         finally:
             for c in cursors:
                 c.close()

@@ -533,7 +533,7 @@ picked AS MATERIALIZED (
     SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
            row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
     FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
     ORDER BY (u.elig - u.priority * 60::float8), u.id
     LIMIT %(n)s
 ),
@@ -632,7 +632,7 @@ picked AS (
                count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
         FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
     ) u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
     ORDER BY (u.run_at - u.priority * 60::float8), u.id
     LIMIT %(n)s
 )

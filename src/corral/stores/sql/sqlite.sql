@@ -371,7 +371,8 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 
 -- claim_plain with a retry share: up to n fresh and up to n retry candidates,
 -- taken in claim order, but retries past ?8 (the share of n) are left for a
--- later claim unless fresh work runs short. Parameters as claim_plain, then ?8.
+-- later claim unless fresh work runs short, and never more than ?9 of them.
+-- Parameters as claim_plain, then ?8, ?9.
 -- name: claim_plain_shared
 UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
@@ -402,7 +403,7 @@ WHERE id IN (
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
                 ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)))
-    WHERE lane = 0 OR rn <= max(?8, ?7 - nf)
+    WHERE lane = 0 OR rn <= min(?9, max(?8, ?7 - nf))
     ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
