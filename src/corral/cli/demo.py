@@ -99,13 +99,17 @@ def demo(store_url, quick, skus, merchants, workers, processes, latency_ms, qps,
 
     from corral.edges.demo_sync import run_main_demo
 
-    url = given_store(store_url)
-    if url is None:
+    given = given_store(store_url)
+    if given is not None:
+        url = given
+    else:
         folder = Path(".corral")
         folder.mkdir(exist_ok=True)
         url = f"sqlite:///{folder / time.strftime('demo-%Y%m%d-%H%M%S.db')}"
     if processes and url.startswith("memory:"):
-        raise CLIError("worker processes cannot share a memory:// store: give --processes 0, or a SQLite or PostgreSQL store")
+        raise CLIError(
+            "worker processes cannot share a memory:// store: give --processes 0, or a SQLite or PostgreSQL store"
+        )
     report = run_main_demo(
         url,
         skus=3000 if skus is None else skus,

@@ -81,9 +81,9 @@ def build_app(store: str | None = None) -> App:
     app = App(store)
     app.task(name=DETAIL, retries=5, timeout=30, limits=[PARTNER_LIMIT], backoff=BACKOFF)(sync_detail)
     app.task(name=IMAGES, retries=5, timeout=30, limits=[PARTNER_LIMIT], backoff=BACKOFF)(sync_images)
-    app.task(
-        name=NOTIFY, retries=8, timeout=30, limits=[PUSH_LIMIT], backoff=Backoff(base=0.1, factor=2.0, cap=1.0)
-    )(notify_merchant)
+    app.task(name=NOTIFY, retries=8, timeout=30, limits=[PUSH_LIMIT], backoff=Backoff(base=0.1, factor=2.0, cap=1.0))(
+        notify_merchant
+    )
     return app
 
 

@@ -44,7 +44,7 @@ PHASES = ("detail", "images", "notify")
 #: SKUs submitted per store write (each write: their details, images and notifications)
 SUBMIT_CHUNK = 250
 #: the breaker on the partner's limit: an outage holds the work instead of burning its retries
-BREAKER = {"failure_ratio": 0.5, "min_calls": 20, "window": "30s", "cooldown": "5s", "probes": 3}
+BREAKER: dict[str, Any] = {"failure_ratio": 0.5, "min_calls": 20, "window": "30s", "cooldown": "5s", "probes": 3}
 #: merchant notifications in flight at once, over all merchants (the push gateway's limit)
 PUSH_CONCURRENCY = 10
 
@@ -540,7 +540,7 @@ def render_report(rep: MainDemoReport, con: Any, hint_store: str | None) -> None
     t.add_row("dead letters", f"{rep.dead_letters} (final failures, kept for `corral dead` and `corral retry --dead`)")
     for ph, f in rep.phases.items():
         if f.dead:
-            t.add_row(f"  {ph}", f"{f.dead}: {escape((f.first_dead_error or '')[:100])}")
+            t.add_row(f"  {ph}", f"{f.dead}: {escape((f.first_dead_error or '')[:140])}")
     order = (
         f"{verdict(rep.ordering_verified)}: {rep.merchants - len(rep.order_problems)} of {rep.merchants} merchants "
         f"got their {rep.notified} notifications in order, each once; "
