@@ -110,20 +110,23 @@ def demo(store_url, quick, skus, merchants, workers, processes, latency_ms, qps,
         raise CLIError(
             "worker processes cannot share a memory:// store: give --processes 0, or a SQLite or PostgreSQL store"
         )
-    report = run_main_demo(
-        url,
-        skus=3000 if skus is None else skus,
-        merchants=merchants,
-        processes=processes,
-        slots=32 if workers is None else workers,
-        latency=latency_ms / 1000.0,
-        qps=qps,
-        flaky=flaky,
-        seed=seed,
-        hold=hold,
-        console=render.console(),
-        hint_store=url,
-    )
+    try:
+        report = run_main_demo(
+            url,
+            skus=3000 if skus is None else skus,
+            merchants=merchants,
+            processes=processes,
+            slots=32 if workers is None else workers,
+            latency=latency_ms / 1000.0,
+            qps=qps,
+            flaky=flaky,
+            seed=seed,
+            hold=hold,
+            console=render.console(),
+            hint_store=url,
+        )
+    except RuntimeError as exc:  # a worker process that would not start or died
+        raise CLIError(f"the demo stopped: {exc}") from None
     if not report.finished:
         raise CLIError(f"the run did not finish in time; what it did is in {url}")
 

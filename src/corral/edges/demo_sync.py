@@ -299,7 +299,8 @@ def run_main_demo(
         app.breaker(demo_app.PARTNER_LIMIT, **BREAKER)
         app.limit(demo_app.PUSH_LIMIT, concurrency=PUSH_CONCURRENCY)
         where = (
-            f"{processes} `corral worker {APP_SPEC}` processes x {slots} slots, sharing the limit through the store"
+            f"{processes} `corral worker {APP_SPEC}` processes x {slots} slots, as a deployment runs them: "
+            "the limit, the breaker and the groups hold across processes because the store keeps them"
             if processes
             else f"in this process, {slots} slots"
         )
