@@ -279,6 +279,7 @@ def run_main_demo(
     import random
 
     from rich.console import Console
+    from rich.markup import escape
 
     con = console or Console(highlight=False)
     rng = random.Random(seed)
@@ -309,10 +310,10 @@ def run_main_demo(
             f"{cap} QPS (~{latency * 1000:.0f} ms a call, {flaky:.0%} of answers 503/429)\n"
             f"  each SKU: detail -> images (depends_on) -> a notification to its merchant "
             f"(one ordered lane per merchant)\n"
-            f"  planner: [bold]{advice.line(demo_app.PARTNER_LIMIT)}[/], breaker on it; "
+            f"  planner: [bold]{escape(advice.line(demo_app.PARTNER_LIMIT))}[/], breaker on it; "
             f"{demo_app.PUSH_LIMIT}: concurrency={PUSH_CONCURRENCY}\n"
             f"  workers: {where}\n"
-            f"  store: {store_url}   run: [bold]{run}[/]",
+            f"  store: {escape(store_url)}   run: [bold]{run}[/]",
             markup=True,
         )
         with (
@@ -322,23 +323,28 @@ def run_main_demo(
             env = {demo_app.PARTNER_ENV: p.url, demo_app.HISTORY_ENV: str(history_path)}
             if dash is not None:
                 con.print(f"  dashboard: [bold]{dash.url}[/] (up while the demo runs)")
-            meta = {
+            dash_url: str | None = dash.url if dash is not None else None
+            meta: dict[str, Any] = {
                 "store_url": store_url,
                 "skus": skus,
                 "merchants": merchants,
                 "processes": processes,
                 "slots": slots,
-                "dashboard_url": dash.url if dash is not None else None,
+                "dashboard_url": dash_url,
             }
             with _env(env):
                 if processes:
                     with Fleet(store_url, env, processes, slots) as fleet:
                         fleet.wait_ready()
-                        finished, elapsed, total = _drive(app, run, sku_ids, merchants, p, advice, con, timeout, fleet)
+                        finished, elapsed, total = _drive(
+                            app, run, sku_ids, merchants, p, advice, con, timeout, fleet, dash_url
+                        )
                         report = _report(app, run, p, advice, history_path, finished, elapsed, total, meta)
                 else:
                     app.start(workers=slots, poll_interval=0.05)
-                    finished, elapsed, total = _drive(app, run, sku_ids, merchants, p, advice, con, timeout, None)
+                    finished, elapsed, total = _drive(
+                        app, run, sku_ids, merchants, p, advice, con, timeout, None, dash_url
+                    )
                     report = _report(app, run, p, advice, history_path, finished, elapsed, total, meta)
             render_report(report, con, hint_store)
             if dash is not None and hold > 0:
@@ -367,6 +373,7 @@ def _drive(
     con: Any,
     timeout: float,
     fleet: Fleet | None,
+    dashboard_url: str | None = None,
 ) -> tuple[bool, float, int]:
     """Submit everything and show the run live until every task is final (or ``timeout``)."""
     from rich.console import Group
@@ -407,7 +414,7 @@ def _drive(
                 )
             now = time.monotonic()
             samples.append((now, done))
-            live.update(Group(bars, _live_lines(app, partner, advice, rate_per_s(samples))))
+            live.update(Group(bars, _live_lines(app, partner, advice, rate_per_s(samples), dashboard_url)))
             if done >= total:
                 return True, now - started, total
             if now - started > timeout:
@@ -420,7 +427,7 @@ def _breaker_and_level(app: Any) -> tuple[str, str]:
     return (found[1].state.value if found is not None else "CLOSED"), app.level().name
 
 
-def _live_lines(app: Any, partner: PartnerServer, advice: LimitAdvice, per_s: float) -> Any:
+def _live_lines(app: Any, partner: PartnerServer, advice: LimitAdvice, per_s: float, dashboard_url: str | None) -> Any:
     from rich.table import Table
 
     st = partner.state
@@ -437,8 +444,10 @@ def _live_lines(app: Any, partner: PartnerServer, advice: LimitAdvice, per_s: fl
         f"(limit {advice.rate_per_s}/s + burst {advice.burst}, cap {st.cap}); {st.over_cap} refused for the cap",
     )
     grid.add_row("in flight", f"{in_use} of {advice.concurrency} partner calls (the limit's concurrency)")
-    grid.add_row("retries", f"partner answered 503 x{flaky.get(503, 0)}, 429 x{flaky.get(429, 0)}: retried")
+    grid.add_row("retries", f"flaky answers 503 x{flaky.get(503, 0)}, 429 x{flaky.get(429, 0)}: each retried")
     grid.add_row("flow", f"breaker {demo_app.PARTNER_LIMIT} {breaker}, level {level}")
+    if dashboard_url:
+        grid.add_row("dashboard", dashboard_url)
     return grid
 
 
