@@ -351,6 +351,8 @@ def run_main_demo(
                 con.print(f"dashboard kept up for {hold:g}s more: {dash.url}  (Ctrl-C ends it)")
                 with suppress(KeyboardInterrupt):
                     time.sleep(hold)
+            elif hold > 0:
+                con.print("--hold: this install has no web dashboard to keep up")
         return report
     finally:
         app.close(timeout=10)
