@@ -74,8 +74,8 @@ def demo(store_url, quick, skus, merchants, workers, processes, latency_ms, qps,
     second and answers some with 503/429, then announced to its merchant in
     order. corral holds the partner to the limit the planner advises, with a
     breaker on it; a live view shows each phase, the throughput, the retries
-    and the rate at the partner, and a report ends the run. Without --store it
-    writes a fresh SQLite file under ./.corral/. The web dashboard's address
+    and the rate at the partner, and a report ends the run. Without --store (or
+    $CORRAL_STORE) it writes a fresh SQLite file under ./.corral/. The web dashboard's address
     is printed while the run lasts, when it is installed.
 
     Leaves the database in place: run `corral status` or `corral tasks` afterwards.
