@@ -83,7 +83,7 @@ def test_main_scenario_cli_in_two_worker_processes(tmp_path, monkeypatch):
     assert "39 of 40 SKUs synced; 120 tasks; all tasks final" in out
     assert "yes: 3 of 3 merchants got their 39 notifications in order" in out
     assert "rate held" in out and "0 429s for the cap" in out
-    assert f"corral status --store {url}" in out
+    assert f"  corral status --store {url}\n" in out
 
 
 def test_main_scenario_writes_a_fresh_store_under_dot_corral_by_default(tmp_path, monkeypatch):

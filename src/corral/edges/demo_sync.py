@@ -584,6 +584,6 @@ def render_report(rep: MainDemoReport, con: Any, hint_store: str | None) -> None
         con.print(f"  [red]{escape(merchant)}[/]: {escape(problem)}")
     flag = f" --store {hint_store}" if hint_store else ""
     con.print(
-        f"inspect with: corral status{flag} / corral tasks{flag} --batch {rep.run}-detail / corral dead{flag}",
+        f"inspect with:\n  corral status{flag}\n  corral tasks{flag} --batch {rep.run}-detail\n  corral dead{flag}",
         markup=False,
     )
