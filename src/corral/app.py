@@ -100,10 +100,11 @@ class TaskDef:
         return self.fn(*args, **kwargs)
 
     def submit(self, *args: Any, **options: Any) -> Handle:
-        """Queue one run. Keyword options are those of ``App.submit``; other
-        keyword arguments go to the function."""
+        """Queue one run. Keyword options are those of ``App.submit``
+        (``connection=`` included); other keyword arguments go to the function."""
         opts = {k: options.pop(k) for k in list(options) if k in _SUBMIT_OPTIONS}
-        return self.app.submit(self, args=args, kwargs=options, **opts)
+        connection = options.pop("connection", None)
+        return self.app.submit(self, args=args, kwargs=options, connection=connection, **opts)
 
     def submit_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]], **common: Any) -> list[Handle]:
         """Queue many runs in one store write. Each call is a tuple of
@@ -450,13 +451,28 @@ class App:
         )
 
     def submit(
-        self, task: TaskDef | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any
+        self,
+        task: TaskDef | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: Any = None,
+        **options: Any,
     ) -> Handle:
-        """Queue one run of ``task`` (a TaskDef or a registered name)."""
-        return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})])[0]
+        """Queue one run of ``task`` (a TaskDef or a registered name).
 
-    def submit_many(self, task: TaskDef | str, items: Sequence[Mapping[str, Any]]) -> list[Handle]:
-        """Queue many runs in one atomic store write: all are stored, or none."""
+        ``connection`` enqueues inside your own database transaction: a
+        psycopg (3) connection to the PostgreSQL store's database, or a
+        :mod:`sqlite3` connection to the SQLite store's file. The task is
+        written on it and not committed, so it exists if and only if your
+        transaction commits (workers are woken at that commit)."""
+        return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})], connection=connection)[0]
+
+    def submit_many(
+        self, task: TaskDef | str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+    ) -> list[Handle]:
+        """Queue many runs in one atomic store write: all are stored, or none
+        (with ``connection``, in your own transaction: see :meth:`submit`)."""
         if self._closed:
             raise AppClosed("this app is closed; it accepts no new tasks")
         tdef = self._resolve(task)
@@ -473,7 +489,10 @@ class App:
                     nt.run_at += now
         if tdef.limits:
             self._check_limits(tdef)
-        results = self._store_bounded(new)
+        if connection is not None:
+            results = self.store.submit_in(connection, new, max_queued=self.max_queued)
+        else:
+            results = self._store_bounded(new)
         return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
 
     def _store_bounded(self, new: list[NewTask]) -> list[SubmitResult]:

@@ -227,6 +227,19 @@ class Store(abc.ABC):
         :class:`~corral.errors.QueueFull` and nothing is stored.
         """
 
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Insert tasks as :meth:`submit` does, inside the caller's own open
+        transaction on ``connection``, never committing it: the tasks exist if
+        and only if the caller commits (transactional enqueue)."""
+        from corral.errors import ConfigError
+
+        raise ConfigError(
+            f"connection= is not supported by the {self.url or 'memory://'} store: it keeps no transactions "
+            "to share; use a SQLite or PostgreSQL store"
+        )
+
     # ---- workers ----------------------------------------------------------
     @abc.abstractmethod
     def claim(

@@ -197,6 +197,25 @@ def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
     return cur
 
 
+class _PlainRows:
+    """A caller's connection seen as this store's own: rows as tuples
+    whatever its ``row_factory``, statements on a cursor of its own."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self._con = con
+
+    def _cursor(self) -> sqlite3.Cursor:
+        cur = self._con.cursor()
+        cur.row_factory = None
+        return cur
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self._cursor().execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self._cursor().executemany(sql, rows)
+
+
 def _split_script(script: str) -> list[str]:
     """Split a script into statements (executescript would COMMIT our transaction)."""
     out, buf = [], ""
@@ -498,78 +517,115 @@ class SQLiteStore(SqlStore):
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
-            if max_queued is not None:  # counted under the write lock: no other submit in between
-                check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
-            now = self._clock.time()
-            all_deps = {d for t in tasks for d in t.depends_on}
-            dep_state: dict[int, State] = {}
-            if all_deps:
-                dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
-                missing = sorted(all_deps - dep_state.keys())
-                if missing:
-                    raise SubmitError(
-                        f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-                    )
-            next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
-            results: list[SubmitResult] = []
-            rows, edges = [], []
-            batch_keys: dict[str, int] = {}
-            for nt in tasks:
-                if nt.key is not None:
-                    existing = batch_keys.get(nt.key)
-                    if existing is None:
-                        hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
-                        existing = hit[0] if hit else None
-                    if existing is not None:
-                        results.append(SubmitResult(existing, False))
-                        continue
-                tid = next_id
-                next_id += 1
-                status, error, finished_at = State.PENDING, None, None
-                seen: set[int] = set()
-                for dep in nt.depends_on:
-                    if dep in seen:
-                        continue
-                    seen.add(dep)
-                    edges.append((tid, len(seen) - 1, dep))
-                    ds = dep_state[dep]
-                    if status is State.FAILED or ds is State.SUCCESS:
-                        continue
-                    if ds in FINAL:
-                        status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
-                    else:
-                        status = State.WAITING
-                rows.append(
-                    (
-                        tid,
-                        nt.name,
-                        nt.args,
-                        status.value,
-                        nt.queue,
-                        nt.priority,
-                        nt.max_retries,
-                        nt.timeout,
-                        nt.group,
-                        nt.batch,
-                        nt.key,
-                        nt.trace_id,
-                        dumps(list(nt.limits)) if nt.limits else None,
-                        1 if nt.halt_group_on_failure else 0,
-                        now,
-                        nt.run_at if nt.run_at is not None else now,
-                        finished_at,
-                        error,
-                    )
+            return self._submit_on(con, tasks, max_queued)
+
+    def _submit_on(self, con: Any, tasks: list[NewTask], max_queued: int | None = None) -> list[SubmitResult]:
+        """The submit's writes on ``con``, inside a transaction its caller
+        holds (this store's own write, or a user's transaction)."""
+        if max_queued is not None:  # counted under the write lock: no other submit in between
+            check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
+        now = self._clock.time()
+        all_deps = {d for t in tasks for d in t.depends_on}
+        dep_state: dict[int, State] = {}
+        if all_deps:
+            dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
+            missing = sorted(all_deps - dep_state.keys())
+            if missing:
+                raise SubmitError(
+                    f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
                 )
-                if nt.key is not None:
-                    batch_keys[nt.key] = tid
-                results.append(SubmitResult(tid, True))
-            if rows:
-                con.executemany(Q["insert_task"], rows)
-            if edges:
-                con.executemany(Q["insert_dep"], edges)
-            self._refresh_heads(con, {r[8] for r in rows})
+        next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+        results: list[SubmitResult] = []
+        rows, edges = [], []
+        batch_keys: dict[str, int] = {}
+        for nt in tasks:
+            if nt.key is not None:
+                existing = batch_keys.get(nt.key)
+                if existing is None:
+                    hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
+                    existing = hit[0] if hit else None
+                if existing is not None:
+                    results.append(SubmitResult(existing, False))
+                    continue
+            tid = next_id
+            next_id += 1
+            status, error, finished_at = State.PENDING, None, None
+            seen: set[int] = set()
+            for dep in nt.depends_on:
+                if dep in seen:
+                    continue
+                seen.add(dep)
+                edges.append((tid, len(seen) - 1, dep))
+                ds = dep_state[dep]
+                if status is State.FAILED or ds is State.SUCCESS:
+                    continue
+                if ds in FINAL:
+                    status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
+                else:
+                    status = State.WAITING
+            rows.append(
+                (
+                    tid,
+                    nt.name,
+                    nt.args,
+                    status.value,
+                    nt.queue,
+                    nt.priority,
+                    nt.max_retries,
+                    nt.timeout,
+                    nt.group,
+                    nt.batch,
+                    nt.key,
+                    nt.trace_id,
+                    dumps(list(nt.limits)) if nt.limits else None,
+                    1 if nt.halt_group_on_failure else 0,
+                    now,
+                    nt.run_at if nt.run_at is not None else now,
+                    finished_at,
+                    error,
+                )
+            )
+            if nt.key is not None:
+                batch_keys[nt.key] = tid
+            results.append(SubmitResult(tid, True))
+        if rows:
+            con.executemany(Q["insert_task"], rows)
+        if edges:
+            con.executemany(Q["insert_dep"], edges)
+        self._refresh_heads(con, {r[8] for r in rows})
         return results
+
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Submit inside the caller's own transaction on ``connection``, a
+        :mod:`sqlite3` connection to this store's file: the tasks exist if and
+        only if the caller commits. A connection not yet in a transaction
+        starts one (BEGIN IMMEDIATE) that the caller commits or rolls back."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigError(
+                f"connection= must be a sqlite3 connection to {self.path!r} for this store, "
+                f"not {type(connection).__name__}"
+            )
+        tasks = list(tasks)
+        try:
+            files = [r[2] for r in connection.execute("PRAGMA database_list").fetchall() if r[1] == "main"]
+            same = bool(files and files[0]) and os.path.samefile(files[0], self.path)
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigError(f"connection= cannot be used: {first_line(exc)}") from None
+        if not same:
+            shown = files[0] if files and files[0] else "an in-memory database"
+            raise ConfigError(f"connection= is open on {shown}, not on this store's database {self.path!r}")
+        if not tasks:
+            return []
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0
+        try:
+            if not connection.in_transaction:
+                connection.execute("BEGIN IMMEDIATE")
+            return self._submit_on(_PlainRows(connection), tasks, max_queued)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
 
     # ---- workers ----------------------------------------------------------
     @_guard

@@ -294,6 +294,11 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
+-- Which server and database a connection is on, and whether it sees corral's
+-- tables: a caller's connection given to a transactional submit must match.
+-- name: whereami
+SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
