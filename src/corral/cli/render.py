@@ -188,6 +188,42 @@ def batch_dict(summary) -> dict:
     }
 
 
+def batch_line(summary) -> str:
+    """One line: a batch's status and where its tasks are."""
+    from corral.core.batches import progress
+
+    p = progress(summary.counts)
+    return f"batch {summary.batch}: {summary.status}, {p.ended}/{p.total} ended ({p.line()})"
+
+
+def follow_batch(read, interval: float) -> None:
+    """A live progress bar of a batch, read by ``read()`` every ``interval``
+    seconds, until it reaches a final status; then its summary line."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from corral.core.batches import FINAL_STATUSES, progress
+
+    summary = read()
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console(),
+        transient=False,
+    )
+    with bar:
+        p = progress(summary.counts)
+        task = bar.add_task(f"batch {summary.batch}", total=p.total, completed=p.ended, detail=p.line())
+        while summary.status not in FINAL_STATUSES:
+            time.sleep(interval)  # the refresh of a live view, not a synchronisation
+            summary = read()
+            p = progress(summary.counts)
+            bar.update(task, total=p.total, completed=p.ended, detail=p.line())
+    console().print(batch_line(summary), markup=False)
+
+
 def batch_table(summary):
     from rich.table import Table
 

@@ -158,6 +158,19 @@ class BatchSummary:
     first_created_at: float | None
     last_finished_at: float | None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready values (what a batch's callback is given)."""
+        return {
+            "batch": self.batch,
+            "status": self.status,
+            "total": self.total,
+            "counts": dict(self.counts),
+            "avg_duration": self.avg_duration,
+            "p99_duration": self.p99_duration,
+            "first_created_at": self.first_created_at,
+            "last_finished_at": self.last_finished_at,
+        }
+
 
 def batch_status(counts: dict[str, int]) -> str:
     """A batch's aggregate status from its per-state counts."""
@@ -343,6 +356,23 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...
+
+    # ---- batch settings ---------------------------------------------------
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        """Create or change a batch's callback (a
+        :meth:`corral.core.batches.Callback.to_json` template, or None for
+        none). A batch already settled keeps its mark: its callback ran."""
+        raise NotImplementedError
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        """Submit the ``on_complete`` task of each batch (of ``batches``, or
+        up to ``limit`` of all) that has one, is not settled yet, and has
+        reached a final status; returns the ids submitted.
+
+        The mark and the callback task are one transaction, guarded so that
+        workers racing here submit it exactly once; the task gets the batch's
+        summary (:meth:`BatchSummary.as_dict`) as its one argument."""
+        raise NotImplementedError
 
     # ---- dead letters -----------------------------------------------------
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:

@@ -46,6 +46,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core import breaker as brk
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -70,7 +72,7 @@ from corral.errors import (
 from corral.stores import sql as _sql
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
-from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
@@ -111,8 +113,9 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
-#: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 7
+#: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
+#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
+SCHEMA_VERSION = 13
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -905,6 +908,37 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     # ---- limits -------------------------------------------------------------------
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        self._rowcount("set_batch", {"name": batch, "on_complete": on_complete})
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        names = None if batches is None else sorted(set(batches))
+        if names == []:
+            return []
+        candidates = [r[0] for r in self._fetchall("batches_unsettled", {"names": names, "limit": int(limit)})]
+        submitted: list[int] = []
+        for name in candidates:  # one short transaction per batch: a lock held for one batch only
+
+            def go(conn, name=name):
+                with conn.transaction():
+                    row = conn.execute(self._q["batch_lock_unsettled"], {"name": name}).fetchone()
+                    if row is None or conn.execute(self._q["batch_active"], {"batch": name}).fetchone():
+                        return None
+                    counts_rows = conn.execute(self._q["batch_counts"], {"batch": name}).fetchall()
+                    durations = conn.execute(self._q["batch_durations"], {"batch": name}).fetchall()
+                    summary = summary_from_rows(name, counts_rows, durations)
+                    if summary.status not in FINAL_BATCH:
+                        return None
+                    plan = _SubmitPlan([callback_task(name, row[0], summary.as_dict())])
+                    (res,) = plan.results(self._submit_on(conn, plan, None))
+                    conn.execute(self._q["batch_settle"], {"id": res.id, "name": name})
+                    return res.id
+
+            tid = self._run(go)
+            if tid is not None:
+                submitted.append(tid)
+        return submitted
+
     def set_limit(self, spec: LimitSpec) -> None:
         self._rowcount(
             "set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}

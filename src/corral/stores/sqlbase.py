@@ -93,6 +93,27 @@ def first_line(exc: BaseException) -> str:
     return line[:1].lower() + line[1:] if line else line
 
 
+def summary_from_rows(
+    batch: str, counts_rows: Sequence[Sequence[Any]], durations_rows: Sequence[Sequence[Any]]
+) -> BatchSummary:
+    """A batch summary from the rows of the ``batch_counts`` and
+    ``batch_durations`` queries (the same in both dialects)."""
+    counts = {status: n for status, n, _, _ in counts_rows}
+    created = [c for _, _, c, _ in counts_rows if c is not None]
+    finished = [f for _, _, _, f in counts_rows if f is not None]
+    durations = [d for (d,) in durations_rows]
+    return BatchSummary(
+        batch=batch,
+        counts=counts,
+        status=batch_status(counts),
+        total=sum(counts.values()),
+        avg_duration=sum(durations) / len(durations) if durations else None,
+        p99_duration=percentile(durations, 0.99),
+        first_created_at=min(created, default=None),
+        last_finished_at=max(finished, default=None),
+    )
+
+
 class SqlStore(Store):
     """A store on SQL: the parts written once for every dialect."""
 
@@ -104,20 +125,7 @@ class SqlStore(Store):
         counts_rows, durations_rows = self._read_all(
             [("batch_counts", {"batch": batch}), ("batch_durations", {"batch": batch})]
         )
-        counts = {status: n for status, n, _, _ in counts_rows}
-        created = [c for _, _, c, _ in counts_rows if c is not None]
-        finished = [f for _, _, _, f in counts_rows if f is not None]
-        durations = [d for (d,) in durations_rows]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=sum(durations) / len(durations) if durations else None,
-            p99_duration=percentile(durations, 0.99),
-            first_created_at=min(created, default=None),
-            last_finished_at=max(finished, default=None),
-        )
+        return summary_from_rows(batch, counts_rows, durations_rows)
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])

@@ -80,6 +80,8 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
@@ -100,14 +102,15 @@ from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailabl
 from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
-from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 13
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -1143,6 +1146,34 @@ class SQLiteStore(SqlStore):
             return [con.execute(Q[name], params).fetchall() for name, params in reads]
 
     # ---- limits -----------------------------------------------------------
+    @_guard
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        with self._write() as con:
+            con.execute(Q["set_batch"], (batch, on_complete))
+
+    @_guard
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        names = None if batches is None else dumps(sorted(set(batches)))
+        if names == "[]":
+            return []
+        # a read first: a completion outside any batch with a callback takes no write lock
+        if not self._con().execute(Q["batches_unsettled"], (names, limit)).fetchall():
+            return []
+        submitted: list[int] = []
+        with self._write() as con:  # the one write lock: no other settle in between
+            for name, template in con.execute(Q["batches_unsettled"], (names, limit)).fetchall():
+                if con.execute(Q["batch_active"], (name,)).fetchone() is not None:
+                    continue
+                counts_rows = con.execute(Q["batch_counts"], {"batch": name}).fetchall()
+                durations = con.execute(Q["batch_durations"], {"batch": name}).fetchall()
+                summary = summary_from_rows(name, counts_rows, durations)
+                if summary.status not in FINAL_BATCH:
+                    continue
+                (res,) = self._submit_on(con, [callback_task(name, template, summary.as_dict())])
+                con.execute(Q["batch_settle"], (self._clock.time(), res.id, name))
+                submitted.append(res.id)
+        return submitted
+
     @_guard
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
