@@ -70,6 +70,7 @@ from corral.core.model import (
     TaskFilter,
     TaskRecord,
 )
+from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
 from corral.errors import QueueFull
 
@@ -372,6 +373,14 @@ class Store(abc.ABC):
         The mark and the callback task are one transaction, guarded so that
         workers racing here submit it exactly once; the task gets the batch's
         summary (:meth:`BatchSummary.as_dict`) as its one argument."""
+        raise NotImplementedError
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        """The newest ``limit`` tasks (of task ``name``, or of ``batch``) that
+        ended SUCCESS, FAILED or TIMEOUT, newest first: what the capacity
+        planner measures. Bounded, so asking costs the same on a long history."""
         raise NotImplementedError
 
     # ---- dead letters -----------------------------------------------------

@@ -33,6 +33,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
 from corral.core.validation import retry_cap
@@ -664,6 +665,19 @@ class MemoryStore(Store):
                     if len(due) >= limit:
                         break
         return [r.id for r in self.submit(due)] if due else []
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        ended = (State.SUCCESS, State.FAILED, State.TIMEOUT)
+        out: list[HistoryRow] = []
+        with self._lock:
+            for t in itertools.islice(reversed(self._tasks.values()), max(0, limit) * HISTORY_SCAN):
+                if len(out) >= limit:
+                    break
+                if t.status in ended and (name is None or t.name == name) and (batch is None or t.batch == batch):
+                    out.append(HistoryRow(t.status.value, t.started_at, t.finished_at, t.attempt))
+        return out
 
     def batch_summary(self, batch: str) -> BatchSummary:
         with self._lock:

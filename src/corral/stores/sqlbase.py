@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corral.core.model import LimitSpec, TaskRecord
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
@@ -126,6 +127,17 @@ class SqlStore(Store):
             [("batch_counts", {"batch": batch}), ("batch_durations", {"batch": batch})]
         )
         return summary_from_rows(batch, counts_rows, durations_rows)
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        if batch is not None:
+            read: Read = ("history_of_batch", {"batch": batch, "name": name, "limit": max(0, limit)})
+        else:
+            # among the newest tasks of every name, so a rare name's read stays bounded too
+            read = ("history_of_name", {"name": name, "limit": max(0, limit), "scan": max(0, limit) * HISTORY_SCAN})
+        (rows,) = self._read_all([read])
+        return [HistoryRow(r[0], r[1], r[2], r[3]) for r in rows]
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])

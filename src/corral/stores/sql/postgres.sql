@@ -861,6 +861,20 @@ SELECT pg_notify('corral_work', %(queue)s || ':g');
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
 
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest %(scan)s tasks: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE name = %(name)s AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM corral_tasks) - %(scan)s
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE batch = %(batch)s AND (%(name)s::text IS NULL OR name = %(name)s) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT %(limit)s;
+
 -- ---- batch settings ------------------------------------------------------------
 
 -- name: set_batch

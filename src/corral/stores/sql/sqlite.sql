@@ -608,6 +608,20 @@ RETURNING group_key
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM tasks WHERE batch = :batch GROUP BY status
 
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest :scan tasks: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM tasks
+WHERE name = :name AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM tasks) - :scan
+ORDER BY id DESC LIMIT :limit
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM tasks INDEXED BY tasks_batch
+WHERE batch = :batch AND (:name IS NULL OR name = :name) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT :limit
+
 -- ---- batch settings ------------------------------------------------------------
 
 -- name: set_batch
