@@ -196,3 +196,20 @@ def test_cli_batch_show_unknown_batch_is_one_error_line(sqlite_url):
     result = CliRunner().invoke(cli, ["batch", "show", "nope", "--store", sqlite_url])
     assert result.exit_code == 1
     assert "no batch named 'nope'" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_sweep_settles_a_batch_ended_outside_any_worker(url):
+    from corral.maintenance.sweeper import Sweeper
+
+    tally = Tally()
+    app = build(url, tally)
+    try:
+        app.batch("ops", on_complete="report")
+        h = app.submit("sync", args=(1,), batch="ops")
+        app.store.cancel(h.id)  # as `corral cancel` in another process: no worker, no app.cancel
+        assert app.store.list_tasks(TaskFilter(name="report")) == []
+        Sweeper(app.store, interval=1.0).tick()
+        (rec,) = app.store.list_tasks(TaskFilter(name="report"))
+        assert rec.queue == "reports" and rec.status is State.PENDING
+    finally:
+        app.close()

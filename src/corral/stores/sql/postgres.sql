@@ -862,7 +862,7 @@ SELECT status, count(*), min(created_at), max(finished_at)
 FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
 
 -- The newest finished tasks of a name (the capacity planner's sample), among
--- the newest %(scan)s tasks: the read is bounded however long the history.
+-- the newest tasks of every name: the read is bounded however long the history.
 -- name: history_of_name
 SELECT status, started_at, finished_at, attempt FROM corral_tasks
 WHERE name = %(name)s AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
