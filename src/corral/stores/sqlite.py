@@ -81,6 +81,7 @@ from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -97,17 +98,29 @@ from corral.core.model import (
 from corral.core.states import FINAL, State, check_transition
 from corral.core.validation import retry_cap
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    STILL_GOING,
+    TICKS_KEPT_SECONDS,
+    Event,
+    FleetLevel,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+    schedule_params,
+    schedule_state,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 7: periodic schedules and their ticks.
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -500,75 +513,79 @@ class SQLiteStore(SqlStore):
         with self._write() as con:
             if max_queued is not None:  # counted under the write lock: no other submit in between
                 check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
-            now = self._clock.time()
-            all_deps = {d for t in tasks for d in t.depends_on}
-            dep_state: dict[int, State] = {}
-            if all_deps:
-                dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
-                missing = sorted(all_deps - dep_state.keys())
-                if missing:
-                    raise SubmitError(
-                        f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-                    )
-            next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
-            results: list[SubmitResult] = []
-            rows, edges = [], []
-            batch_keys: dict[str, int] = {}
-            for nt in tasks:
-                if nt.key is not None:
-                    existing = batch_keys.get(nt.key)
-                    if existing is None:
-                        hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
-                        existing = hit[0] if hit else None
-                    if existing is not None:
-                        results.append(SubmitResult(existing, False))
-                        continue
-                tid = next_id
-                next_id += 1
-                status, error, finished_at = State.PENDING, None, None
-                seen: set[int] = set()
-                for dep in nt.depends_on:
-                    if dep in seen:
-                        continue
-                    seen.add(dep)
-                    edges.append((tid, len(seen) - 1, dep))
-                    ds = dep_state[dep]
-                    if status is State.FAILED or ds is State.SUCCESS:
-                        continue
-                    if ds in FINAL:
-                        status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
-                    else:
-                        status = State.WAITING
-                rows.append(
-                    (
-                        tid,
-                        nt.name,
-                        nt.args,
-                        status.value,
-                        nt.queue,
-                        nt.priority,
-                        nt.max_retries,
-                        nt.timeout,
-                        nt.group,
-                        nt.batch,
-                        nt.key,
-                        nt.trace_id,
-                        dumps(list(nt.limits)) if nt.limits else None,
-                        1 if nt.halt_group_on_failure else 0,
-                        now,
-                        nt.run_at if nt.run_at is not None else now,
-                        finished_at,
-                        error,
-                    )
+            return self._insert(con, tasks)
+
+    def _insert(self, con: sqlite3.Connection, tasks: Sequence[NewTask]) -> list[SubmitResult]:
+        """Insert ``tasks`` inside the caller's write transaction (see :meth:`submit`)."""
+        now = self._clock.time()
+        all_deps = {d for t in tasks for d in t.depends_on}
+        dep_state: dict[int, State] = {}
+        if all_deps:
+            dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
+            missing = sorted(all_deps - dep_state.keys())
+            if missing:
+                raise SubmitError(
+                    f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
                 )
-                if nt.key is not None:
-                    batch_keys[nt.key] = tid
-                results.append(SubmitResult(tid, True))
-            if rows:
-                con.executemany(Q["insert_task"], rows)
-            if edges:
-                con.executemany(Q["insert_dep"], edges)
-            self._refresh_heads(con, {r[8] for r in rows})
+        next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+        results: list[SubmitResult] = []
+        rows, edges = [], []
+        batch_keys: dict[str, int] = {}
+        for nt in tasks:
+            if nt.key is not None:
+                existing = batch_keys.get(nt.key)
+                if existing is None:
+                    hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
+                    existing = hit[0] if hit else None
+                if existing is not None:
+                    results.append(SubmitResult(existing, False))
+                    continue
+            tid = next_id
+            next_id += 1
+            status, error, finished_at = State.PENDING, None, None
+            seen: set[int] = set()
+            for dep in nt.depends_on:
+                if dep in seen:
+                    continue
+                seen.add(dep)
+                edges.append((tid, len(seen) - 1, dep))
+                ds = dep_state[dep]
+                if status is State.FAILED or ds is State.SUCCESS:
+                    continue
+                if ds in FINAL:
+                    status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
+                else:
+                    status = State.WAITING
+            rows.append(
+                (
+                    tid,
+                    nt.name,
+                    nt.args,
+                    status.value,
+                    nt.queue,
+                    nt.priority,
+                    nt.max_retries,
+                    nt.timeout,
+                    nt.group,
+                    nt.batch,
+                    nt.key,
+                    nt.trace_id,
+                    dumps(list(nt.limits)) if nt.limits else None,
+                    1 if nt.halt_group_on_failure else 0,
+                    now,
+                    nt.run_at if nt.run_at is not None else now,
+                    finished_at,
+                    error,
+                )
+            )
+            if nt.key is not None:
+                batch_keys[nt.key] = tid
+            results.append(SubmitResult(tid, True))
+        if rows:
+            con.executemany(Q["insert_task"], rows)
+        if edges:
+            con.executemany(Q["insert_dep"], edges)
+        self._refresh_heads(con, {r[8] for r in rows})
         return results
 
     # ---- workers ----------------------------------------------------------
@@ -1156,6 +1173,46 @@ class SQLiteStore(SqlStore):
                         ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
         return applied
+
+    # ---- periodic schedules -------------------------------------------------
+    @_guard
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        with self._write() as con:
+            now = self._clock.time() if now is None else now
+            con.executemany(Q["save_schedule"], [schedule_params(s, now) for s in schedules])
+
+    @_guard
+    def schedules(self) -> list[ScheduleState]:
+        return [schedule_state(r) for r in self._con().execute(Q["schedules"]).fetchall()]
+
+    @_guard
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        if schedule.group is not None or schedule.limits:
+            self._plain_until = 0.0  # claims here must see this work at once
+        with self._write() as con:
+            now = self._clock.time()
+            if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
+                return TickResult(TAKEN)
+            if not schedule.overlap:
+                row = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
+                if row is not None and row[1] in STILL_GOING:
+                    con.execute(Q["tick_skipped"], (schedule.name, tick))
+                    self._ticked(con, schedule.name, tick, SKIPPED, None)
+                    return TickResult(SKIPPED)
+            (result,) = self._insert(con, [schedule.new_task(tick)])
+            con.execute(Q["tick_set_task"], (result.id, schedule.name, tick))
+            self._ticked(con, schedule.name, tick, ENQUEUED, result.id)
+            return TickResult(ENQUEUED, result.id)
+
+    @staticmethod
+    def _ticked(con: sqlite3.Connection, name: str, tick: int, outcome: str, task_id: int | None) -> None:
+        con.execute(Q["schedule_ticked"], {"name": name, "tick": tick, "outcome": outcome, "task_id": task_id})
+        con.execute(Q["trim_ticks"], (name, tick - TICKS_KEPT_SECONDS))
+
+    @_guard
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        rows = self._con().execute(Q["schedule_ticks"], (schedule, max(0, limit))).fetchall()
+        return [TickRecord(*r) for r in rows]
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
