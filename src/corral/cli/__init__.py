@@ -232,7 +232,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import demo, flow, plan, tasks, worker
+    from corral.cli import demo, flow, periodic, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -246,6 +246,7 @@ def _add_commands() -> None:
         flow.breaker,
         flow.level,
         flow.dead,
+        periodic.periodic,
         demo.dashboard,
         demo.demo,
         plan.plan,
