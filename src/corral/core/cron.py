@@ -26,6 +26,7 @@ one that runs every hour (``*`` in the hour field) runs in both, as cron does.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ def check_expression(expr: str, timezone: str = "UTC", *, now: float | None = No
         text = text.lower()
     elif len(text.split()) != 5:
         raise ConfigError(
-            f"cron expression {text!r} has {len(text.split())} fields; it needs five: minute hour day month weekday"
+            f"cron expression {text!r} has {len(text.split())} field(s); it needs five: minute hour day month weekday"
         )
     tz = zone(timezone)
     if not croniter.is_valid(text):
@@ -207,7 +208,8 @@ def due_ticks(
     """
     floor = since
     if schedule.max_delay is not None:
-        floor = max(floor, now - schedule.max_delay - 1e-9)
+        # ticks are whole seconds: "tick >= now - max_delay" is "tick > ceil(now - max_delay) - 1"
+        floor = max(floor, math.ceil(now - schedule.max_delay) - 1)
     if schedule.catch_up == "all":
         return schedule.ticks(floor, now, limit)
     newest = schedule.latest(now)
