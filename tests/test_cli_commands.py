@@ -23,6 +23,7 @@ COMMANDS = [
     "dead",
     "demo",
     "level",
+    "periodic",
     "plan",
     "retry",
     "show",

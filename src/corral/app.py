@@ -339,9 +339,16 @@ class App:
         ticks; an invalid expression, or one that never fires, raises
         ConfigError here."""
         expr = check_expression(cron, timezone)
-        delay = None if max_delay is None else _duration(max_delay, "max_delay")
+        try:
+            delay = None if max_delay is None else _duration(max_delay, "max_delay")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if delay is not None and delay <= 0:
             raise ConfigError(f"max_delay must be more than 0 seconds, not {max_delay!r}")
+        # every option checked before anything is registered
+        Schedule("check", "check", expr, timezone=timezone, overlap=overlap, catch_up=catch_up, max_delay=delay)
+        if group is not None:
+            check.text(group, "group")
 
         def register(f: Callable | TaskDef) -> TaskDef:
             if isinstance(f, TaskDef):
@@ -353,8 +360,10 @@ class App:
                 if queue is not None:
                     task_options["queue"] = queue
                 _needs_no_arguments(f)
+                sched_name = check.text(name if name is not None else getattr(f, "__name__", None), "task name")
+                if sched_name in self.schedules:
+                    raise ConfigError(f"a schedule named {sched_name!r} is already registered")
                 tdef = self.task(f, name=name, **task_options)
-                sched_name = tdef.name
             schedule = self._schedule_of(
                 tdef,
                 expr,
