@@ -3,10 +3,13 @@ tick however many callers race, overlap=False skips, and catch-up after downtime
 
 from __future__ import annotations
 
+import pytest
+
 from corral.core.clock import FakeClock
 from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule
 from corral.core.model import TaskFilter
 from corral.core.states import State
+from corral.errors import ConfigError
 from corral.maintenance.periodic import Scheduler
 from corral.stores import open_store
 from corral.stores.base import Store
@@ -60,6 +63,12 @@ def test_a_tick_enqueues_one_task_and_a_second_try_is_taken(store: Store):
         first.task_id,
         "PENDING",
     )
+
+
+def test_a_tick_of_a_schedule_never_saved_is_refused(store: Store):
+    with pytest.raises(ConfigError, match="never saved"):
+        store.fire_tick(every5(), T0)
+    assert store.list_tasks(TaskFilter(limit=10)) == []
 
 
 def test_racing_callers_enqueue_exactly_one_task_per_tick(store: Store, store_kind: str, clock: FakeClock):

@@ -87,7 +87,7 @@ class MemoryStore(Store):
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
         self._schedules: dict[str, dict[str, Any]] = {}  # name -> stored columns
-        self._ticks: dict[tuple[str, int], TickRecord] = {}
+        self._ticks: dict[str, dict[int, TickRecord]] = {}  # schedule -> tick -> row
 
     def now(self) -> float:
         return self._clock.time()
@@ -696,7 +696,8 @@ class MemoryStore(Store):
             row = self._schedules.get(schedule.name)
             if row is None:
                 raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
-            if (schedule.name, tick) in self._ticks:
+            ticks = self._ticks.setdefault(schedule.name, {})
+            if tick in ticks:
                 return TickResult(TAKEN)
             now = self.now()
             task_id = None
@@ -707,19 +708,19 @@ class MemoryStore(Store):
             else:
                 (res,) = self._submit_locked([schedule.new_task(tick)], None)
                 task_id = res.id
-            self._ticks[(schedule.name, tick)] = TickRecord(schedule.name, tick, outcome, task_id, now)
+            ticks[tick] = TickRecord(schedule.name, tick, outcome, task_id, now)
             if row["last_tick"] is None or row["last_tick"] <= tick:
                 row["last_tick"], row["last_outcome"] = tick, outcome
                 if task_id is not None:
                     row["last_task_id"] = task_id
-            old = [k for k in self._ticks if k[0] == schedule.name and k[1] < tick - base.TICKS_KEPT_SECONDS]
-            for k in old:
-                del self._ticks[k]
+            if len(ticks) % 1024 == 0:  # now and then: the rows no tick can come back to
+                for old in [t for t in ticks if t < tick - base.TICKS_KEPT_SECONDS]:
+                    del ticks[old]
             return TickResult(outcome, task_id)
 
     def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
         with self._lock:
-            rows = sorted((r for k, r in self._ticks.items() if k[0] == schedule), key=lambda r: -r.tick)
+            rows = sorted(self._ticks.get(schedule, {}).values(), key=lambda r: -r.tick)
             return rows[: max(0, limit)]
 
     def set_limit(self, spec: LimitSpec) -> None:

@@ -1191,14 +1191,15 @@ class SQLiteStore(SqlStore):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
             now = self._clock.time()
+            last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
+            if last is None:
+                raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
             if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
                 return TickResult(TAKEN)
-            if not schedule.overlap:
-                row = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
-                if row is not None and row[1] in STILL_GOING:
-                    con.execute(Q["tick_skipped"], (schedule.name, tick))
-                    self._ticked(con, schedule.name, tick, SKIPPED, None)
-                    return TickResult(SKIPPED)
+            if not schedule.overlap and last[1] in STILL_GOING:
+                con.execute(Q["tick_skipped"], (schedule.name, tick))
+                self._ticked(con, schedule.name, tick, SKIPPED, None)
+                return TickResult(SKIPPED)
             (result,) = self._insert(con, [schedule.new_task(tick)])
             con.execute(Q["tick_set_task"], (result.id, schedule.name, tick))
             self._ticked(con, schedule.name, tick, ENQUEUED, result.id)
