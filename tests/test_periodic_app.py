@@ -183,3 +183,27 @@ def test_corral_periodic_with_an_app_lists_its_schedules_before_any_worker_ran(s
     assert rows[0]["next_tick"] is not None
     bad = CliRunner().invoke(cli, ["periodic", "--store", sqlite_url, "apps.nowhere:app"])
     assert bad.exit_code != 0 and len(bad.output.strip().splitlines()) == 1
+
+
+def test_an_older_sqlite_file_gains_the_schedule_tables(sqlite_url):
+    import sqlite3
+
+    from corral.stores import open_store
+    from corral.stores.sqlite import SCHEMA_VERSION
+
+    open_store(sqlite_url).migrate()
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as con:  # the file as schema 6 left it
+        con.execute("DROP TABLE schedules")
+        con.execute("DROP TABLE schedule_ticks")
+        con.execute("DELETE FROM corral_schema")
+        con.execute("INSERT INTO corral_schema (version) VALUES (6)")
+    store = open_store(sqlite_url)
+    try:
+        store.migrate()
+        store.save_schedules([Schedule("s", "t", "@daily")], now=T0)
+        assert [s.name for s in store.schedules()] == ["s"]
+        with sqlite3.connect(path) as con:
+            assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 7
+    finally:
+        store.close()
