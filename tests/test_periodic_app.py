@@ -98,6 +98,9 @@ def test_a_periodic_function_that_needs_arguments_is_refused(app):
         def job(ctx, sku):
             pass
 
+    with pytest.raises(ConfigError, match="called with no arguments"):
+        app.task(cron="@daily")(lambda sku: None)
+    assert app.registry == {}
     with pytest.raises(ConfigError, match="already registered"):
         app.periodic("* * * * *", name="x")(lambda: None)
         app.periodic("* * * * *", name="x")(lambda: None)

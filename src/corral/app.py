@@ -300,6 +300,7 @@ class App:
                 critical=critical,
             )
             if cron is not None:
+                _needs_no_arguments(f)
                 schedule = self._schedule_of(tdef, schedule_expr, name=task_name)
             self.registry[task_name] = tdef
             if cron is not None:

@@ -161,6 +161,18 @@ def test_max_delay_drops_a_missed_tick_too_old(store: Store):
     assert _downtime(store, "latest", max_delay=10) == 0
 
 
+def test_a_skip_by_the_loop_is_an_event(store: Store):
+    clock = FakeClock(T0 + 1)
+    s = Scheduler(store, [every5(overlap=False)], clock=clock)
+    s.check()
+    for _ in range(2):
+        clock.advance(300)
+        s.check()
+    assert s.counts == {ENQUEUED: 1, SKIPPED: 1}
+    (ev,) = store.events(kind="periodic")
+    assert ev.subject == "five" and '"skipped"' in ev.data
+
+
 def test_a_new_schedule_does_not_run_ticks_from_before_it_existed(store: Store):
     clock = FakeClock(T0 + 150)
     sched = every5(catch_up="all")

@@ -14,6 +14,7 @@ the worker's :class:`~corral.core.clock.Clock`, so a test moves cron with a
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -84,6 +85,7 @@ class Scheduler:
                     out.append((sch.name, tick, result))
                     if result.outcome == SKIPPED:
                         log.info("periodic %s: tick %d skipped, its previous run is still going", sch.name, tick)
+                        self._note_skip(sch.name, tick)
                     if result.task_id is not None:
                         log.debug("periodic %s: tick %d enqueued task %d", sch.name, tick, result.task_id)
                 # nothing due here again before the next tick after what was decided
@@ -95,6 +97,13 @@ class Scheduler:
                     self._next[sch.name] = sch.next_after(now)
         self._last_check = now
         return out
+
+    def _note_skip(self, name: str, tick: int) -> None:
+        """A ``periodic`` event for the skip (the tick's row already says it; this is for the event stream)."""
+        try:
+            self.store.add_event("periodic", name, json.dumps({"tick": tick, "outcome": SKIPPED}))
+        except Exception as exc:  # noqa: BLE001 - the skip is stored; the event is a courtesy
+            log.debug("periodic %s: could not log the skip: %s", name, exc)
 
     def run(self) -> None:
         """Check until :meth:`stop` (a store error skips one check)."""
