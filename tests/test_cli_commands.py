@@ -24,6 +24,7 @@ COMMANDS = [
     "dead",
     "demo",
     "level",
+    "periodic",
     "plan",
     "retry",
     "show",

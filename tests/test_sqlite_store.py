@@ -202,7 +202,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 13
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
@@ -229,13 +229,15 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
     it (rates and breakers, no levels), as version 5 left it (no retry path
-    index) or as version 6 left it (no batch settings) is brought up to date."""
+    index) or as version 6 left it (no periodic schedules, no batch settings)
+    is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
     con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
+    con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     if version < 6:
         con.execute("DROP INDEX tasks_retry_ready")
     if version < 5:

@@ -233,7 +233,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batches, demo, flow, plan, tasks, worker
+    from corral.cli import batches, demo, flow, periodic, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -247,6 +247,7 @@ def _add_commands() -> None:
         flow.breaker,
         flow.level,
         flow.dead,
+        periodic.periodic,
         demo.dashboard,
         demo.demo,
         plan.plan,
