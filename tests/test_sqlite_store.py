@@ -203,6 +203,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 
     con = s._con()
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 15
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"tasks_ready_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
     assert not {"tasks_ready", "tasks_retry_ready"} & indexes  # the strict-priority ones are gone
@@ -211,7 +212,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
     assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
-    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead"} <= names
+    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead", "batches"} <= names
     assert s.get(task_id).snoozes == 0
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
     s.set_breaker("t", BreakerConfig())
@@ -229,14 +230,16 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 @pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
-    it (rates and breakers, no levels), as version 5 left it (no retry
-    path index) or as version 6 left it (claim order by strict priority) is
-    brought up to the current version."""
+    it (rates and breakers, no levels), as version 5 left it (no retry path
+    index) or as version 6 left it (no periodic schedules, no batch settings,
+    claim order by strict priority) is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
+    con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
+    con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     con.executescript(
         "DROP INDEX tasks_retry_ready_rank; DROP INDEX tasks_ready_rank;"
         " CREATE INDEX tasks_ready ON tasks (queue, priority DESC, run_at, id)"
