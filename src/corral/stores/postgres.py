@@ -68,7 +68,16 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    Event,
+    FinishedTask,
+    FleetLevel,
+    GroupLine,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
@@ -744,7 +753,14 @@ class PostgresStore(SqlStore):
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
-        for attr, col in (("queue", "queue"), ("batch", "batch"), ("group", "group_key"), ("name", "name")):
+        for attr, col in (
+            ("queue", "queue"),
+            ("batch", "batch"),
+            ("group", "group_key"),
+            ("name", "name"),
+            ("trace_id", "trace_id"),
+            ("key", "idem_key"),
+        ):
             value = getattr(flt, attr)
             if value is not None:
                 where.append(f"{col} = %({attr})s")
@@ -756,6 +772,9 @@ class PostgresStore(SqlStore):
             where.append("substr(error, 1, %(plen)s) = %(prefix)s")
             params["plen"] = len(flt.error_prefix)
             params["prefix"] = flt.error_prefix
+        if flt.after_id is not None:
+            where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
+            params["after_id"] = flt.after_id
         sql = "SELECT * FROM corral_tasks"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -775,6 +794,32 @@ class PostgresStore(SqlStore):
         else:
             rows = self._fetchall("counts_queue", {"queue": queue})
         return {status: n for status, n in rows}
+
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for queue, status, n in self._fetchall("queue_counts"):
+            out.setdefault(queue, {})[status] = n
+        return out
+
+    def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
+        rows = self._fetchall("group_lines", {"limit": max(0, limit), "offset": max(0, offset)})
+        return [GroupLine(*r) for r in rows]
+
+    def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
+        def go(conn):
+            names = [r[0] for r in conn.execute(self._q["batch_names"], {"after": after or "", "limit": limit})]
+            if after is None and limit > 0 and conn.execute(self._q["batch_empty_name"]).fetchone():
+                names = [""] + names[: limit - 1]  # '' itself is a name: min(batch) > '' skips it
+            per: dict[str, dict[str, int]] = {b: {} for b in names}
+            for b, status, n in conn.execute(self._q["batch_status_counts"], {"batches": names}):
+                per[b][status] = n
+            return [(b, per[b]) for b in names]
+
+        return self._run(go)
+
+    def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
+        q = "recent_finished_desc" if newest_first else "recent_finished"
+        return [FinishedTask(*r) for r in self._fetchall(q, {"since": since, "limit": max(0, limit)})]
 
     def active_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

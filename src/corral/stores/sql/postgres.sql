@@ -294,6 +294,22 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
+-- name: migration_0012
+-- The dashboard's reads. Live rows per queue and state (finished tasks hold
+-- no entry); tasks by finish time (the charts read the last minutes); search
+-- by trace id and by group in any state; a batch's tasks per state counted
+-- from the index alone.
+CREATE INDEX IF NOT EXISTS corral_tasks_active_queue ON corral_tasks (queue, status)
+    WHERE status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+CREATE INDEX IF NOT EXISTS corral_tasks_finished ON corral_tasks (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_trace ON corral_tasks (trace_id)
+    WHERE trace_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
+    WHERE batch IS NOT NULL;
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -1025,3 +1041,48 @@ ORDER BY id DESC LIMIT %(limit)s;
 DELETE FROM corral_events
 WHERE at < %(before)s::float8
    OR id <= (SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s);
+
+-- ---- the dashboard's reads ----------------------------------------------------
+
+-- name: queue_counts
+SELECT queue, status, count(*) FROM corral_tasks
+WHERE status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+GROUP BY queue, status;
+
+-- name: group_lines
+-- Groups with a live line (the group-block index), blocked heads first; the
+-- head is the line's smallest id.
+SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM corral_tasks
+      WHERE group_key IS NOT NULL
+        AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+             OR (status = 'FAILED' AND halt_group_on_failure))
+      GROUP BY group_key) AS l
+JOIN corral_tasks AS h ON h.id = l.head
+ORDER BY h.status IN ('FAILED', 'RETRYING', 'TIMEOUT') DESC, l.group_key
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: batch_names
+-- The next batch names after %(after)s, one index seek each (a loose index
+-- scan), so a page costs the same however many tasks the batches hold.
+WITH RECURSIVE b(name, k) AS (
+    SELECT (SELECT min(batch) FROM corral_tasks WHERE batch > %(after)s), 1
+    UNION ALL
+    SELECT (SELECT min(batch) FROM corral_tasks WHERE batch > b.name), k + 1
+    FROM b WHERE b.name IS NOT NULL AND k < %(limit)s
+)
+SELECT name FROM b WHERE name IS NOT NULL;
+
+-- name: batch_empty_name
+SELECT 1 FROM corral_tasks WHERE batch = '' LIMIT 1;
+
+-- name: batch_status_counts
+SELECT batch, status, count(*) FROM corral_tasks WHERE batch = ANY(%(batches)s::text[]) GROUP BY batch, status;
+
+-- name: recent_finished
+SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
+WHERE finished_at >= %(since)s ORDER BY finished_at, id LIMIT %(limit)s;
+
+-- name: recent_finished_desc
+SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
+WHERE finished_at >= %(since)s ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;

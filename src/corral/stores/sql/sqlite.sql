@@ -185,6 +185,31 @@ CREATE TABLE IF NOT EXISTS events (
     data    TEXT NOT NULL
 );
 
+-- The dashboard's reads (schema 12). Live rows per queue and state: finished
+-- tasks hold no entry, so counting queues costs what the live work costs.
+CREATE INDEX IF NOT EXISTS tasks_active_queue
+    ON tasks (queue, status)
+    WHERE status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
+-- Tasks by the time they finished: the charts read the last minutes only.
+CREATE INDEX IF NOT EXISTS tasks_finished
+    ON tasks (finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- Search by trace id and by group (any state), newest first by id.
+CREATE INDEX IF NOT EXISTS tasks_trace
+    ON tasks (trace_id)
+    WHERE trace_id IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS tasks_group_all
+    ON tasks (group_key)
+    WHERE group_key IS NOT NULL;
+
+-- A batch's tasks per state, counted from the index alone.
+CREATE INDEX IF NOT EXISTS tasks_batch_status
+    ON tasks (batch, status)
+    WHERE batch IS NOT NULL;
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -701,3 +726,48 @@ ORDER BY id DESC LIMIT :limit
 DELETE FROM events
 WHERE at < :before
    OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
+
+-- ---- the dashboard's reads --------------------------------------------------------
+
+-- name: queue_counts
+SELECT queue, status, count(*) FROM tasks INDEXED BY tasks_active_queue
+WHERE status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+GROUP BY queue, status
+
+-- Groups with a live line (the line index), blocked heads first. The head is
+-- the line's smallest id.
+-- name: group_lines
+SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM tasks INDEXED BY tasks_group_line
+      WHERE group_key IS NOT NULL
+        AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+             OR (status = 'FAILED' AND halt_group_on_failure = 1))
+      GROUP BY group_key) AS l
+JOIN tasks AS h ON h.id = l.head
+ORDER BY h.status IN ('FAILED', 'RETRYING', 'TIMEOUT') DESC, l.group_key
+LIMIT ? OFFSET ?
+
+-- The next batch names after ?1, one index seek each (a loose index scan),
+-- so a page costs the same however many tasks the batches hold.
+-- name: batch_names
+WITH RECURSIVE b(name, k) AS (
+    SELECT (SELECT min(batch) FROM tasks INDEXED BY tasks_batch_status WHERE batch > ?1), 1
+    UNION ALL
+    SELECT (SELECT min(batch) FROM tasks INDEXED BY tasks_batch_status WHERE batch > b.name), k + 1
+    FROM b WHERE b.name IS NOT NULL AND k < ?2
+)
+SELECT name FROM b WHERE name IS NOT NULL
+
+-- name: batch_empty_name
+SELECT 1 FROM tasks INDEXED BY tasks_batch_status WHERE batch = ''
+
+-- name: batch_status_counts
+SELECT status, count(*) FROM tasks INDEXED BY tasks_batch_status WHERE batch = ? GROUP BY status
+
+-- name: recent_finished
+SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
+WHERE finished_at >= ? ORDER BY finished_at, id LIMIT ?
+
+-- name: recent_finished_desc
+SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
+WHERE finished_at >= ? ORDER BY finished_at DESC, id DESC LIMIT ?
