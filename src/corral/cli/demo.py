@@ -1,11 +1,11 @@
 """``corral demo`` (the scenario itself is :mod:`corral.edges.demo`) and the
-``dashboard`` placeholder."""
+``dashboard`` (served by :mod:`corral.edges.dashboard`)."""
 
 from __future__ import annotations
 
 import click
 
-from corral.cli import CLIError, render, store_option, store_url_of
+from corral.cli import CLIError, open_given_store, render, store_option, store_url_of
 from corral.stores import default_url
 
 
@@ -56,6 +56,28 @@ def demo(store_url, skus, merchants, workers, latency_ms, qps, seed):
 
 @click.command()
 @store_option
-def dashboard(store_url):
-    """A live web dashboard (not in this release)."""
-    raise CLIError("the dashboard comes in a later release; use `corral status` and `corral tasks` meanwhile")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (others need --token).")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8484, show_default=True, help="Port.")
+@click.option(
+    "--token",
+    envvar="CORRAL_DASHBOARD_TOKEN",
+    default=None,
+    help="Every request must carry it (login form, or Authorization: Bearer). Also $CORRAL_DASHBOARD_TOKEN.",
+)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing (no action buttons).")
+def dashboard(store_url, host, port, token, read_only):
+    """A live web dashboard of the store, with actions and /metrics."""
+    try:
+        from corral.edges.dashboard import check_bind, serve
+    except ImportError:
+        raise CLIError("the dashboard needs its extra: pip install 'corral[dashboard]'") from None
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise CLIError("the dashboard needs its extra: pip install 'corral[dashboard]'") from None
+    check_bind(host, token)  # before the store is opened: a refused bind stores nothing
+    store = open_given_store(store_url)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"corral dashboard of {store.url} on http://{shown}:{port}/ (Ctrl-C to stop)")
+    serve(store, host=host, port=port, token=token, read_only=read_only)
