@@ -74,9 +74,7 @@ def env(tmp_path_factory):
     ids["parked"] = app.submit("ok", ["parked"], queue="parked", key="key-parked").id
     dash = serve_background(app.store)
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
-        )
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
         context = browser.new_context(viewport={"width": 1200, "height": 760})
         page = context.new_page()
         page.set_default_timeout(15_000)
