@@ -230,3 +230,34 @@ def test_sampler_reads_new_finishes_once():
     snap = sampler.tick()  # a second look at the same instant counts nothing twice
     assert snap["depth"] == 0 and snap["success_rate"] == 1.0
     assert sum(b.ok for b in sampler.series._buckets.values()) == 3
+
+
+def test_series_thresholds_are_those_of_the_alert_rules():
+    """The overview's alerts and docs/alerts.yml must say the same numbers."""
+    import re
+    from pathlib import Path
+
+    from corral.core import series
+
+    rules = (Path(__file__).resolve().parents[1] / "docs" / "alerts.yml").read_text()
+    assert f"max(corral_queue_depth) > {series.QUEUE_DEPTH_LIMIT}" in rules
+    assert f"corral:task_success_ratio:10m < {series.SUCCESS_RATE_MIN}" in rules
+    assert re.search(rf"> {series.P99_FACTOR:g} \* avg_over_time", rules)
+    fors = re.findall(r"alert: (\w+)\n\s+expr:[^\n]*(?:\n(?!\s+for:)[^\n]*)*\n\s+for: (\d+)m", rules)
+    minutes = dict(fors)
+    assert int(minutes["CorralRunningAboveLimit"]) * 60 == series.RUNNING_OVER_LIMIT_FOR
+    assert int(minutes["CorralQueueBacklog"]) * 60 == series.QUEUE_DEPTH_FOR
+
+
+def test_cli_says_in_one_line_when_the_port_is_taken(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["dashboard", "--store", f"sqlite:///{tmp_path / 'x.db'}", "--port", str(port)]
+        )
+    assert result.exit_code != 0
+    assert "cannot listen on 127.0.0.1" in result.output

@@ -77,7 +77,25 @@ def dashboard(store_url, host, port, token, read_only):
     except ImportError:
         raise CLIError("the dashboard needs its extra: pip install 'corral[dashboard]'") from None
     check_bind(host, token)  # before the store is opened: a refused bind stores nothing
+    _check_free(host, port)
     store = open_given_store(store_url)
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"corral dashboard of {store.url} on http://{shown}:{port}/ (Ctrl-C to stop)")
     serve(store, host=host, port=port, token=token, read_only=read_only)
+
+
+def _check_free(host: str, port: int) -> None:
+    """Fail in one line when the address cannot be listened on (in use, or not this machine's)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {host}:{port}: {exc}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

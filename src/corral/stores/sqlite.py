@@ -1064,12 +1064,14 @@ class SQLiteStore(SqlStore):
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
         with self._read() as con:
-            return self._records(con, _task_cursor(con).execute(Q["dead_letters"], params).fetchall())
+            q = Q["dead_letters" if batch is None else "dead_letters_batch"]
+            return self._records(con, _task_cursor(con).execute(q, params).fetchall())
 
     @_guard
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         with self._write() as con:
-            ids = [r[0] for r in con.execute(Q["dead_ids"], {"batch": batch, "limit": max(0, limit)})]
+            q = Q["dead_ids" if batch is None else "dead_ids_batch"]
+            ids = [r[0] for r in con.execute(q, {"batch": batch, "limit": max(0, limit)})]
             now = self._clock.time()
             groups: set[str | None] = set()
             for tid in ids:

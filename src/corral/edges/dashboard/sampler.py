@@ -44,6 +44,7 @@ class Sampler:
         self.interval = interval
         self.series = Series()
         self._lock = threading.Lock()
+        self._tick_lock = threading.Lock()  # one look at a time: the thread, or a page before its first look
         self._snapshot: dict[str, Any] = {}
         self._since: float | None = None  # finished_at of the newest finished task seen
         self._seen_at_since: set[int] = set()  # its ids (ties on finished_at are read again)
@@ -63,6 +64,10 @@ class Sampler:
 
     def tick(self) -> dict[str, Any]:
         """Look once; returns the new snapshot."""
+        with self._tick_lock:
+            return self._tick()
+
+    def _tick(self) -> dict[str, Any]:
         store = self.store
         now = store.now()
         if self._since is None:

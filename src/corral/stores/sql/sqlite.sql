@@ -677,6 +677,18 @@ SELECT * FROM tasks INDEXED BY tasks_dead
 WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
 ORDER BY id LIMIT :limit OFFSET :offset
 
+-- One batch's dead letters, from the batch index: the cost follows the batch,
+-- not every dead letter of the store.
+-- name: dead_letters_batch
+SELECT * FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT :limit OFFSET :offset
+
+-- name: dead_ids_batch
+SELECT id FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT :limit
+
 -- name: dead_ids
 SELECT id FROM tasks INDEXED BY tasks_dead
 WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)

@@ -20,12 +20,13 @@
     var nums = values.filter(function (v) { return v !== null && v !== undefined; });
     var max = Math.max(maxHint || 0, nums.length ? Math.max.apply(null, nums) : 0) || 1;
     var step = values.length > 1 ? w / (values.length - 1) : w;
-    var d = "", pen = false;
+    var d = "", pen = false, last = null;
     values.forEach(function (v, i) {
       if (v === null || v === undefined) { pen = false; return; }
       var x = (i * step).toFixed(1), y = (h - pad - (v / max) * (h - 2 * pad)).toFixed(1);
       d += (pen ? " L" : " M") + x + " " + y;
       pen = true;
+      last = [x, y];
     });
     var base = document.createElementNS(SVG, "line");
     base.setAttribute("x1", "0"); base.setAttribute("x2", String(w));
@@ -37,6 +38,12 @@
       path.setAttribute("d", d.trim());
       path.setAttribute("class", "line");
       svg.appendChild(path);
+    }
+    if (last) {
+      var dot = document.createElementNS(SVG, "circle");
+      dot.setAttribute("cx", last[0]); dot.setAttribute("cy", last[1]); dot.setAttribute("r", "2.5");
+      dot.setAttribute("class", "dot");
+      svg.appendChild(dot);
     }
     var label = document.createElementNS(SVG, "text");
     label.setAttribute("x", "2"); label.setAttribute("y", "10"); label.setAttribute("class", "max");
