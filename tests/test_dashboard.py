@@ -261,3 +261,13 @@ def test_cli_says_in_one_line_when_the_port_is_taken(tmp_path):
         )
     assert result.exit_code != 0
     assert "cannot listen on 127.0.0.1" in result.output
+
+
+def test_without_token_only_loopback_host_names_are_answered(store):
+    dash = serve_background(store)
+    try:
+        assert Client(dash.url, headers={"Host": "localhost:1234"}).request("/queues")[0] == 200
+        status, body = Client(dash.url, headers={"Host": "attacker.example"}).request("/queues")
+        assert status == 403 and "loopback" in body
+    finally:
+        dash.stop()

@@ -2,6 +2,8 @@
 
 Security rules, all enforced here:
 
+- Without a token it answers only requests addressed to a loopback name
+  (the Host header), so another site cannot reach it by DNS rebinding.
 - With a token, every request but the login form and the static files must
   carry it (``Authorization: Bearer T`` or the cookie the login form sets).
 - Actions are POSTs carrying a CSRF token (a per-process secret) both in a
@@ -154,10 +156,25 @@ class Dashboard:
         return generate_latest(self._registry)
 
 
+def _loopback_host(header: str) -> bool:
+    from corral.edges.dashboard import is_loopback
+
+    host = header.strip()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return is_loopback(host)
+
+
 class AuthMiddleware(BaseHTTPMiddleware):
     async def dispatch(self, request: Request, call_next: Callable) -> Response:
         dash: Dashboard = request.app.state.dash
         path = request.url.path
+        if dash.token is None and not _loopback_host(request.headers.get("host", "")):
+            # without a token only this machine may talk to it: a page elsewhere whose
+            # name was pointed at 127.0.0.1 (DNS rebinding) sends its own Host name
+            return PlainTextResponse("refused: this dashboard answers loopback addresses only", status_code=403)
         if path in ("/login", "/healthz") or path.startswith("/static/") or dash.authorized(request):
             return await call_next(request)
         if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
