@@ -857,12 +857,14 @@ class PostgresStore(SqlStore):
     # ---- dead letters ------------------------------------------------------------
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
-        return [_record(r) for r in self._fetchall("dead_letters", params, dicts=True)]
+        q = "dead_letters" if batch is None else "dead_letters_batch"
+        return [_record(r) for r in self._fetchall(q, params, dicts=True)]
 
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         def go(conn):
             with conn.transaction():
-                rows = conn.execute(self._q["dead_ids"], {"batch": batch, "limit": max(0, limit)}).fetchall()
+                q = self._q["dead_ids" if batch is None else "dead_ids_batch"]
+                rows = conn.execute(q, {"batch": batch, "limit": max(0, limit)}).fetchall()
                 if not rows:
                     return []
                 groups = sorted({g for _, g in rows if g is not None})

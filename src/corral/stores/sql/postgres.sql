@@ -976,6 +976,18 @@ SELECT * FROM corral_tasks
 WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
 ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
 
+-- name: dead_letters_batch
+-- One batch's dead letters, from the batch index: the cost follows the batch,
+-- not every dead letter of the store.
+SELECT * FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: dead_ids_batch
+SELECT id, group_key FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT %(limit)s;
+
 -- name: dead_ids
 SELECT id, group_key FROM corral_tasks
 WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
