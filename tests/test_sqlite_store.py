@@ -202,8 +202,10 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 12
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    dashboard = {"tasks_active_queue", "tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
+    assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -228,13 +230,15 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
     it (rates and breakers, no levels) or as version 5 left it (no retry
-    path index) is brought up to version 6."""
+    path index, no dashboard indexes) is brought up to the current version."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
     con.execute("DROP INDEX tasks_retry_ready")
+    for index in ("tasks_active_queue", "tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
+        con.execute(f"DROP INDEX {index}")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:
