@@ -424,9 +424,13 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     try:
         s.migrate()
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 7
+            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 12
             retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
             assert conn.execute(retry_index).fetchone()[0]
+            dashboard = "SELECT count(*) FROM pg_indexes WHERE indexname IN ('corral_tasks_active_queue',"
+            dashboard += " 'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_all',"
+            dashboard += " 'corral_tasks_batch_status')"
+            assert conn.execute(dashboard).fetchone()[0] == 5
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
             assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
             assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]

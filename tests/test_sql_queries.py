@@ -66,6 +66,7 @@ POSTGRES_ONLY = {
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0012": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

@@ -121,7 +121,7 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 12
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
