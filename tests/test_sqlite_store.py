@@ -272,13 +272,43 @@ def test_checkpoints_run_in_the_background_not_in_commits(tmp_path):
             con = sqlite3.connect(f"{tmp_path}/copy.db")
             try:
                 return con.execute("SELECT count(*) FROM tasks").fetchone()[0]
-            except sqlite3.OperationalError:  # the schema itself not copied yet
+            except sqlite3.DatabaseError:  # the schema not copied yet, or a page copied mid-checkpoint
                 return -1
             finally:
                 con.close()
 
         assert wait_for(lambda: in_main_file() == 50, timeout=10)
     finally:
+        s.close()
+
+
+def test_the_wal_is_reset_while_readers_keep_reading(tmp_path, monkeypatch):
+    """Steady reads from another connection keep a PASSIVE checkpoint from ever
+    restarting the WAL; past its size bound the checkpointer resets it."""
+    import corral.stores.sqlite as sqlite_mod
+
+    monkeypatch.setattr(sqlite_mod, "WAL_RESET_BYTES", 256 * 1024)
+    s = SQLiteStore(f"sqlite:///{tmp_path}/wal.db")
+    stop = threading.Event()
+
+    def reader():
+        con = sqlite3.connect(f"{tmp_path}/wal.db")
+        while not stop.is_set():
+            con.execute("SELECT count(*) FROM tasks").fetchone()
+        con.close()
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    try:
+        for t in readers:
+            t.start()
+        for _ in range(40):
+            s.submit([NewTask(name="w", args='{"pad": "' + "x" * 2000 + '"}') for _ in range(50)])
+        wal = f"{tmp_path}/wal.db-wal"
+        assert wait_for(lambda: os.path.getsize(wal) < 256 * 1024, timeout=20)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
         s.close()
 
 
