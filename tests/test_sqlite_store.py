@@ -205,7 +205,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
-    dashboard = {"tasks_active_queue", "tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
+    dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
     assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
@@ -243,7 +243,7 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
         con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     if version < 6:
         con.execute("DROP INDEX tasks_retry_ready")
-    for index in ("tasks_active_queue", "tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
+    for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
         con.execute(f"DROP INDEX {index}")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")

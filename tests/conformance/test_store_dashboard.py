@@ -71,3 +71,8 @@ def test_search_by_trace_id_and_key_with_keyset_paging(store):
     assert [r.id for r in page2] == [ids[2], ids[1]]
     up = store.list_tasks(TaskFilter(trace_id="tr-1", limit=2, after_id=ids[1], newest_first=False))
     assert [r.id for r in up] == [ids[2], ids[3]]
+
+
+def test_queue_counts_add_grouped_and_plain_tasks(store):
+    submit(store, new("a", "g1"), new("b"), new("c", "g2"), new("d", queue="mail"), new("e", "g3", queue="mail"))
+    assert store.queue_counts() == {"default": {"PENDING": 3}, "mail": {"PENDING": 2}}

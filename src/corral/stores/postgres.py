@@ -835,7 +835,8 @@ class PostgresStore(SqlStore):
     def queue_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         for queue, status, n in self._fetchall("queue_counts"):
-            out.setdefault(queue, {})[status] = n
+            per = out.setdefault(queue, {})
+            per[status] = per.get(status, 0) + n
         return out
 
     def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
