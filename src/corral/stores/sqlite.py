@@ -104,13 +104,16 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 9: the event stream's triggers (task states and progress, breakers).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 9
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
+#: How often a follower of the event stream looks for new events.
+EVENTS_POLL = 0.02
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
@@ -294,6 +297,8 @@ class SQLiteStore(SqlStore):
                 cached_statements=256,
             )
             con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+            # the event triggers stamp events with the store's clock
+            con.create_function("corral_now", 0, self._clock.time)
             self._set_wal(con)
             con.execute(f"PRAGMA synchronous = {self.synchronous}")
             con.execute("PRAGMA temp_store = MEMORY")
@@ -1075,6 +1080,32 @@ class SQLiteStore(SqlStore):
     @_guard
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         return [Event(*r) for r in self._con().execute(Q["events"], {"kind": kind, "limit": max(0, limit)})]
+
+    @_guard
+    def event_cursor(self, since: int | None) -> Any:
+        if since is None:
+            return int(self._con().execute(Q["last_event_id"]).fetchone()[0])
+        return int(since)
+
+    @_guard
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        # ids follow commit order: one writer at a time holds the write lock
+        out = [Event(*r) for r in self._con().execute(Q["read_events"], (int(cursor), max(0, limit)))]
+        return out, (out[-1].id if out else cursor)
+
+    @_guard
+    def wait_for_events(self, timeout: float) -> None:
+        """Return when an event was added (by any process), or after ``timeout``.
+
+        SQLite cannot notify another process: a follower looks at the newest
+        id every few milliseconds, one indexed read."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        con = self._con()
+        seen = con.execute(Q["last_event_id"]).fetchone()[0]
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(EVENTS_POLL, left))
+            if con.execute(Q["last_event_id"]).fetchone()[0] != seen:
+                return
 
     @_guard
     def trim_events(self, keep: int, before: float) -> int:

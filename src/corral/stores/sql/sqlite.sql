@@ -175,7 +175,7 @@ CREATE TABLE IF NOT EXISTS fleet_control (
     changed_at  REAL
 );
 
--- What changed and why (level changes today), newest by id; trimmed by the
+-- What changed and why (the event stream: tasks' states and progress, breakers, levels), newest by id; trimmed by the
 -- sweeper leader.
 CREATE TABLE IF NOT EXISTS events (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -184,6 +184,52 @@ CREATE TABLE IF NOT EXISTS events (
     subject TEXT NOT NULL,
     data    TEXT NOT NULL
 );
+
+-- The event stream is written by triggers in the transaction that changed a
+-- task, so every path (claim, completion, cancel, sweep, a dependency's end)
+-- is covered, a rolled-back write leaves no event, and the ids follow commit
+-- order (one writer at a time). corral_now() is the store's clock, which each
+-- connection registers. The kinds are those of corral.core.events.
+CREATE TRIGGER IF NOT EXISTS tasks_event_insert AFTER INSERT ON tasks
+WHEN NEW.status <> 'SUCCESS'
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (corral_now(), 'submitted', 'task:' || NEW.id, json_object(
+        'id', NEW.id, 'name', NEW.name, 'queue', NEW.queue, 'status', NEW.status, 'from', NULL,
+        'attempt', NEW.attempt, 'group', NEW.group_key, 'batch', NEW.batch, 'trace_id', NEW.trace_id,
+        'error', substr(NEW.error, 1, 500)));
+END;
+
+CREATE TRIGGER IF NOT EXISTS tasks_event_status AFTER UPDATE OF status ON tasks
+WHEN NEW.status IS NOT OLD.status
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (corral_now(),
+        CASE NEW.status WHEN 'RUNNING' THEN 'started' WHEN 'SUCCESS' THEN 'succeeded'
+            WHEN 'FAILED' THEN 'failed' WHEN 'RETRYING' THEN 'retrying' WHEN 'PENDING' THEN 'queued'
+            WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'CANCELED' THEN 'canceled' WHEN 'WAITING' THEN 'waiting'
+            ELSE lower(NEW.status) END,
+        'task:' || NEW.id, json_object(
+        'id', NEW.id, 'name', NEW.name, 'queue', NEW.queue, 'status', NEW.status, 'from', OLD.status,
+        'attempt', NEW.attempt, 'group', NEW.group_key, 'batch', NEW.batch, 'trace_id', NEW.trace_id,
+        'error', substr(NEW.error, 1, 500)));
+END;
+
+CREATE TRIGGER IF NOT EXISTS tasks_event_progress AFTER UPDATE OF progress, progress_message ON tasks
+WHEN NEW.status = 'RUNNING' AND NEW.status IS OLD.status
+ AND (NEW.progress IS NOT OLD.progress OR NEW.progress_message IS NOT OLD.progress_message)
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (corral_now(), 'progress', 'task:' || NEW.id, json_object(
+        'id', NEW.id, 'name', NEW.name, 'fraction', NEW.progress, 'message', NEW.progress_message));
+END;
+
+CREATE TRIGGER IF NOT EXISTS breaker_event_stream AFTER INSERT ON breaker_events
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (NEW.at, 'breaker', 'breaker:' || NEW.name, json_object(
+        'name', NEW.name, 'from', NEW.before, 'to', NEW.after, 'reason', NEW.reason));
+END;
 
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
@@ -696,6 +742,12 @@ INSERT INTO events (at, kind, subject, data) VALUES (?, ?, ?, ?)
 SELECT id, at, kind, subject, data FROM events
 WHERE (:kind IS NULL OR kind = :kind)
 ORDER BY id DESC LIMIT :limit
+
+-- name: read_events
+SELECT id, at, kind, subject, data FROM events WHERE id > ? ORDER BY id LIMIT ?
+
+-- name: last_event_id
+SELECT coalesce(max(id), 0) FROM events
 
 -- name: trim_events
 DELETE FROM events
