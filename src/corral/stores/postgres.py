@@ -101,6 +101,12 @@ _PERMANENT: tuple[type[Exception], ...] = (
 PLAIN_HINT_TTL = 0.2
 
 CHANNEL = "corral_work"
+#: Where statements that add events notify followers of the stream.
+EVENTS_CHANNEL = "corral_events"
+#: A follower reads again after this long even without a notification: an
+#: event becomes readable only once every older transaction has ended.
+EVENTS_POLL = 0.25
+_NO_ID = (1 << 63) - 1
 #: Settings of every corral session. The statements are few and run
 #: constantly: plan them once (psycopg prepares them) instead of re-planning
 #: on every call. They are all short ordered index probes; a bitmap scan only
@@ -111,8 +117,9 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
-#: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 7
+#: 6: the dead-letter index, the fleet level row and the event log;
+#: 10: the event stream (task and breaker events by trigger, NOTIFY corral_events).
+SCHEMA_VERSION = 10
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -207,6 +214,8 @@ class PostgresStore(SqlStore):
         self._listen_lock = threading.Lock()  # held by the thread using the listening connection
         self._listen_conn: Any = None
         self._local = threading.local()
+        self._events_lock = threading.Lock()  # held by the thread following the event stream
+        self._events_conn: Any = None
 
     # ---- plumbing -----------------------------------------------------------
     def _run(self, fn: Callable[[Any], T], *, retry: bool = True) -> T:
@@ -296,6 +305,14 @@ class PostgresStore(SqlStore):
         finally:
             if got:
                 self._listen_lock.release()
+        got = self._events_lock.acquire(timeout=2)
+        try:
+            conn, self._events_conn = self._events_conn, None
+            if conn is not None:
+                conn.close()
+        finally:
+            if got:
+                self._events_lock.release()
         self._pool.close()
 
     def now(self) -> float:
@@ -866,6 +883,48 @@ class PostgresStore(SqlStore):
 
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
+
+    def event_cursor(self, since: int | None) -> Any:
+        """A cursor is (xid, id): see ``read_events`` in postgres.sql."""
+        if since is None:
+            xmin = int(self._fetchall("stream_now")[0][0])
+            return (xmin - 1, _NO_ID)  # everything of the transactions still running or to come
+        rows = self._fetchall("event_position", {"id": int(since)})
+        if not rows:
+            return self.event_cursor(None)
+        x, eid = int(rows[0][0]), int(rows[0][1])
+        return (x, eid) if eid == since else (x, eid - 1)
+
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        x, eid = cursor
+        rows = self._fetchall("read_events", {"xid": str(int(x)), "id": int(eid), "limit": max(0, limit)})
+        if not rows:
+            return [], cursor
+        return [Event(*r[:5]) for r in rows], (int(rows[-1][5]), int(rows[-1][0]))
+
+    def wait_for_events(self, timeout: float) -> None:
+        """Wait on a connection listening to ``corral_events`` (one per store
+        instance, opened at the first wait), at most ``EVENTS_POLL`` seconds."""
+        timeout = min(max(0.0, timeout), EVENTS_POLL)
+        with self._events_lock:
+            try:
+                if self._events_conn is None:
+                    self._events_conn = psycopg.connect(
+                        self._dsn, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+                    )
+                    self._events_conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    return  # events may have come before we listened: look now
+                for _ in self._events_conn.notifies(timeout=timeout, stop_after=1):
+                    pass
+                return
+            except psycopg.Error:
+                conn, self._events_conn = self._events_conn, None
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - closing is best effort
+                        pass
+        time.sleep(timeout)  # the server is away: poll meanwhile
 
     def trim_events(self, keep: int, before: float) -> int:
         return self._rowcount("trim_events", {"keep": max(0, keep), "before": float(before)})

@@ -294,6 +294,89 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
+-- name: migration_0010
+-- The event stream. Task events are written by statement triggers in the
+-- statement that changed the tasks (one multi-row insert per claim or batch of
+-- completions; every path is covered, a rolled-back write leaves no event).
+-- Identity ids are handed out before commit, so a later id can commit first:
+-- readers go by (xid, id) and read only rows of transactions older than every
+-- one still running (pg_snapshot_xmin), so no event is ever skipped. Each
+-- statement that adds events wakes followers with one NOTIFY corral_events.
+-- The kinds are those of corral.core.events.
+ALTER TABLE corral_events ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+CREATE INDEX corral_events_stream ON corral_events (xid, id);
+
+CREATE FUNCTION corral_task_events() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;  -- the group-head refresh's own updates change no state
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO corral_events (at, kind, subject, data)
+        SELECT extract(epoch FROM now())::float8, 'submitted', 'task:' || n.id,
+               json_build_object(
+                   'id', n.id, 'name', n.name, 'queue', n.queue, 'status', n.status, 'from', NULL,
+                   'attempt', n.attempt, 'group', n.group_key, 'batch', n.batch, 'trace_id', n.trace_id,
+                   'error', left(n.error, 500))::text
+        FROM new_rows n WHERE n.status <> 'SUCCESS' ORDER BY n.id;
+    ELSE
+        INSERT INTO corral_events (at, kind, subject, data)
+        SELECT extract(epoch FROM now())::float8,
+               CASE WHEN n.status IS NOT DISTINCT FROM o.status THEN 'progress'
+                    WHEN n.status = 'RUNNING' THEN 'started' WHEN n.status = 'SUCCESS' THEN 'succeeded'
+                    WHEN n.status = 'FAILED' THEN 'failed' WHEN n.status = 'RETRYING' THEN 'retrying'
+                    WHEN n.status = 'PENDING' THEN 'queued' WHEN n.status = 'TIMEOUT' THEN 'timed_out'
+                    WHEN n.status = 'CANCELED' THEN 'canceled' WHEN n.status = 'WAITING' THEN 'waiting'
+                    ELSE lower(n.status) END,
+               'task:' || n.id,
+               CASE WHEN n.status IS NOT DISTINCT FROM o.status THEN
+                   json_build_object('id', n.id, 'name', n.name, 'fraction', n.progress,
+                                     'message', n.progress_message)::text
+               ELSE json_build_object(
+                   'id', n.id, 'name', n.name, 'queue', n.queue, 'status', n.status, 'from', o.status,
+                   'attempt', n.attempt, 'group', n.group_key, 'batch', n.batch, 'trace_id', n.trace_id,
+                   'error', left(n.error, 500))::text END
+        FROM new_rows n JOIN old_rows o ON o.id = n.id
+        WHERE n.status IS DISTINCT FROM o.status
+           OR (n.status = 'RUNNING' AND (n.progress IS DISTINCT FROM o.progress
+                                         OR n.progress_message IS DISTINCT FROM o.progress_message))
+        ORDER BY n.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER corral_tasks_events_insert AFTER INSERT ON corral_tasks
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_task_events();
+CREATE TRIGGER corral_tasks_events_update AFTER UPDATE ON corral_tasks
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_task_events();
+
+CREATE FUNCTION corral_breaker_events_stream() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO corral_events (at, kind, subject, data)
+    SELECT b.at, 'breaker', 'breaker:' || b.name,
+           json_build_object('name', b.name, 'from', b.before, 'to', b.after, 'reason', b.reason)::text
+    FROM new_rows b ORDER BY b.id;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER corral_breaker_events_stream AFTER INSERT ON corral_breaker_events
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_breaker_events_stream();
+
+CREATE FUNCTION corral_events_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM new_rows) THEN
+        PERFORM pg_notify('corral_events', '');
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER corral_events_notify AFTER INSERT ON corral_events
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION corral_events_notify();
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -1020,6 +1103,20 @@ RETURNING id;
 SELECT id, at, kind, subject, data FROM corral_events
 WHERE (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: read_events
+-- Rows of transactions older than every one still running: none can commit
+-- before them any more, so a cursor past them never skips one.
+SELECT id, at, kind, subject, data, xid::text::bigint AS x FROM corral_events
+WHERE (xid, id) > (%(xid)s::text::xid8, %(id)s::bigint)
+  AND xid < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY xid, id LIMIT %(limit)s;
+
+-- name: event_position
+SELECT xid::text::bigint, id FROM corral_events WHERE id >= %(id)s ORDER BY id LIMIT 1;
+
+-- name: stream_now
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
 
 -- name: trim_events
 DELETE FROM corral_events
