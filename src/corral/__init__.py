@@ -11,6 +11,7 @@ from corral.core.retries import Backoff
 from corral.core.states import State
 from corral.engine.context import Context
 from corral.engine.hooks import Hooks
+from corral.stores.base import Event
 from corral.errors import (
     AppClosed,
     BadArguments,
@@ -68,4 +69,5 @@ __all__ = [
     "ChildFailed",
     "TaskSignal",
     "Hooks",
+    "Event",
 ]

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from corral.errors import (
     UnknownTask,
 )
 from corral.stores import Store, open_store
+from corral.stores.base import Event
 
 
 def _duration(value: float | str, option: str) -> float:
@@ -545,6 +546,32 @@ class App:
         return their ids. A group's re-queued tasks run in submit order,
         before its tasks still queued behind them."""
         return self.store.retry_dead(batch)
+
+    # ---- the event stream ------------------------------------------------------------
+    def events(
+        self,
+        follow: bool = False,
+        kinds: Iterable[str] | str | None = None,
+        since: int | None = None,
+        *,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Event]:
+        """The store's events in the order they were written: tasks' state
+        changes (``submitted``, ``started``, ``succeeded``, ``failed``,
+        ``retrying``, ``timed_out``, ``canceled``, ``queued``, ``waiting``),
+        ``progress``, ``breaker`` and ``level`` changes.
+
+        ``since`` is the id of the last event already seen (0: from the oldest
+        the store keeps); without it ``follow=True`` starts at the present and
+        a plain read returns every event kept. ``follow`` waits for new events
+        until ``stop`` is set or ``timeout`` seconds pass without one. Each
+        :class:`Event` has ``kind``, ``subject`` (``task:<id>``,
+        ``breaker:<name>``, ``fleet``), ``data`` (JSON; ``details`` decodes
+        it), ``at`` and ``id``."""
+        from corral.stores.stream import iter_events
+
+        return iter_events(self.store, follow=follow, kinds=kinds, since=since, stop=stop, timeout=timeout)
 
     # ---- degradation levels ----------------------------------------------------------
     def level(self) -> Level:
