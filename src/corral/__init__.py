@@ -11,7 +11,6 @@ from corral.core.retries import Backoff
 from corral.core.states import State
 from corral.engine.context import Context
 from corral.engine.hooks import Hooks
-from corral.stores.base import Event
 from corral.errors import (
     AppClosed,
     BadArguments,
@@ -35,6 +34,7 @@ from corral.errors import (
     TaskSignal,
     UnknownTask,
 )
+from corral.stores.base import Event
 
 __version__ = "0.1.0"
 

@@ -63,9 +63,7 @@ def to_json(ev: Event) -> str:
     help="Start after the event with this id (0: the oldest kept). Default: every event kept, "
     "or with --follow only new ones.",
 )
-@click.option(
-    "--last", type=click.IntRange(min=1), default=None, help="Without --follow: only the newest N events."
-)
+@click.option("--last", type=click.IntRange(min=1), default=None, help="Without --follow: only the newest N events.")
 @json_option
 def events(store_url=None, follow=False, kinds=(), since=None, last=None, as_json=False) -> None:
     """The event stream: tasks' state changes and progress, breaker and

@@ -46,6 +46,7 @@ from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 #: sweeper trims by age and count instead.
 MEMORY_EVENTS_KEEP = 100_000
 
+
 @dataclass(slots=True)
 class _Group:
     ids: deque = field(default_factory=deque)  # tasks occupying the group, id order
@@ -673,9 +674,7 @@ class MemoryStore(Store):
     def wait_for_events(self, timeout: float) -> None:
         with self._lock:
             last = self._events[-1][0] if self._events else 0
-            self._event_added.wait_for(
-                lambda: (self._events[-1][0] if self._events else 0) != last, max(0.0, timeout)
-            )
+            self._event_added.wait_for(lambda: (self._events[-1][0] if self._events else 0) != last, max(0.0, timeout))
 
     def trim_events(self, keep: int, before: float) -> int:
         with self._lock:
