@@ -202,8 +202,9 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 9
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -221,7 +222,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")]) == [True]
     assert [t.id for t in s.dead_letters()] == [task_id]
     assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
-    assert s.fleet_level().level == 1 and len(s.events()) == 1
+    assert s.fleet_level().level == 1 and len(s.events("level")) == 1
 
 
 @pytest.mark.parametrize("version", [3, 4, 5])
@@ -235,6 +236,8 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
     con.execute("DROP INDEX tasks_retry_ready")
+    for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
+        con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:

@@ -106,7 +106,9 @@ EVENTS_CHANNEL = "corral_events"
 #: A follower reads again after this long even without a notification: an
 #: event becomes readable only once every older transaction has ended.
 EVENTS_POLL = 0.25
-_NO_ID = (1 << 63) - 1
+#: Missing ids a reader keeps asking for (rolled-back event writes leave
+#: some for good, until the transactions of their time have ended).
+MAX_EVENT_GAPS = 10_000
 #: Settings of every corral session. The statements are few and run
 #: constantly: plan them once (psycopg prepares them) instead of re-planning
 #: on every call. They are all short ordered index probes; a bitmap scan only
@@ -885,22 +887,38 @@ class PostgresStore(SqlStore):
         return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
 
     def event_cursor(self, since: int | None) -> Any:
-        """A cursor is (xid, id): see ``read_events`` in postgres.sql."""
-        if since is None:
-            xmin = int(self._fetchall("stream_now")[0][0])
-            return (xmin - 1, _NO_ID)  # everything of the transactions still running or to come
-        rows = self._fetchall("event_position", {"id": int(since)})
-        if not rows:
-            return self.event_cursor(None)
-        x, eid = int(rows[0][0]), int(rows[0][1])
-        return (x, eid) if eid == since else (x, eid - 1)
+        """A cursor is (the highest id delivered, the ids below it not seen
+        yet with the snapshot's xmax when each was first missed)."""
+        if since is not None:
+            return (int(since), ())
+        hi, present, xmax = self._fetchall("stream_now")[0]
+        have = set(present or ())
+        low = min(have) if have else hi
+        return (int(hi), tuple((i, int(xmax)) for i in range(low + 1, hi) if i not in have))
 
     def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
-        x, eid = cursor
-        rows = self._fetchall("read_events", {"xid": str(int(x)), "id": int(eid), "limit": max(0, limit)})
-        if not rows:
-            return [], cursor
-        return [Event(*r[:5]) for r in rows], (int(rows[-1][5]), int(rows[-1][0]))
+        """Events by id, and ids skipped earlier once their transaction
+        commits. An id missing below the highest delivered one belongs to a
+        transaction still open (or rolled back): it is asked for again until
+        every transaction that held an id when it was first missed has ended
+        (snapshot xmin at or past that xmax). Every transaction that writes an
+        event holds its id before it takes the event's number."""
+        hi, gaps = cursor
+        noted = dict(gaps)
+        rows = self._fetchall("read_events", {"hi": int(hi), "gaps": sorted(noted), "limit": max(0, limit)})
+        xmin, xmax = int(rows[0][5]), int(rows[0][6])
+        out = [Event(*r[:5]) for r in rows if r[0] is not None]
+        got = {e.id for e in out}
+        new_hi = max([hi, *got])
+        if len(out) >= limit:  # the page ended: ids past its last one are not missed, only unread
+            new_hi = max([hi, *(i for i in got if i not in noted)])
+        pending = {i: x for i, x in noted.items() if i not in got and xmin < x}
+        for i in range(hi + 1, new_hi):
+            if i not in got:
+                pending[i] = xmax
+        if len(pending) > MAX_EVENT_GAPS:  # a flood of rolled-back writes: keep the newest
+            pending = dict(sorted(pending.items())[-MAX_EVENT_GAPS:])
+        return out, (new_hi, tuple(sorted(pending.items())))
 
     def wait_for_events(self, timeout: float) -> None:
         """Wait on a connection listening to ``corral_events`` (one per store

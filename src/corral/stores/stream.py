@@ -10,6 +10,7 @@ PostgreSQL, a condition in memory, a cheap look at the newest id on SQLite).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 from corral.core.events import check_kinds
@@ -38,10 +39,21 @@ def iter_events(
     ``follow`` keeps waiting for new events until ``stop`` is set or
     ``timeout`` seconds pass without one; ``kinds`` keeps only those kinds.
     """
-    import time
-
     wanted = check_kinds(kinds)
+    # the starting point is taken now, not at the first next(): "new events"
+    # means those after this call
     cursor = store.event_cursor(since if since is not None or follow else 0)
+    return _follow(store, cursor, wanted, follow, stop, timeout)
+
+
+def _follow(
+    store: Store,
+    cursor: object,
+    wanted: frozenset[str] | None,
+    follow: bool,
+    stop: threading.Event | None,
+    timeout: float | None,
+) -> Iterator[Event]:
     quiet_since = time.monotonic()
     while True:
         batch, cursor = store.read_events(cursor, PAGE)

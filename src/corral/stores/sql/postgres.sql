@@ -299,12 +299,11 @@ CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DE
 -- statement that changed the tasks (one multi-row insert per claim or batch of
 -- completions; every path is covered, a rolled-back write leaves no event).
 -- Identity ids are handed out before commit, so a later id can commit first:
--- readers go by (xid, id) and read only rows of transactions older than every
--- one still running (pg_snapshot_xmin), so no event is ever skipped. Each
--- statement that adds events wakes followers with one NOTIFY corral_events.
--- The kinds are those of corral.core.events.
-ALTER TABLE corral_events ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
-CREATE INDEX corral_events_stream ON corral_events (xid, id);
+-- a reader remembers the ids it has not seen below the highest it delivered
+-- and reads them again until the transactions that could still commit them
+-- have ended (see read_events), so no event is ever skipped. Each statement
+-- that adds events wakes followers with one NOTIFY corral_events. The kinds
+-- are those of corral.core.events.
 
 CREATE FUNCTION corral_task_events() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -1095,8 +1094,11 @@ WHERE NOT (%(auto)s::bool AND f.manual)
 RETURNING 1;
 
 -- name: add_event
+-- The transaction takes its id before the event its number (see read_events:
+-- a missing id waits for the transactions that had ids when it was seen).
+WITH x AS MATERIALIZED (SELECT pg_current_xact_id())
 INSERT INTO corral_events (at, kind, subject, data)
-VALUES (extract(epoch FROM now())::float8, %(kind)s, %(subject)s, %(data)s)
+SELECT extract(epoch FROM now())::float8, %(kind)s, %(subject)s, %(data)s FROM x
 RETURNING id;
 
 -- name: events
@@ -1105,18 +1107,25 @@ WHERE (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: read_events
--- Rows of transactions older than every one still running: none can commit
--- before them any more, so a cursor past them never skips one.
-SELECT id, at, kind, subject, data, xid::text::bigint AS x FROM corral_events
-WHERE (xid, id) > (%(xid)s::text::xid8, %(id)s::bigint)
-  AND xid < pg_snapshot_xmin(pg_current_snapshot())
-ORDER BY xid, id LIMIT %(limit)s;
-
--- name: event_position
-SELECT xid::text::bigint, id FROM corral_events WHERE id >= %(id)s ORDER BY id LIMIT 1;
+-- Events above the highest delivered id, and those of ids still missing
+-- below it; with the snapshot's bounds: a missing id noted while xmax was X
+-- is settled (its transaction rolled back) once xmin passes X.
+SELECT e.id, e.at, e.kind, e.subject, e.data,
+       pg_snapshot_xmin(s.snap)::text::bigint, pg_snapshot_xmax(s.snap)::text::bigint
+FROM (SELECT pg_current_snapshot() AS snap) s
+LEFT JOIN LATERAL (
+    SELECT * FROM corral_events
+    WHERE id > %(hi)s::bigint OR id = ANY(%(gaps)s::bigint[])
+    ORDER BY id LIMIT %(limit)s
+) e ON true
+ORDER BY e.id;
 
 -- name: stream_now
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+-- The newest id and the ids below it not committed yet (among the last few
+-- thousand), with the snapshot's xmax: where a follower that starts now begins.
+SELECT coalesce(max(id), 0), coalesce(array_agg(id ORDER BY id), '{}'),
+       pg_snapshot_xmax(pg_current_snapshot())::text::bigint
+FROM (SELECT id FROM corral_events ORDER BY id DESC LIMIT 5000) r;
 
 -- name: trim_events
 DELETE FROM corral_events
