@@ -29,6 +29,7 @@ from corral.core.model import (
 from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
+from corral.engine import tracing
 from corral.engine.context import current
 from corral.engine.hooks import HookChain, Hooks
 from corral.errors import (
@@ -72,6 +73,18 @@ _SUBMIT_OPTIONS = frozenset(
     {"group", "batch", "depends_on", "key", "trace_id", "delay", "priority", "timeout", "retries", "queue"}
 )
 _ITEM_KEYS = _SUBMIT_OPTIONS | {"args", "kwargs"}
+
+
+def _new_trace_id() -> str:
+    """A task's trace id when the submitter gave none: the W3C traceparent of
+    the submitter's current OpenTelemetry span (its attempts' spans are then
+    children of it), else 32 random hex digits (as uuid4().hex, without
+    building a UUID per task)."""
+    if tracing.ENABLED:
+        parent = tracing.current_traceparent()
+        if parent is not None:
+            return parent
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
@@ -442,8 +455,7 @@ class App:
             group=group,
             batch=None if batch is None else check.text(batch, "batch", bad),
             key=None if key is None else check.text(key, "key", bad),
-            # 32 random hex digits, as uuid4().hex but without building a UUID per task
-            trace_id=os.urandom(16).hex() if trace_id is None else check.text(trace_id, "trace_id", bad),
+            trace_id=_new_trace_id() if trace_id is None else check.text(trace_id, "trace_id", bad),
             run_at=run_at,
             depends_on=dep_ids,
             limits=tdef.limits,
