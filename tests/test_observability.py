@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 import corral
-from corral.core import tracing as w3c
 from corral.cli import load_app
+from corral.core import tracing as w3c
 from corral.edges.partner import PartnerServer, call
 from corral.engine.logs import JsonFormatter, TaskFilter, TextFormatter
-
 from helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
