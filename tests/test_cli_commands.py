@@ -22,6 +22,7 @@ COMMANDS = [
     "dashboard",
     "dead",
     "demo",
+    "events",
     "level",
     "plan",
     "retry",

@@ -424,7 +424,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     try:
         s.migrate()
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 7
+            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 10
             retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
             assert conn.execute(retry_index).fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}

@@ -39,6 +39,7 @@ SQLITE_ONLY = {
     "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
     "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
+    "last_event_id": "the stream's newest id, ids in commit order (PostgreSQL: `stream_now` with missing ids)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
@@ -58,6 +59,7 @@ POSTGRES_ONLY = {
     "unsettled": "dependents a crashed completion left WAITING (SQLite settles in the same transaction)",
     "notify": "LISTEN/NOTIFY wake-ups (SQLite polls data_version)",
     "now": "the database clock (SQLite uses the store's Clock)",
+    "stream_now": "a follower's start: the newest id and ids not committed yet (SQLite: `last_event_id`)",
     "tx_now": "the transaction's clock, which tokens are charged at (SQLite uses the store's Clock)",
     "migration_0001": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0002": "numbered migrations (SQLite: one idempotent `schema`)",
@@ -66,6 +68,7 @@ POSTGRES_ONLY = {
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0010": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }
