@@ -147,3 +147,12 @@ def test_no_event_is_missed_under_concurrent_writers(store, wait_for):
         follower.join(5)
     subjects = [e.subject for e in seen if e.subject in want]
     assert len(subjects) == len(set(subjects)) == writers * per_writer
+
+
+def test_trimming_goes_a_batch_at_a_time_oldest_first(store):
+    submit(store, *(new(f"t{i}") for i in range(7)))
+    assert store.trim_events(keep=2, before=0.0, limit=3) == 3
+    assert [e.details["name"] for e in read_all(store)] == ["t3", "t4", "t5", "t6"]
+    assert store.trim_events(keep=2, before=0.0, limit=3) == 2
+    assert store.trim_events(keep=2, before=0.0, limit=3) == 0
+    assert [e.details["name"] for e in read_all(store)] == ["t5", "t6"]

@@ -406,9 +406,9 @@ class Store(abc.ABC):
 
         time.sleep(timeout)
 
-    def trim_events(self, keep: int, before: float) -> int:
-        """Delete events older than ``before`` and all but the newest ``keep``;
-        returns how many went."""
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        """Delete events older than ``before`` and all but the newest ``keep``,
+        oldest first, at most ``limit`` of them; returns how many went."""
         raise NotImplementedError
 
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:

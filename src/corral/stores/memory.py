@@ -676,12 +676,16 @@ class MemoryStore(Store):
             last = self._events[-1][0] if self._events else 0
             self._event_added.wait_for(lambda: (self._events[-1][0] if self._events else 0) != last, max(0.0, timeout))
 
-    def trim_events(self, keep: int, before: float) -> int:
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
         with self._lock:
             n = len(self._events)
             kept = [e for e in self._events[-keep:] if e[1] >= before] if keep > 0 else []
+            gone = n - len(kept)
+            if limit is not None and gone > limit:  # the oldest ``limit`` go
+                gone = max(0, limit)
+                kept = self._events[gone:]
             self._events = kept
-            return n - len(kept)
+            return gone
 
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
         with self._lock:

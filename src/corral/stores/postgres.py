@@ -944,8 +944,10 @@ class PostgresStore(SqlStore):
                         pass
         time.sleep(timeout)  # the server is away: poll meanwhile
 
-    def trim_events(self, keep: int, before: float) -> int:
-        return self._rowcount("trim_events", {"keep": max(0, keep), "before": float(before)})
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        return self._rowcount(
+            "trim_events", {"keep": max(0, keep), "before": float(before), "max": None if limit is None else limit}
+        )
 
     def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):

@@ -1108,9 +1108,10 @@ class SQLiteStore(SqlStore):
                 return
 
     @_guard
-    def trim_events(self, keep: int, before: float) -> int:
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        params = {"keep": max(0, keep), "before": before, "max": -1 if limit is None else max(0, limit)}
         with self._write() as con:
-            return con.execute(Q["trim_events"], {"keep": max(0, keep), "before": before}).rowcount
+            return con.execute(Q["trim_events"], params).rowcount
 
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:

@@ -1128,6 +1128,13 @@ SELECT coalesce(max(id), 0), coalesce(array_agg(id ORDER BY id), '{}'),
 FROM (SELECT id FROM corral_events ORDER BY id DESC LIMIT 5000) r;
 
 -- name: trim_events
-DELETE FROM corral_events
-WHERE at < %(before)s::float8
-   OR id <= (SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s);
+-- The oldest events, by id (ids follow time): those before the first one
+-- stamped at or after "before", and all but the newest "keep"; at most "max"
+-- of them per statement.
+DELETE FROM corral_events WHERE id IN (
+    SELECT id FROM corral_events
+    WHERE id <= greatest(
+        coalesce((SELECT id FROM corral_events WHERE at >= %(before)s::float8 ORDER BY id LIMIT 1) - 1,
+                 (SELECT max(id) FROM corral_events)),
+        coalesce((SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s), 0))
+    ORDER BY id LIMIT %(max)s);

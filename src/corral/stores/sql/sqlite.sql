@@ -750,6 +750,13 @@ SELECT id, at, kind, subject, data FROM events WHERE id > ? ORDER BY id LIMIT ?
 SELECT coalesce(max(id), 0) FROM events
 
 -- name: trim_events
-DELETE FROM events
-WHERE at < :before
-   OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
+-- The oldest events, by id (ids follow time): those before the first one
+-- stamped at or after :before, and all but the newest :keep; at most :max of
+-- them, so one statement never holds the write lock long.
+DELETE FROM events WHERE id IN (
+    SELECT id FROM events
+    WHERE id <= max(
+        coalesce((SELECT id FROM events WHERE at >= :before ORDER BY id LIMIT 1) - 1,
+                 (SELECT max(id) FROM events)),
+        coalesce((SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep), 0))
+    ORDER BY id LIMIT :max)
