@@ -238,8 +238,12 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     con.execute("DROP INDEX tasks_retry_ready")
     for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
         con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
+    con.execute("DROP VIEW events_read")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
+    else:  # the events table as version 5 made it
+        for column in ("task_id", "status", "prior", "attempt"):
+            con.execute(f"ALTER TABLE events DROP COLUMN {column}")
     if version == 3:
         con.executescript(
             "DROP TABLE breakers; DROP TABLE breaker_events;"

@@ -420,6 +420,8 @@ class SQLiteStore(SqlStore):
                 table, column = stmt.split()[2], stmt.split()[5]
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
+            for stmt in _split_script(Q["event_stream"]):
+                con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def close(self) -> None:

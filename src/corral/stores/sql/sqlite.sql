@@ -177,42 +177,59 @@ CREATE TABLE IF NOT EXISTS fleet_control (
 
 -- What changed and why (the event stream: tasks' states and progress, breakers, levels), newest by id; trimmed by the
 -- sweeper leader.
+-- A task's state change stores only what changes (task_id, status, prior,
+-- attempt); its JSON is made when the event is read (events_read below),
+-- from the task's row, so the claim and completion pay for little.
+-- AUTOINCREMENT: an id is never handed out twice, even after a trim took the
+-- newest, so a follower's cursor never skips a new event.
 CREATE TABLE IF NOT EXISTS events (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
     at      REAL NOT NULL,
     kind    TEXT NOT NULL,
     subject TEXT NOT NULL,
-    data    TEXT NOT NULL
+    data    TEXT NOT NULL,
+    task_id INTEGER,
+    status  TEXT,
+    prior   TEXT,
+    attempt INTEGER
 );
 
--- The event stream is written by triggers in the transaction that changed a
--- task, so every path (claim, completion, cancel, sweep, a dependency's end)
--- is covered, a rolled-back write leaves no event, and the ids follow commit
--- order (one writer at a time). corral_now() is the store's clock, which each
--- connection registers. The kinds are those of corral.core.events.
+-- Columns of schema version 4 (flow control); each is added only when missing.
+-- name: columns_v4
+ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE named_limits ADD COLUMN burst INTEGER;
+ALTER TABLE named_limits ADD COLUMN tokens REAL;
+ALTER TABLE named_limits ADD COLUMN counted_at REAL;
+ALTER TABLE named_limits ADD COLUMN paused_until REAL;
+ALTER TABLE events ADD COLUMN task_id INTEGER;
+ALTER TABLE events ADD COLUMN status TEXT;
+ALTER TABLE events ADD COLUMN prior TEXT;
+ALTER TABLE events ADD COLUMN attempt INTEGER;
+
+-- The event stream (schema version 9), after the columns it needs: written by
+-- triggers in the transaction that changed a task, so every path (claim,
+-- completion, cancel, sweep, a dependency's end) is covered, a rolled-back
+-- write leaves no event, and the ids follow commit order (one writer at a
+-- time). corral_now() is the store's clock, which each connection registers.
+-- The kinds are those of corral.core.events.
+-- name: event_stream
 CREATE TRIGGER IF NOT EXISTS tasks_event_insert AFTER INSERT ON tasks
 WHEN NEW.status <> 'SUCCESS'
 BEGIN
-    INSERT INTO events (at, kind, subject, data)
-    VALUES (corral_now(), 'submitted', 'task:' || NEW.id, json_object(
-        'id', NEW.id, 'name', NEW.name, 'queue', NEW.queue, 'status', NEW.status, 'from', NULL,
-        'attempt', NEW.attempt, 'group', NEW.group_key, 'batch', NEW.batch, 'trace_id', NEW.trace_id,
-        'error', substr(NEW.error, 1, 500)));
+    INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
+    VALUES (corral_now(), 'submitted', '', '', NEW.id, NEW.status, NULL, NEW.attempt);
 END;
 
 CREATE TRIGGER IF NOT EXISTS tasks_event_status AFTER UPDATE OF status ON tasks
 WHEN NEW.status IS NOT OLD.status
 BEGIN
-    INSERT INTO events (at, kind, subject, data)
+    INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
     VALUES (corral_now(),
         CASE NEW.status WHEN 'RUNNING' THEN 'started' WHEN 'SUCCESS' THEN 'succeeded'
             WHEN 'FAILED' THEN 'failed' WHEN 'RETRYING' THEN 'retrying' WHEN 'PENDING' THEN 'queued'
             WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'CANCELED' THEN 'canceled' WHEN 'WAITING' THEN 'waiting'
             ELSE lower(NEW.status) END,
-        'task:' || NEW.id, json_object(
-        'id', NEW.id, 'name', NEW.name, 'queue', NEW.queue, 'status', NEW.status, 'from', OLD.status,
-        'attempt', NEW.attempt, 'group', NEW.group_key, 'batch', NEW.batch, 'trace_id', NEW.trace_id,
-        'error', substr(NEW.error, 1, 500)));
+        '', '', NEW.id, NEW.status, OLD.status, NEW.attempt);
 END;
 
 CREATE TRIGGER IF NOT EXISTS tasks_event_progress AFTER UPDATE OF progress, progress_message ON tasks
@@ -231,13 +248,16 @@ BEGIN
         'name', NEW.name, 'from', NEW.before, 'to', NEW.after, 'reason', NEW.reason));
 END;
 
--- Columns of schema version 4 (flow control); each is added only when missing.
--- name: columns_v4
-ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
-ALTER TABLE named_limits ADD COLUMN burst INTEGER;
-ALTER TABLE named_limits ADD COLUMN tokens REAL;
-ALTER TABLE named_limits ADD COLUMN counted_at REAL;
-ALTER TABLE named_limits ADD COLUMN paused_until REAL;
+-- Events as readers see them: a task event's JSON from its row and the task's.
+CREATE VIEW IF NOT EXISTS events_read AS
+SELECT e.id, e.at, e.kind,
+       CASE WHEN e.task_id IS NULL THEN e.subject ELSE 'task:' || e.task_id END AS subject,
+       CASE WHEN e.task_id IS NULL THEN e.data ELSE json_object(
+           'id', e.task_id, 'name', t.name, 'queue', t.queue, 'status', e.status, 'from', e.prior,
+           'attempt', e.attempt, 'group', t.group_key, 'batch', t.batch, 'trace_id', t.trace_id,
+           'error', CASE WHEN e.status IN ('FAILED', 'RETRYING', 'TIMEOUT', 'CANCELED')
+                         THEN substr(t.error, 1, 500) END) END AS data
+FROM events e LEFT JOIN tasks t ON t.id = e.task_id;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -739,12 +759,12 @@ WHERE NOT (:auto AND fleet_control.manual)
 INSERT INTO events (at, kind, subject, data) VALUES (?, ?, ?, ?)
 
 -- name: events
-SELECT id, at, kind, subject, data FROM events
+SELECT id, at, kind, subject, data FROM events_read
 WHERE (:kind IS NULL OR kind = :kind)
 ORDER BY id DESC LIMIT :limit
 
 -- name: read_events
-SELECT id, at, kind, subject, data FROM events WHERE id > ? ORDER BY id LIMIT ?
+SELECT id, at, kind, subject, data FROM events_read WHERE id > ? ORDER BY id LIMIT ?
 
 -- name: last_event_id
 SELECT coalesce(max(id), 0) FROM events
