@@ -40,6 +40,7 @@ SQLITE_ONLY = {
     "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
     "last_event_id": "the stream's newest id, ids in commit order (PostgreSQL: `stream_now` with missing ids)",
+    "event_stream": "the event triggers after the columns they need (PostgreSQL: `migration_0010`)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.

@@ -103,9 +103,9 @@ PLAIN_HINT_TTL = 0.2
 CHANNEL = "corral_work"
 #: Where statements that add events notify followers of the stream.
 EVENTS_CHANNEL = "corral_events"
-#: A follower reads again after this long even without a notification: an
-#: event becomes readable only once every older transaction has ended.
-EVENTS_POLL = 0.25
+#: A follower reads again after this long without a notification: claims and
+#: completions notify no one (see migration_0010).
+EVENTS_POLL = 0.1
 #: Missing ids a reader keeps asking for (rolled-back event writes leave
 #: some for good, until the transactions of their time have ended).
 MAX_EVENT_GAPS = 10_000
@@ -921,8 +921,9 @@ class PostgresStore(SqlStore):
         return out, (new_hi, tuple(sorted(pending.items())))
 
     def wait_for_events(self, timeout: float) -> None:
-        """Wait on a connection listening to ``corral_events`` (one per store
-        instance, opened at the first wait), at most ``EVENTS_POLL`` seconds."""
+        """Wait on a connection listening to ``corral_events`` and
+        ``corral_work`` (one per store instance, opened at the first wait), at
+        most ``EVENTS_POLL`` seconds."""
         timeout = min(max(0.0, timeout), EVENTS_POLL)
         with self._events_lock:
             try:
@@ -931,6 +932,7 @@ class PostgresStore(SqlStore):
                         self._dsn, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
                     )
                     self._events_conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    self._events_conn.execute(f"LISTEN {CHANNEL}")  # submits wake followers too
                     return  # events may have come before we listened: look now
                 for _ in self._events_conn.notifies(timeout=timeout, stop_after=1):
                     pass
