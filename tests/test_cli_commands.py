@@ -16,6 +16,7 @@ from corral.cli import cli, main
 from corral.engine.runner import StopSignals
 
 COMMANDS = [
+    "batch",
     "bench",
     "breaker",
     "cancel",

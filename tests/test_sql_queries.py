@@ -70,6 +70,9 @@ POSTGRES_ONLY = {
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0010": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0013": "numbered migrations (SQLite: one idempotent `schema`)",
+    "batch_lock_unsettled": "a batch's settle row locked (SQLite: one writer at a time)",
+    "whereami": "which database a caller's connection is on (SQLite compares the file)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

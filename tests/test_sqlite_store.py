@@ -202,7 +202,8 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 9
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 13
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
@@ -210,7 +211,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
     assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
-    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead"} <= names
+    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead", "batches"} <= names
     assert s.get(task_id).snoozes == 0
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
     s.set_breaker("t", BreakerConfig())
@@ -225,17 +226,19 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events("level")) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
-    it (rates and breakers, no levels) or as version 5 left it (no retry
-    path index) is brought up to version 6."""
+    it (rates and breakers, no levels), as version 5 left it (no retry path
+    index) or as version 6 left it (no batch settings) is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
-    con.execute("DROP INDEX tasks_retry_ready")
+    con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
+    if version < 6:
+        con.execute("DROP INDEX tasks_retry_ready")
     for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
         con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
     con.execute("DROP VIEW events_read")

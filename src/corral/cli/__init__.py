@@ -12,6 +12,7 @@ shares, the error handling and :func:`main`. The commands live by area:
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
+- :mod:`corral.cli.batches`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
 - ``bench``: the :mod:`corral.bench` package, added when it can be imported.
@@ -233,7 +234,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import demo, events, flow, plan, tasks, worker
+    from corral.cli import batches, demo, events, flow, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -251,6 +252,7 @@ def _add_commands() -> None:
         demo.dashboard,
         demo.demo,
         plan.plan,
+        batches.batch,
     ):
         cli.add_command(command)
     _add_bench()

@@ -70,6 +70,7 @@ from corral.core.model import (
     TaskFilter,
     TaskRecord,
 )
+from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
 from corral.errors import QueueFull
 
@@ -169,6 +170,19 @@ class BatchSummary:
     first_created_at: float | None
     last_finished_at: float | None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready values (what a batch's callback is given)."""
+        return {
+            "batch": self.batch,
+            "status": self.status,
+            "total": self.total,
+            "counts": dict(self.counts),
+            "avg_duration": self.avg_duration,
+            "p99_duration": self.p99_duration,
+            "first_created_at": self.first_created_at,
+            "last_finished_at": self.last_finished_at,
+        }
+
 
 def batch_status(counts: dict[str, int]) -> str:
     """A batch's aggregate status from its per-state counts."""
@@ -237,6 +251,19 @@ class Store(abc.ABC):
         several submitters together never overshoot the bound: else
         :class:`~corral.errors.QueueFull` and nothing is stored.
         """
+
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Insert tasks as :meth:`submit` does, inside the caller's own open
+        transaction on ``connection``, never committing it: the tasks exist if
+        and only if the caller commits (transactional enqueue)."""
+        from corral.errors import ConfigError
+
+        raise ConfigError(
+            f"connection= is not supported by the {self.url or 'memory://'} store: it keeps no transactions "
+            "to share; use a SQLite or PostgreSQL store"
+        )
 
     # ---- workers ----------------------------------------------------------
     @abc.abstractmethod
@@ -341,6 +368,31 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...
+
+    # ---- batch settings ---------------------------------------------------
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        """Create or change a batch's callback (a
+        :meth:`corral.core.batches.Callback.to_json` template, or None for
+        none). A batch already settled keeps its mark: its callback ran."""
+        raise NotImplementedError
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        """Submit the ``on_complete`` task of each batch (of ``batches``, or
+        up to ``limit`` of all) that has one, is not settled yet, and has
+        reached a final status; returns the ids submitted.
+
+        The mark and the callback task are one transaction, guarded so that
+        workers racing here submit it exactly once; the task gets the batch's
+        summary (:meth:`BatchSummary.as_dict`) as its one argument."""
+        raise NotImplementedError
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        """The newest ``limit`` tasks (of task ``name``, or of ``batch``) that
+        ended SUCCESS, FAILED or TIMEOUT, newest first: what the capacity
+        planner measures. Bounded, so asking costs the same on a long history."""
+        raise NotImplementedError
 
     # ---- dead letters -----------------------------------------------------
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:

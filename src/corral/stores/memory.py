@@ -20,6 +20,8 @@ from typing import Any
 
 from corral.core import breaker as brk
 from corral.core import events as ev
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
@@ -34,6 +36,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
 from corral.core.validation import retry_cap
@@ -92,6 +95,8 @@ class MemoryStore(Store):
         self._event_ids = itertools.count(1)
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
+        #: batch -> [on_complete template or None, settled]
+        self._batches: dict[str, list] = {}
 
     def now(self) -> float:
         return self._clock.time()
@@ -705,9 +710,47 @@ class MemoryStore(Store):
                     out.append(name)
             return sorted(out)
 
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        with self._lock:
+            entry = self._batches.setdefault(batch, [None, False])
+            entry[0] = on_complete
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        due = []
+        with self._lock:
+            names = self._batches if batches is None else [b for b in batches if b in self._batches]
+            for name in names:
+                entry = self._batches[name]
+                if entry[0] is None or entry[1]:
+                    continue
+                summary = self._batch_summary([t for t in self._tasks.values() if t.batch == name], name)
+                if summary.status in FINAL_BATCH:
+                    entry[1] = True  # marked under the lock: one caller submits it
+                    due.append(callback_task(name, entry[0], summary.as_dict()))
+                    if len(due) >= limit:
+                        break
+        return [r.id for r in self.submit(due)] if due else []
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        ended = (State.SUCCESS, State.FAILED, State.TIMEOUT)
+        out: list[HistoryRow] = []
+        with self._lock:
+            for t in itertools.islice(reversed(self._tasks.values()), max(0, limit) * HISTORY_SCAN):
+                if len(out) >= limit:
+                    break
+                if t.status in ended and (name is None or t.name == name) and (batch is None or t.batch == batch):
+                    out.append(HistoryRow(t.status.value, t.started_at, t.finished_at, t.attempt))
+        return out
+
     def batch_summary(self, batch: str) -> BatchSummary:
         with self._lock:
             rows = [t for t in self._tasks.values() if t.batch == batch]
+        return self._batch_summary(rows, batch)
+
+    @staticmethod
+    def _batch_summary(rows: list[TaskRecord], batch: str) -> BatchSummary:
         counts: dict[str, int] = {}
         for t in rows:
             counts[t.status.value] = counts.get(t.status.value, 0) + 1

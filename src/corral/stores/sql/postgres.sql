@@ -373,6 +373,24 @@ CREATE TRIGGER corral_breaker_events_stream AFTER INSERT ON corral_breaker_event
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION corral_breaker_events_stream();
 
+-- name: migration_0013
+-- Batch settings: a batch's on_complete callback (a task template, JSON) and
+-- when it was settled, i.e. its callback submitted; a settled batch never gets
+-- a second one. Its concurrency is the named limit 'batch:<name>'. The index
+-- holds a batch's unfinished tasks: whether it ended is one probe.
+CREATE TABLE IF NOT EXISTS corral_batches (
+    name        text PRIMARY KEY,
+    on_complete text,
+    settled_at  float8,
+    callback_id bigint
+);
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_active ON corral_tasks (batch)
+    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
+-- Which server and database a connection is on, and whether it sees corral's
+-- tables: a caller's connection given to a transactional submit must match.
+-- name: whereami
+SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -921,6 +939,49 @@ SELECT pg_notify('corral_work', %(queue)s || ':g');
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
+
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest tasks of every name: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE name = %(name)s AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM corral_tasks) - %(scan)s
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE batch = %(batch)s AND (%(name)s::text IS NULL OR name = %(name)s) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- ---- batch settings ------------------------------------------------------------
+
+-- name: set_batch
+INSERT INTO corral_batches (name, on_complete) VALUES (%(name)s, %(on_complete)s)
+ON CONFLICT (name) DO UPDATE SET on_complete = excluded.on_complete;
+
+-- A read first, so a completion outside any batch with a callback locks nothing.
+-- name: batches_unsettled
+SELECT name FROM corral_batches
+WHERE on_complete IS NOT NULL AND settled_at IS NULL
+  AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+ORDER BY name LIMIT %(limit)s;
+
+-- Waits for (never skips) a settle in flight: it may have looked before this
+-- caller's completion committed, so this caller must look again after it.
+-- name: batch_lock_unsettled
+SELECT on_complete FROM corral_batches
+WHERE name = %(name)s AND on_complete IS NOT NULL AND settled_at IS NULL
+FOR UPDATE;
+
+-- name: batch_active
+SELECT 1 FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+LIMIT 1;
+
+-- name: batch_settle
+UPDATE corral_batches SET settled_at = extract(epoch FROM now())::float8, callback_id = %(id)s
+WHERE name = %(name)s AND settled_at IS NULL;
 
 -- name: batch_durations
 SELECT finished_at - started_at AS d FROM corral_tasks

@@ -194,6 +194,22 @@ CREATE TABLE IF NOT EXISTS events (
     attempt INTEGER
 );
 
+-- Batch settings (schema 13): a batch's on_complete callback (a task template,
+-- JSON) and when it was settled, i.e. its callback submitted; a settled batch
+-- never gets a second one. Its concurrency is the named limit 'batch:<name>'.
+CREATE TABLE IF NOT EXISTS batches (
+    name        TEXT PRIMARY KEY,
+    on_complete TEXT,
+    settled_at  REAL,
+    callback_id INTEGER
+) WITHOUT ROWID;
+
+-- Unfinished tasks of a batch: whether a batch has ended is one index probe,
+-- whatever its size.
+CREATE INDEX IF NOT EXISTS tasks_batch_active
+    ON tasks (batch)
+    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -657,6 +673,42 @@ RETURNING group_key
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM tasks WHERE batch = :batch GROUP BY status
+
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest :scan tasks: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM tasks
+WHERE name = :name AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM tasks) - :scan
+ORDER BY id DESC LIMIT :limit
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM tasks INDEXED BY tasks_batch
+WHERE batch = :batch AND (:name IS NULL OR name = :name) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT :limit
+
+-- ---- batch settings ------------------------------------------------------------
+
+-- name: set_batch
+INSERT INTO batches (name, on_complete) VALUES (?, ?)
+ON CONFLICT (name) DO UPDATE SET on_complete = excluded.on_complete
+
+-- Batches with a callback not yet submitted (of a JSON array of names, or all).
+-- name: batches_unsettled
+SELECT name, on_complete FROM batches
+WHERE on_complete IS NOT NULL AND settled_at IS NULL
+  AND (?1 IS NULL OR name IN (SELECT value FROM json_each(?1)))
+ORDER BY name LIMIT ?2
+
+-- name: batch_active
+SELECT 1 FROM tasks
+WHERE batch = ? AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+LIMIT 1
+
+-- name: batch_settle
+UPDATE batches SET settled_at = ?, callback_id = ?
+WHERE name = ? AND settled_at IS NULL
 
 -- name: batch_durations
 SELECT finished_at - started_at FROM tasks
