@@ -25,6 +25,7 @@ COMMANDS = [
     "demo",
     "events",
     "level",
+    "periodic",
     "plan",
     "retry",
     "show",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from corral.core import validation as check
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
+from corral.core.cron import Schedule, check_expression
 from corral.core.levels import Level
 from corral.core.model import (
     BreakerEvent,
@@ -60,6 +61,25 @@ def _duration(value: float | str, option: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{option} must be seconds or a duration like '60s', '5m', '1h', not {value!r}")
     return float(value)
+
+
+def _needs_no_arguments(fn: Callable) -> None:
+    """A periodic task is called with no arguments (``ctx`` aside): refuse one that needs some."""
+    if not callable(fn):
+        raise ConfigError(f"a task must be a function, not {check.shown(fn)}")
+    params = list(inspect.signature(fn).parameters.values())
+    if params and params[0].name == "ctx":
+        params = params[1:]
+    needed = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if needed:
+        raise ConfigError(
+            f"a periodic task is called with no arguments, but {getattr(fn, '__name__', 'it')}() needs "
+            f"{', '.join(needed)}: give them defaults"
+        )
 
 
 if TYPE_CHECKING:
@@ -217,6 +237,8 @@ class App:
         self._known_limits: set[str] = set()
         #: batches found without a limit, and until when (monotonic) that is trusted
         self._no_batch_limit: dict[str, float] = {}
+        #: periodic schedules by name (``@app.periodic``, ``@app.task(cron=...)``); workers enqueue their ticks
+        self.schedules: dict[str, Schedule] = {}
 
     # ---- declaring -------------------------------------------------------------
     def task(
@@ -236,6 +258,7 @@ class App:
         halt_group_on_failure: bool = False,
         overlap_on_timeout: bool = False,
         critical: bool = False,
+        cron: str | None = None,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -250,8 +273,12 @@ class App:
         timeout at once and frees the lane, letting a retry or the group's
         next task run beside the abandoned thread. ``critical=True`` keeps the
         task running at the DEGRADED level, when the fleet runs only critical
-        work.
+        work. ``cron="*/5 * * * *"`` also runs it periodically, as
+        :meth:`periodic` with its defaults does.
         """
+        if cron is not None:
+            check.text(cron, "cron")
+            schedule_expr = check_expression(cron)  # a bad expression registers nothing
 
         def register(f: Callable) -> TaskDef:
             if not callable(f):
@@ -291,10 +318,108 @@ class App:
                 overlap_on_timeout=overlap_on_timeout,
                 critical=critical,
             )
+            if cron is not None:
+                _needs_no_arguments(f)
+                schedule = self._schedule_of(tdef, schedule_expr, name=task_name)
             self.registry[task_name] = tdef
+            if cron is not None:
+                self.schedules[schedule.name] = schedule
             return tdef
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        group: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool = True,
+        catch_up: str = "latest",
+        max_delay: float | str | None = None,
+        **task_options: Any,
+    ) -> Callable[[Callable | TaskDef], TaskDef]:
+        """Run a function on a cron schedule: one run per tick across every worker.
+
+        ``cron`` is five fields (minute hour day month weekday, e.g.
+        ``"*/5 * * * *"``) or an alias (``"@hourly"``), read in ``timezone``.
+        The function is registered as a task (``task_options`` are those of
+        :meth:`task`) and called with no arguments (``ctx`` if it takes one).
+        Decorating a registered task adds another schedule for it (give it a
+        ``name``). Each tick's task goes to ``queue`` and ``group``.
+
+        ``overlap=False`` skips a tick while the run of the previous one is
+        still queued or running (the skip is recorded). After downtime,
+        ``catch_up`` says what runs: ``"latest"`` (default) the newest missed
+        tick, ``"all"`` every missed tick, ``"none"`` nothing missed; in every
+        mode a tick older than ``max_delay`` (seconds or ``"1h"``; default no
+        bound) is dropped. Workers (``corral worker``, ``app.start``) enqueue the
+        ticks; an invalid expression, or one that never fires, raises
+        ConfigError here."""
+        expr = check_expression(cron, timezone)
+        try:
+            delay = None if max_delay is None else _duration(max_delay, "max_delay")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if delay is not None and delay <= 0:
+            raise ConfigError(f"max_delay must be more than 0 seconds, not {max_delay!r}")
+        # every option checked before anything is registered
+        Schedule("check", "check", expr, timezone=timezone, overlap=overlap, catch_up=catch_up, max_delay=delay)
+        if group is not None:
+            check.text(group, "group")
+
+        def register(f: Callable | TaskDef) -> TaskDef:
+            if isinstance(f, TaskDef):
+                if task_options:
+                    raise ConfigError("task options go on the task's own @app.task, not on a second schedule")
+                tdef = f
+                sched_name = name if name is not None else f.name
+            else:
+                if queue is not None:
+                    task_options["queue"] = queue
+                _needs_no_arguments(f)
+                sched_name = check.text(name if name is not None else getattr(f, "__name__", None), "task name")
+                if sched_name in self.schedules:
+                    raise ConfigError(f"a schedule named {sched_name!r} is already registered")
+                tdef = self.task(f, name=name, **task_options)
+            schedule = self._schedule_of(
+                tdef,
+                expr,
+                name=sched_name,
+                queue=queue,
+                group=group,
+                timezone=timezone,
+                overlap=overlap,
+                catch_up=catch_up,
+                max_delay=delay,
+            )
+            self.schedules[schedule.name] = schedule
+            return tdef
+
+        return register
+
+    def _schedule_of(
+        self, tdef: TaskDef, expr: str, *, name: str, queue: str | None = None, group: str | None = None, **opts: Any
+    ) -> Schedule:
+        """A schedule running ``tdef``, checked before anything is registered."""
+        sched_name = check.text(name, "schedule name")
+        if sched_name in self.schedules:
+            raise ConfigError(f"a schedule named {sched_name!r} is already registered")
+        return Schedule(
+            name=sched_name,
+            task=tdef.name,
+            expr=expr,
+            queue=check.text(queue, "queue") if queue is not None else tdef.queue,
+            group=None if group is None else check.text(group, "group"),
+            priority=tdef.priority,
+            max_retries=tdef.retries,
+            timeout=tdef.timeout,
+            limits=tdef.limits,
+            halt_group_on_failure=tdef.halt_group_on_failure,
+            **opts,
+        )
 
     def limit(
         self, name: str, *, concurrency: int | None = None, rate: str | None = None, burst: int | None = None
@@ -720,6 +845,7 @@ class App:
         from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
+        options.setdefault("schedules", tuple(self.schedules.values()))
         levels = LevelHooks(
             self.store,
             concurrency,

@@ -234,7 +234,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batches, demo, events, flow, plan, tasks, worker
+    from corral.cli import batches, demo, events, flow, periodic, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -249,6 +249,7 @@ def _add_commands() -> None:
         flow.level,
         flow.dead,
         events.events,
+        periodic.periodic,
         demo.dashboard,
         demo.demo,
         plan.plan,

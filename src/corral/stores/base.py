@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
+from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -153,6 +154,49 @@ class Event:
         except ValueError:
             return {}
         return value if isinstance(value, dict) else {}
+
+
+#: States of a periodic task's last run that make ``overlap=False`` skip a tick.
+STILL_GOING = frozenset(s.value for s in ACTIVE)
+#: How long a schedule's tick rows are kept behind its newest tick: far longer
+#: than any tick can still be tried, so the unique row always sees a retry.
+TICKS_KEPT_SECONDS = 30 * 86400
+
+
+def schedule_params(s: Schedule, now: float) -> dict[str, Any]:
+    """A schedule's stored columns, as named parameters of ``save_schedule``."""
+    return {
+        "name": s.name,
+        "task": s.task,
+        "expr": s.expr,
+        "timezone": s.timezone,
+        "queue": s.queue,
+        "group_key": s.group,
+        "overlap": bool(s.overlap),
+        "catch_up": s.catch_up,
+        "max_delay": s.max_delay,
+        "now": now,
+    }
+
+
+def schedule_state(row: Sequence[Any]) -> ScheduleState:
+    """A row of the ``schedules`` query (same columns on every SQL dialect)."""
+    return ScheduleState(
+        name=row[0],
+        task=row[1],
+        expr=row[2],
+        timezone=row[3],
+        queue=row[4],
+        group=row[5],
+        overlap=bool(row[6]),
+        catch_up=row[7],
+        max_delay=row[8],
+        created_at=row[9],
+        last_tick=row[10],
+        last_outcome=row[11],
+        last_task_id=row[12],
+        last_task_status=row[13],
+    )
 
 
 #: Final states that make a dead letter (CANCELED is an operator's choice, not a failure).
@@ -469,6 +513,36 @@ class Store(abc.ABC):
 
         Reads at most the ``scan`` newest failures (the dead-letter index),
         so its cost is bounded however busy the fleet."""
+        raise NotImplementedError
+
+    # ---- periodic schedules ---------------------------------------------
+    # What ticks are due is decided in corral.core.cron; a store keeps the
+    # definitions and makes each tick enqueue at most once, fleet-wide.
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        """Store (or update) schedule definitions, keeping when each was first
+        stored and what its last tick did: every worker does it when it starts.
+
+        ``now`` (the worker's clock, which the ticks are read on) stamps a new
+        schedule; no tick at or before it is ever due. None: the store's clock."""
+        raise NotImplementedError
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every stored schedule with its last tick and its last run's state, by name."""
+        raise NotImplementedError
+
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        """Enqueue ``schedule``'s task for ``tick`` unless that tick was handled.
+
+        One transaction: a unique (schedule, tick) row is inserted if absent
+        (else TAKEN: another caller won, nothing written); then, with
+        ``overlap=False`` and the schedule's last enqueued task still WAITING,
+        PENDING, RETRYING or RUNNING, the tick is recorded SKIPPED; else the
+        task is inserted (ENQUEUED, its id). The schedule's last tick, outcome
+        and task move with it. The schedule must have been saved."""
+        raise NotImplementedError
+
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        """The newest ``limit`` tick rows of a schedule, newest first."""
         raise NotImplementedError
 
     # ---- limits -----------------------------------------------------------

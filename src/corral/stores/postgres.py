@@ -48,6 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 from corral.core import breaker as brk
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -70,7 +71,18 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    STILL_GOING,
+    TICKS_KEPT_SECONDS,
+    Event,
+    FleetLevel,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+    schedule_params,
+    schedule_state,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
 
@@ -122,6 +134,7 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
+#: 8: periodic schedules and their ticks;
 #: 10: the event stream (task and breaker events by trigger);
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
 SCHEMA_VERSION = 13
@@ -1093,6 +1106,47 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["settle_dependents"], {"ids": ids})
 
         self._run(go, retry=False)
+
+    # ---- periodic schedules -------------------------------------------------
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        def go(conn):
+            with conn.transaction():
+                stamp = conn.execute(self._q["now"]).fetchone()[0] if now is None else now
+                with conn.cursor() as cur:
+                    cur.executemany(self._q["save_schedule"], [schedule_params(s, stamp) for s in schedules])
+
+        self._run(go)
+
+    def schedules(self) -> list[ScheduleState]:
+        return [schedule_state(r) for r in self._fetchall("schedules")]
+
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        name = schedule.name
+
+        def go(conn):
+            with conn.transaction():
+                last = conn.execute(self._q["schedule_lock"], {"name": name}).fetchone()
+                if last is None:
+                    raise ConfigError(f"schedule {name!r} was never saved in this store")
+                params = {"name": name, "tick": tick}
+                outcome = ENQUEUED
+                if not schedule.overlap and last[1] in STILL_GOING:
+                    outcome = SKIPPED
+                if conn.execute(self._q["tick_claim"], dict(params, outcome=outcome)).fetchone() is None:
+                    return TickResult(TAKEN)
+                task_id = None
+                if outcome == ENQUEUED:
+                    rows = _submit_rows([schedule.new_task(tick)], [State.PENDING.value], [None])
+                    task_id = conn.execute(self._q["submit"], {"rows": rows}).fetchone()[0]
+                    conn.execute(self._q["tick_set_task"], dict(params, task_id=task_id))
+                conn.execute(self._q["schedule_ticked"], dict(params, outcome=outcome, task_id=task_id))
+                conn.execute(self._q["trim_ticks"], {"name": name, "before": tick - TICKS_KEPT_SECONDS})
+                return TickResult(outcome, task_id)
+
+        return self._run(go)
+
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        return [TickRecord(*r) for r in self._fetchall("schedule_ticks", {"name": schedule, "limit": max(0, limit)})]
 
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})

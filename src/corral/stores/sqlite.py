@@ -83,6 +83,7 @@ from corral.core import breaker as brk
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -99,7 +100,18 @@ from corral.core.model import (
 from corral.core.states import FINAL, State, check_transition
 from corral.core.validation import retry_cap
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    STILL_GOING,
+    TICKS_KEPT_SECONDS,
+    Event,
+    FleetLevel,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+    schedule_params,
+    schedule_state,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
@@ -107,6 +119,7 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
 #: 5: the dead-letter index, the fleet_control row and the events log;
+#: 7: periodic schedules and their ticks;
 #: 9: the event stream's triggers (task states and progress, breakers);
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
 #: The schema script is idempotent: an older file reruns it whole, and
@@ -120,6 +133,13 @@ EVENTS_POLL = 0.02
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
+#: A WAL file past this size is reset (a ``TRUNCATE`` checkpoint): under
+#: steady reads and writes from several processes a ``PASSIVE`` checkpoint
+#: copies pages back but the WAL never restarts from its beginning, and it
+#: grows without bound (over 100 MB in a two-minute run of the demo).
+WAL_RESET_BYTES = 32 * 1024 * 1024
+#: How long (ms) that reset may wait for readers; it holds writers off meanwhile.
+WAL_RESET_WAIT_MS = 50
 
 Q = load("sqlite")
 
@@ -408,9 +428,28 @@ class SQLiteStore(SqlStore):
                 continue
             self._wrote = False
             try:
-                self._con().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                con = self._con()
+                con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                if self._wal_bytes() > WAL_RESET_BYTES:
+                    self._reset_wal(con)
             except sqlite3.Error:  # busy or closing: the next round tries again
                 self._wrote = True
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
+
+    def _reset_wal(self, con: sqlite3.Connection) -> None:
+        """Checkpoint everything and truncate the WAL, waiting a moment for
+        the readers of older snapshots; if they outlast the wait, a later
+        round tries again."""
+        con.execute(f"PRAGMA busy_timeout = {WAL_RESET_WAIT_MS}")
+        try:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -1279,6 +1318,47 @@ class SQLiteStore(SqlStore):
                         ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
         return applied
+
+    # ---- periodic schedules -------------------------------------------------
+    @_guard
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        with self._write() as con:
+            now = self._clock.time() if now is None else now
+            con.executemany(Q["save_schedule"], [schedule_params(s, now) for s in schedules])
+
+    @_guard
+    def schedules(self) -> list[ScheduleState]:
+        return [schedule_state(r) for r in self._con().execute(Q["schedules"]).fetchall()]
+
+    @_guard
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        if schedule.group is not None or schedule.limits:
+            self._plain_until = 0.0  # claims here must see this work at once
+        with self._write() as con:
+            now = self._clock.time()
+            last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
+            if last is None:
+                raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
+            if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
+                return TickResult(TAKEN)
+            if not schedule.overlap and last[1] in STILL_GOING:
+                con.execute(Q["tick_skipped"], (schedule.name, tick))
+                self._ticked(con, schedule.name, tick, SKIPPED, None)
+                return TickResult(SKIPPED)
+            (result,) = self._submit_on(con, [schedule.new_task(tick)])
+            con.execute(Q["tick_set_task"], (result.id, schedule.name, tick))
+            self._ticked(con, schedule.name, tick, ENQUEUED, result.id)
+            return TickResult(ENQUEUED, result.id)
+
+    @staticmethod
+    def _ticked(con: sqlite3.Connection, name: str, tick: int, outcome: str, task_id: int | None) -> None:
+        con.execute(Q["schedule_ticked"], {"name": name, "tick": tick, "outcome": outcome, "task_id": task_id})
+        con.execute(Q["trim_ticks"], (name, tick - TICKS_KEPT_SECONDS))
+
+    @_guard
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        rows = self._con().execute(Q["schedule_ticks"], (schedule, max(0, limit))).fetchall()
+        return [TickRecord(*r) for r in rows]
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:

@@ -391,6 +391,35 @@ CREATE INDEX IF NOT EXISTS corral_tasks_batch_active ON corral_tasks (batch)
 -- tables: a caller's connection given to a transactional submit must match.
 -- name: whereami
 SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
+-- name: migration_0008
+-- Periodic schedules: the definitions workers store when they start (so
+-- `corral periodic` lists them without the app) and what their last tick did;
+-- one row per tick, written in the transaction that enqueues the tick's task,
+-- whose primary key lets exactly one worker of the fleet win each tick.
+CREATE TABLE IF NOT EXISTS corral_schedules (
+    name         text PRIMARY KEY,
+    task         text NOT NULL,
+    expr         text NOT NULL,
+    timezone     text NOT NULL,
+    queue        text NOT NULL,
+    group_key    text,
+    overlap      boolean NOT NULL,
+    catch_up     text NOT NULL,
+    max_delay    double precision,
+    created_at   double precision NOT NULL,
+    updated_at   double precision NOT NULL,
+    last_tick    bigint,
+    last_outcome text,
+    last_task_id bigint
+);
+CREATE TABLE IF NOT EXISTS corral_schedule_ticks (
+    schedule text NOT NULL,
+    tick     bigint NOT NULL,
+    outcome  text NOT NULL,
+    task_id  bigint,
+    at       double precision NOT NULL,
+    PRIMARY KEY (schedule, tick)
+);
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -1200,3 +1229,53 @@ DELETE FROM corral_events WHERE id IN (
                  (SELECT max(id) FROM corral_events)),
         coalesce((SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s), 0))
     ORDER BY id LIMIT %(max)s);
+
+
+-- ---- periodic schedules ------------------------------------------------------------
+
+-- name: save_schedule
+INSERT INTO corral_schedules (name, task, expr, timezone, queue, group_key, overlap, catch_up, max_delay,
+                              created_at, updated_at)
+VALUES (%(name)s, %(task)s, %(expr)s, %(timezone)s, %(queue)s, %(group_key)s, %(overlap)s, %(catch_up)s,
+        %(max_delay)s, %(now)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET
+    task = excluded.task, expr = excluded.expr, timezone = excluded.timezone, queue = excluded.queue,
+    group_key = excluded.group_key, overlap = excluded.overlap, catch_up = excluded.catch_up,
+    max_delay = excluded.max_delay, updated_at = excluded.updated_at;
+
+-- name: schedules
+SELECT s.name, s.task, s.expr, s.timezone, s.queue, s.group_key, s.overlap, s.catch_up, s.max_delay,
+       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status
+FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
+ORDER BY s.name;
+
+-- Lock the schedule's row: its ticks are decided one at a time, so overlap=False
+-- sees the task the previous tick enqueued. NULL status: no task, or gone.
+-- name: schedule_lock
+SELECT s.last_task_id, t.status
+FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
+WHERE s.name = %(name)s
+FOR UPDATE OF s;
+
+-- name: tick_claim
+INSERT INTO corral_schedule_ticks (schedule, tick, outcome, task_id, at)
+VALUES (%(name)s, %(tick)s, %(outcome)s, NULL, extract(epoch FROM now())::float8)
+ON CONFLICT (schedule, tick) DO NOTHING
+RETURNING tick;
+
+-- name: tick_set_task
+UPDATE corral_schedule_ticks SET task_id = %(task_id)s WHERE schedule = %(name)s AND tick = %(tick)s;
+
+-- name: schedule_ticked
+UPDATE corral_schedules SET
+    last_tick = %(tick)s, last_outcome = %(outcome)s,
+    last_task_id = coalesce(%(task_id)s, last_task_id)
+WHERE name = %(name)s AND (last_tick IS NULL OR last_tick <= %(tick)s);
+
+-- Ticks far older than the one just written can never be tried again.
+-- name: trim_ticks
+DELETE FROM corral_schedule_ticks WHERE schedule = %(name)s AND tick < %(before)s;
+
+-- name: schedule_ticks
+SELECT schedule, tick, outcome, task_id, at FROM corral_schedule_ticks
+WHERE schedule = %(name)s ORDER BY tick DESC LIMIT %(limit)s;

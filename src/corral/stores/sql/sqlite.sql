@@ -210,6 +210,38 @@ CREATE INDEX IF NOT EXISTS tasks_batch_active
     ON tasks (batch)
     WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- Periodic schedules (schema 7): the definitions a worker stores when it
+-- starts (so `corral periodic` lists them without the app) and what their last
+-- tick did. last_task_id is the last task a tick enqueued (overlap=False
+-- checks it); last_outcome says whether the last tick enqueued or skipped.
+CREATE TABLE IF NOT EXISTS schedules (
+    name         TEXT PRIMARY KEY,
+    task         TEXT NOT NULL,
+    expr         TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    group_key    TEXT,
+    overlap      INTEGER NOT NULL,
+    catch_up     TEXT NOT NULL,
+    max_delay    REAL,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    last_tick    INTEGER,
+    last_outcome TEXT,
+    last_task_id INTEGER
+);
+
+-- One row per tick of a schedule, written in the transaction that enqueues the
+-- tick's task: every worker may try, the primary key lets one win.
+CREATE TABLE IF NOT EXISTS schedule_ticks (
+    schedule TEXT NOT NULL,
+    tick     INTEGER NOT NULL,
+    outcome  TEXT NOT NULL,
+    task_id  INTEGER,
+    at       REAL NOT NULL,
+    PRIMARY KEY (schedule, tick)
+) WITHOUT ROWID;
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -832,3 +864,52 @@ DELETE FROM events WHERE id IN (
                  (SELECT max(id) FROM events)),
         coalesce((SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep), 0))
     ORDER BY id LIMIT :max)
+
+
+-- ---- periodic schedules ------------------------------------------------------------
+
+-- name: save_schedule
+INSERT INTO schedules (name, task, expr, timezone, queue, group_key, overlap, catch_up, max_delay,
+                       created_at, updated_at)
+VALUES (:name, :task, :expr, :timezone, :queue, :group_key, :overlap, :catch_up, :max_delay, :now, :now)
+ON CONFLICT (name) DO UPDATE SET
+    task = excluded.task, expr = excluded.expr, timezone = excluded.timezone, queue = excluded.queue,
+    group_key = excluded.group_key, overlap = excluded.overlap, catch_up = excluded.catch_up,
+    max_delay = excluded.max_delay, updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT s.name, s.task, s.expr, s.timezone, s.queue, s.group_key, s.overlap, s.catch_up, s.max_delay,
+       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status
+FROM schedules s LEFT JOIN tasks t ON t.id = s.last_task_id
+ORDER BY s.name
+
+-- The status of the task the schedule's last enqueued tick made (NULL: none, or gone).
+-- name: schedule_last_run
+SELECT s.last_task_id, t.status
+FROM schedules s LEFT JOIN tasks t ON t.id = s.last_task_id
+WHERE s.name = ?
+
+-- name: tick_claim
+INSERT INTO schedule_ticks (schedule, tick, outcome, task_id, at) VALUES (?, ?, ?, NULL, ?)
+ON CONFLICT (schedule, tick) DO NOTHING
+
+-- name: tick_skipped
+UPDATE schedule_ticks SET outcome = 'skipped' WHERE schedule = ? AND tick = ?
+
+-- name: tick_set_task
+UPDATE schedule_ticks SET task_id = ? WHERE schedule = ? AND tick = ?
+
+-- Parameters: name, tick, outcome, task_id (NULL when skipped: the last enqueued one stays).
+-- name: schedule_ticked
+UPDATE schedules SET
+    last_tick = :tick, last_outcome = :outcome,
+    last_task_id = coalesce(:task_id, last_task_id)
+WHERE name = :name AND (last_tick IS NULL OR last_tick <= :tick)
+
+-- Ticks far older than the one just written can never be tried again.
+-- name: trim_ticks
+DELETE FROM schedule_ticks WHERE schedule = ? AND tick < ?
+
+-- name: schedule_ticks
+SELECT schedule, tick, outcome, task_id, at FROM schedule_ticks
+WHERE schedule = ? ORDER BY tick DESC LIMIT ?
