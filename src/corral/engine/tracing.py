@@ -9,7 +9,8 @@ span standing for the submit in the task's own trace: every attempt of a task
 shares one trace id (see :mod:`corral.core.tracing`).
 
 Without the package, :data:`ENABLED` is False and the worker never calls in
-here: nothing is imported and nothing costs anything.
+here: nothing is imported and nothing costs anything. With the API but no
+tracer provider configured (no SDK set up), no span is made either.
 """
 
 from __future__ import annotations
@@ -40,9 +41,28 @@ class AttemptSpan:
         self.span_id = span_id
 
 
+_tracer: Any = None
+
+
+def _configured_tracer() -> Any:
+    """The tracer of the configured provider, or None while no SDK is set
+    up: the API alone would make spans nobody records, at a cost per task."""
+    global _tracer
+    if _tracer is None and otel_trace is not None:
+        provider = otel_trace.get_tracer_provider()
+        if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
+            return None
+        _tracer = provider.get_tracer(TRACER_NAME)  # a provider once set stays set
+    return _tracer
+
+
 def start_attempt(rec: Any, attempt: int) -> AttemptSpan | None:
-    """Start the span of one attempt of ``rec`` and make it current in this thread."""
+    """Start the span of one attempt of ``rec`` and make it current in this
+    thread (nothing while no tracer provider is configured)."""
     if otel_trace is None or otel_context is None:
+        return None
+    tracer = _configured_tracer()
+    if tracer is None:
         return None
     from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
@@ -65,7 +85,6 @@ def start_attempt(rec: Any, attempt: int) -> AttemptSpan | None:
         attributes["corral.batch"] = rec.batch
     if rec.trace_id:
         attributes["corral.trace_id"] = rec.trace_id
-    tracer = otel_trace.get_tracer(TRACER_NAME)
     span = tracer.start_span(
         rec.name,
         context=otel_trace.set_span_in_context(NonRecordingSpan(remote)),
