@@ -185,3 +185,26 @@ def test_corral_events_follow_prints_new_events(tmp_path, sqlite_url):
     events = printed()
     assert [e["subject"] for e in events] == [f"task:{h.id}"] * 2
     assert events[1]["data"]["from"] == "PENDING" and events[0]["id"] < events[1]["id"]
+
+
+def test_corral_events_lists_what_is_kept_and_refuses_unknown_kinds(sqlite_url):
+    from click.testing import CliRunner
+
+    from corral.cli import cli
+
+    app = corral.App(sqlite_url)
+
+    @app.task
+    def noop(x):
+        return x
+
+    ids = [noop.submit(i).id for i in range(3)]
+    app.cancel(ids[0])
+    app.close()
+    out = CliRunner().invoke(cli, ["events", "--store", sqlite_url])
+    assert out.exit_code == 0, out.output
+    assert [ln.split()[3] for ln in out.output.splitlines()] == ["submitted"] * 3 + ["canceled"]
+    out = CliRunner().invoke(cli, ["events", "--store", sqlite_url, "--last", "1", "--kind", "submitted", "--json"])
+    assert out.exit_code == 0 and json.loads(out.output)["subject"] == f"task:{ids[2]}"
+    out = CliRunner().invoke(cli, ["events", "--store", sqlite_url, "--kind", "exploded"])
+    assert out.exit_code != 0 and "unknown event kind 'exploded'" in out.output

@@ -77,8 +77,8 @@ def events(store_url=None, follow=False, kinds=(), since=None, last=None, as_jso
     show = to_json if as_json else line
     try:
         if last is not None:
-            newest = [e for e in store.events(limit=last * 4 if kinds else last) if not kinds or e.kind in kinds]
-            for ev in reversed(newest[:last]):
+            newest = [e for k in (kinds or (None,)) for e in store.events(k, limit=last)]
+            for ev in sorted(newest, key=lambda e: e.id)[-last:]:
                 click.echo(show(ev))
             return
         for ev in iter_events(store, follow=follow, kinds=kinds or None, since=since):
