@@ -41,6 +41,8 @@ SQLITE_ONLY = {
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
     "last_event_id": "the stream's newest id, ids in commit order (PostgreSQL: `stream_now` with missing ids)",
     "event_stream": "the event triggers after the columns they need (PostgreSQL: `migration_0010`)",
+    "set_clock": "a fake clock's time for the event triggers (PostgreSQL stamps with now())",
+    "clear_clock": "the event triggers back on SQLite's own clock (PostgreSQL stamps with now())",
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
 }

@@ -151,7 +151,6 @@ def prefill(app, url: str, rows: int, progress) -> float:
         from corral.stores.sqlite import parse_url
 
         con = sqlite3.connect(parse_url(url)[0], isolation_level=None, timeout=60)
-        con.create_function("corral_now", 0, time.time)  # the event triggers' clock
         ph = "?"
 
         def columns(table: str) -> list[str]:

@@ -284,6 +284,7 @@ class SQLiteStore(SqlStore):
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
+        self._fake_time = False  # a clock of its own: events take its time (set after migrate)
         self._closed = False
         self._wrote = False  # written since the last checkpoint
         self._checkpointer: threading.Thread | None = None
@@ -294,6 +295,7 @@ class SQLiteStore(SqlStore):
         self._create_file()
         self._con()  # fail now, not at first use, when the file cannot be opened
         self.migrate()  # idempotent and cheap once done; a store is usable as opened
+        self._claim_clock()
 
     def __reduce__(self):  # a store travels to a spawned process as its URL
         return (type(self), (self.url,))
@@ -339,8 +341,6 @@ class SQLiteStore(SqlStore):
                 cached_statements=256,
             )
             con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
-            # the event triggers stamp events with the store's clock
-            con.create_function("corral_now", 0, self._clock.time)
             self._set_wal(con)
             con.execute(f"PRAGMA synchronous = {self.synchronous}")
             con.execute("PRAGMA temp_store = MEMORY")
@@ -401,6 +401,8 @@ class SQLiteStore(SqlStore):
         with self._write_lock:
             self._begin_immediate(con)
             try:
+                if self._fake_time:  # the event triggers' time (see corral_clock in sqlite.sql)
+                    con.execute(Q["set_clock"], (self._clock.time(),))
                 yield con
                 con.execute("COMMIT")
             except BaseException:
@@ -484,6 +486,15 @@ class SQLiteStore(SqlStore):
             for stmt in _split_script(Q["event_stream"]):
                 con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
+
+    def _claim_clock(self) -> None:
+        """Events are stamped with SQLite's clock, or with this store's when
+        it runs on one of its own (a test's fake clock)."""
+        fake = self._clock is not SYSTEM_CLOCK
+        with self._write() as con:
+            if not fake:
+                con.execute(Q["clear_clock"])  # a test left its time here: the real one again
+        self._fake_time = fake
 
     def close(self) -> None:
         self._closed = True
@@ -670,8 +681,6 @@ class SQLiteStore(SqlStore):
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0
         try:
-            # the event triggers stamp the submits with the store's clock
-            connection.create_function("corral_now", 0, self._clock.time)
             if not connection.in_transaction:
                 connection.execute("BEGIN IMMEDIATE")
             return self._submit_on(_PlainRows(connection), tasks, max_queued)

@@ -258,21 +258,27 @@ ALTER TABLE events ADD COLUMN attempt INTEGER;
 -- triggers in the transaction that changed a task, so every path (claim,
 -- completion, cancel, sweep, a dependency's end) is covered, a rolled-back
 -- write leaves no event, and the ids follow commit order (one writer at a
--- time). corral_now() is the store's clock, which each connection registers.
--- The kinds are those of corral.core.events.
+-- time). The kinds are those of corral.core.events.
+--
+-- An event's time is SQLite's own clock, read in C: a Python function called
+-- from the trigger would wait for the GIL while holding the write lock. A
+-- store on a test's fake clock puts its time in corral_clock at the start of
+-- each write, and the triggers take it from there.
 -- name: event_stream
+CREATE TABLE IF NOT EXISTS corral_clock (now REAL NOT NULL);
+
 CREATE TRIGGER IF NOT EXISTS tasks_event_insert AFTER INSERT ON tasks
 WHEN NEW.status <> 'SUCCESS'
 BEGIN
     INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
-    VALUES (corral_now(), 'submitted', '', '', NEW.id, NEW.status, NULL, NEW.attempt);
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0), 'submitted', '', '', NEW.id, NEW.status, NULL, NEW.attempt);
 END;
 
 CREATE TRIGGER IF NOT EXISTS tasks_event_status AFTER UPDATE OF status ON tasks
 WHEN NEW.status IS NOT OLD.status
 BEGIN
     INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
-    VALUES (corral_now(),
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0),
         CASE NEW.status WHEN 'RUNNING' THEN 'started' WHEN 'SUCCESS' THEN 'succeeded'
             WHEN 'FAILED' THEN 'failed' WHEN 'RETRYING' THEN 'retrying' WHEN 'PENDING' THEN 'queued'
             WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'CANCELED' THEN 'canceled' WHEN 'WAITING' THEN 'waiting'
@@ -285,7 +291,7 @@ WHEN NEW.status = 'RUNNING' AND NEW.status IS OLD.status
  AND (NEW.progress IS NOT OLD.progress OR NEW.progress_message IS NOT OLD.progress_message)
 BEGIN
     INSERT INTO events (at, kind, subject, data)
-    VALUES (corral_now(), 'progress', 'task:' || NEW.id, json_object(
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0), 'progress', 'task:' || NEW.id, json_object(
         'id', NEW.id, 'name', NEW.name, 'fraction', NEW.progress, 'message', NEW.progress_message));
 END;
 
@@ -852,6 +858,12 @@ SELECT id, at, kind, subject, data FROM events_read WHERE id > ? ORDER BY id LIM
 
 -- name: last_event_id
 SELECT coalesce(max(id), 0) FROM events
+
+-- name: set_clock
+INSERT OR REPLACE INTO corral_clock (rowid, now) VALUES (1, ?)
+
+-- name: clear_clock
+DELETE FROM corral_clock
 
 -- name: trim_events
 -- The oldest events, by id (ids follow time): those before the first one
