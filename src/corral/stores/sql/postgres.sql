@@ -310,8 +310,10 @@ CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DE
 -- 0.1 s. A NOTIFY in every claim and completion would serialise their commits
 -- (PostgreSQL takes one lock for the notification queue at commit): it cost
 -- a third of the claim/complete rate when measured.
+--
+-- Safe to run again (it replaces what it made), so it may be renumbered.
 
-CREATE FUNCTION corral_task_events() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION corral_task_events() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_trigger_depth() > 1 THEN
         RETURN NULL;  -- the group-head refresh's own updates change no state
@@ -350,14 +352,16 @@ BEGIN
     RETURN NULL;
 END
 $$;
+DROP TRIGGER IF EXISTS corral_tasks_events_insert ON corral_tasks;
 CREATE TRIGGER corral_tasks_events_insert AFTER INSERT ON corral_tasks
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION corral_task_events();
+DROP TRIGGER IF EXISTS corral_tasks_events_update ON corral_tasks;
 CREATE TRIGGER corral_tasks_events_update AFTER UPDATE ON corral_tasks
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION corral_task_events();
 
-CREATE FUNCTION corral_breaker_events_stream() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION corral_breaker_events_stream() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO corral_events (at, kind, subject, data)
     SELECT b.at, 'breaker', 'breaker:' || b.name,
@@ -369,6 +373,7 @@ BEGIN
     RETURN NULL;
 END
 $$;
+DROP TRIGGER IF EXISTS corral_breaker_events_stream ON corral_breaker_events;
 CREATE TRIGGER corral_breaker_events_stream AFTER INSERT ON corral_breaker_events
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION corral_breaker_events_stream();
