@@ -4,8 +4,8 @@
 #   make test   create the virtualenv (if needed), check lint, format and
 #               types (ruff, mypy), start a throwaway PostgreSQL on loopback
 #               (unless CORRAL_TEST_PG_URL is set), install Debian's chromium
-#               for the browser tests when missing (as root), and run the whole
-#               test suite
+#               (browser tests) and prometheus (promtool) when missing (as
+#               root), and run the whole test suite
 #   make lint   only the lint, format and type checks
 #   make clean  remove the virtualenv and build/test leftovers
 #
@@ -62,7 +62,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: lint
-	scripts/ensure-chromium.sh
+	scripts/ensure-test-tools.sh
 	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 clean:
