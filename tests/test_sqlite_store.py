@@ -202,7 +202,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 16
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {"tasks_ready_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing

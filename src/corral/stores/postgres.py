@@ -138,9 +138,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes; 15: claim-order indexes hold the ageing rank;
-#: 16: the event stream (task and breaker events by trigger).
-SCHEMA_VERSION = 16
+#: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
+#: 18: claim-order indexes hold the ageing rank.
+SCHEMA_VERSION = 18
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0

@@ -126,11 +126,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 7: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes;
-#: 15: the claim-order indexes hold the ageing rank (core/priorities.py);
-#: 16: the event stream's triggers (task states and progress, breakers).
+#: 16: the event stream's triggers (task states and progress, breakers);
+#: 18: the claim-order indexes hold the ageing rank (core/priorities.py).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 18
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2

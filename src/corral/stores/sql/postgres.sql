@@ -439,7 +439,7 @@ CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id
 CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
     WHERE batch IS NOT NULL;
 
--- name: migration_0015
+-- name: migration_0018
 -- Priorities with ageing: ready tasks are claimed by their rank, run_at (a
 -- group head: ready_at) less priority x 60 s, so one priority level is worth a
 -- minute of waiting and low priority still moves (core/priorities.py). The
