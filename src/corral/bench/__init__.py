@@ -409,6 +409,7 @@ def limits_cmd(
         return
     render(report)
 
+
 @bench.command("scale")
 @click.option(
     "--store",

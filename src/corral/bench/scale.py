@@ -338,7 +338,7 @@ def run_scale(args) -> dict[str, Any]:
             finally:
                 fleet.close()
             times = fleet.claim_times
-            slices = []
+            slices: list[dict[str, Any]] = []
             for c in drain_cps:
                 ts = times.get((c - 1) // sl, [])
                 rss = [r for r in drain_rss.get(c, []) if r is not None]
@@ -382,12 +382,13 @@ def _server_snapshot(url: str, dbname: str) -> dict[str, Any]:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as con:
-        xact = con.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)).fetchone()[0]
+        row = con.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)).fetchone()
+        xact = row[0] if row else 0
         try:
             wal = con.execute("SELECT wal_records, wal_bytes, wal_write, wal_sync FROM pg_stat_wal").fetchone()
         except psycopg.Error:
             wal = None
-        mine = con.execute("SELECT pg_backend_pid()").fetchone()[0]
+        mine = con.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
         pids = [r[0] for r in con.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))]
     server_cpu = None
     backends_cpu = 0.0
@@ -458,7 +459,8 @@ def run_processes(args) -> dict[str, Any]:
                     pg = args.store == "postgres"
                     before = _server_snapshot(url, dbname) if pg else None
                     t0 = fleet.let_go()
-                    if not common_wait(lambda: fleet.counters[DONE] >= n, args.timeout, tick=0.002):
+                    counters = fleet.counters
+                    if not common_wait(lambda c=counters: c[DONE] >= n, args.timeout, tick=0.002):
                         raise RuntimeError(f"{p} processes: {fleet.counters[DONE]}/{n} done in {args.timeout} s")
                     dt = time.monotonic() - t0
                     after = _server_snapshot(url, dbname) if pg else None

@@ -31,19 +31,24 @@ Design notes
 * Submits (and completions that free a group head, a limit slot or promote a
   dependent) ``NOTIFY corral_work`` once per statement and queue;
   :meth:`PostgresStore.wait_for_work` waits on one listening connection per
-  store instance.
+  store instance. Where notifications cannot reach it (a transaction pooler
+  such as PgBouncer in ``pool_mode=transaction`` passes LISTEN but never
+  delivers), it polls every ``POLL_WITHOUT_LISTEN`` seconds instead: chosen
+  with ``?listen=off`` in the URL, or by itself when the first LISTEN fails
+  or its own test notification does not come back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import breaker as brk
 from corral.core.model import (
@@ -101,6 +106,15 @@ _PERMANENT: tuple[type[Exception], ...] = (
 PLAIN_HINT_TTL = 0.2
 
 CHANNEL = "corral_work"
+#: Seconds between claims of a store that does not listen (``?listen=off``,
+#: or notifications do not reach it): short, since a claim that finds
+#: nothing is one indexed statement.
+POLL_WITHOUT_LISTEN = 0.05
+#: How long the first LISTEN waits for its own test notification before the
+#: store concludes that notifications do not reach it.
+LISTEN_CHECK_SECONDS = 2.0
+
+log = logging.getLogger("corral.store")
 #: Settings of every corral session. The statements are few and run
 #: constantly: plan them once (psycopg prepares them) instead of re-planning
 #: on every call. They are all short ordered index probes; a bitmap scan only
@@ -147,6 +161,26 @@ def _redact(url: str) -> str:
     return url
 
 
+def _listen_option(url: str) -> tuple[str, bool]:
+    """``url`` without corral's own ``listen`` parameter (libpq does not know
+    it), and whether the store should listen: ``listen=off`` polls instead."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    values = [v.strip().lower() for k, v in pairs if k == "listen"]
+    if not values:
+        return url, True
+    if values[-1] not in _LISTEN_VALUES:
+        raise ValueError(f"listen={values[-1]!r}: use listen=on or listen=off")
+    rest = urlencode([(k, v) for k, v in pairs if k != "listen"])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), _LISTEN_VALUES[values[-1]]
+
+
+_LISTEN_VALUES = {
+    **dict.fromkeys(("on", "true", "1", "yes"), True),
+    **dict.fromkeys(("off", "false", "0", "no"), False),
+}
+
+
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
@@ -166,6 +200,10 @@ class PostgresStore(SqlStore):
         self._shown = _redact(url)
         if url.startswith("postgres://"):
             url = "postgresql://" + url[len("postgres://") :]
+        try:
+            url, self._listening = _listen_option(url)
+        except ValueError as exc:
+            raise StoreUnavailable(f"cannot parse store URL {self._shown}: {exc}") from None
         self._dsn = url
         self._q = _sql.load("postgres")
         self._connect_timeout = connect_timeout
@@ -708,14 +746,20 @@ class PostgresStore(SqlStore):
             return
         woken: bool | None = False
         try:
-            if self._listen_conn is None:
+            if not self._listening:
+                woken = None
+            elif self._listen_conn is None:
                 self._listen_conn = psycopg.connect(
                     self._dsn,
                     autocommit=True,
                     connect_timeout=max(1, int(self._connect_timeout)),
                     options=SESSION_OPTIONS,
                 )
-                self._listen_conn.execute(f"LISTEN {CHANNEL}")
+                why = self._start_listening(self._listen_conn)
+                if why is not None:
+                    log.warning("%s: %s; polling for work every %g s instead", self._shown, why, POLL_WITHOUT_LISTEN)
+                    self._listening = False
+                    self._drop_listen_conn()
                 woken = True  # work may have come before we listened: look now
             else:
                 # notifications that came while no thread waited here are kept
@@ -730,12 +774,48 @@ class PostgresStore(SqlStore):
         finally:
             self._listen_lock.release()
         if woken is None:
-            time.sleep(min(max(0.0, timeout), 0.2))  # the server is away: poll meanwhile
+            # not listening (poll briefly), or the server is away (poll meanwhile);
+            # close() ends the wait
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(min(max(0.0, timeout), 0.2 if self._listening else POLL_WITHOUT_LISTEN))
             return
         if woken:
             self._local.hot = True  # the claim right after may run on this connection
             self._bump()
         self._local.seen = self._gen
+
+    def _start_listening(self, conn) -> str | None:
+        """LISTEN on ``conn`` and check that a notification sent from another
+        session comes back; returns why not, or None when it does. Behind a
+        transaction pooler LISTEN runs on some server session that is handed
+        to another client at once, so nothing would ever wake this store."""
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+            probe = f"corral_check_{uuid.uuid4().hex[:16]}"
+            conn.execute(f"LISTEN {probe}")
+        except psycopg.OperationalError as exc:
+            if _is_outage(exc):
+                raise
+            return f"LISTEN failed ({first_line(exc)})"
+        except psycopg.Error as exc:
+            return f"LISTEN failed ({first_line(exc)})"
+        self._send_check(probe)
+        deadline = time.monotonic() + LISTEN_CHECK_SECONDS
+        came = False
+        while not came and (left := deadline - time.monotonic()) > 0:
+            for note in conn.notifies(timeout=left, stop_after=1):
+                came = came or note.channel == probe
+                if note.payload.endswith(":g"):
+                    self._plain_until = 0.0
+        conn.execute(f"UNLISTEN {probe}")
+        if not came:
+            return f"a test notification did not come back within {LISTEN_CHECK_SECONDS:g} s (a transaction pooler?)"
+        return None
+
+    def _send_check(self, channel: str) -> None:
+        """Send the listening check's notification from a pooled session."""
+        self._run(lambda conn: conn.execute(f"NOTIFY {channel}"))
 
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:
