@@ -233,8 +233,9 @@ def common_wait(cond, timeout: float, tick: float = 0.005) -> bool:
 
 
 def checkpoints(total: int, slice_size: int) -> list[int]:
-    """Ends of the reported slices: 10 k, 100 k and the last, those that fit."""
-    out = [c for c in (10_000, 100_000) if c <= total and c >= slice_size]
+    """Ends of the reported slices: the first, 10 k, 100 k and the last (those that fit)."""
+    out = [min(slice_size, total)]
+    out += [c for c in (10_000, 100_000) if out[-1] < c < total]
     if total not in out:
         out.append(total)
     return out
@@ -283,8 +284,10 @@ def run_scale(args) -> dict[str, Any]:
             slice_s: list[float] = []
             t_slice = 0.0
             sub_rss: dict[int, float | None] = {}
-            for b in range(0, n, SUBMIT_BATCH):
-                e = min(n, b + SUBMIT_BATCH)
+            batch = min(SUBMIT_BATCH, sl)  # no batch crosses the end of a slice
+            e = 0
+            while e < n:
+                b, e = e, min(n, e + batch, (e // sl + 1) * sl)
                 items = [{"args": (i,), "group": f"g{i % groups}"} for i in range(b, e)]
                 t0 = time.perf_counter()
                 app.submit_many(tdef, items)
@@ -298,7 +301,7 @@ def run_scale(args) -> dict[str, Any]:
             sizes = [sl] * (n // sl) + ([n % sl] if n % sl else [])
             rates = [round(k / s, 1) for k, s in zip(sizes, slice_s)]
             out["submit"] = {
-                "batch": SUBMIT_BATCH,
+                "batch": batch,
                 "seconds": round(sum(slice_s), 3),
                 "rate": round(n / sum(slice_s), 1),
                 "slices": [
