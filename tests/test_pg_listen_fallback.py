@@ -15,7 +15,7 @@ import corral
 from corral import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
-from corral.stores.postgres import _listen_option
+from corral.stores.postgres import _corral_options
 from helpers import wait_for
 
 pytestmark = pytest.mark.postgres
@@ -29,19 +29,25 @@ def with_query(url: str, query: str) -> str:
     return url + ("&" if "?" in url else "?") + query
 
 
-def test_listen_option_is_taken_out_of_the_url_and_other_parameters_stay():
-    url, listen = _listen_option("postgresql://u@h:5432/db?sslmode=disable&listen=off&application_name=x")
-    assert listen is False
+def test_corral_options_are_taken_out_of_the_url_and_other_parameters_stay():
+    url, listen, pooler = _corral_options("postgresql://u@h:5432/db?sslmode=disable&listen=off&application_name=x")
+    assert (listen, pooler) == (False, None)
     assert url == "postgresql://u@h:5432/db?sslmode=disable&application_name=x"
-    assert _listen_option("postgresql://u@h/db?listen=on") == ("postgresql://u@h/db", True)
-    assert _listen_option("postgresql://u@h/db") == ("postgresql://u@h/db", True)
+    assert _corral_options("postgresql://u@h/db?listen=on") == ("postgresql://u@h/db", True, None)
+    assert _corral_options("postgresql://u@h/db") == ("postgresql://u@h/db", True, None)
+    # a transaction pooler passes no notification: it polls unless told otherwise
+    assert _corral_options("postgresql://u@h/db?pooler=transaction") == ("postgresql://u@h/db", False, "transaction")
+    assert _corral_options("postgresql://u@h/db?pooler=session") == ("postgresql://u@h/db", True, "session")
 
 
-def test_a_bad_listen_value_is_refused_in_one_line(pg_url):
+@pytest.mark.parametrize(
+    "query, rule", [("listen=maybe", "listen=on or listen=off"), ("pooler=yes", "pooler=session or pooler=transaction")]
+)
+def test_a_bad_value_is_refused_in_one_line(pg_url, query, rule):
     with pytest.raises(StoreUnavailable) as info:
-        open_store(with_query(pg_url, "listen=maybe"))
+        open_store(with_query(pg_url, query))
     assert "\n" not in str(info.value)
-    assert "listen=on or listen=off" in str(info.value)
+    assert rule in str(info.value)
 
 
 def _runs_without_notifications(worker_app: corral.App, producer_url: str) -> None:
@@ -94,3 +100,23 @@ def test_a_store_that_hears_its_test_notification_keeps_listening(pg_url):
         assert store._listen_conn is not None
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("pooler", ["session", "transaction"])
+def test_a_store_for_a_pooler_works_end_to_end(pg_url, pooler):
+    """Without the `options` startup parameter a pooler refuses; a transaction
+    pooler's store prepares nothing, migrates under a transaction's lock and
+    polls. (Run here straight against the server: a pooler is not needed to
+    check that the store does all of that.)"""
+    app = corral.App(with_query(pg_url, f"pooler={pooler}"))
+    store = app.store
+    assert "options" not in store._conn_kwargs
+    assert store._listening is (pooler == "session")
+    with store._pool.connection() as conn:
+        assert conn.execute("SHOW enable_bitmapscan").fetchone()[0] == ("off" if pooler == "session" else "on")
+        if pooler == "transaction":
+            assert conn.prepare_threshold is None
+    store.migrate()  # again: idempotent, under either lock
+    _runs_without_notifications(app, pg_url)
+    if pooler == "transaction":
+        assert store._listen_conn is None

@@ -161,24 +161,41 @@ def _redact(url: str) -> str:
     return url
 
 
-def _listen_option(url: str) -> tuple[str, bool]:
-    """``url`` without corral's own ``listen`` parameter (libpq does not know
-    it), and whether the store should listen: ``listen=off`` polls instead."""
+def _corral_options(url: str) -> tuple[str, bool, str | None]:
+    """``url`` without corral's own parameters (libpq does not know them),
+    whether the store listens for notifications, and the pooler it goes
+    through. ``listen=off`` polls instead; ``pooler=session`` or
+    ``pooler=transaction`` names a connection pooler such as PgBouncer in
+    that mode (a transaction pooler implies ``listen=off``)."""
     parts = urlsplit(url)
     pairs = parse_qsl(parts.query, keep_blank_values=True)
-    values = [v.strip().lower() for k, v in pairs if k == "listen"]
-    if not values:
-        return url, True
-    if values[-1] not in _LISTEN_VALUES:
-        raise ValueError(f"listen={values[-1]!r}: use listen=on or listen=off")
-    rest = urlencode([(k, v) for k, v in pairs if k != "listen"])
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), _LISTEN_VALUES[values[-1]]
+    ours = {k: v.strip().lower() for k, v in pairs if k in ("listen", "pooler")}
+    pooler = ours.get("pooler")
+    if pooler is not None and pooler not in ("session", "transaction"):
+        raise ValueError(f"pooler={pooler!r}: use pooler=session or pooler=transaction")
+    listen = pooler != "transaction"
+    if "listen" in ours:
+        if ours["listen"] not in _LISTEN_VALUES:
+            raise ValueError(f"listen={ours['listen']!r}: use listen=on or listen=off")
+        listen = _LISTEN_VALUES[ours["listen"]]
+    if not ours:
+        return url, listen, pooler
+    rest = urlencode([(k, v) for k, v in pairs if k not in ours])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), listen, pooler
 
 
 _LISTEN_VALUES = {
     **dict.fromkeys(("on", "true", "1", "yes"), True),
     **dict.fromkeys(("off", "false", "0", "no"), False),
 }
+
+
+def _set_session_options(conn) -> None:
+    """SESSION_OPTIONS as SET statements, for a new connection of a session pooler."""
+    for opt in SESSION_OPTIONS.split("-c "):
+        if opt.strip():
+            name, value = opt.strip().split("=", 1)
+            conn.execute(f"SET {name} = {value}")
 
 
 @contextmanager
@@ -201,7 +218,7 @@ class PostgresStore(SqlStore):
         if url.startswith("postgres://"):
             url = "postgresql://" + url[len("postgres://") :]
         try:
-            url, self._listening = _listen_option(url)
+            url, self._listening, self._pooler = _corral_options(url)
         except ValueError as exc:
             raise StoreUnavailable(f"cannot parse store URL {self._shown}: {exc}") from None
         self._dsn = url
@@ -211,20 +228,34 @@ class PostgresStore(SqlStore):
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot parse store URL {self._shown}: {first_line(exc)}") from None
+        # Poolers refuse the `options` startup parameter: a session pooler
+        # gets the settings with SET on each new connection; behind a
+        # transaction pooler a SET would stay on whichever server session ran
+        # it, so the database's own settings apply (see docs/scaling.md), and
+        # no statement is prepared on a server session (the next statement
+        # may run on another).
+        self._conn_kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, int(connect_timeout))}
+        configure = None
+        if self._pooler is None:
+            self._conn_kwargs["options"] = SESSION_OPTIONS
+        elif self._pooler == "session":
+            configure = _set_session_options
+        else:
+            self._conn_kwargs["prepare_threshold"] = None
         # Connect once directly: a clear one-line error beats a pool timeout.
         try:
-            psycopg.connect(url, connect_timeout=max(1, int(connect_timeout))).close()
+            psycopg.connect(url, **self._conn_kwargs).close()
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
+            hint = ""
+            if "startup parameter" in str(exc):
+                hint = " (through a connection pooler? add ?pooler=transaction or ?pooler=session to the URL)"
+            raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}{hint}") from None
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": max(1, int(connect_timeout)),
-                "options": SESSION_OPTIONS,
-            },
+            kwargs=self._conn_kwargs,
+            configure=configure,
             timeout=connect_timeout * 2,
             name="corral",
             open=False,
@@ -298,24 +329,34 @@ class PostgresStore(SqlStore):
         migrations = sorted((int(k.rsplit("_", 1)[1]), k) for k in self._q if k.startswith("migration_"))
 
         def go(conn):
+            if self._pooler == "transaction":
+                # a session lock could be taken on one server session and
+                # released on another: hold a transaction's lock instead
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+                    steps(conn)
+                return
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
             try:
-                conn.execute(self._q["schema_version_table"])
-                row = conn.execute(self._q["schema_version"]).fetchone()
-                current = row[0] if row else 0
-                if current > SCHEMA_VERSION:
-                    raise StoreCorrupt(
-                        f"{self._shown} has schema version {current}, newer than this corral knows"
-                        f" ({SCHEMA_VERSION}); upgrade corral"
-                    )
-                for version, key in migrations:
-                    if version <= current:
-                        continue
-                    with conn.transaction():
-                        conn.execute(self._q[key])
-                        conn.execute(self._q["set_schema_version"], {"v": version})
+                steps(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+
+        def steps(conn):
+            conn.execute(self._q["schema_version_table"])
+            row = conn.execute(self._q["schema_version"]).fetchone()
+            current = row[0] if row else 0
+            if current > SCHEMA_VERSION:
+                raise StoreCorrupt(
+                    f"{self._shown} has schema version {current}, newer than this corral knows"
+                    f" ({SCHEMA_VERSION}); upgrade corral"
+                )
+            for version, key in migrations:
+                if version <= current:
+                    continue
+                with conn.transaction():
+                    conn.execute(self._q[key])
+                    conn.execute(self._q["set_schema_version"], {"v": version})
 
         self._run(go)
 
@@ -749,12 +790,7 @@ class PostgresStore(SqlStore):
             if not self._listening:
                 woken = None
             elif self._listen_conn is None:
-                self._listen_conn = psycopg.connect(
-                    self._dsn,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self._connect_timeout)),
-                    options=SESSION_OPTIONS,
-                )
+                self._listen_conn = psycopg.connect(self._dsn, **self._conn_kwargs)
                 why = self._start_listening(self._listen_conn)
                 if why is not None:
                     log.warning("%s: %s; polling for work every %g s instead", self._shown, why, POLL_WITHOUT_LISTEN)
