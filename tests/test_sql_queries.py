@@ -39,6 +39,8 @@ SQLITE_ONLY = {
     "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
     "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
+    "claim_head_candidates": "ready group heads in round-robin order (PostgreSQL: inside `claim`)",
+    "schema_v16": "the ready heads' index after the columns it needs (PostgreSQL: `migration_0002`)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.

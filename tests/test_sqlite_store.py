@@ -202,7 +202,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 16
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert "snoozes" in columns
@@ -345,9 +345,10 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     plan = _plan(con, "SELECT * FROM (" + Q["active_counts"] + ")", ())
     # backpressure and drain never read history: only partial indexes are scanned
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX)", plan) == [], plan
-    plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
-    assert "USING INDEX tasks_ready" in plan and "SCAN" not in plan, plan
-    assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
+    for name, index in (("claim_candidates", "tasks_ready_plain"), ("claim_head_candidates", "tasks_ready_heads")):
+        plan = _plan(con, Q[name], ("default", now + 10))
+        assert f"USING INDEX {index}" in plan and "SCAN" not in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
     for name, params in (
         ("head_clear", ("g", "g")),
         ("head_set", ("g",)),
@@ -360,12 +361,16 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     # the sweep reads RUNNING rows only (a partial index), never history
     plan = _plan(con, Q["find_stuck"], {"now": now, "limit": 10})
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX tasks_running_expiry)", plan) == [], plan
-    # the ready index holds queued heads and free tasks only
+    # the ready indexes hold free tasks and queued heads only
     ready = con.execute(
-        "SELECT count(*) FROM tasks INDEXED BY tasks_ready "
-        "WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1) AND queue = 'default'"
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_plain "
+        "WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL AND queue = 'default'"
     ).fetchone()[0]
-    assert ready == 51
+    heads = con.execute(
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_heads "
+        "WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL AND queue = 'default'"
+    ).fetchone()[0]
+    assert (ready, heads) == (50, 1)
     claims = store.claim("w", ["default"], 200)
     assert len(claims) == 51
 

@@ -104,10 +104,12 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 16: ready_at, a group head's place in the round robin, and an index of
+#: ready heads in that order (a claim no longer reads every queued head).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 16
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -415,6 +417,8 @@ class SQLiteStore(SqlStore):
                 table, column = stmt.split()[2], stmt.split()[5]
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
+            for stmt in _split_script(Q["schema_v16"]):
+                con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def close(self) -> None:
@@ -670,14 +674,20 @@ class SQLiteStore(SqlStore):
         cursors: list[sqlite3.Cursor] = []
         picked: list[list[tuple]] = []
 
-        def ordered(query: str) -> Iterator[tuple]:
-            """Candidates of ``query`` in claim order: priority, then eligibility."""
-            mine = [con.execute(Q[query], (q, now)) for q in queues]
+        def ordered(*queries: str) -> Iterator[tuple]:
+            """Candidates of ``queries`` in claim order: priority, then eligibility.
+
+            Each query reads an index in (priority, ord, id) order, where ord
+            is never later than the row's eligibility (a head's stored place
+            in the round robin, else run_at); a row read early waits in a heap
+            until the streams pass its eligibility, so with places up to date
+            a claim reads about as many rows as it takes."""
+            mine = [con.execute(Q[query], (q, now)) for query in queries for q in queues]
             cursors.extend(mine)
-            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (-r[1], r[2], r[0]))
+            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (-r[1], r[8], r[0]))
             heap: list = []
             for row in stream:
-                index_key = (-row[1], row[2], row[0])
+                index_key = (-row[1], row[8], row[0])
                 heapq.heappush(heap, (eligible_key(row), row))
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
@@ -725,11 +735,11 @@ class SQLiteStore(SqlStore):
 
         try:
             if cap is None:
-                fill(ordered("claim_candidates"), max_units)
+                fill(ordered("claim_candidates", "claim_head_candidates"), max_units)
             else:
                 # claim order across both paths, the retry path only up to its share
                 retries = ordered("claim_retry_candidates")
-                fresh = (r for r in ordered("claim_candidates") if r[7] != State.RETRYING)
+                fresh = (r for r in ordered("claim_candidates", "claim_head_candidates") if r[7] != State.RETRYING)
                 next_r, next_f = next(retries, None), next(fresh, None)
                 taken = 0
                 while len(picked) < max_units and (next_f is not None or (next_r is not None and taken < cap)):

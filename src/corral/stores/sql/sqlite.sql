@@ -43,12 +43,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     is_head               INTEGER NOT NULL DEFAULT 0  -- first task still in its group's line
 );
 
--- Claim candidates: queued rows that are ungrouped or their group's head.
--- Its size follows the claimable backlog, never the number of finished
--- tasks, nor the length of a group's line.
-CREATE INDEX IF NOT EXISTS tasks_ready
+-- Claim candidates without a group, in claim order. Its size follows the
+-- claimable backlog, never the number of finished tasks. (Group heads have
+-- their own index, in round-robin order: tasks_ready_heads, made with the
+-- ready_at column below.)
+CREATE INDEX IF NOT EXISTS tasks_ready_plain
     ON tasks (queue, priority DESC, run_at, id)
-    WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);
+    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL;
 
 -- The retry path: claim candidates waiting to be retried, in claim order. A
 -- claim with a retry share looks here first; it stays empty while nothing fails.
@@ -185,13 +186,31 @@ CREATE TABLE IF NOT EXISTS events (
     data    TEXT NOT NULL
 );
 
--- Columns of schema version 4 (flow control); each is added only when missing.
+-- Columns of schema version 4 (flow control) and later; each is added only
+-- when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN ready_at REAL;
 ALTER TABLE named_limits ADD COLUMN burst INTEGER;
 ALTER TABLE named_limits ADD COLUMN tokens REAL;
 ALTER TABLE named_limits ADD COLUMN counted_at REAL;
 ALTER TABLE named_limits ADD COLUMN paused_until REAL;
+
+-- After the columns (schema 16): a group head's place in the round robin,
+-- ready_at = max(run_at, the group's last claim), kept by head_set, so a
+-- claim reads ready heads from an index in claim order. Before, it read every
+-- queued head and looked up its group's last claim to find the first one
+-- eligible: at 10 000 groups, 10 000 rows per claim once every group had been
+-- claimed once. The index of every candidate it replaces goes.
+-- name: schema_v16
+CREATE INDEX IF NOT EXISTS tasks_ready_heads
+    ON tasks (queue, priority DESC, ready_at, id)
+    WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL;
+UPDATE tasks
+SET ready_at = max(run_at, coalesce((SELECT g.last_claimed_at FROM task_groups AS g
+                                     WHERE g.group_key = tasks.group_key), 0))
+WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL AND ready_at IS NULL;
+DROP INDEX IF EXISTS tasks_ready;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -268,18 +287,29 @@ SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
 
 -- Queued, due tasks of one queue in index order; a grouped task only when it
 -- is its group's head (nothing ACTIVE or halting-FAILED before it).
+-- Claim candidates come in two streams merged by (priority, ord, id): free
+-- tasks by run_at, and group heads by their place in the round robin.
 -- name: claim_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status
-FROM tasks INDEXED BY tasks_ready
+SELECT id, priority, run_at, group_key, name, limits, queue, status, run_at AS ord
+FROM tasks INDEXED BY tasks_ready_plain
 WHERE status IN ('PENDING', 'RETRYING')
-  AND (group_key IS NULL OR is_head = 1)
+  AND group_key IS NULL
   AND queue = ?
   AND run_at <= ?
 ORDER BY priority DESC, run_at, id
 
+-- name: claim_head_candidates
+SELECT id, priority, run_at, group_key, name, limits, queue, status, coalesce(ready_at, 0) AS ord
+FROM tasks INDEXED BY tasks_ready_heads
+WHERE status IN ('PENDING', 'RETRYING')
+  AND is_head = 1 AND group_key IS NOT NULL
+  AND queue = ?
+  AND run_at <= ?
+ORDER BY priority DESC, ready_at, id
+
 -- The retry path's claim candidates (a claim with a retry share).
 -- name: claim_retry_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status
+SELECT id, priority, run_at, group_key, name, limits, queue, status, run_at AS ord
 FROM tasks INDEXED BY tasks_retry_ready
 WHERE status = 'RETRYING'
   AND (group_key IS NULL OR is_head = 1)
@@ -299,13 +329,17 @@ WHERE group_key = ? AND is_head = 1
                         OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
 -- name: head_set
-UPDATE tasks SET is_head = 1
-WHERE is_head = 0
-  AND id = (SELECT min(id) FROM tasks
-            WHERE group_key = ?
+UPDATE tasks
+SET is_head = 1,
+    ready_at = max(run_at, coalesce((SELECT g.last_claimed_at FROM task_groups AS g WHERE g.group_key = ?1), 0))
+WHERE id = (SELECT min(id) FROM tasks
+            WHERE group_key = ?1
               AND group_key IS NOT NULL
               AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                    OR (status = 'FAILED' AND halt_group_on_failure = 1)))
+  AND (is_head = 0
+       OR ready_at IS NOT max(run_at, coalesce((SELECT g.last_claimed_at FROM task_groups AS g
+                                                 WHERE g.group_key = ?1), 0)))
 
 -- name: group_running
 SELECT 1 FROM tasks INDEXED BY tasks_group_line
@@ -353,8 +387,8 @@ UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?,
     worker_id = ?, started_at = ?, attempt = attempt + 1, version = version + 1
 WHERE id IN (
-    SELECT id FROM tasks INDEXED BY tasks_ready
-    WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1)
+    SELECT id FROM tasks INDEXED BY tasks_ready_plain
+    WHERE status IN ('PENDING', 'RETRYING')
       AND group_key IS NULL AND limits IS NULL
       AND queue = ? AND run_at <= ?
       AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
@@ -391,8 +425,8 @@ WHERE id IN (
                 LIMIT ?7)
             UNION ALL
             SELECT * FROM (
-                SELECT id, 0 AS lane, priority, run_at FROM tasks INDEXED BY tasks_ready
-                WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1)
+                SELECT id, 0 AS lane, priority, run_at FROM tasks INDEXED BY tasks_ready_plain
+                WHERE status IN ('PENDING', 'RETRYING')
                   AND status = 'PENDING'
                   AND group_key IS NULL AND limits IS NULL
                   AND queue = ?4 AND run_at <= ?5
