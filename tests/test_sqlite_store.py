@@ -388,6 +388,14 @@ def _check_heads(store):
                    OR (status = 'FAILED' AND halt_group_on_failure = 1)))"""
     ).fetchall()
     assert wrong == [], f"is_head wrong for groups {wrong}"
+    # a queued head's place in the round robin is never later than its turn
+    # (later would pass it over): max(run_at, its group's last claim)
+    late = con.execute(
+        """SELECT t.id FROM tasks AS t LEFT JOIN task_groups AS g ON g.group_key = t.group_key
+        WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head = 1 AND t.group_key IS NOT NULL
+          AND (t.ready_at IS NULL OR t.ready_at > max(t.run_at, coalesce(g.last_claimed_at, 0)))"""
+    ).fetchall()
+    assert late == [], f"ready_at missing or late for heads {late}"
 
 
 def test_group_head_flag_survives_a_random_workload(store):
@@ -419,6 +427,53 @@ def test_group_head_flag_survives_a_random_workload(store):
             if pending:
                 store.cancel(rng.choice(pending).id)
         _check_heads(store)
+
+
+def test_a_claim_reads_few_heads_however_many_groups_were_claimed_before(store):
+    """Once every group has been claimed once, each head's turn is its
+    group's last claim; a claim still reads about as many heads as it takes
+    (it used to read every queued head to find the first whose turn had come)."""
+    groups = 1000
+    store.submit([new(group=f"g{i % groups}") for i in range(3 * groups)])
+    for _ in range(groups // 50):  # every group claimed once, its first task done
+        claims = store.claim("w", ["default"], 50)
+        store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
+    _check_heads(store)
+    real_con = store._con
+    read = [0]
+
+    class Counted:
+        def __init__(self, cur):
+            self.cur = cur
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            row = next(self.cur)
+            read[0] += 1
+            return row
+
+        def close(self):
+            self.cur.close()
+
+    class Watch:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *a):
+            cur = self.con.execute(sql, *a)
+            return Counted(cur) if sql == Q["claim_head_candidates"] else cur
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    store._con = lambda: Watch(real_con())
+    claims = store.claim("w", ["default"], 10)
+    assert len(claims) == 10
+    assert read[0] <= 20, f"read {read[0]} heads for 10 claims"
+    # and in round-robin order: the groups claimed longest ago come first
+    assert [c.group for c in claims] == [f"g{i}" for i in range(10)]
 
 
 # ---- wait_for_work ---------------------------------------------------------------------
