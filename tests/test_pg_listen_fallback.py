@@ -50,8 +50,8 @@ def test_a_bad_value_is_refused_in_one_line(pg_url, query, rule):
     assert rule in str(info.value)
 
 
-def _runs_without_notifications(worker_app: corral.App, producer_url: str) -> None:
-    """A worker of ``worker_app`` waiting SLOW_POLL between empty claims still
+def _runs_without_notifications(worker_app: corral.App, producer_url: str, poll: float = SLOW_POLL) -> None:
+    """A worker of ``worker_app`` waiting ``poll`` between empty claims still
     runs a task another process submits, well before that."""
     ran: list[int] = []
 
@@ -61,7 +61,7 @@ def _runs_without_notifications(worker_app: corral.App, producer_url: str) -> No
 
     producer = corral.App(producer_url)
     producer.task(name="probe")(lambda i: None)
-    worker_app.start(workers=2, poll_interval=SLOW_POLL)
+    worker_app.start(workers=2, poll_interval=poll)
     try:
         wait_for(lambda: worker_app.store._listening is False or worker_app.store._listen_conn is not None)
         first = producer.submit("probe", args=(1,))
@@ -117,6 +117,8 @@ def test_a_store_for_a_pooler_works_end_to_end(pg_url, pooler):
         if pooler == "transaction":
             assert conn.prepare_threshold is None
     store.migrate()  # again: idempotent, under either lock
-    _runs_without_notifications(app, pg_url)
+    # a listening worker waits its whole poll interval in wait_for_work when
+    # stopped: keep it short where the store listens
+    _runs_without_notifications(app, pg_url, SLOW_POLL if pooler == "transaction" else 2.0)
     if pooler == "transaction":
         assert store._listen_conn is None
