@@ -134,7 +134,7 @@ log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
 EVENTS_CHANNEL = "corral_events"
 #: A follower reads again after this long without a notification: claims and
-#: completions notify no one (see migration_0010).
+#: completions notify no one (see migration_0016).
 EVENTS_POLL = 0.1
 #: Missing ids a reader keeps asking for (rolled-back event writes leave
 #: some for good, until the transactions of their time have ended).
@@ -151,10 +151,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
-#: 10: the event stream (task and breaker events by trigger);
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes.
-SCHEMA_VERSION = 14
+#: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger).
+SCHEMA_VERSION = 16
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0

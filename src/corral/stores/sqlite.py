@@ -122,14 +122,13 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
 #: 5: the dead-letter index, the fleet_control row and the events log;
 #: 7: periodic schedules and their ticks;
-#: 9: the event stream's triggers (task states and progress, breakers);
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes;
-#: 16: ready_at, a group head's place in the round robin, and an index of
+#: 14: the dashboard's indexes; 16: the event stream's triggers (task states and progress, breakers);
+#: 17: ready_at, a group head's place in the round robin, and an index of
 #: ready heads in that order (a claim no longer reads every queued head).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 16
+SCHEMA_VERSION = 17
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -488,7 +487,7 @@ class SQLiteStore(SqlStore):
                 table, column = stmt.split()[2], stmt.split()[5]
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
-            for stmt in _split_script(Q["schema_v16"]):
+            for stmt in _split_script(Q["schema_v17"]):
                 con.execute(stmt)
             for stmt in _split_script(Q["event_stream"]):
                 con.execute(stmt)

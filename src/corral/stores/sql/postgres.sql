@@ -294,7 +294,7 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
--- name: migration_0010
+-- name: migration_0016
 -- The event stream. Task events are written by statement triggers in the
 -- statement that changed the tasks (one multi-row insert per claim or batch of
 -- completions; every path is covered, a rolled-back write leaves no event).

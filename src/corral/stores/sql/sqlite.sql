@@ -336,13 +336,13 @@ SELECT e.id, e.at, e.kind,
                          THEN substr(t.error, 1, 500) END) END AS data
 FROM events e LEFT JOIN tasks t ON t.id = e.task_id;
 
--- After the columns (schema 16): a group head's place in the round robin,
+-- After the columns (schema 17): a group head's place in the round robin,
 -- ready_at = max(run_at, the group's last claim), kept by head_set, so a
 -- claim reads ready heads from an index in claim order. Before, it read every
 -- queued head and looked up its group's last claim to find the first one
 -- eligible: at 10 000 groups, 10 000 rows per claim once every group had been
 -- claimed once. The index of every candidate it replaces goes.
--- name: schema_v16
+-- name: schema_v17
 CREATE INDEX IF NOT EXISTS tasks_ready_heads
     ON tasks (queue, priority DESC, ready_at, id)
     WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL;
