@@ -39,6 +39,8 @@ SQLITE_ONLY = {
     "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
     "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
+    "claim_head_candidates": "ready group heads in round-robin order (PostgreSQL: inside `claim`)",
+    "schema_v17": "the ready heads' index after the columns it needs (PostgreSQL: `migration_0002`)",
     "last_event_id": "the stream's newest id, ids in commit order (PostgreSQL: `stream_now` with missing ids)",
     "event_stream": "the event triggers after the columns they need (PostgreSQL: `migration_0016`)",
     "set_clock": "a fake clock's time for the event triggers (PostgreSQL stamps with now())",

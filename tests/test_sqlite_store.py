@@ -203,10 +203,11 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 
     con = s._con()
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_ready_heads_rank'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    assert {"tasks_ready_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
-    assert not {"tasks_ready", "tasks_retry_ready"} & indexes  # the strict-priority ones are gone
+    assert {"tasks_ready_plain_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
+    assert not {"tasks_ready", "tasks_retry_ready", "tasks_ready_rank"} & indexes  # strict priority, gone
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
     dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
     assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -247,7 +248,7 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
         con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
         con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     con.executescript(
-        "DROP INDEX tasks_retry_ready_rank; DROP INDEX tasks_ready_rank;"
+        "DROP INDEX tasks_retry_ready_rank; DROP INDEX tasks_ready_plain_rank; DROP INDEX tasks_ready_heads_rank;"
         " CREATE INDEX tasks_ready ON tasks (queue, priority DESC, run_at, id)"
         " WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);"
     )
@@ -405,9 +406,13 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     plan = _plan(con, "SELECT * FROM (" + Q["active_counts"] + ")", ())
     # backpressure and drain never read history: only partial indexes are scanned
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX)", plan) == [], plan
-    plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
-    assert "USING INDEX tasks_ready_rank" in plan and "SCAN" not in plan, plan
-    assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
+    for name, index in (
+        ("claim_candidates", "tasks_ready_plain_rank"),
+        ("claim_head_candidates", "tasks_ready_heads_rank"),
+    ):
+        plan = _plan(con, Q[name], ("default", now + 10))
+        assert f"USING INDEX {index}" in plan and "SCAN" not in plan, plan
+        assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
     for name, params in (
         ("head_clear", ("g", "g")),
         ("head_set", ("g",)),
@@ -420,12 +425,16 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     # the sweep reads RUNNING rows only (a partial index), never history
     plan = _plan(con, Q["find_stuck"], {"now": now, "limit": 10})
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX tasks_running_expiry)", plan) == [], plan
-    # the ready index holds queued heads and free tasks only
+    # the ready indexes hold free tasks and queued heads only
     ready = con.execute(
-        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_rank "
-        "WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1) AND queue = 'default'"
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_plain_rank "
+        "WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL AND queue = 'default'"
     ).fetchone()[0]
-    assert ready == 51
+    heads = con.execute(
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_heads_rank "
+        "WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL AND queue = 'default'"
+    ).fetchone()[0]
+    assert (ready, heads) == (50, 1)
     claims = store.claim("w", ["default"], 200)
     assert len(claims) == 51
 
@@ -443,6 +452,14 @@ def _check_heads(store):
                    OR (status = 'FAILED' AND halt_group_on_failure = 1)))"""
     ).fetchall()
     assert wrong == [], f"is_head wrong for groups {wrong}"
+    # a queued head's place in the round robin is never later than its turn
+    # (later would pass it over): max(run_at, its group's last claim)
+    late = con.execute(
+        """SELECT t.id FROM tasks AS t LEFT JOIN task_groups AS g ON g.group_key = t.group_key
+        WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head = 1 AND t.group_key IS NOT NULL
+          AND (t.ready_at IS NULL OR t.ready_at > max(t.run_at, coalesce(g.last_claimed_at, 0)))"""
+    ).fetchall()
+    assert late == [], f"ready_at missing or late for heads {late}"
 
 
 def test_group_head_flag_survives_a_random_workload(store):
@@ -474,6 +491,53 @@ def test_group_head_flag_survives_a_random_workload(store):
             if pending:
                 store.cancel(rng.choice(pending).id)
         _check_heads(store)
+
+
+def test_a_claim_reads_few_heads_however_many_groups_were_claimed_before(store):
+    """Once every group has been claimed once, each head's turn is its
+    group's last claim; a claim still reads about as many heads as it takes
+    (it used to read every queued head to find the first whose turn had come)."""
+    groups = 1000
+    store.submit([new(group=f"g{i % groups}") for i in range(3 * groups)])
+    for _ in range(groups // 50):  # every group claimed once, its first task done
+        claims = store.claim("w", ["default"], 50)
+        store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
+    _check_heads(store)
+    real_con = store._con
+    read = [0]
+
+    class Counted:
+        def __init__(self, cur):
+            self.cur = cur
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            row = next(self.cur)
+            read[0] += 1
+            return row
+
+        def close(self):
+            self.cur.close()
+
+    class Watch:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *a):
+            cur = self.con.execute(sql, *a)
+            return Counted(cur) if sql == Q["claim_head_candidates"] else cur
+
+        def __getattr__(self, name):
+            return getattr(self.con, name)
+
+    store._con = lambda: Watch(real_con())
+    claims = store.claim("w", ["default"], 10)
+    assert len(claims) == 10
+    assert read[0] <= 20, f"read {read[0]} heads for 10 claims"
+    # and in round-robin order: the groups claimed longest ago come first
+    assert [c.group for c in claims] == [f"g{i}" for i in range(10)]
 
 
 # ---- wait_for_work ---------------------------------------------------------------------

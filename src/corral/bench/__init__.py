@@ -6,7 +6,11 @@
                 submit-to-start latency of one store;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
-``dashboard``   the dashboard's pages on a store of a million finished tasks.
+``dashboard``   the dashboard's pages on a store of a million finished tasks;
+``scale``       a million queued tasks: submit rate, claim time and worker
+                memory from the first slice to the last;
+``processes``   claims per second with 1, 2, 4, 8 worker processes, and
+                what each costs the PostgreSQL server.
 
 Each measured run happens in a child process; progress goes to stderr and
 ``--json`` keeps stdout to one JSON object.
@@ -26,7 +30,8 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits` and `dashboard`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits`, `dashboard`,
+    `scale` and `processes`."""
 
 
 class StoreParam(click.ParamType):
@@ -404,6 +409,152 @@ def limits_cmd(
         click.echo(common.dumps(report))
         return
     render(report)
+
+
+@bench.command("scale")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="sqlite",
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
+)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--tasks", default=1_000_000, show_default=True, help="No-op tasks queued before the workers start.")
+@click.option("--groups", "n_groups", default=10_000, show_default=True, help="Groups (task i in group i mod N).")
+@click.option("--slice", "slice_size", default=10_000, show_default=True, help="Tasks per measured slice.")
+@click.option(
+    "--drain",
+    default=0,
+    show_default=True,
+    help="Tasks the workers run before the figures are taken (0: all of them; fewer bounds the run, and the "
+    "last slice is then the last one drained).",
+)
+@click.option("--workers", default=2, show_default=True, help="Worker processes.")
+@click.option("--concurrency", default=8, show_default=True, help="Slots per worker process.")
+@click.option(
+    "--latency-tasks",
+    default=200,
+    show_default=True,
+    help="Idle-latency tasks, on the fresh store and after the drain (0 skips both).",
+)
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds the drain may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+def scale_cmd(
+    store: tuple[str, str | None],
+    pg_url: str | None,
+    tasks: int,
+    n_groups: int,
+    slice_size: int,
+    drain: int,
+    workers: int,
+    concurrency: int,
+    latency_tasks: int,
+    timeout: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """A million queued tasks: do submit rate, claim time and worker memory stay flat?
+
+    Queues --tasks no-op tasks in --groups groups (submit_many, 1 000 a call),
+    then --workers processes drain them; reports the slices ending at 10 k,
+    100 k and the last task, and the ratio last / first (flat is 1.0).
+    The idle submit-to-start latency is measured on the fresh store and
+    again after the drain."""
+    from corral.bench.scale import child_argv, render_scale
+
+    kind, pg_url = _store(store, pg_url)
+    if kind == "memory":
+        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    if min(tasks, n_groups, slice_size, workers, concurrency) < 1 or drain < 0 or latency_tasks < 0:
+        raise click.UsageError("--tasks, --groups, --slice, --workers and --concurrency must be >= 1")
+    if timeout <= 0:
+        raise click.UsageError("--timeout must be > 0")
+    argv = child_argv(
+        "scale",
+        store=kind,
+        pg_url=pg_url,
+        tasks=tasks,
+        groups=n_groups,
+        slice=slice_size,
+        drain=drain,
+        workers=workers,
+        concurrency=concurrency,
+        latency_tasks=latency_tasks,
+        timeout=timeout,
+        progress=not no_progress,
+    )
+    try:
+        report = common.run_child(argv, f"scale ({kind})", show_progress=not no_progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    render_scale(report)
+
+
+@bench.command("processes")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="postgres",
+    show_default=True,
+    help="postgres (or sqlite), or a store URL (a fresh store is used either way).",
+)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--processes", default="1,2,4,8", show_default=True, help="Worker process counts to measure.")
+@click.option("--tasks", default=20_000, show_default=True, help="No-op tasks queued before each run.")
+@click.option("--concurrency", default=8, show_default=True, help="Slots per worker process.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+def processes_cmd(
+    store: tuple[str, str | None],
+    pg_url: str | None,
+    processes: str,
+    tasks: int,
+    concurrency: int,
+    timeout: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Claims per second with more worker processes, from a pre-filled queue of no-op tasks.
+
+    On PostgreSQL it also gives what the server spent per task and per
+    claim: transactions, WAL records and flushes, and CPU time when the
+    server runs on this machine (WAL figures are the whole server's: use a
+    server the run has to itself)."""
+    from corral.bench.scale import child_argv, render_processes
+
+    kind, pg_url = _store(store, pg_url)
+    if kind == "memory":
+        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    try:
+        counts = [int(x) for x in processes.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--processes") from None
+    if not counts or min(counts) < 1 or tasks < 1 or concurrency < 1 or timeout <= 0:
+        raise click.UsageError("--processes, --tasks and --concurrency must be >= 1, --timeout > 0")
+    argv = child_argv(
+        "processes",
+        store=kind,
+        pg_url=pg_url,
+        processes=",".join(map(str, counts)),
+        tasks=tasks,
+        concurrency=concurrency,
+        timeout=timeout,
+        progress=not no_progress,
+    )
+    try:
+        report = common.run_child(argv, f"processes ({kind})", show_progress=not no_progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    render_processes(report)
 
 
 def main() -> None:  # pragma: no cover - `python -m corral.bench`

@@ -31,19 +31,24 @@ Design notes
 * Submits (and completions that free a group head, a limit slot or promote a
   dependent) ``NOTIFY corral_work`` once per statement and queue;
   :meth:`PostgresStore.wait_for_work` waits on one listening connection per
-  store instance.
+  store instance. Where notifications cannot reach it (a transaction pooler
+  such as PgBouncer in ``pool_mode=transaction`` passes LISTEN but never
+  delivers), it polls every ``POLL_WITHOUT_LISTEN`` seconds instead: chosen
+  with ``?listen=off`` in the URL, or by itself when the first LISTEN fails
+  or its own test notification does not come back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import breaker as brk
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
@@ -117,6 +122,15 @@ _PERMANENT: tuple[type[Exception], ...] = (
 PLAIN_HINT_TTL = 0.2
 
 CHANNEL = "corral_work"
+#: Seconds between claims of a store that does not listen (``?listen=off``,
+#: or notifications do not reach it): short, since a claim that finds
+#: nothing is one indexed statement.
+POLL_WITHOUT_LISTEN = 0.05
+#: How long the first LISTEN waits for its own test notification before the
+#: store concludes that notifications do not reach it.
+LISTEN_CHECK_SECONDS = 2.0
+
+log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
 EVENTS_CHANNEL = "corral_events"
 #: A follower reads again after this long without a notification: claims and
@@ -175,6 +189,43 @@ def _redact(url: str) -> str:
     return url
 
 
+def _corral_options(url: str) -> tuple[str, bool, str | None]:
+    """``url`` without corral's own parameters (libpq does not know them),
+    whether the store listens for notifications, and the pooler it goes
+    through. ``listen=off`` polls instead; ``pooler=session`` or
+    ``pooler=transaction`` names a connection pooler such as PgBouncer in
+    that mode (a transaction pooler implies ``listen=off``)."""
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v.strip().lower() for k, v in pairs if k in ("listen", "pooler")}
+    pooler = ours.get("pooler")
+    if pooler is not None and pooler not in ("session", "transaction"):
+        raise ValueError(f"pooler={pooler!r}: use pooler=session or pooler=transaction")
+    listen = pooler != "transaction"
+    if "listen" in ours:
+        if ours["listen"] not in _LISTEN_VALUES:
+            raise ValueError(f"listen={ours['listen']!r}: use listen=on or listen=off")
+        listen = _LISTEN_VALUES[ours["listen"]]
+    if not ours:
+        return url, listen, pooler
+    rest = urlencode([(k, v) for k, v in pairs if k not in ours])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), listen, pooler
+
+
+_LISTEN_VALUES = {
+    **dict.fromkeys(("on", "true", "1", "yes"), True),
+    **dict.fromkeys(("off", "false", "0", "no"), False),
+}
+
+
+def _set_session_options(conn) -> None:
+    """SESSION_OPTIONS as SET statements, for a new connection of a session pooler."""
+    for opt in SESSION_OPTIONS.split("-c "):
+        if opt.strip():
+            name, value = opt.strip().split("=", 1)
+            conn.execute(f"SET {name} = {value}")
+
+
 @contextmanager
 def _nothing() -> Iterator[None]:
     yield
@@ -194,6 +245,10 @@ class PostgresStore(SqlStore):
         self._shown = _redact(url)
         if url.startswith("postgres://"):
             url = "postgresql://" + url[len("postgres://") :]
+        try:
+            url, self._listening, self._pooler = _corral_options(url)
+        except ValueError as exc:
+            raise StoreUnavailable(f"cannot parse store URL {self._shown}: {exc}") from None
         self._dsn = url
         self._q = _sql.load("postgres")
         self._connect_timeout = connect_timeout
@@ -201,20 +256,34 @@ class PostgresStore(SqlStore):
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot parse store URL {self._shown}: {first_line(exc)}") from None
+        # Poolers refuse the `options` startup parameter: a session pooler
+        # gets the settings with SET on each new connection; behind a
+        # transaction pooler a SET would stay on whichever server session ran
+        # it, so the database's own settings apply (see docs/scaling.md), and
+        # no statement is prepared on a server session (the next statement
+        # may run on another).
+        self._conn_kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, int(connect_timeout))}
+        configure = None
+        if self._pooler is None:
+            self._conn_kwargs["options"] = SESSION_OPTIONS
+        elif self._pooler == "session":
+            configure = _set_session_options
+        else:
+            self._conn_kwargs["prepare_threshold"] = None
         # Connect once directly: a clear one-line error beats a pool timeout.
         try:
-            psycopg.connect(url, connect_timeout=max(1, int(connect_timeout))).close()
+            psycopg.connect(url, **self._conn_kwargs).close()
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
+            hint = ""
+            if "startup parameter" in str(exc):
+                hint = " (through a connection pooler? add ?pooler=transaction or ?pooler=session to the URL)"
+            raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}{hint}") from None
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": max(1, int(connect_timeout)),
-                "options": SESSION_OPTIONS,
-            },
+            kwargs=self._conn_kwargs,
+            configure=configure,
             timeout=connect_timeout * 2,
             name="corral",
             open=False,
@@ -290,24 +359,34 @@ class PostgresStore(SqlStore):
         migrations = sorted((int(k.rsplit("_", 1)[1]), k) for k in self._q if k.startswith("migration_"))
 
         def go(conn):
+            if self._pooler == "transaction":
+                # a session lock could be taken on one server session and
+                # released on another: hold a transaction's lock instead
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
+                    steps(conn)
+                return
             conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK_KEY,))
             try:
-                conn.execute(self._q["schema_version_table"])
-                row = conn.execute(self._q["schema_version"]).fetchone()
-                current = row[0] if row else 0
-                if current > SCHEMA_VERSION:
-                    raise StoreCorrupt(
-                        f"{self._shown} has schema version {current}, newer than this corral knows"
-                        f" ({SCHEMA_VERSION}); upgrade corral"
-                    )
-                for version, key in migrations:
-                    if version <= current:
-                        continue
-                    with conn.transaction():
-                        conn.execute(self._q[key])
-                        conn.execute(self._q["set_schema_version"], {"v": version})
+                steps(conn)
             finally:
                 conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK_KEY,))
+
+        def steps(conn):
+            conn.execute(self._q["schema_version_table"])
+            row = conn.execute(self._q["schema_version"]).fetchone()
+            current = row[0] if row else 0
+            if current > SCHEMA_VERSION:
+                raise StoreCorrupt(
+                    f"{self._shown} has schema version {current}, newer than this corral knows"
+                    f" ({SCHEMA_VERSION}); upgrade corral"
+                )
+            for version, key in migrations:
+                if version <= current:
+                    continue
+                with conn.transaction():
+                    conn.execute(self._q[key])
+                    conn.execute(self._q["set_schema_version"], {"v": version})
 
         self._run(go)
 
@@ -779,14 +858,15 @@ class PostgresStore(SqlStore):
             return
         woken: bool | None = False
         try:
-            if self._listen_conn is None:
-                self._listen_conn = psycopg.connect(
-                    self._dsn,
-                    autocommit=True,
-                    connect_timeout=max(1, int(self._connect_timeout)),
-                    options=SESSION_OPTIONS,
-                )
-                self._listen_conn.execute(f"LISTEN {CHANNEL}")
+            if not self._listening:
+                woken = None
+            elif self._listen_conn is None:
+                self._listen_conn = psycopg.connect(self._dsn, **self._conn_kwargs)
+                why = self._start_listening(self._listen_conn)
+                if why is not None:
+                    log.warning("%s: %s; polling for work every %g s instead", self._shown, why, POLL_WITHOUT_LISTEN)
+                    self._listening = False
+                    self._drop_listen_conn()
                 woken = True  # work may have come before we listened: look now
             else:
                 # notifications that came while no thread waited here are kept
@@ -801,12 +881,48 @@ class PostgresStore(SqlStore):
         finally:
             self._listen_lock.release()
         if woken is None:
-            time.sleep(min(max(0.0, timeout), 0.2))  # the server is away: poll meanwhile
+            # not listening (poll briefly), or the server is away (poll meanwhile);
+            # close() ends the wait
+            with self._cond:
+                if not self._closed:
+                    self._cond.wait(min(max(0.0, timeout), 0.2 if self._listening else POLL_WITHOUT_LISTEN))
             return
         if woken:
             self._local.hot = True  # the claim right after may run on this connection
             self._bump()
         self._local.seen = self._gen
+
+    def _start_listening(self, conn) -> str | None:
+        """LISTEN on ``conn`` and check that a notification sent from another
+        session comes back; returns why not, or None when it does. Behind a
+        transaction pooler LISTEN runs on some server session that is handed
+        to another client at once, so nothing would ever wake this store."""
+        try:
+            conn.execute(f"LISTEN {CHANNEL}")
+            probe = f"corral_check_{uuid.uuid4().hex[:16]}"
+            conn.execute(f"LISTEN {probe}")
+        except psycopg.OperationalError as exc:
+            if _is_outage(exc):
+                raise
+            return f"LISTEN failed ({first_line(exc)})"
+        except psycopg.Error as exc:
+            return f"LISTEN failed ({first_line(exc)})"
+        self._send_check(probe)
+        deadline = time.monotonic() + LISTEN_CHECK_SECONDS
+        came = False
+        while not came and (left := deadline - time.monotonic()) > 0:
+            for note in conn.notifies(timeout=left, stop_after=1):
+                came = came or note.channel == probe
+                if note.payload.endswith(":g"):
+                    self._plain_until = 0.0
+        conn.execute(f"UNLISTEN {probe}")
+        if not came:
+            return f"a test notification did not come back within {LISTEN_CHECK_SECONDS:g} s (a transaction pooler?)"
+        return None
+
+    def _send_check(self, channel: str) -> None:
+        """Send the listening check's notification from a pooled session."""
+        self._run(lambda conn: conn.execute(f"NOTIFY {channel}"))
 
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:

@@ -70,6 +70,7 @@ import functools
 import heapq
 import itertools
 import json
+import math
 import os
 import sqlite3
 import threading
@@ -127,10 +128,12 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes;
 #: 16: the event stream's triggers (task states and progress, breakers);
-#: 18: the claim-order indexes hold the ageing rank (core/priorities.py).
+#: 18: the claim-order indexes hold the ageing rank (core/priorities.py);
+#: 19: ready_at, a group head's place in the round robin, and an index of
+#: ready heads in that order (a claim no longer reads every queued head).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 18
+SCHEMA_VERSION = 19
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -215,6 +218,12 @@ def _guard(fn):
 
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
+
+
+def _index_key(row: tuple) -> tuple:
+    """Where a candidate row sits in its claim index: (ord, id); a head with
+    no place yet (ord NULL) sorts first, as SQLite sorts NULL."""
+    return (-math.inf if row[8] is None else row[8], row[0])
 
 
 def _limit_state(row: Sequence[Any]) -> LimitState:
@@ -489,6 +498,8 @@ class SQLiteStore(SqlStore):
                 table, column = stmt.split()[2], stmt.split()[5]
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
+            for stmt in _split_script(Q["schema_v17"]):
+                con.execute(stmt)
             for stmt in _split_script(Q["event_stream"]):
                 con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
@@ -800,14 +811,21 @@ class SQLiteStore(SqlStore):
         cursors: list[sqlite3.Cursor] = []
         picked: list[list[tuple]] = []
 
-        def ordered(query: str) -> Iterator[tuple]:
-            """Candidates of ``query`` in claim order: rank (priority with ageing), then id."""
-            mine = [con.execute(Q[query], (q, now)) for q in queues]
+        def ordered(*queries: str) -> Iterator[tuple]:
+            """Candidates of ``queries`` in claim order: rank (priority with
+            ageing), then id.
+
+            Each query reads an index in (ord, id) order, where ord is never
+            later than the row's rank when eligible (computed from a head's
+            stored place in the round robin, else run_at); a row read early
+            waits in a heap until the streams pass its eligibility, so with
+            places up to date a claim reads about as many rows as it takes."""
+            mine = [con.execute(Q[query], (q, now)) for query in queries for q in queues]
             cursors.extend(mine)
-            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (claim_rank(r[1], r[2]), r[0]))
+            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_index_key)
             heap: list = []
             for row in stream:
-                index_key = (claim_rank(row[1], row[2]), row[0])
+                index_key = _index_key(row)
                 heapq.heappush(heap, (eligible_key(row), row))
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
@@ -855,11 +873,11 @@ class SQLiteStore(SqlStore):
 
         try:
             if cap is None:
-                fill(ordered("claim_candidates"), max_units)
+                fill(ordered("claim_candidates", "claim_head_candidates"), max_units)
             else:
                 # claim order across both paths, the retry path only up to its share
                 retries = ordered("claim_retry_candidates")
-                fresh = (r for r in ordered("claim_candidates") if r[7] != State.RETRYING)
+                fresh = (r for r in ordered("claim_candidates", "claim_head_candidates") if r[7] != State.RETRYING)
                 next_r, next_f = next(retries, None), next(fresh, None)
                 taken = 0
                 while len(picked) < max_units and (next_f is not None or (next_r is not None and taken < cap)):
