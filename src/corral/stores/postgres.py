@@ -385,6 +385,7 @@ class PostgresStore(SqlStore):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        prefetch: bool = False,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -402,6 +403,7 @@ class PostgresStore(SqlStore):
             # the retry path apart: one statement still (the share is applied in it)
             "share": None if only_retries or retry_share is None else float(retry_share),
             "solo": [],
+            "prefetch": bool(prefetch),
         }
 
         def go(conn):
@@ -424,6 +426,10 @@ class PostgresStore(SqlStore):
             return rows
 
         def full(conn, cur):
+            if prefetch:
+                # no unit naming a limit: gates stay shut, nothing to lock or charge
+                cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
+                return cur.fetchall()
             if not self._limited_hint:
                 # Last time no capped limit had work waiting: claim unlimited
                 # work in one round trip, and probe only if that found nothing.
