@@ -201,6 +201,7 @@ class Worker:
         # limited work is never starved by a steady flow of unlimited work.
         self._mixed = any(getattr(t, "limits", ()) for t in registry.values())
         self._prefetch_turn = True
+        self._prefetch_after = 0.0  # after an empty prefetch claim, the next one waits this long
         self.lease_seconds = lease_seconds
         # renewing a lease writes every row of the claim: a third of the lease is plenty
         self.heartbeat_interval = heartbeat_interval or lease_seconds / 3
@@ -455,11 +456,11 @@ class Worker:
                 quiet = self._inflight == 0  # an empty claim now means nothing here can run
                 # reserve the slots this claim may fill, so nothing else
                 # counts them free while the claim is under way
-                want = min(free, policy.max_units)
+                # (a prefetch is only made under a policy that restricts nothing)
+                want = free if ahead else min(free, policy.max_units)
                 self._inflight += want
-                # a claim into free slots opens the next prefetch; a worker
-                # running limited tasks prefetches once between two of those
-                self._prefetch_turn = not (ahead and self._mixed)
+                if not ahead:
+                    self._prefetch_turn = True  # a claim into free slots opens the next prefetch
             try:
                 claims = self._claim(want, names, policy, prefetch=ahead)
             except StoreCorrupt as exc:  # no retry can cure it: stop claiming, let the runner exit
@@ -478,11 +479,16 @@ class Worker:
             if claims is None:
                 self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
                 continue
-            if ahead and not claims:
-                # nothing to take ahead: claim again when a slot frees (that
-                # claim may take limited work, which a prefetch never does)
-                self._prefetch_turn = False
-                continue
+            if ahead:
+                if claims and self._mixed:
+                    # limited work waits for a claim into a free slot: let
+                    # the prefetch run dry before the next one
+                    self._prefetch_turn = False
+                elif not claims:
+                    # nothing to take ahead: look again in a while, or when a
+                    # slot frees (that claim may take limited work too)
+                    self._prefetch_after = time.monotonic() + self.poll_interval
+                    continue
             if not claims:
                 self.store.wait_for_work(self._idle_wait())
                 continue
@@ -501,7 +507,9 @@ class Worker:
         return (
             self.prefetch > 0
             and self._prefetch_turn
+            and time.monotonic() >= self._prefetch_after
             and policy.slots is None
+            and (policy.max_units or 0) >= self.concurrency
             and policy.lanes is None
             and not policy.only_retries
             and not self._stop_claiming.is_set()
