@@ -73,9 +73,16 @@ def _fmt(v: Any, digits: int = 3) -> str:
 )
 @click.option(
     "--chunk-size",
-    default=100,
-    show_default=True,
-    help="corral: tasks of one group taken per claim (100-500 usually pays off).",
+    type=int,
+    default=None,
+    help="corral: tasks of one group taken per claim. Default: the worker's own default (sized from the"
+    " tasks' durations), as a user who sets nothing gets.",
+)
+@click.option(
+    "--prefetch",
+    type=int,
+    default=None,
+    help="corral: units a worker holds beyond its free slots. Default: the worker's own default.",
 )
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
@@ -101,7 +108,8 @@ def groups_cmd(
     tasks: int,
     n_groups: int,
     variants: str,
-    chunk_size: int,
+    chunk_size: int | None,
+    prefetch: int | None,
     concurrency: int,
     limit: int,
     store: tuple[str, str | None],
@@ -122,8 +130,10 @@ def groups_cmd(
         raise click.BadParameter(
             f"unknown variant(s) {', '.join(bad) or '(none)'}; choose from A, B, C", param_hint="--variants"
         )
-    if tasks < 1 or n_groups < 1 or chunk_size < 1 or concurrency < 1 or limit < 1 or workers < 1:
+    if tasks < 1 or n_groups < 1 or (chunk_size or 1) < 1 or concurrency < 1 or limit < 1 or workers < 1:
         raise click.UsageError("--tasks, --groups, --chunk-size, --concurrency, --limit and --workers must be >= 1")
+    if prefetch is not None and prefetch < 0:
+        raise click.UsageError("--prefetch must be >= 0")
     results = []
     for v in chosen:
         argv = child_argv(
@@ -131,6 +141,7 @@ def groups_cmd(
             tasks=tasks,
             groups=n_groups,
             chunk_size=chunk_size,
+            prefetch=prefetch,
             concurrency=concurrency,
             limit=limit,
             store=kind,
@@ -167,7 +178,7 @@ def groups_cmd(
     for r in results:
         name = f"{r['variant']} {SHORT[r['variant']]}"
         if r["variant"] == "C":
-            name += f" [{r['store']}, chunk {r['chunk_size']}" + (
+            name += f" [{r['store']}, chunk {r['chunk_size'] or 'auto'}" + (
                 f", {r['workers']} proc]" if r["store"] != "memory" else "]"
             )
         rss = _fmt(r["peak_rss_mb"], 1)

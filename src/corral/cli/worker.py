@@ -58,7 +58,7 @@ def _setup_logging(level: str) -> None:
     type=click.IntRange(min=1),
     default=None,
     help="Tasks of one group taken together and run in order. Default: sized by itself, so one claim"
-    " brings about a quarter second of a group's work (1 for tasks that take that long).",
+    " brings about half a second of a group's work (1 for tasks that take that long).",
 )
 @click.option(
     "--prefetch",

@@ -20,7 +20,7 @@ import math
 import threading
 
 #: One claim of a group brings about this much work (seconds) once durations are known.
-CHUNK_TARGET_SECONDS = 0.25
+CHUNK_TARGET_SECONDS = 0.5
 #: The largest chunk chosen by itself (an explicit ``chunk_size`` may be larger).
 AUTO_CHUNK_MAX = 200
 #: Weight of the newest duration in the running mean.

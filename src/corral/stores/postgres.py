@@ -108,6 +108,12 @@ CHANNEL = "corral_work"
 #: ANALYZE follows), and then it reads every candidate and sorts them instead
 #: of stopping at the first few.
 SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
+#: Pooled connections per store instance. With the listening connection a
+#: worker process holds at most ``POOL_MAX_SIZE + 1`` connections whatever
+#: its slots: claims and completions are batched by one dispatcher and one
+#: completer thread, so more connections would only idle (and fill the
+#: server's ``max_connections`` as workers are added).
+POOL_MAX_SIZE = 2
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
@@ -159,7 +165,7 @@ def _record(row: dict[str, Any]) -> TaskRecord:
 class PostgresStore(SqlStore):
     shared = True
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5.0):
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = POOL_MAX_SIZE, connect_timeout: float = 5.0):
         if psycopg is None:  # pragma: no cover
             raise StoreUnavailable("the PostgreSQL store needs psycopg: pip install 'corral[postgres]'")
         self.url = url
