@@ -209,9 +209,23 @@ def groups_cmd(
 @click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
 @click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
 @click.option("--pause", default=0.02, show_default=True, help="Pause between idle-latency submits (s).")
-@click.option("--concurrency", default=10, show_default=True, help="Worker slots per process for no-op tasks.")
-@click.option("--io-concurrency", default=20, show_default=True, help="Worker slots for the I/O run.")
-@click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
+@click.option("--concurrency", default=8, show_default=True, help="Worker slots per process for no-op tasks.")
+@click.option("--io-concurrency", default=10, show_default=True, help="Worker slots per process for the I/O run.")
+@click.option(
+    "--io-processes",
+    default=2,
+    show_default=True,
+    help="Worker processes for the I/O run (memory: one process with all their slots).",
+)
+@click.option("--processes", default="2,1", show_default=True, help="Worker process counts to measure.")
+@click.option(
+    "--layout",
+    type=click.Choice(["cli", "engine"]),
+    default="cli",
+    show_default=True,
+    help="cli: each worker process runs as `corral worker` does (App.run, with the sweeper and the fleet"
+    " level, stopped by SIGTERM); engine: a bare Worker, nothing beside it.",
+)
 @click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
 @click.option(
     "--groups",
@@ -242,7 +256,9 @@ def throughput_cmd(
     pause: float,
     concurrency: int,
     io_concurrency: int,
+    io_processes: int,
     processes: str,
+    layout: str,
     finished_rows: int,
     groups: int,
     only: str,
@@ -288,7 +304,9 @@ def throughput_cmd(
         pause=pause,
         concurrency=concurrency,
         io_concurrency=io_concurrency,
+        io_processes=io_processes,
         processes=",".join(map(str, procs)),
+        layout=layout,
         finished_rows=finished_rows,
         groups=groups,
         only=",".join(parts),
