@@ -17,7 +17,6 @@ cost, both pure arithmetic here so they test without threads or a database:
 from __future__ import annotations
 
 import math
-import threading
 
 #: One claim of a group brings about this much work (seconds) once durations are known.
 CHUNK_TARGET_SECONDS = 0.5
@@ -31,7 +30,9 @@ class AutoChunk:
     """A running mean of task durations, and the chunk size it implies.
 
     Until ``warmup`` tasks have been measured the chunk is 1, so a worker
-    knows nothing of its tasks before it chunks them."""
+    knows nothing of its tasks before it chunks them. Not locked: slot
+    threads that race may lose a sample, which only makes the mean a
+    little older."""
 
     def __init__(self, target: float = CHUNK_TARGET_SECONDS, maximum: int = AUTO_CHUNK_MAX, warmup: int = 5) -> None:
         self.target = target
@@ -39,19 +40,18 @@ class AutoChunk:
         self.warmup = warmup
         self.samples = 0
         self.mean: float | None = None
-        self._lock = threading.Lock()
 
     def observe(self, seconds: float) -> None:
         """Record one task's duration (wall time of its run)."""
         seconds = max(0.0, seconds)
-        with self._lock:
-            self.samples += 1
-            if self.mean is None:
-                self.mean = seconds
-            else:
-                # the plain mean while few are known, then a moving one
-                alpha = max(_ALPHA, 1.0 / self.samples)
-                self.mean += alpha * (seconds - self.mean)
+        self.samples += 1
+        mean = self.mean
+        if mean is None:
+            self.mean = seconds
+        else:
+            # the plain mean while few are known, then a moving one
+            alpha = max(_ALPHA, 1.0 / self.samples)
+            self.mean = mean + alpha * (seconds - mean)
 
     def size(self) -> int:
         """The chunk size to claim with now."""
