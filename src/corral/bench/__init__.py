@@ -217,7 +217,7 @@ def groups_cmd(
     show_default=True,
     help="Worker processes for the I/O run (memory: one process with all their slots).",
 )
-@click.option("--processes", default="2,1", show_default=True, help="Worker process counts to measure.")
+@click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
 @click.option(
     "--layout",
     type=click.Choice(["cli", "engine"]),

@@ -381,7 +381,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", default="cli", choices=["cli", "engine"])
     p.add_argument("--io-concurrency", type=int, default=10)
     p.add_argument("--io-processes", type=int, default=2)
-    p.add_argument("--processes", default="2,1")
+    p.add_argument("--processes", default="1,2")
     p.add_argument("--finished-rows", type=int, default=0)
     p.add_argument("--groups", type=int, default=0)
     p.add_argument("--claim-delay-ms", type=lambda v: [float(x) for x in v.split(",")], default=[0.0])

@@ -847,7 +847,11 @@ class Worker:
                 unit.lost = True  # a slot that picks it up starts nothing
             self._hand_back(unit, unit.claim.tasks, unit.claim.token)
             given += len(unit.claim.tasks)
-            self._release(unit)
+            if self._completer_q is None:
+                self._settle(unit)
+            else:  # free it once the hand-back is written: not in flight means back in the queue
+                self._completer_idle.clear()
+                self._completer_q.put(unit)
         return given
 
     def _let_go_abandoned(self) -> None:
@@ -1000,6 +1004,7 @@ class Worker:
             )
             self.halted.set()
             self._stop_claiming.set()  # before the slot is freed, so nothing is claimed into it
+            self.handed_back += self._hand_back_prefetched()  # they would wait for a slot in vain
         self._spawn_slot()
         with self._cond:
             self._inflight -= 1  # the unit stays in _units: the heartbeat keeps its lease
