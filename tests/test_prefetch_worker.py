@@ -203,9 +203,9 @@ def test_prefetch_zero_claims_only_into_free_slots(url):
 
 
 def test_default_prefetch_is_small_and_bounded():
-    assert default_prefetch(1) == 1
-    assert default_prefetch(10) == 10
-    assert default_prefetch(500) == 32
+    assert default_prefetch(1) == 2
+    assert default_prefetch(10) == 20
+    assert default_prefetch(500) == 64
 
 
 def test_auto_chunk_follows_task_durations():

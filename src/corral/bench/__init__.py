@@ -226,6 +226,12 @@ def groups_cmd(
     help="cli: each worker process runs as `corral worker` does (App.run, with the sweeper and the fleet"
     " level, stopped by SIGTERM); engine: a bare Worker, nothing beside it.",
 )
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Units each worker holds beyond its free slots. Default: the worker's own default.",
+)
 @click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
 @click.option(
     "--groups",
@@ -259,6 +265,7 @@ def throughput_cmd(
     io_processes: int,
     processes: str,
     layout: str,
+    prefetch: int | None,
     finished_rows: int,
     groups: int,
     only: str,
@@ -307,6 +314,7 @@ def throughput_cmd(
         io_processes=io_processes,
         processes=",".join(map(str, procs)),
         layout=layout,
+        prefetch=prefetch,
         finished_rows=finished_rows,
         groups=groups,
         only=",".join(parts),

@@ -245,7 +245,10 @@ def run(args) -> dict[str, Any]:
                 out["prefill_s"] = round(prefill(app, url, args.finished_rows, prog), 3)
 
             def opts(conc: int) -> dict[str, Any]:
-                return {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
+                o: dict[str, Any] = {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
+                if args.prefetch is not None:
+                    o["prefetch"] = args.prefetch
+                return o
 
             def run_away(queued: int) -> int:
                 """Run the enqueue part's tasks away, untimed; returns the tasks left queued (0)."""
@@ -379,6 +382,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pause", type=float, default=0.02)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--layout", default="cli", choices=["cli", "engine"])
+    p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--io-concurrency", type=int, default=10)
     p.add_argument("--io-processes", type=int, default=2)
     p.add_argument("--processes", default="1,2")

@@ -58,14 +58,14 @@ def _setup_logging(level: str) -> None:
     type=click.IntRange(min=1),
     default=None,
     help="Tasks of one group taken together and run in order. Default: sized by itself, so one claim"
-    " brings about half a second of a group's work (1 for tasks that take that long).",
+    " brings about a second of a group's work (1 for tasks that take that long).",
 )
 @click.option(
     "--prefetch",
     type=click.IntRange(min=0, max=10_000),
     default=None,
     help="Units held beyond the free slots, so a freed slot need not wait for a claim; never tasks"
-    " under a limit. Default: as many as the slots, at most 32. 0: claim only into free slots.",
+    " under a limit. Default: twice the slots, at most 64. 0: claim only into free slots.",
 )
 @click.option(
     "--grace",

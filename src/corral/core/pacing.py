@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 #: One claim of a group brings about this much work (seconds) once durations are known.
-CHUNK_TARGET_SECONDS = 0.5
+CHUNK_TARGET_SECONDS = 1.0
 #: The largest chunk chosen by itself (an explicit ``chunk_size`` may be larger).
 AUTO_CHUNK_MAX = 200
 #: Weight of the newest duration in the running mean.
@@ -64,8 +64,10 @@ class AutoChunk:
 
 
 def default_prefetch(concurrency: int) -> int:
-    """Units a worker holds beyond its free slots by default: as many as it
-    has slots, at most 32. Enough that each freed slot finds a unit waiting
-    while the next claim is under way; few enough that a worker does not sit
-    on work another worker could start (each unit holds a lease)."""
-    return max(1, min(32, concurrency))
+    """Units a worker holds beyond its free slots by default: twice its
+    slots, at most 64. Enough that each freed slot finds a unit waiting while
+    the next claim (a durable write, several milliseconds on a busy server)
+    is under way, and that a claim brings several units per write; few
+    enough that a worker does not sit on much work another worker could
+    start (each unit holds a lease). Measured: ``docs/benchmarks.md``."""
+    return max(1, min(64, 2 * concurrency))
