@@ -411,7 +411,7 @@ WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
 -- One statement: lock up to n ungrouped candidates and up to n group heads
 -- (SKIP LOCKED, in claim order), keep the best n, add chunk followers, and
 -- move them all to RUNNING. A task under a capped limit not in %(allowed)s
--- is never a candidate; a prefetch (%(prefetch)s) takes no task naming a
+-- is never a candidate; a prefetch takes no task naming a
 -- limit and records no start.
 WITH RECURSIVE
 -- A claim commits durably, like submits and completions: a claim the
