@@ -124,7 +124,7 @@ def run_until_signal(
             sweeper.start()
         log.info(
             "worker %s started: store=%s concurrency=%d prefetch=%d queues=%s chunk_size=%s grace=%gs"
-            " sweep=%s tasks=%s",
+            " sweep=%s tasks=%s periodic=%s",
             worker.id,
             getattr(worker.store, "url", "?"),
             worker.concurrency,
@@ -134,6 +134,7 @@ def run_until_signal(
             grace,
             "on" if sweeper is not None else "off",
             ",".join(sorted(worker.registry)),
+            ",".join(s.name for s in worker.schedules) or "none",
         )
         while state["phase"] == "running" and worker.fatal is None:
             if worker.halted.is_set() or (until is not None and until()):
