@@ -73,6 +73,7 @@ POSTGRES_ONLY = {
     "whereami": "which database a caller's connection is on (SQLite compares the file)",
     "migration_0008": "numbered migrations (SQLite: one idempotent `schema`)",
     "schedule_lock": "a schedule's row locked so its ticks are decided one at a time (SQLite: one writer)",
+    "migration_0014": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }
