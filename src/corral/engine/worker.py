@@ -316,14 +316,14 @@ class Worker:
         A timed-out thread still running is not waited for: its task keeps its
         lease, unrenewed, so the sweeper recovers it once the lease runs out
         (by then a worker process that exits has ended the thread)."""
+        self.handed_back = 0
         self._stop_claiming.set()
         if self._periodic is not None:
             self._periodic.stop()
         with self._cond:
             self._cond.notify_all()
-        waiting = self._hand_back_prefetched()
+        self.handed_back += self._hand_back_prefetched()
         clean = self.wait_idle(grace)
-        self.handed_back = waiting
         if not clean:
             self._hand_back_all()
         self._let_go_abandoned()
@@ -510,11 +510,15 @@ class Worker:
                 self.store.wait_for_work(self._idle_wait())
                 continue
             self._hook("on_claims", self.id, claims)
-            for c in claims:
-                unit = _Unit(c, prefetched=ahead)
-                with self._cond:
-                    self._units.add(unit)
-                self._inbox.put(unit)
+            units = [_Unit(c, prefetched=ahead) for c in claims]
+            with self._cond:
+                self._units.update(units)
+            if ahead and self._stop_claiming.is_set():
+                # stopped or halted while this prefetch was under way: its
+                # units would wait for a slot in vain, give them back now
+                self.handed_back += self._hand_back_prefetched()
+            for unit in units:
+                self._inbox.put(unit)  # a unit handed back is skipped by its slot
             time.sleep(0)  # let the woken slots take the GIL before the next claim
 
     def _may_prefetch(self, policy: DispatchPolicy) -> bool:
