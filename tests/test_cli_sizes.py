@@ -86,3 +86,12 @@ def test_worker_concurrency_is_bounded(sqlite_url, monkeypatch):
     result = run("worker", "examples.shop:app", "--store", sqlite_url, "-c", "100000", code=2)
     assert "100000 is not in the range 1<=x<=1000" in result.output
     assert "1 to 1000 per process" in " ".join(run("worker", "--help").stdout.split())
+
+
+def test_worker_prefetch_is_bounded_and_documented(sqlite_url, monkeypatch):
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("CORRAL_STORE", raising=False)
+    result = run("worker", "examples.shop:app", "--store", sqlite_url, "--prefetch", "-1", code=2)
+    assert "-1 is not in the range 0<=x<=10000" in result.output
+    help_text = " ".join(run("worker", "--help").stdout.split())
+    assert "--prefetch" in help_text and "never tasks under a limit" in help_text

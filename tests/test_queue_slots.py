@@ -187,7 +187,9 @@ def test_retries_hold_at_most_their_share_of_slots_while_fresh_work_waits_and_al
         n_retry = sum(r.attempt > 1 for r in running)
         return n_retry, len(running) - n_retry
 
-    worker = app.worker(4, retry_share=0.25, poll_interval=0.05).start()
+    # prefetch=0: units held beyond the slots would show as RUNNING rows whose
+    # attempt is not raised yet, and this counts slots by those rows
+    worker = app.worker(4, retry_share=0.25, poll_interval=0.05, prefetch=0).start()
     try:
         assert poll_until(lambda: held() == (1, 3), WAIT), held()
         for _ in range(3):  # slots free one at a time: fresh, then the retry

@@ -105,7 +105,9 @@ def test_sigterm_finishes_or_hands_back_and_a_second_worker_finishes_all(shop, w
     queued = [shop.submit("notify_merchant", args=["m-1", f"n{i}"], delay=1.0).id for i in range(4)]
     every = short + long + queued
 
-    w1 = workers("--concurrency", "4", "--grace", str(grace))
+    # no prefetch: exactly the four tasks due are in flight (prefetched units
+    # are handed back at once; tests/test_prefetch_worker.py covers that)
+    w1 = workers("--concurrency", "4", "--prefetch", "0", "--grace", str(grace))
     w1.wait_log("started:")
     assert "concurrency=4" in w1.log and sqlite_url in w1.log
     wait_for(lambda: store.counts().get("RUNNING", 0) == 4, timeout=20, message="four tasks in flight")

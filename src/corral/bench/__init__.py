@@ -79,9 +79,16 @@ def _fmt(v: Any, digits: int = 3) -> str:
 )
 @click.option(
     "--chunk-size",
-    default=100,
-    show_default=True,
-    help="corral: tasks of one group taken per claim (100-500 usually pays off).",
+    type=int,
+    default=None,
+    help="corral: tasks of one group taken per claim. Default: the worker's own default (sized from the"
+    " tasks' durations), as a user who sets nothing gets.",
+)
+@click.option(
+    "--prefetch",
+    type=int,
+    default=None,
+    help="corral: units a worker holds beyond its free slots. Default: the worker's own default.",
 )
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
@@ -107,7 +114,8 @@ def groups_cmd(
     tasks: int,
     n_groups: int,
     variants: str,
-    chunk_size: int,
+    chunk_size: int | None,
+    prefetch: int | None,
     concurrency: int,
     limit: int,
     store: tuple[str, str | None],
@@ -128,8 +136,10 @@ def groups_cmd(
         raise click.BadParameter(
             f"unknown variant(s) {', '.join(bad) or '(none)'}; choose from A, B, C", param_hint="--variants"
         )
-    if tasks < 1 or n_groups < 1 or chunk_size < 1 or concurrency < 1 or limit < 1 or workers < 1:
+    if tasks < 1 or n_groups < 1 or (chunk_size or 1) < 1 or concurrency < 1 or limit < 1 or workers < 1:
         raise click.UsageError("--tasks, --groups, --chunk-size, --concurrency, --limit and --workers must be >= 1")
+    if prefetch is not None and prefetch < 0:
+        raise click.UsageError("--prefetch must be >= 0")
     results = []
     for v in chosen:
         argv = child_argv(
@@ -137,6 +147,7 @@ def groups_cmd(
             tasks=tasks,
             groups=n_groups,
             chunk_size=chunk_size,
+            prefetch=prefetch,
             concurrency=concurrency,
             limit=limit,
             store=kind,
@@ -173,7 +184,7 @@ def groups_cmd(
     for r in results:
         name = f"{r['variant']} {SHORT[r['variant']]}"
         if r["variant"] == "C":
-            name += f" [{r['store']}, chunk {r['chunk_size']}" + (
+            name += f" [{r['store']}, chunk {r['chunk_size'] or 'auto'}" + (
                 f", {r['workers']} proc]" if r["store"] != "memory" else "]"
             )
         rss = _fmt(r["peak_rss_mb"], 1)
@@ -204,9 +215,29 @@ def groups_cmd(
 @click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
 @click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
 @click.option("--pause", default=0.02, show_default=True, help="Pause between idle-latency submits (s).")
-@click.option("--concurrency", default=10, show_default=True, help="Worker slots per process for no-op tasks.")
-@click.option("--io-concurrency", default=20, show_default=True, help="Worker slots for the I/O run.")
+@click.option("--concurrency", default=8, show_default=True, help="Worker slots per process for no-op tasks.")
+@click.option("--io-concurrency", default=10, show_default=True, help="Worker slots per process for the I/O run.")
+@click.option(
+    "--io-processes",
+    default=2,
+    show_default=True,
+    help="Worker processes for the I/O run (memory: one process with all their slots).",
+)
 @click.option("--processes", default="1,2", show_default=True, help="Worker process counts to measure.")
+@click.option(
+    "--layout",
+    type=click.Choice(["cli", "engine"]),
+    default="cli",
+    show_default=True,
+    help="cli: each worker process runs as `corral worker` does (App.run, with the sweeper and the fleet"
+    " level, stopped by SIGTERM); engine: a bare Worker, nothing beside it.",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Units each worker holds beyond its free slots. Default: the worker's own default.",
+)
 @click.option("--finished-rows", default=0, show_default=True, help="Pre-fill this many finished rows first.")
 @click.option(
     "--groups",
@@ -237,7 +268,10 @@ def throughput_cmd(
     pause: float,
     concurrency: int,
     io_concurrency: int,
+    io_processes: int,
     processes: str,
+    layout: str,
+    prefetch: int | None,
     finished_rows: int,
     groups: int,
     only: str,
@@ -283,7 +317,10 @@ def throughput_cmd(
         pause=pause,
         concurrency=concurrency,
         io_concurrency=io_concurrency,
+        io_processes=io_processes,
         processes=",".join(map(str, procs)),
+        layout=layout,
+        prefetch=prefetch,
         finished_rows=finished_rows,
         groups=groups,
         only=",".join(parts),

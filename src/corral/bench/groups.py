@@ -10,9 +10,10 @@ A. one global queue + ThreadPoolExecutor(20); a rejected task is resubmitted
 B. per-group locks + ThreadPoolExecutor(20): a task takes its group's lock
    before calling (a rejected call is retried inside the lock);
 C. corral: ``app.limit("downstream", concurrency=20)``, tasks submitted with
-   ``group=`` and run in chunks by a worker with 20 slots, on ``memory://``
-   or, with ``--store sqlite|postgres --workers P``, on a durable store with
-   P worker processes.
+   ``group=`` and run by a worker with 20 slots and otherwise the defaults a
+   user gets (chunk size and prefetch chosen by the worker, unless given), on
+   ``memory://`` or, with ``--store sqlite|postgres --workers P``, on a
+   durable store with P worker processes.
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ def _submit_all(app, rec: Recorder, grp, args) -> float:
 
 
 def worker_opts(args) -> dict[str, Any]:
-    return {
-        "concurrency": args.concurrency,
-        "chunk_size": args.chunk_size,
-        "poll_interval": args.poll_interval,
-        "lease_seconds": 60.0,
-    }
+    """The worker's options: what the command line gave, the defaults otherwise."""
+    opts: dict[str, Any] = {"concurrency": args.concurrency, "poll_interval": args.poll_interval}
+    if args.chunk_size is not None:
+        opts["chunk_size"] = args.chunk_size
+    if args.prefetch is not None:
+        opts["prefetch"] = args.prefetch
+    return opts
 
 
 def run_c_memory(rec: Recorder, grp, args) -> float:
@@ -188,7 +190,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=200)
     p.add_argument("--limit", type=int, default=20, help="downstream concurrency cap")
     p.add_argument("--concurrency", type=int, default=20, help="threads (A, B) or worker slots (C)")
-    p.add_argument("--chunk-size", type=int, default=100)
+    p.add_argument("--chunk-size", type=int, default=None)
+    p.add_argument("--prefetch", type=int, default=None)
     p.add_argument("--poll-interval", type=float, default=0.5)
     p.add_argument("--store", default="memory", choices=["memory", "sqlite", "postgres"])
     p.add_argument("--workers", type=int, default=1)

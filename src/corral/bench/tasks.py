@@ -97,6 +97,23 @@ def worker_process(
     # which may still be inside store.wait_for_work(); the process exit closes it
 
 
+def cli_worker_process(
+    url: str, rec: Recorder | None, n: int, groups: int, seed: int, worker_opts: dict[str, Any], ready, go
+) -> None:
+    """Body of a worker process run as ``corral worker APP --store URL -c C``
+    runs one: :meth:`App.run` in the main thread, with the sweeper beside it
+    and the fleet level followed, until SIGTERM (sent by the benchmark)."""
+    set_recorder(rec, n, groups, seed)
+    app = build_app(url, limit=None)
+    if rec is not None:
+        rec.time_claims(app.store)
+    opts = dict(worker_opts)
+    concurrency = opts.pop("concurrency")
+    ready.set()
+    go.wait()
+    app.run(concurrency, grace=30.0, sweep_interval=30.0, **opts)
+
+
 _app: App | None = None
 
 

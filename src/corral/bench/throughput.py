@@ -8,9 +8,14 @@ Parts (all on one fresh store, in this order):
   ``--concurrency`` slots; with ``--groups G`` task i is in group i mod G,
   to show claim cost against the number of groups), for each P of ``--processes``; tasks/s from the
   first task's start to the last task's end (workers are started and ready
-  before they are let go). ``memory://`` is one process: its worker runs in
-  process and P > 1 is skipped.
-- ``io``: 10 ms sleeping tasks, one worker with ``--io-concurrency`` slots;
+  before they are let go). ``--layout cli`` (the default) runs each process
+  as ``corral worker`` does (``App.run``: the sweeper beside it, the fleet
+  level followed, stopped by SIGTERM); ``--layout engine`` runs a bare
+  :class:`~corral.engine.worker.Worker`. ``memory://`` is one process: its
+  worker runs in process and P > 1 is skipped.
+- ``io``: 10 ms sleeping tasks, ``--io-processes`` worker processes (2, in
+  ``--layout``) with ``--io-concurrency`` slots each (10: the 2 x 10 layout
+  of the peers' W2; memory:// runs one in-process worker with all the slots);
   efficiency = (sum of measured task durations / slots) / wall. Also the
   claims the worker made and their mean time. ``--claim-delay-ms 0,0.2,0.5``
   (``memory://`` only) repeats it with that much simulated round trip added
@@ -42,9 +47,19 @@ SUBMIT_BATCH = 1000
 class _Workers:
     """P worker processes (durable stores) or one in-process worker (memory)."""
 
-    def __init__(self, app, url: str, rec: Recorder, processes: int, opts: dict[str, Any], claim_delay: float = 0.0):
+    def __init__(
+        self,
+        app,
+        url: str,
+        rec: Recorder,
+        processes: int,
+        opts: dict[str, Any],
+        claim_delay: float = 0.0,
+        layout: str = "engine",
+    ):
         self.app, self.url, self.rec, self.processes, self.opts = app, url, rec, processes, opts
         self.claim_delay = claim_delay
+        self.layout = layout
         self.memory = common.store_kind(url) == "memory"
         self.procs: list = []
 
@@ -56,14 +71,24 @@ class _Workers:
         ctx = common.spawn_context()
         self.stop, self.go = ctx.Event(), ctx.Event()
         readies = [ctx.Event() for _ in range(self.processes)]
-        self.procs = [
-            ctx.Process(
-                target=tasks.worker_process,
-                name=f"corral-bench-worker-{k}",
-                args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.stop, self.go),
-            )
-            for k in range(self.processes)
-        ]
+        if self.layout == "cli":
+            self.procs = [
+                ctx.Process(
+                    target=tasks.cli_worker_process,
+                    name=f"corral-bench-worker-{k}",
+                    args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.go),
+                )
+                for k in range(self.processes)
+            ]
+        else:
+            self.procs = [
+                ctx.Process(
+                    target=tasks.worker_process,
+                    name=f"corral-bench-worker-{k}",
+                    args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.stop, self.go),
+                )
+                for k in range(self.processes)
+            ]
         for p in self.procs:
             p.start()
         for ev in readies:
@@ -89,6 +114,9 @@ class _Workers:
                 del self.app.store.claim  # the timing wrapper: back to the store's own
             return
         self.stop.set()
+        if self.layout == "cli":
+            for p in self.procs:
+                p.terminate()  # SIGTERM, as a supervisor stops `corral worker`
         for p in self.procs:
             p.join(60)
             if p.is_alive():
@@ -217,7 +245,10 @@ def run(args) -> dict[str, Any]:
                 out["prefill_s"] = round(prefill(app, url, args.finished_rows, prog), 3)
 
             def opts(conc: int) -> dict[str, Any]:
-                return {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
+                o: dict[str, Any] = {"concurrency": conc, "poll_interval": args.poll_interval, "lease_seconds": 60.0}
+                if args.prefetch is not None:
+                    o["prefetch"] = args.prefetch
+                return o
 
             def run_away(queued: int) -> int:
                 """Run the enqueue part's tasks away, untimed; returns the tasks left queued (0)."""
@@ -250,7 +281,7 @@ def run(args) -> dict[str, Any]:
                     queued = run_away(queued)
                     rec = Recorder(n, 1 << 30, shared=not memory)
                     _submit(app, "bench.noop", 0, n, groups=args.groups)
-                    with _Workers(app, url, rec, p, opts(args.concurrency)) as w:
+                    with _Workers(app, url, rec, p, opts(args.concurrency), layout=args.layout) as w:
                         w.go_now()
                         if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
                             raise RuntimeError(f"process run timed out: {rec.done}/{n}")
@@ -259,6 +290,7 @@ def run(args) -> dict[str, Any]:
                         {
                             "processes": p if not memory else 1,
                             "in_process": memory,
+                            "layout": "in process" if memory else args.layout,
                             "groups": args.groups,
                             "concurrency": args.concurrency,
                             "tasks": n,
@@ -276,18 +308,25 @@ def run(args) -> dict[str, Any]:
                     n = args.io_tasks
                     rec = Recorder(n, 1 << 30, shared=not memory)
                     _submit(app, "bench.io_sleep", 0, n, {"ms": 10.0})
-                    with _Workers(app, url, rec, 1, opts(args.io_concurrency), claim_delay=delay_ms / 1000) as w:
+                    io_procs = 1 if memory else args.io_processes
+                    slots = args.io_concurrency * args.io_processes
+                    per_proc = slots if memory else args.io_concurrency
+                    with _Workers(
+                        app, url, rec, io_procs, opts(per_proc), claim_delay=delay_ms / 1000, layout=args.layout
+                    ) as w:
                         w.go_now()
                         if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
                             raise RuntimeError(f"io run timed out: {rec.done}/{n}")
                     first, last = _span(rec)
-                    ideal = sum(rec.dur) / args.io_concurrency
+                    ideal = sum(rec.dur) / slots
                     claims, claim_ms = rec.claim_stats()
                     out["io"].append(
                         {
                             "tasks": n,
                             "sleep_ms": 10.0,
-                            "concurrency": args.io_concurrency,
+                            "concurrency": per_proc,
+                            "processes": io_procs,
+                            "layout": "in process" if memory else args.layout,
                             "wall_s": round(last - first, 4),
                             "ideal_s": round(ideal, 4),
                             "efficiency": round(ideal / (last - first), 4),
@@ -341,8 +380,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--io-tasks", type=int, default=2_000)
     p.add_argument("--latency-tasks", type=int, default=200)
     p.add_argument("--pause", type=float, default=0.02)
-    p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--io-concurrency", type=int, default=20)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--layout", default="cli", choices=["cli", "engine"])
+    p.add_argument("--prefetch", type=int, default=None)
+    p.add_argument("--io-concurrency", type=int, default=10)
+    p.add_argument("--io-processes", type=int, default=2)
     p.add_argument("--processes", default="1,2")
     p.add_argument("--finished-rows", type=int, default=0)
     p.add_argument("--groups", type=int, default=0)
@@ -377,13 +419,18 @@ def render(report: dict[str, Any]) -> None:
         if "skipped" in p:
             t.add_row(f"no-op processing, {p['processes']} processes", f"skipped ({p['skipped']})")
         else:
-            who = "in-process worker" if p.get("in_process") else f"{p['processes']} worker proc"
+            if p.get("in_process"):
+                who = "in-process worker"
+            elif p.get("layout") == "engine":
+                who = f"{p['processes']} bare Worker proc"
+            else:
+                who = f"{p['processes']} x `corral worker`"
             grouped = f", {p['groups']:,} groups" if p.get("groups") else ""
             t.add_row(f"no-op processing, {who} x{p['concurrency']} slots{grouped}", f"{p['rate']:,.0f} tasks/s")
     for io in report.get("io", []):
         added = f" +{io['claim_delay_ms']:g} ms/claim" if io["claim_delay_ms"] else ""
         t.add_row(
-            f"I/O 10 ms x{io['tasks']:,}, {io['concurrency']} slots{added}: efficiency",
+            f"I/O 10 ms x{io['tasks']:,}, {io.get('processes', 1)} x {io['concurrency']} slots{added}: efficiency",
             f"{io['efficiency']:.3f} ({io['wall_s']:.2f}s vs ideal {io['ideal_s']:.2f}s)",
         )
         t.add_row(

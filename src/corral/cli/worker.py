@@ -75,9 +75,16 @@ def log_format_option(f):
 @click.option(
     "--chunk-size",
     type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Tasks of one group taken together and run in order.",
+    default=None,
+    help="Tasks of one group taken together and run in order. Default: sized by itself, so one claim"
+    " brings about a second of a group's work (1 for tasks that take that long).",
+)
+@click.option(
+    "--prefetch",
+    type=click.IntRange(min=0, max=10_000),
+    default=None,
+    help="Units held beyond the free slots, so a freed slot need not wait for a claim; never tasks"
+    " under a limit. Default: twice the slots, at most 64. 0: claim only into free slots.",
 )
 @click.option(
     "--grace",
@@ -137,6 +144,7 @@ def worker(
     concurrency,
     queues,
     chunk_size,
+    prefetch,
     grace,
     sweep,
     sweep_interval,
@@ -206,6 +214,7 @@ def worker(
         extra_hooks=extra,
         queues=queue_slots if queue_slots is not None else queue_list,
         chunk_size=chunk_size,
+        prefetch=prefetch,
         lease_seconds=lease_s,
         grace=grace,
         sweep_interval=sweep_s if sweep else None,  # on by default: a dead worker's group must not stay blocked

@@ -123,13 +123,14 @@ def run_until_signal(
         if sweeper is not None:
             sweeper.start()
         log.info(
-            "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s"
-            " periodic=%s",
+            "worker %s started: store=%s concurrency=%d prefetch=%d queues=%s chunk_size=%s grace=%gs"
+            " sweep=%s tasks=%s periodic=%s",
             worker.id,
             getattr(worker.store, "url", "?"),
             worker.concurrency,
+            worker.prefetch,
             ",".join(worker.queues),
-            worker.chunk_size,
+            "auto" if worker.chunk_size is None else worker.chunk_size,
             grace,
             "on" if sweeper is not None else "off",
             ",".join(sorted(worker.registry)),

@@ -2,8 +2,10 @@
 
 Threads, each with one job:
 
-- the *dispatcher* claims at most as many units as there are free slots and
-  hands them to slot threads (so a worker never holds work it cannot start);
+- the *dispatcher* claims as many units as there are free slots and hands
+  them to slot threads; beyond that it may hold up to ``prefetch`` units
+  waiting for a slot, claimed so that they hold no limit's place, token or
+  probe and record no start (a hand-back or a crash costs them no attempt);
 - *slots* run a unit's tasks in order and report outcomes;
 - the *watchdog* times out overdue tasks without their help (a hung task
   cannot be trusted to notice) and replaces an abandoned slot so concurrency
@@ -45,6 +47,7 @@ from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.pacing import AutoChunk, default_prefetch
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
@@ -131,6 +134,8 @@ class _Unit:
     lost: bool = False  # lease gone, or handed back at shutdown: start nothing more
     slot_freed: bool = False  # its slot was replaced (a timed-out thread): not counted in flight
     begun: int = -1  # index of the last task this unit's slot committed to run
+    #: claimed ahead of a free slot: the store recorded no start, not even the head's
+    prefetched: bool = False
     #: chunk members started here whose start the store has not recorded yet:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
     uncounted: set[int] = field(default_factory=set)
@@ -143,7 +148,8 @@ class _Unit:
     @property
     def retry(self) -> bool:
         """Headed by a task run again after an attempt that ended (the retry path)."""
-        return self.claim.tasks[0].attempt > 1
+        # a prefetched unit's attempt is not raised until it starts
+        return self.claim.tasks[0].attempt + (1 if self.prefetched else 0) > 1
 
 
 @dataclass(eq=False)
@@ -176,7 +182,8 @@ class Worker:
         clock: Clock = SYSTEM_CLOCK,
         concurrency: int = 10,
         queues: Sequence[str] | Mapping[str, int] = ("default",),
-        chunk_size: int = 1,
+        chunk_size: int | None = None,
+        prefetch: int | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         heartbeat_interval: float | None = None,
         poll_interval: float = 0.5,
@@ -193,7 +200,7 @@ class Worker:
     ):
         validation.worker_options(
             concurrency=concurrency,
-            chunk_size=chunk_size,
+            chunk_size=1 if chunk_size is None else chunk_size,
             lease_seconds=lease_seconds,
             heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval,
@@ -202,6 +209,8 @@ class Worker:
             sweep_interval=sweep_interval,
         )
         validation.integer(max_abandoned_threads, "max_abandoned_threads", (1, 10_000))
+        if prefetch is not None:
+            validation.integer(prefetch, "prefetch", (0, 10_000))
         self.max_payload_bytes = validation.max_payload_bytes(max_payload_bytes)
         #: at most this share of a claim goes to retries while fresh work waits
         #: (None: retries queue with fresh work, by priority then due time)
@@ -218,7 +227,17 @@ class Worker:
             validation.integer(concurrency, "concurrency (the queues' slots together)", validation.CONCURRENCY_RANGE)
         self.concurrency = concurrency
         self.queues = tuple(queues)
-        self.chunk_size = max(1, chunk_size)
+        #: None: sized by itself from the tasks' durations (see core.pacing.AutoChunk)
+        self.chunk_size = None if chunk_size is None else max(1, chunk_size)
+        self._auto_chunk = AutoChunk()
+        #: units held beyond the free slots (0: claim only into free slots)
+        self.prefetch = default_prefetch(concurrency) if prefetch is None else prefetch
+        # A worker running limited tasks lets its prefetch run dry before the
+        # next claim into a free slot, which alone may take limited work: so
+        # limited work is never starved by a steady flow of unlimited work.
+        self._mixed = any(getattr(t, "limits", ()) for t in registry.values())
+        self._prefetch_turn = True
+        self._prefetch_after = 0.0  # after an empty prefetch claim, the next one waits this long
         self.lease_seconds = lease_seconds
         # renewing a lease writes every row of the claim: a third of the lease is plenty
         self.heartbeat_interval = heartbeat_interval or lease_seconds / 3
@@ -336,13 +355,14 @@ class Worker:
         A timed-out thread still running is not waited for: its task keeps its
         lease, unrenewed, so the sweeper recovers it once the lease runs out
         (by then a worker process that exits has ended the thread)."""
+        self.handed_back = 0
         self._stop_claiming.set()
         if self._periodic is not None:
             self._periodic.stop()
         with self._cond:
             self._cond.notify_all()
+        self.handed_back += self._hand_back_prefetched()
         clean = self.wait_idle(grace)
-        self.handed_back = 0
         if not clean:
             self._hand_back_all()
         self._let_go_abandoned()
@@ -478,18 +498,27 @@ class Worker:
             with self._cond:
                 cap = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
                 free = cap - self._inflight
+                ahead = False
                 if free <= 0:
-                    self._cond.wait(self.poll_interval)
-                    continue
+                    # slots all busy: top up the prefetch once it is half used
+                    held = -free
+                    if not (self._may_prefetch(policy) and held <= self.prefetch // 2):
+                        self._cond.wait(self.poll_interval)
+                        continue
+                    ahead = True
+                    free = self.prefetch - held
                 self._claim_seq += 1
                 seq = self._claim_seq
                 quiet = self._inflight == 0  # an empty claim now means nothing here can run
                 # reserve the slots this claim may fill, so nothing else
                 # counts them free while the claim is under way
-                want = min(free, policy.max_units)
+                # (a prefetch is only made under a policy that restricts nothing)
+                want = free if ahead else min(free, policy.max_units)
                 self._inflight += want
+                if not ahead:
+                    self._prefetch_turn = True  # a claim into free slots opens the next prefetch
             try:
-                claims = self._claim(want, names, policy)
+                claims = self._claim(want, names, policy, prefetch=ahead)
             except StoreCorrupt as exc:  # no retry can cure it: stop claiming, let the runner exit
                 self.fatal = exc
                 claims = None
@@ -506,6 +535,16 @@ class Worker:
             if claims is None:
                 self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
                 continue
+            if ahead:
+                if claims and self._mixed:
+                    # limited work waits for a claim into a free slot: let
+                    # the prefetch run dry before the next one
+                    self._prefetch_turn = False
+                elif not claims:
+                    # nothing to take ahead: look again in a while, or when a
+                    # slot frees (that claim may take limited work too)
+                    self._prefetch_after = time.monotonic() + self.poll_interval
+                    continue
             if not claims:
                 if self._full_queues:
                     # a queue with no slot free may hold work: a slot freeing
@@ -516,12 +555,17 @@ class Worker:
                     self.store.wait_for_work(self._idle_wait())
                 continue
             self._hook("on_claims", self.id, claims)
-            for c in claims:
-                unit = _Unit(c)
-                with self._cond:
-                    self._units.add(unit)
+            units = [_Unit(c, prefetched=ahead) for c in claims]
+            with self._cond:
+                self._units.update(units)
+                for unit in units:
                     self._count(unit, +1)
-                self._inbox.put(unit)
+            if ahead and self._stop_claiming.is_set():
+                # stopped or halted while this prefetch was under way: its
+                # units would wait for a slot in vain, give them back now
+                self.handed_back += self._hand_back_prefetched()
+            for unit in units:
+                self._inbox.put(unit)  # a unit handed back is skipped by its slot
             time.sleep(0)  # let the woken slots take the GIL before the next claim
 
     def _count(self, unit: _Unit, step: int) -> None:
@@ -535,10 +579,31 @@ class Worker:
             if step > 0:
                 self._fresh_peak.note(self._fresh_held, time.monotonic())
 
-    def _claim(self, want: int, names: frozenset[str], policy: DispatchPolicy) -> list[Claim]:
+    def _may_prefetch(self, policy: DispatchPolicy) -> bool:
+        """Claim ahead of a free slot now? Only with nothing restricting the
+        claim (a degradation level's policy or per-queue slots restrict it),
+        and, for a worker running limited tasks, only once between two claims
+        into free slots."""
+        return (
+            self.prefetch > 0
+            and self.queue_slots is None
+            and self._prefetch_turn
+            and time.monotonic() >= self._prefetch_after
+            and policy.slots is None
+            and (policy.max_units or 0) >= self.concurrency
+            and policy.lanes is None
+            and not policy.only_retries
+            and not self._stop_claiming.is_set()
+        )
+
+    def _claim(
+        self, want: int, names: frozenset[str], policy: DispatchPolicy, *, prefetch: bool = False
+    ) -> list[Claim]:
         """One claim, or one per lane of the policy (and with per-queue slots,
         one per queue with a slot free) until ``want`` is reached."""
         extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
+        if prefetch:
+            extra["prefetch"] = True
         if self.retry_share is not None and not policy.only_retries:
             # the share bounds the retries this worker *holds*, not each claim
             slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
@@ -587,16 +652,22 @@ class Worker:
                     ask_queues,
                     min(n, want - len(claims)),
                     names=lane_names,
-                    chunk_size=self.chunk_size,
+                    chunk_size=self.current_chunk_size(),
                     lease_seconds=self.lease_seconds,
                     **extra,
                 )
                 claims += got
-                retried = sum(1 for c in got if c.tasks[0].attempt > 1)
+                # a prefetched unit's attempt is not raised at claim time
+                retried = sum(1 for c in got if c.tasks[0].attempt + (1 if prefetch else 0) > 1)
                 for key in ("retry_cap", "retry_max"):
                     if extra.get(key) is not None:
                         extra[key] = max(0, extra[key] - retried)
         return claims
+
+    def current_chunk_size(self) -> int:
+        """The chunk size the next claim asks for: the one given, or one
+        sized from the durations of the tasks run here so far."""
+        return self.chunk_size if self.chunk_size is not None else self._auto_chunk.size()
 
     def _idle_wait(self) -> float:
         """How long an idle dispatcher waits for work: briefly while a drain
@@ -655,7 +726,7 @@ class Worker:
                 if unit.lost:
                     break  # the sweeper (or a shutdown) owns the rest
                 unit.begun = i
-                if i > 0:
+                if i > 0 or unit.prefetched:  # the store recorded no start: the outcome does
                     rec.attempt += 1
                     unit.uncounted.add(rec.id)
                 ctx = Context(self.store, rec, token, rec.attempt)
@@ -675,6 +746,7 @@ class Worker:
         (or a shutdown) took it over."""
         tdef = self.registry.get(rec.name)
         started_at = self.clock.time()
+        began = time.monotonic()
         ctx = run.ctx
         if log.isEnabledFor(logging.DEBUG):
             log.debug("task %s (%s) started", rec.id, rec.name, extra=task_fields(rec))
@@ -734,6 +806,7 @@ class Worker:
         finally:
             _set_current(None)
             self._runs.pop(rec.id, None)
+            self._auto_chunk.observe(time.monotonic() - began)
             if span is not None:
                 ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
                 tracing.end_attempt(span, *ended)
@@ -896,11 +969,10 @@ class Worker:
                 if unit.done or unit.slot_freed:
                     continue
                 unit.lost = True  # its slot starts nothing more
-                if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt
+                if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt (unless prefetched)
                     first = tasks[0]
-                    self._write(
-                        Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1)
-                    )
+                    given = first.attempt if unit.prefetched else first.attempt - 1
+                    self._write(Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=given))
                     self.handed_back += 1
                     rest = tasks[1:]
                 else:
@@ -920,6 +992,27 @@ class Worker:
             self._hand_back(unit, rest, unit.claim.token)
             self.handed_back += len(rest)
             self._release(unit)
+
+    def _hand_back_prefetched(self) -> int:
+        """At stop: give back at once the prefetched units no slot has
+        started, attempts intact (their start was never recorded), rather
+        than start them during the grace period. Returns the tasks given back."""
+        with self._cond:
+            units = [u for u in self._units if u.prefetched]
+        given = 0
+        for unit in units:
+            with unit.lock:
+                if unit.done or unit.lost or unit.begun >= 0:
+                    continue
+                unit.lost = True  # a slot that picks it up starts nothing
+            self._hand_back(unit, unit.claim.tasks, unit.claim.token)
+            given += len(unit.claim.tasks)
+            if self._completer_q is None:
+                self._settle(unit)
+            else:  # free it once the hand-back is written: not in flight means back in the queue
+                self._completer_idle.clear()
+                self._completer_q.put(unit)
+        return given
 
     def _let_go_abandoned(self) -> None:
         """At stop: timed-out threads still running keep their tasks' leases,
@@ -1083,6 +1176,7 @@ class Worker:
             )
             self.halted.set()
             self._stop_claiming.set()  # before the slot is freed, so nothing is claimed into it
+            self.handed_back += self._hand_back_prefetched()  # they would wait for a slot in vain
         self._spawn_slot()
         with self._cond:
             self._inflight -= 1  # the unit stays in _units: the heartbeat keeps its lease

@@ -39,7 +39,8 @@ Claim rules (the heart; every store implements them the same way):
    the others record theirs with their outcome (``Outcome.started_at`` and
    ``Outcome.attempt``), so running a chunk costs no write per task, and a
    crash hands back members whose start was never recorded without burning
-   an attempt.
+   an attempt. A *prefetch* claim records no start at all (not even the
+   head's) and takes no unit naming a limit or a name under a breaker.
 7. With a ``retry_share`` the claim keeps retries on a path apart: still in
    the order of rule 4, but while fresh (PENDING) work is claimable at most
    ``ceil(max_units * retry_share)`` claims (at least one; or ``retry_cap``
@@ -356,8 +357,16 @@ class Store(abc.ABC):
         retry_share: float | None = None,
         retry_cap: int | None = None,
         retry_max: int | None = None,
+        prefetch: bool = False,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
+
+        ``prefetch`` claims units a worker will hold before a slot is free
+        for them: none of their tasks names a limit or a task name under a
+        breaker (an idle unit must not hold a limit's place, a rate's token
+        or a probe), and no start is recorded, the head included (as for a
+        chunk member: the outcome records it), so a crash or a hand-back
+        before the unit started costs no attempt.
 
         ``only_retries`` takes only RETRYING tasks (chunk members included):
         the CIRCUIT_OPEN level lets retries drain while fresh work waits.

@@ -325,6 +325,7 @@ class MemoryStore(Store):
         retry_share: float | None = None,
         retry_cap: int | None = None,
         retry_max: int | None = None,
+        prefetch: bool = False,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -367,7 +368,11 @@ class MemoryStore(Store):
                     g = self._groups.get(t.group) if t.group is not None else None
                     if g is not None and (g.running or g.ids[0] != tid):
                         continue
-                    if (names is not None and t.name not in names) or (only_retries and t.status is not State.RETRYING):
+                    if (
+                        (names is not None and t.name not in names)
+                        or (only_retries and t.status is not State.RETRYING)
+                        or (prefetch and (t.limits or not _closed(self._breakers, t.name)))
+                    ):
                         skipped.append((heap, entry))
                         continue
                     solo = False
@@ -394,6 +399,7 @@ class MemoryStore(Store):
                                 or (names is not None and n.name not in names)
                                 or (only_retries and n.status is not State.RETRYING)
                                 or n.name in self._breakers
+                                or (prefetch and n.limits)
                             ):
                                 break
                             members.append(n)
@@ -409,7 +415,7 @@ class MemoryStore(Store):
                         m.lease_token = token
                         m.lease_expires_at = expires
                         m.worker_id = worker_id
-                        if i == 0:
+                        if i == 0 and not prefetch:
                             m.attempt += 1
                             m.started_at = now
                         else:
@@ -1008,3 +1014,9 @@ class MemoryStore(Store):
                 self._leaders[role] = (holder, now + ttl)
                 return True
             return False
+
+
+def _closed(breakers: dict[str, BreakerRow], name: str) -> bool:
+    """No breaker on ``name``, or a CLOSED one (a prefetch may take it)."""
+    row = breakers.get(name)
+    return row is None or row.state.state is brk.BreakerState.CLOSED

@@ -146,6 +146,12 @@ MAX_EVENT_GAPS = 10_000
 #: ANALYZE follows), and then it reads every candidate and sorts them instead
 #: of stopping at the first few.
 SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off"
+#: Pooled connections per store instance. With the listening connection a
+#: worker process holds at most ``POOL_MAX_SIZE + 1`` connections whatever
+#: its slots: claims and completions are batched by one dispatcher and one
+#: completer thread, so more connections would only idle (and fill the
+#: server's ``max_connections`` as workers are added).
+POOL_MAX_SIZE = 2
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
@@ -238,7 +244,7 @@ def _record(row: dict[str, Any]) -> TaskRecord:
 class PostgresStore(SqlStore):
     shared = True
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, connect_timeout: float = 5.0):
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = POOL_MAX_SIZE, connect_timeout: float = 5.0):
         if psycopg is None:  # pragma: no cover
             raise StoreUnavailable("the PostgreSQL store needs psycopg: pip install 'corral[postgres]'")
         self.url = url
@@ -531,6 +537,7 @@ class PostgresStore(SqlStore):
         retry_share: float | None = None,
         retry_cap: int | None = None,
         retry_max: int | None = None,
+        prefetch: bool = False,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -552,6 +559,7 @@ class PostgresStore(SqlStore):
             # and the most retries a claim takes even when fresh work runs short
             "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
             "solo": [],
+            "prefetch": bool(prefetch),
         }
 
         def go(conn):
@@ -574,6 +582,10 @@ class PostgresStore(SqlStore):
             return rows
 
         def full(conn, cur):
+            if prefetch:
+                # no unit naming a limit: gates stay shut, nothing to lock or charge
+                cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
+                return cur.fetchall()
             if not self._limited_hint:
                 # Last time no capped limit had work waiting: claim unlimited
                 # work in one round trip, and probe only if that found nothing.

@@ -719,6 +719,7 @@ class SQLiteStore(SqlStore):
         retry_share: float | None = None,
         retry_cap: int | None = None,
         retry_max: int | None = None,
+        prefetch: bool = False,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
@@ -735,7 +736,7 @@ class SQLiteStore(SqlStore):
                 args: tuple = (
                     now + lease_seconds,
                     worker_id,
-                    now,
+                    None if prefetch else now,
                     queues[0],
                     now,
                     dumps(sorted(known)) if known is not None else None,
@@ -747,7 +748,7 @@ class SQLiteStore(SqlStore):
                     rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most)
+            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -762,7 +763,8 @@ class SQLiteStore(SqlStore):
             for members in picked:
                 token = uuid.uuid4().hex
                 cur = _task_cursor(con)
-                rows = cur.execute(Q["claim_head"], (token, expires, worker_id, now, members[0][0])).fetchall()
+                start = None if prefetch else now
+                rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
                 for m in members[1:]:
                     rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
                 group = members[0][3]
@@ -778,7 +780,7 @@ class SQLiteStore(SqlStore):
         return claims
 
     def _pick(
-        self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None, most=None
+        self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None, most=None, prefetch=False
     ) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
 
@@ -844,6 +846,9 @@ class SQLiteStore(SqlStore):
             """Try to make a claim headed by ``row``; True when it was taken."""
             if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
                 return False
+            shut = row[4] in breakers and breakers[row[4]].state.state is not brk.BreakerState.CLOSED
+            if prefetch and (row[5] or shut):
+                return False  # an idle unit must not hold a limit's place, a token or a probe
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
                 return False  # an operator retried an old task while its group runs on
             lims = set(json.loads(row[5])) if row[5] else set()
@@ -855,7 +860,7 @@ class SQLiteStore(SqlStore):
                 for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
-                    if (known is not None and f[4] not in known) or f[4] in breakers:
+                    if (known is not None and f[4] not in known) or f[4] in breakers or (prefetch and f[5]):
                         break
                     if only_retries and f[7] != State.RETRYING:
                         break

@@ -571,7 +571,8 @@ WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
 -- One statement: lock up to n ungrouped candidates and up to n group heads
 -- (SKIP LOCKED, in claim order), keep the best n, add chunk followers, and
 -- move them all to RUNNING. A task under a capped limit not in %(allowed)s
--- is never a candidate.
+-- is never a candidate; a prefetch takes no task naming a
+-- limit and records no start.
 WITH RECURSIVE
 -- A claim commits durably, like submits and completions: a claim the
 -- database forgot in a crash would make its task claimable again while its
@@ -599,6 +600,7 @@ free_locked AS MATERIALIZED (
       AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -619,6 +621,7 @@ heads_locked AS MATERIALIZED (
       AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -646,6 +649,7 @@ retry_locked AS MATERIALIZED (
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
       AND (t.group_key IS NULL OR (
             t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
@@ -697,7 +701,8 @@ followers AS MATERIALIZED (
                     AND NOT (x.limits && (SELECT names FROM barred))
                     AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
                     AND NOT (x.limits && %(solo)s::text[])
-                    AND NOT (x.name = ANY(%(solo)s::text[]))) AS ok
+                    AND NOT (x.name = ANY(%(solo)s::text[]))
+                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -722,8 +727,9 @@ upd AS (
         lease_expires_at = clk.now + %(lease)s::float8,
         worker_id = %(worker)s,
         version = t.version + 1,
-        started_at = CASE WHEN m.is_head THEN clk.now END,
-        attempt = t.attempt + CASE WHEN m.is_head THEN 1 ELSE 0 END,
+        -- a prefetched head records no start, like a chunk member
+        started_at = CASE WHEN m.is_head AND NOT %(prefetch)s::bool THEN clk.now END,
+        attempt = t.attempt + CASE WHEN m.is_head AND NOT %(prefetch)s::bool THEN 1 ELSE 0 END,
         finished_at = NULL
     FROM members m, clk
     WHERE t.id = m.id AND (t.status || '') IN ('PENDING', 'RETRYING')
@@ -787,8 +793,8 @@ SET status = 'RUNNING',
     lease_expires_at = clk.now + %(lease)s::float8,
     worker_id = %(worker)s,
     version = t.version + 1,
-    started_at = clk.now,
-    attempt = t.attempt + 1,
+    started_at = CASE WHEN %(prefetch)s::bool THEN NULL ELSE clk.now END,
+    attempt = t.attempt + CASE WHEN %(prefetch)s::bool THEN 0 ELSE 1 END,
     finished_at = NULL
 FROM picked, clk
 WHERE t.id = picked.id

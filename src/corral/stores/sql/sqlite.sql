@@ -516,11 +516,13 @@ SELECT last_claimed_at FROM task_groups WHERE group_key = ?
 INSERT INTO task_groups (group_key, last_claimed_at) VALUES (?, ?)
 ON CONFLICT (group_key) DO UPDATE SET last_claimed_at = excluded.last_claimed_at
 
+-- The head of a claim; a NULL start (?4) is a prefetched head: no start
+-- recorded, its attempt unchanged (its outcome records both).
 -- name: claim_head
 UPDATE tasks
-SET status = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker_id = ?,
-    started_at = ?, attempt = attempt + 1, version = version + 1
-WHERE id = ? AND status IN ('PENDING', 'RETRYING')
+SET status = 'RUNNING', lease_token = ?1, lease_expires_at = ?2, worker_id = ?3,
+    started_at = ?4, attempt = attempt + (?4 IS NOT NULL), version = version + 1
+WHERE id = ?5 AND status IN ('PENDING', 'RETRYING')
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
@@ -528,12 +530,12 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        checkpoint, cancel_requested, snoozes
 
 -- The fast path for plain work (no group, no limit) while nothing else is
--- queued: one statement. Parameters: expires, worker, now, queue, now,
--- names (JSON array, or NULL for any), n.
+-- queued: one statement. Parameters: expires, worker, start (NULL for a
+-- prefetch: no start recorded), queue, now, names (JSON array, or NULL for any), n.
 -- name: claim_plain
 UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?,
-    worker_id = ?, started_at = ?, attempt = attempt + 1, version = version + 1
+    worker_id = ?, started_at = ?3, attempt = attempt + (?3 IS NOT NULL), version = version + 1
 WHERE id IN (
     SELECT id FROM tasks INDEXED BY tasks_ready_plain_rank
     WHERE status IN ('PENDING', 'RETRYING')
@@ -556,7 +558,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 -- name: claim_plain_shared
 UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
-    worker_id = ?2, started_at = ?3, attempt = attempt + 1, version = version + 1
+    worker_id = ?2, started_at = ?3, attempt = attempt + (?3 IS NOT NULL), version = version + 1
 WHERE id IN (
     SELECT id FROM (
         SELECT id, lane, priority, run_at,

@@ -1,0 +1,222 @@
+"""Bounded prefetch in the worker, on every store: units held beyond the
+free slots are handed back at stop with their attempts intact, never name a
+limit, keep group order and exclusivity, and leave a small group's work
+moving beside a big one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import corral
+from corral import State
+from corral.core.pacing import AutoChunk, default_prefetch
+from helpers import wait_for
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def url(request):
+    if request.param == "memory":
+        return "memory://"
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+class _ClaimLog:
+    """Wraps a store's claim to record what each claim asked and got."""
+
+    def __init__(self, store):
+        self.calls: list[tuple[bool, list]] = []
+        self._claim = store.claim
+        store.claim = self
+
+    def __call__(self, *args, **kwargs):
+        got = self._claim(*args, **kwargs)
+        self.calls.append((bool(kwargs.get("prefetch")), got))
+        return got
+
+    def prefetch_calls(self) -> int:
+        return sum(1 for ahead, _ in self.calls if ahead)
+
+
+def test_stop_hands_back_prefetched_units_with_attempts_intact(url):
+    app = corral.App(url)
+    release = threading.Event()
+    ran = []
+
+    @app.task(retries=0)
+    def job(i):
+        ran.append(i)
+        if i == 0:
+            release.wait(30)
+
+    first = job.submit(0)
+    rest = [job.submit(i) for i in (1, 2, 3)]
+    worker = app.worker(1, prefetch=3, chunk_size=1).start()
+    try:
+        wait_for(lambda: ran == [0])
+        wait_for(
+            lambda: all(app.get(h.id).status is State.RUNNING for h in rest),
+            message="one unit running and three prefetched",
+        )
+        assert worker.busy == 4
+        stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
+        stopper.start()
+        # handed back before the grace period ends, not started
+        wait_for(lambda: all(app.get(h.id).status is State.PENDING for h in rest), timeout=20)
+        release.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+    finally:
+        release.set()
+    assert ran == [0]
+    assert app.get(first.id).status is State.SUCCESS
+    assert worker.handed_back == 3
+    for h in rest:
+        rec = app.get(h.id)
+        assert rec.attempt == 0 and rec.started_at is None
+    app.close(10)
+
+
+def test_prefetch_never_holds_a_unit_under_a_limit(url):
+    app = corral.App(url)
+    app.limit("downstream", concurrency=5)
+    release = threading.Event()
+
+    @app.task
+    def blocker():
+        release.wait(30)
+
+    @app.task(limits=["downstream"])
+    def limited(i):
+        return i
+
+    @app.task
+    def plain(i):
+        return i
+
+    b = blocker.submit()
+    worker = app.worker(1, prefetch=4, chunk_size=1)
+    log = _ClaimLog(worker.store)
+    worker.start()
+    try:
+        wait_for(lambda: app.get(b.id).status is State.RUNNING)
+        lim = [limited.submit(i) for i in range(3)]
+        pl = [plain.submit(i) for i in range(2)]
+        wait_for(lambda: all(app.get(h.id).status is State.RUNNING for h in pl), message="plain work prefetched")
+        wait_for(lambda: log.prefetch_calls() >= 1)
+        # the only slot is busy: limited work stays queued, holding no place of its limit
+        assert all(app.get(h.id).status is State.PENDING for h in lim)
+        assert app.store.limit_usage().get("downstream", 0) == 0
+        release.set()
+        assert worker.drain(30)
+        assert all(app.get(h.id).status is State.SUCCESS for h in lim + pl)
+    finally:
+        release.set()
+        worker.stop(10)
+        app.close(10)
+    for ahead, got in log.calls:
+        if ahead:
+            assert all(not t.limits for c in got for t in c.tasks)
+
+
+def test_group_order_and_exclusivity_hold_under_prefetch(url):
+    app = corral.App(url)
+    lock = threading.Lock()
+    running: dict[str, int] = {}
+    seen: dict[str, list[int]] = {}
+    overlaps = []
+
+    @app.task
+    def step(group, i):
+        with lock:
+            running[group] = running.get(group, 0) + 1
+            if running[group] > 1:
+                overlaps.append((group, i))
+            seen.setdefault(group, []).append(i)
+        threading.Event().wait(0.001)  # the workload
+        with lock:
+            running[group] -= 1
+
+    for i in range(25):
+        for g in ("a", "b", "c"):
+            step.submit(g, i, group=g)
+    for i in range(20):
+        step.submit(f"solo-{i}", i)  # ungrouped work beside the groups
+    app.start(workers=4, prefetch=8)
+    try:
+        assert app.drain(60)
+    finally:
+        app.close(10)
+    assert overlaps == []
+    for g in ("a", "b", "c"):
+        assert seen[g] == list(range(25))
+
+
+def test_a_small_group_is_not_held_behind_a_big_one_by_prefetch(url):
+    app = corral.App(url)
+    done: list[str] = []
+
+    @app.task
+    def step(group, i):
+        threading.Event().wait(0.002)  # the workload
+        done.append(group)
+
+    for i in range(300):
+        step.submit("big", i, group="big")
+    for i in range(3):
+        step.submit("small", i, group="small")
+    app.start(workers=2, prefetch=4)
+    try:
+        assert app.drain(120)
+    finally:
+        app.close(10)
+    last_small = max(i for i, g in enumerate(done) if g == "small")
+    # round robin between groups: the small group ends long before the big one
+    assert last_small < len(done) // 2
+
+
+def test_prefetch_zero_claims_only_into_free_slots(url):
+    app = corral.App(url)
+    release = threading.Event()
+
+    @app.task
+    def job(i):
+        if i == 0:
+            release.wait(30)
+
+    handles = [job.submit(i) for i in range(4)]
+    worker = app.worker(1, prefetch=0, chunk_size=1)
+    log = _ClaimLog(worker.store)
+    worker.start()
+    try:
+        wait_for(lambda: app.get(handles[0].id).status is State.RUNNING)
+        assert worker.busy == 1
+        assert all(app.get(h.id).status is State.PENDING for h in handles[1:])
+        release.set()
+        assert worker.drain(30)
+    finally:
+        release.set()
+        worker.stop(10)
+        app.close(10)
+    assert log.prefetch_calls() == 0
+
+
+def test_default_prefetch_is_small_and_bounded():
+    assert default_prefetch(1) == 2
+    assert default_prefetch(10) == 20
+    assert default_prefetch(500) == 64
+
+
+def test_auto_chunk_follows_task_durations():
+    chunk = AutoChunk(target=0.25, maximum=200, warmup=5)
+    assert chunk.size() == 1  # nothing measured yet
+    for _ in range(10):
+        chunk.observe(0.010)
+    assert chunk.size() == 25
+    for _ in range(400):
+        chunk.observe(2.0)
+    assert chunk.size() == 1  # long tasks: one at a time
+    quick = AutoChunk(target=0.25, maximum=200, warmup=1)
+    quick.observe(0.0)
+    assert quick.size() == 200
