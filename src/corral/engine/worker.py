@@ -583,7 +583,8 @@ class Worker:
                 raise Canceled("canceled before start")
             if tdef.isolation == "process":
                 run.deadline = None  # the process run times itself out and kills the child
-                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints)
+                ups = ctx._upstream() if tdef.takes_ctx else ()  # the child cannot reach the store
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ups)
                 run.proc = ProcessRun(
                     tdef.fn,
                     tdef.takes_ctx,

@@ -42,10 +42,12 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from corral.core import breaker as brk
+from corral.core import dag
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -112,11 +114,10 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
-_BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
 
 def _is_outage(exc: Exception) -> bool:
@@ -306,6 +307,40 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
+        graph = any(t.after for t in tasks)
+        locks = graph or max_queued is not None or any(t.depends_on for t in tasks)
+
+        def go(conn):
+            # Without dependencies the insert is one atomic statement; with
+            # them, the dependency rows are locked first in the same transaction.
+            with conn.transaction() if locks else _nothing():
+                if max_queued is not None:
+                    # one bounded submit at a time: the count and the insert are one step
+                    conn.execute(self._q["lock_queue_bound"])
+                    counts = dict(conn.execute(self._q["active_counts"]).fetchall())
+                    check_bound(counts, len(tasks), max_queued)
+                if not graph:
+                    return self._insert(conn, tasks)
+                # A graph: one insert per layer, each naming the ids the layers
+                # before it were given, all in this one transaction.
+                depth = dag.depths([t.after for t in tasks])
+                out: list[SubmitResult | None] = [None] * len(tasks)
+                for layer in range(max(depth) + 1):
+                    pos = [i for i, d in enumerate(depth) if d == layer]
+                    rows = []
+                    for i in pos:
+                        t = tasks[i]
+                        ids = (out[j].id for j in t.after)  # type: ignore[union-attr]
+                        rows.append(replace(t, depends_on=tuple(dict.fromkeys((*t.depends_on, *ids))), after=()))
+                    for i, r in zip(pos, self._insert(conn, rows)):
+                        out[i] = r
+                return out
+
+        return self._run(go)
+
+    def _insert(self, conn, tasks: list[NewTask]) -> list[SubmitResult]:
+        """Insert ``tasks`` (dependencies by id only) on ``conn``; one statement
+        plus, with dependencies, the statement that locks them first."""
         # Idempotency keys repeated inside this call: the first one wins.
         first_of_key: dict[str, int] = {}
         dup_of: dict[int, int] = {}
@@ -320,46 +355,27 @@ class PostgresStore(SqlStore):
             rows.append(t)
             row_index.append(i)
         all_deps = sorted({d for t in rows for d in t.depends_on})
-
-        def go(conn):
-            # Without dependencies the insert is one atomic statement; with
-            # them, the dependency rows are locked first in the same transaction.
-            with conn.transaction() if all_deps or max_queued is not None else _nothing():
-                if max_queued is not None:
-                    # one bounded submit at a time: the count and the insert are one step
-                    conn.execute(self._q["lock_queue_bound"])
-                    counts = dict(conn.execute(self._q["active_counts"]).fetchall())
-                    check_bound(counts, len(tasks), max_queued)
-                states: dict[int, State] = {}
-                if all_deps:
-                    for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
-                        states[dep_id] = State(status)
-                    missing = [d for d in all_deps if d not in states]
-                    if missing:
-                        raise SubmitError(f"unknown dependency id(s): {', '.join(map(str, missing))}")
-                status_col: list[str] = []
-                error_col: list[str | None] = []
-                for t in rows:
-                    status, error = State.PENDING, None
-                    for d in t.depends_on:
-                        if states[d] in _BAD_FINAL:
-                            status, error = State.FAILED, f"dependency {d} ended {states[d].value}"
-                            break
-                        if states[d] is not State.SUCCESS:
-                            status = State.WAITING
-                    status_col.append(status.value)
-                    error_col.append(error)
-                params = {"rows": _submit_rows(rows, status_col, error_col)}
-                inserted = conn.execute(self._q["submit"], params).fetchall()
-                by_key = {k: i for i, k, _ in inserted if k is not None}
-                new_ids = [i for i, _, _ in inserted]
-                existing: dict[str, int] = {}
-                keys = [t.key for t in rows if t.key is not None and t.key not in by_key]
-                if keys:
-                    existing = dict(conn.execute(self._q["ids_by_key"], {"keys": keys}).fetchall())
-                return new_ids, by_key, existing
-
-        new_ids, by_key, existing = self._run(go)
+        states: dict[int, State] = {}
+        if all_deps:
+            for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
+                states[dep_id] = State(status)
+            missing = [d for d in all_deps if d not in states]
+            if missing:
+                raise SubmitError(f"unknown dependency id(s): {', '.join(map(str, missing))}")
+        status_col: list[str] = []
+        error_col: list[str | None] = []
+        for t in rows:
+            status, error = dag.initial_state([(d, states[d]) for d in t.depends_on], t.on_upstream_failure)
+            status_col.append(status.value)
+            error_col.append(error)
+        params = {"rows": _submit_rows(rows, status_col, error_col)}
+        inserted = conn.execute(self._q["submit"], params).fetchall()
+        by_key = {k: i for i, k, _ in inserted if k is not None}
+        new_ids = [i for i, _, _ in inserted]
+        existing: dict[str, int] = {}
+        keys = [t.key for t in rows if t.key is not None and t.key not in by_key]
+        if keys:
+            existing = dict(conn.execute(self._q["ids_by_key"], {"keys": keys}).fetchall())
         out: list[SubmitResult | None] = [None] * len(tasks)
         it = iter(new_ids)
         for pos, t in zip(row_index, rows):
@@ -372,6 +388,9 @@ class PostgresStore(SqlStore):
             assert first is not None  # a duplicate points at a row already filled
             out[i] = SubmitResult(first.id, False)
         return out  # type: ignore[return-value]
+
+    def upstream(self, task_id: int) -> list[TaskRecord]:
+        return [_record(r) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
 
     # ---- workers ----------------------------------------------------------------
     def claim(
@@ -980,6 +999,8 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
                 "deps": list(t.depends_on) if t.depends_on else None,
                 "halt": bool(t.halt_group_on_failure),
                 "error": err,
+                "ref": t.ref,
+                "policy": t.on_upstream_failure,
             }
             for t, st, err in zip(rows, status, error)
         ]
