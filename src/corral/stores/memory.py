@@ -152,7 +152,10 @@ class MemoryStore(Store):
         ended = [t]
         while ended:
             u = ended.pop()
-            for did in self._dependents.pop(u.id, ()):
+            # a success is for good; after a bad end an operator may retry the
+            # upstream, so its dependents are kept to be settled again
+            deps = self._dependents.pop(u.id, ()) if u.status is State.SUCCESS else self._dependents.get(u.id, ())
+            for did in deps:
                 d = self._tasks[did]
                 if d.status is not State.WAITING:
                     continue
@@ -165,6 +168,14 @@ class MemoryStore(Store):
                     self._set(d, State.CANCELED, error=reason, finished_at=now)
                     ended.append(d)
                 elif not waiting:
+                    # every upstream ended once; one retried since is running again
+                    active = {x for x in d.depends_on if self._tasks[x].status not in FINAL}
+                    if active:
+                        self._waiting_on[did] = active
+                        for x in active:
+                            if did not in self._dependents.setdefault(x, []):
+                                self._dependents[x].append(did)
+                        continue
                     self._waiting_on.pop(did, None)
                     self._set(d, State.PENDING)
                     self._enqueue(d, now)
