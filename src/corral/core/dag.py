@@ -94,7 +94,8 @@ def order_refs(refs: Sequence[str | None], depends: Sequence[Sequence[str]]) -> 
     ``refs[i]`` is node i's local name (or None); ``depends[i]`` the refs it
     waits on. Returns the positions in an order where dependencies come
     first. Raises ValueError naming a repeated or unknown ref, and
-    :class:`CycleError` naming the refs along a cycle."""
+    :class:`CycleError` naming the refs along a cycle in the direction work
+    would flow (``a -> b``: b waits on a)."""
     where: dict[str, int] = {}
     for i, ref in enumerate(refs):
         if ref is None:
@@ -113,7 +114,8 @@ def order_refs(refs: Sequence[str | None], depends: Sequence[Sequence[str]]) -> 
     try:
         return topological_order(after)
     except CycleError as exc:
-        names = [refs[i] for i in exc.cycle if isinstance(i, int)]
+        # shown in the direction work flows: each ref runs before the next
+        names = [refs[i] for i in reversed(exc.cycle) if isinstance(i, int)]
         raise CycleError([r if r is not None else "(a task without a ref)" for r in names]) from None
 
 
