@@ -26,7 +26,7 @@ SQLITE_ONLY = {
     "complete_requeue": "an outcome that queues again (PostgreSQL: one `complete`)",
     "has_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
     "promote_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
-    "fail_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
+    "cancel_dependents": "dependents settled step by step (PostgreSQL: `settle_dependents`)",
     "deps_of": "depends_on read from its table (PostgreSQL: an array column)",
     "insert_task": "submit inserts with executemany (PostgreSQL: one `submit`)",
     "insert_dep": "submit inserts with executemany (PostgreSQL: one `submit`)",
@@ -66,6 +66,7 @@ POSTGRES_ONLY = {
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0009": "numbered migrations (SQLite: `columns_v4`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

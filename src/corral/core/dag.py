@@ -108,7 +108,7 @@ def order_refs(refs: Sequence[str | None], depends: Sequence[Sequence[str]]) -> 
         row = []
         for r in deps:
             if r not in where:
-                raise ValueError(f"item {i} depends on {r!r}, which no task of the graph has as its ref")
+                raise ValueError(f"depends_on of item {i} names {r!r}, the ref of no task in the same call")
             row.append(where[r])
         after.append(row)
     try:
