@@ -389,6 +389,12 @@ class PostgresStore(SqlStore):
             out[i] = SubmitResult(first.id, False)
         return out  # type: ignore[return-value]
 
+    def _settle(self, conn, ids: list[int]) -> None:
+        """Settle the dependents of ended tasks; the ones canceled on the way
+        are settled in turn, so a dependent that runs anyway sees them ended."""
+        while ids:
+            ids = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()[0] or []
+
     def upstream(self, task_id: int) -> list[TaskRecord]:
         return [_record(r) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
 
@@ -601,7 +607,7 @@ class PostgresStore(SqlStore):
                 # its own statement (fresh snapshot), after the rows above
                 # committed; if it fails, sweep() settles those dependents later
                 try:
-                    conn.execute(self._q["settle_dependents"], {"ids": settle})
+                    self._settle(conn, settle)
                 except psycopg.Error:
                     pass
             return rows
@@ -808,7 +814,7 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["cancel_queued"], {"id": task_id}).fetchone()
                 if row is not None:
-                    conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
+                    self._settle(conn, [task_id])
                     if row[2] is not None:  # the next task of its group may start
                         conn.execute(self._q["notify"], {"queue": row[1]})
                 else:
@@ -953,7 +959,7 @@ class PostgresStore(SqlStore):
                 rows = conn.execute(self._q["rescue"], params).fetchall()
                 ended = [tid for tid, status, _ in rows if State(status) in FINAL]
                 if ended:
-                    conn.execute(self._q["settle_dependents"], {"ids": ended})
+                    self._settle(conn, ended)
                 for queue in sorted({q for _, _, q in rows}):
                     conn.execute(self._q["notify"], {"queue": queue})
             return rows
@@ -967,7 +973,7 @@ class PostgresStore(SqlStore):
         def go(conn):
             ids = [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": limit})]
             if ids:
-                conn.execute(self._q["settle_dependents"], {"ids": ids})
+                self._settle(conn, ids)
 
         self._run(go, retry=False)
 

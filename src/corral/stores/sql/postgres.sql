@@ -730,10 +730,12 @@ FROM upd;
 -- name: settle_dependents
 -- After tasks in %(ids)s ended: cancel the WAITING tasks that (transitively)
 -- depend on one that ended badly, unless they run anyway
--- (on_upstream_failure = 'run'), and promote WAITING tasks whose upstream
--- tasks all succeeded (under 'run': all ended, counting those canceled here).
--- Runs as its own statement, so it sees tasks submitted while the completion
--- waited for their dependency locks.
+-- (on_upstream_failure = 'run'), and promote WAITING dependents of %(ids)s
+-- whose upstream tasks all succeeded (under 'run': all ended). Returns the ids
+-- it canceled: the caller settles them in turn (their dependents that run
+-- anyway), in a statement that sees them ended. Runs as its own statement, so
+-- it sees tasks submitted while the completion waited for their dependency
+-- locks.
 WITH RECURSIVE
 clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 bad(id, via, via_status) AS (
@@ -760,14 +762,11 @@ promoted AS (
     UPDATE corral_tasks w
     SET status = 'PENDING', version = w.version + 1
     WHERE w.status = 'WAITING'
-      AND w.id IN (SELECT d.task_id FROM corral_deps d
-                   WHERE d.dep_id = ANY(%(ids)s::bigint[]) OR d.dep_id IN (SELECT id FROM bad))
-      AND w.id NOT IN (SELECT id FROM bad)
+      AND w.id IN (SELECT d.task_id FROM corral_deps d WHERE d.dep_id = ANY(%(ids)s::bigint[]))
       AND NOT EXISTS (SELECT 1 FROM corral_deps d2 JOIN corral_tasks u ON u.id = d2.dep_id
                       WHERE d2.task_id = w.id AND u.status <> 'SUCCESS'
                         AND (w.on_upstream_failure <> 'run'
-                             OR (u.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-                                 AND u.id NOT IN (SELECT id FROM bad))))
+                             OR u.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
     RETURNING w.id, w.queue
 ),
 note AS (
@@ -775,7 +774,7 @@ note AS (
     FROM (SELECT queue FROM promoted
           UNION SELECT queue FROM canceled WHERE group_key IS NOT NULL) q
 )
-SELECT (SELECT count(*) FROM canceled) AS canceled, (SELECT count(*) FROM promoted) AS promoted,
+SELECT ARRAY(SELECT id FROM canceled) AS canceled, (SELECT count(*) FROM promoted) AS promoted,
        (SELECT count(*) FROM note) AS notified;
 
 -- name: upstream
