@@ -156,3 +156,17 @@ def test_ctx_upstream_rejects_an_unknown_key(app):
     app.start(workers=1)
     with pytest.raises(corral.TaskFailed, match="by="):
         h.result(timeout=30)
+
+
+def test_ctx_upstream_in_a_child_process(app):
+    @app.task
+    def up(n):
+        return n * 2
+
+    @app.task(isolation="process")
+    def down(ctx):
+        return ctx.upstream(by="ref")
+
+    a, b = app.submit_many([up.node(21, ref="up"), down.node(ref="down", depends_on=["up"])])
+    app.start(workers=2)
+    assert b.result(timeout=30) == {"up": 42}

@@ -456,7 +456,9 @@ class App:
         dep_ids: tuple[int, ...] = ()
         if deps:
             if isinstance(deps, str | bytes | Mapping | Handle | int) or not hasattr(deps, "__iter__"):
-                raise bad(f"depends_on must be a list of task ids or handles, not {check.shown(deps)}")
+                raise bad(
+                    f"depends_on must be a list of task ids, handles or refs of the same call, not {check.shown(deps)}"
+                )
             dep_ids = tuple(
                 check.integer(d.id if isinstance(d, Handle) else d, "each of depends_on", check.TASK_ID_RANGE, bad)
                 for d in deps
