@@ -399,11 +399,12 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
         s.close()
 
 
-@pytest.mark.parametrize("version", [4, 5, 6])
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
 def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     """A database at version 4 (before flow control) takes migrations 0005
-    (rates, snoozes, breakers), 0006 (dead letters, fleet level, events) and
-    0007 (the retry path's index) in order; a newer one the rest."""
+    (rates, snoozes, breakers), 0006 (dead letters, fleet level, events),
+    0007 (the retry path's index) and 0009 (graph columns) in order; a newer
+    one the rest."""
     import psycopg
 
     from corral.core.breaker import BreakerConfig, BreakerState
@@ -424,7 +425,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     try:
         s.migrate()
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION == 7
+            assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION
             retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
             assert conn.execute(retry_index).fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
@@ -432,6 +433,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
             assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]
         (rec,) = s.list_tasks(TaskFilter())
         assert rec.snoozes == 0
+        assert (rec.ref, rec.on_upstream_failure) == (None, "cancel")
         s.set_limit(LimitSpec("api", rate="1/m", burst=1))
         s.set_breaker("t", BreakerConfig())
         s.force_breaker("t", BreakerState.OPEN, "test")

@@ -202,15 +202,16 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     from corral.stores.base import FleetLevel
 
     con = s._con()
-    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION == 6
+    assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
-    assert "snoozes" in columns
+    assert {"snoozes", "ref", "on_upstream_failure"} <= columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
     assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
     assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead"} <= names
     assert s.get(task_id).snoozes == 0
+    assert (s.get(task_id).ref, s.get(task_id).on_upstream_failure) == (None, "cancel")
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
     s.set_breaker("t", BreakerConfig())
     assert s.force_breaker("t", BreakerState.OPEN, "test").after == "OPEN"
@@ -224,17 +225,19 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events()) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4, 5])
+@pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
-    it (rates and breakers, no levels) or as version 5 left it (no retry
-    path index) is brought up to version 6."""
+    it (rates and breakers, no levels), as version 5 left it (no retry
+    path index) or as version 6 left it (no graph columns) is brought up to
+    date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
     con.execute("DROP INDEX tasks_retry_ready")
+    con.executescript("ALTER TABLE tasks DROP COLUMN ref; ALTER TABLE tasks DROP COLUMN on_upstream_failure;")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:
