@@ -170,3 +170,16 @@ def test_ctx_upstream_in_a_child_process(app):
     a, b = app.submit_many([up.node(21, ref="up"), down.node(ref="down", depends_on=["up"])])
     app.start(workers=2)
     assert b.result(timeout=30) == {"up": 42}
+
+
+def test_drain_waits_for_a_whole_chain(app):
+    # an outcome written after the drain's last empty claim promotes the next
+    # task of the chain: the drain must look again, not stop there
+    @app.task
+    def link(i):
+        return i
+
+    handles = app.submit_many([link.node(i, ref=f"l{i}", depends_on=[f"l{i - 1}"] if i else []) for i in range(30)])
+    app.start(workers=2)
+    assert app.drain(timeout=60)
+    assert [h.status() for h in handles] == [State.SUCCESS] * 30
