@@ -335,9 +335,11 @@ class Worker:
                     return False
                 if self._writes != writes and not self._claims_over():
                     # outcomes written since may have freed work (a task whose
-                    # last upstream just succeeded): another empty claim must say so
-                    writes = self._writes
+                    # last upstream just succeeded): a claim begun after them
+                    # must find nothing too
                     with self._cond:
+                        writes = self._writes
+                        since[0] = self._claim_seq
                         self._cond.notify_all()
                     continue
                 due = self._retries_due(horizon)
