@@ -8,6 +8,7 @@
 #   make clean  remove the virtualenv and build/test leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS='-k lease -x'
+# Extra demo arguments:   make demo DEMO_ARGS='--hold 60'  (see .venv/bin/corral demo --help)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -17,6 +18,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.corral-installed
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
 
 .PHONY: help venv demo lint test clean
 
@@ -50,7 +52,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: venv
-	$(VENV)/bin/corral demo
+	$(VENV)/bin/corral demo $(DEMO_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check src tests

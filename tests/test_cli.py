@@ -342,6 +342,7 @@ def test_plan_prints_the_seed_numbers():
 def test_demo_leaves_results_for_status_and_tasks(sqlite_url):
     out = run(
         "demo",
+        "--quick",
         "--store",
         sqlite_url,
         "--skus",

@@ -16,6 +16,7 @@ from corral.cli import cli, main
 from corral.engine.runner import StopSignals
 
 COMMANDS = [
+    "batch",
     "bench",
     "breaker",
     "cancel",
@@ -23,6 +24,7 @@ COMMANDS = [
     "dead",
     "demo",
     "level",
+    "periodic",
     "plan",
     "retry",
     "show",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core import planning
 from corral.core.planning import (
     WORKED_EXAMPLE,
     capacity_plan,
@@ -183,3 +184,45 @@ def test_limit_advice_keeps_every_sliding_second_under_the_cap():
     assert a.line("partner_api") == 'app.limit("partner_api", concurrency=40, rate="70/s", burst=15)'
     tiny = limit_advice(1, 0.05)
     assert (tiny.concurrency, tiny.rate_per_s, tiny.burst) == (1, 1, 1)
+
+
+# ---- from history -----------------------------------------------------------------------------
+def _rows(durations, failed=()):
+    """Tasks run one after another from t=0, each for its duration."""
+    out, t = [], 0.0
+    for i, d in enumerate(durations):
+        out.append(planning.HistoryRow("FAILED" if i in failed else "SUCCESS", t, t + d, 1))
+        t += d
+    return out
+
+
+def test_history_measures_durations_success_and_throughput():
+    h = planning.history("task 'sync'", _rows(range(1, 11), failed={2, 7}), sample=100)
+    assert (h.read, h.timed, h.successes, h.failures) == (10, 10, 8, 2)
+    assert (h.p50_s, h.p99_s, h.mean_s) == (5, 10, 5.5)
+    assert h.success_rate == 0.8 and h.window_s == 55 and h.throughput_per_s == pytest.approx(10 / 55)
+
+
+def test_history_plan_fills_the_formulas_in():
+    h = planning.history("task 'sync'", _rows([2.0] * 10, failed={0, 1}))
+    hp = planning.history_plan(h, qps=100, safety=0.7, target=3600, target_window_s=3600)
+    # Little's law: in flight = 10/20s x 2 s = 1; 1/s x 2 s = 2 workers; / 0.8 success = 2.5 -> 3
+    assert hp.in_flight == pytest.approx(1.0)
+    assert hp.required.required_concurrency == pytest.approx(2.0) and hp.required.required_workers == 2
+    assert hp.attempts_per_success == pytest.approx(1.25)
+    assert hp.required_with_retries == pytest.approx(2.5) and hp.workers_with_retries == 3
+    # the limit: 100 QPS x 2 s x 0.7 = 140
+    assert hp.limit.limit == 140 and not hp.qps_measured
+    assert hp.advice.line("sync") == 'app.limit("sync", concurrency=400, rate="70/s", burst=15)'
+
+
+def test_history_plan_without_qps_uses_the_measured_throughput():
+    hp = planning.history_plan(planning.history("batch 'b'", _rows([1.0] * 4)))
+    assert hp.qps_measured and hp.qps == pytest.approx(1.0) and hp.limit.theoretical == pytest.approx(1.0)
+
+
+def test_history_without_durations_cannot_be_planned():
+    h = planning.history("task 'x'", [planning.HistoryRow("FAILED", None, 5.0, 1)])
+    assert h.mean_s is None and h.success_rate == 0
+    with pytest.raises(ValueError, match="no finished task with a measured duration"):
+        planning.history_plan(h)

@@ -403,8 +403,8 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
 def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     """A database at version 4 (before flow control) takes migrations 0005
     (rates, snoozes, breakers), 0006 (dead letters, fleet level, events),
-    0007 (the retry path's index) and 0009 (graph columns) in order; a newer
-    one the rest."""
+    0007 (the retry path's index) and every later one (periodic schedules,
+    batch settings, graph columns, ...) in order; a newer one the rest."""
     import psycopg
 
     from corral.core.breaker import BreakerConfig, BreakerState
@@ -426,10 +426,12 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
         s.migrate()
         with psycopg.connect(pg_url, autocommit=True) as conn:
             assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION
+            assert conn.execute("SELECT to_regclass('corral_batches') IS NOT NULL").fetchone()[0]
             retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
             assert conn.execute(retry_index).fetchone()[0]
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
             assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
+            assert {"corral_schedules", "corral_schedule_ticks"} <= tables
             assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]
         (rec,) = s.list_tasks(TaskFilter())
         assert rec.snoozes == 0

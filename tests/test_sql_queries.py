@@ -39,6 +39,8 @@ SQLITE_ONLY = {
     "schema": "the schema as one idempotent script (PostgreSQL: numbered migrations)",
     "columns_v4": "columns added to an older file where missing (PostgreSQL: `migration_0005`)",
     "limit_pause": "a 429's pause of its limits (PostgreSQL: inside `complete`)",
+    "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
+    "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
@@ -66,7 +68,12 @@ POSTGRES_ONLY = {
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
-    "migration_0009": "numbered migrations (SQLite: `columns_v4`)",
+    "migration_0014": "numbered migrations (SQLite: `columns_v4`)",
+    "migration_0013": "numbered migrations (SQLite: one idempotent `schema`)",
+    "batch_lock_unsettled": "a batch's settle row locked (SQLite: one writer at a time)",
+    "whereami": "which database a caller's connection is on (SQLite compares the file)",
+    "migration_0008": "numbered migrations (SQLite: one idempotent `schema`)",
+    "schedule_lock": "a schedule's row locked so its ticks are decided one at a time (SQLite: one writer)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

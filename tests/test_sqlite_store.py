@@ -203,13 +203,14 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 
     con = s._con()
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert {"snoozes", "ref", "on_upstream_failure"} <= columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
     assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
-    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead"} <= names
+    assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead", "batches"} <= names
     assert s.get(task_id).snoozes == 0
     assert (s.get(task_id).ref, s.get(task_id).on_upstream_failure) == (None, "cancel")
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
@@ -228,16 +229,19 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
 @pytest.mark.parametrize("version", [3, 4, 5, 6])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
-    it (rates and breakers, no levels), as version 5 left it (no retry
-    path index) or as version 6 left it (no graph columns) is brought up to
-    date."""
+    it (rates and breakers, no levels), as version 5 left it (no retry path
+    index) or as version 6 left it (no periodic schedules, no batch settings,
+    no graph columns) is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
-    con.execute("DROP INDEX tasks_retry_ready")
+    con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
+    con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     con.executescript("ALTER TABLE tasks DROP COLUMN ref; ALTER TABLE tasks DROP COLUMN on_upstream_failure;")
+    if version < 6:
+        con.execute("DROP INDEX tasks_retry_ready")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:
@@ -270,13 +274,43 @@ def test_checkpoints_run_in_the_background_not_in_commits(tmp_path):
             con = sqlite3.connect(f"{tmp_path}/copy.db")
             try:
                 return con.execute("SELECT count(*) FROM tasks").fetchone()[0]
-            except sqlite3.OperationalError:  # the schema itself not copied yet
+            except sqlite3.DatabaseError:  # the schema not copied yet, or a page copied mid-checkpoint
                 return -1
             finally:
                 con.close()
 
         assert wait_for(lambda: in_main_file() == 50, timeout=10)
     finally:
+        s.close()
+
+
+def test_the_wal_is_reset_while_readers_keep_reading(tmp_path, monkeypatch):
+    """Steady reads from another connection keep a PASSIVE checkpoint from ever
+    restarting the WAL; past its size bound the checkpointer resets it."""
+    import corral.stores.sqlite as sqlite_mod
+
+    monkeypatch.setattr(sqlite_mod, "WAL_RESET_BYTES", 256 * 1024)
+    s = SQLiteStore(f"sqlite:///{tmp_path}/wal.db")
+    stop = threading.Event()
+
+    def reader():
+        con = sqlite3.connect(f"{tmp_path}/wal.db")
+        while not stop.is_set():
+            con.execute("SELECT count(*) FROM tasks").fetchone()
+        con.close()
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    try:
+        for t in readers:
+            t.start()
+        for _ in range(40):
+            s.submit([NewTask(name="w", args='{"pad": "' + "x" * 2000 + '"}') for _ in range(50)])
+        wal = f"{tmp_path}/wal.db-wal"
+        assert wait_for(lambda: os.path.getsize(wal) < 256 * 1024, timeout=20)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
         s.close()
 
 

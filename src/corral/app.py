@@ -16,6 +16,7 @@ from corral.core import dag
 from corral.core import validation as check
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
+from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.levels import Level
 from corral.core.model import (
@@ -62,6 +63,25 @@ def _duration(value: float | str, option: str) -> float:
     return float(value)
 
 
+def _needs_no_arguments(fn: Callable) -> None:
+    """A periodic task is called with no arguments (``ctx`` aside): refuse one that needs some."""
+    if not callable(fn):
+        raise ConfigError(f"a task must be a function, not {check.shown(fn)}")
+    params = list(inspect.signature(fn).parameters.values())
+    if params and params[0].name == "ctx":
+        params = params[1:]
+    needed = [
+        p.name
+        for p in params
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    if needed:
+        raise ConfigError(
+            f"a periodic task is called with no arguments, but {getattr(fn, '__name__', 'it')}() needs "
+            f"{', '.join(needed)}: give them defaults"
+        )
+
+
 if TYPE_CHECKING:
     from corral.engine.worker import DrainReport, Worker
     from corral.stores.base import BatchSummary, FleetLevel
@@ -72,6 +92,8 @@ ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
     {"group", "batch", "depends_on", "key", "trace_id", "delay", "priority", "timeout", "retries", "queue"}
 )
+#: How long a submitter trusts "this batch has no limit" before it asks the store again.
+BATCH_LIMIT_RECHECK = 5.0
 _ITEM_KEYS = _SUBMIT_OPTIONS | {"args", "kwargs", "ref"}
 #: the keys of an item of a graph (``submit_many`` given items only): each names its task
 _GRAPH_KEYS = _ITEM_KEYS | {"task"}
@@ -129,10 +151,11 @@ class TaskDef:
         return self.fn(*args, **kwargs)
 
     def submit(self, *args: Any, **options: Any) -> Handle:
-        """Queue one run. Keyword options are those of ``App.submit``; other
-        keyword arguments go to the function."""
+        """Queue one run. Keyword options are those of ``App.submit``
+        (``connection=`` included); other keyword arguments go to the function."""
         opts = {k: options.pop(k) for k in list(options) if k in _SUBMIT_OPTIONS}
-        return self.app.submit(self, args=args, kwargs=options, **opts)
+        connection = options.pop("connection", None)
+        return self.app.submit(self, args=args, kwargs=options, connection=connection, **opts)
 
     def node(self, *args: Any, **options: Any) -> Node:
         """A node of a graph for ``App.submit_many``: ``fetch.node(url, ref="fetch")``."""
@@ -233,6 +256,10 @@ class App:
         self._lock = threading.Lock()
         #: limit names known to exist: declared here, or found in the store
         self._known_limits: set[str] = set()
+        #: batches found without a limit, and until when (monotonic) that is trusted
+        self._no_batch_limit: dict[str, float] = {}
+        #: periodic schedules by name (``@app.periodic``, ``@app.task(cron=...)``); workers enqueue their ticks
+        self.schedules: dict[str, Schedule] = {}
 
     # ---- declaring -------------------------------------------------------------
     def task(
@@ -252,6 +279,7 @@ class App:
         halt_group_on_failure: bool = False,
         overlap_on_timeout: bool = False,
         critical: bool = False,
+        cron: str | None = None,
         on_upstream_failure: str = "cancel",
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
@@ -267,13 +295,17 @@ class App:
         timeout at once and frees the lane, letting a retry or the group's
         next task run beside the abandoned thread. ``critical=True`` keeps the
         task running at the DEGRADED level, when the fleet runs only critical
-        work. ``on_upstream_failure`` says what happens to a run submitted
-        with ``depends_on`` when an upstream task ends FAILED, TIMEOUT or
-        CANCELED: ``"cancel"`` (the default) cancels it, and its own
-        dependents, with the upstream named in its error; ``"run"`` runs it
-        anyway once every upstream has ended (``ctx.upstream()`` shows None
-        for those without a result).
+        work. ``cron="*/5 * * * *"`` also runs it periodically, as
+        :meth:`periodic` with its defaults does. ``on_upstream_failure``
+        says what happens to a run submitted with ``depends_on`` when an
+        upstream task ends FAILED, TIMEOUT or CANCELED: ``"cancel"`` (the
+        default) cancels it, and its own dependents, with the upstream named
+        in its error; ``"run"`` runs it anyway once every upstream has ended
+        (``ctx.upstream()`` shows None for those without a result).
         """
+        if cron is not None:
+            check.text(cron, "cron")
+            schedule_expr = check_expression(cron)  # a bad expression registers nothing
 
         def register(f: Callable) -> TaskDef:
             if not callable(f):
@@ -317,10 +349,108 @@ class App:
                 critical=critical,
                 on_upstream_failure=on_upstream_failure,
             )
+            if cron is not None:
+                _needs_no_arguments(f)
+                schedule = self._schedule_of(tdef, schedule_expr, name=task_name)
             self.registry[task_name] = tdef
+            if cron is not None:
+                self.schedules[schedule.name] = schedule
             return tdef
 
         return register(fn) if fn is not None else register
+
+    def periodic(
+        self,
+        cron: str,
+        *,
+        name: str | None = None,
+        queue: str | None = None,
+        group: str | None = None,
+        timezone: str = "UTC",
+        overlap: bool = True,
+        catch_up: str = "latest",
+        max_delay: float | str | None = None,
+        **task_options: Any,
+    ) -> Callable[[Callable | TaskDef], TaskDef]:
+        """Run a function on a cron schedule: one run per tick across every worker.
+
+        ``cron`` is five fields (minute hour day month weekday, e.g.
+        ``"*/5 * * * *"``) or an alias (``"@hourly"``), read in ``timezone``.
+        The function is registered as a task (``task_options`` are those of
+        :meth:`task`) and called with no arguments (``ctx`` if it takes one).
+        Decorating a registered task adds another schedule for it (give it a
+        ``name``). Each tick's task goes to ``queue`` and ``group``.
+
+        ``overlap=False`` skips a tick while the run of the previous one is
+        still queued or running (the skip is recorded). After downtime,
+        ``catch_up`` says what runs: ``"latest"`` (default) the newest missed
+        tick, ``"all"`` every missed tick, ``"none"`` nothing missed; in every
+        mode a tick older than ``max_delay`` (seconds or ``"1h"``; default no
+        bound) is dropped. Workers (``corral worker``, ``app.start``) enqueue the
+        ticks; an invalid expression, or one that never fires, raises
+        ConfigError here."""
+        expr = check_expression(cron, timezone)
+        try:
+            delay = None if max_delay is None else _duration(max_delay, "max_delay")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if delay is not None and delay <= 0:
+            raise ConfigError(f"max_delay must be more than 0 seconds, not {max_delay!r}")
+        # every option checked before anything is registered
+        Schedule("check", "check", expr, timezone=timezone, overlap=overlap, catch_up=catch_up, max_delay=delay)
+        if group is not None:
+            check.text(group, "group")
+
+        def register(f: Callable | TaskDef) -> TaskDef:
+            if isinstance(f, TaskDef):
+                if task_options:
+                    raise ConfigError("task options go on the task's own @app.task, not on a second schedule")
+                tdef = f
+                sched_name = name if name is not None else f.name
+            else:
+                if queue is not None:
+                    task_options["queue"] = queue
+                _needs_no_arguments(f)
+                sched_name = check.text(name if name is not None else getattr(f, "__name__", None), "task name")
+                if sched_name in self.schedules:
+                    raise ConfigError(f"a schedule named {sched_name!r} is already registered")
+                tdef = self.task(f, name=name, **task_options)
+            schedule = self._schedule_of(
+                tdef,
+                expr,
+                name=sched_name,
+                queue=queue,
+                group=group,
+                timezone=timezone,
+                overlap=overlap,
+                catch_up=catch_up,
+                max_delay=delay,
+            )
+            self.schedules[schedule.name] = schedule
+            return tdef
+
+        return register
+
+    def _schedule_of(
+        self, tdef: TaskDef, expr: str, *, name: str, queue: str | None = None, group: str | None = None, **opts: Any
+    ) -> Schedule:
+        """A schedule running ``tdef``, checked before anything is registered."""
+        sched_name = check.text(name, "schedule name")
+        if sched_name in self.schedules:
+            raise ConfigError(f"a schedule named {sched_name!r} is already registered")
+        return Schedule(
+            name=sched_name,
+            task=tdef.name,
+            expr=expr,
+            queue=check.text(queue, "queue") if queue is not None else tdef.queue,
+            group=None if group is None else check.text(group, "group"),
+            priority=tdef.priority,
+            max_retries=tdef.retries,
+            timeout=tdef.timeout,
+            limits=tdef.limits,
+            halt_group_on_failure=tdef.halt_group_on_failure,
+            **opts,
+        )
 
     def limit(
         self, name: str, *, concurrency: int | None = None, rate: str | None = None, burst: int | None = None
@@ -347,6 +477,70 @@ class App:
                 raise ConfigError(f"limit {name!r}: {exc}") from None
         self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
         self._known_limits.add(name)
+
+    def batch(self, name: str, *, concurrency: int | None = None, on_complete: TaskDef | str | None = None) -> str:
+        """Declare a batch: a per-batch limit and a callback, shared by the fleet.
+
+        ``concurrency`` caps how many of the batch's tasks run at once across
+        every worker of the store (a named limit ``batch:<name>``, counted in
+        the claim); it applies to tasks submitted with ``batch=name`` after
+        this call (here or in any process of the store). ``on_complete`` (a
+        task, or a registered task's name) runs once when every task of the
+        batch has ended, with the batch summary as its one argument: a dict
+        with ``batch``, ``status`` (ALL_SUCCESS, PARTIAL_SUCCESS or FAILED),
+        ``total``, ``counts`` per state and durations. Exactly once, however
+        many workers finish the batch's last tasks together. Returns ``name``."""
+        from corral.core.batches import Callback, limit_name
+
+        name = check.text(name, "batch name")
+        if concurrency is not None:
+            check.integer(concurrency, "a batch's concurrency", check.LIMIT_CONCURRENCY_RANGE)
+        template = None
+        if on_complete is not None:
+            if isinstance(on_complete, TaskDef):
+                cb_def: TaskDef | None = on_complete
+            elif isinstance(on_complete, str):
+                cb_def = self.registry.get(check.text(on_complete, "on_complete"))
+            else:
+                raise ConfigError(f"on_complete must be a task or a task name, not {check.shown(on_complete)}")
+            if cb_def is not None:
+                cb = Callback(cb_def.name, cb_def.queue, cb_def.priority, cb_def.retries, cb_def.timeout, cb_def.limits)
+            else:
+                cb = Callback(str(on_complete))
+            template = cb.to_json()
+        lim = limit_name(name)
+        if concurrency is not None or lim in self._known_limits or lim in self.store.limits():
+            self.store.set_limit(LimitSpec(lim, concurrency, None, None))
+            self._known_limits.add(lim)
+            self._no_batch_limit.pop(name, None)
+        self.store.set_batch(name, template)
+        return name
+
+    def _batch_limits(self, new: list[NewTask]) -> None:
+        """Charge each task of a batch declared with a concurrency to the
+        batch's limit. Looked up once per batch name, then remembered (a
+        batch without one for a few seconds, so another process's later
+        ``app.batch`` is seen)."""
+        from corral.core.batches import limit_name
+
+        batches = {nt.batch for nt in new if nt.batch is not None}
+        now = time.monotonic()
+        limited = set()
+        for b in batches:
+            lim = limit_name(b)
+            if lim not in self._known_limits and self._no_batch_limit.get(b, 0.0) <= now:
+                self._known_limits.update(self.store.limits())
+                if lim not in self._known_limits:
+                    if len(self._no_batch_limit) > 10_000:
+                        self._no_batch_limit.clear()
+                    self._no_batch_limit[b] = now + BATCH_LIMIT_RECHECK
+            if lim in self._known_limits:
+                limited.add(b)
+        for nt in new:
+            if nt.batch in limited:
+                lim = limit_name(nt.batch)
+                if lim not in nt.limits:
+                    nt.limits = (*nt.limits, lim)
 
     def breaker(
         self,
@@ -500,17 +694,32 @@ class App:
         )
 
     def submit(
-        self, task: TaskDef | str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, **options: Any
+        self,
+        task: TaskDef | str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: Any = None,
+        **options: Any,
     ) -> Handle:
-        """Queue one run of ``task`` (a TaskDef or a registered name)."""
-        return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})])[0]
+        """Queue one run of ``task`` (a TaskDef or a registered name).
+
+        ``connection`` enqueues inside your own database transaction: a
+        psycopg (3) connection to the PostgreSQL store's database, or a
+        :mod:`sqlite3` connection to the SQLite store's file. The task is
+        written on it and not committed, so it exists if and only if your
+        transaction commits (workers are woken at that commit)."""
+        return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})], connection=connection)[0]
 
     def submit_many(
         self,
         task: TaskDef | str | Sequence[Node | Mapping[str, Any]],
         items: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        connection: Any = None,
     ) -> list[Handle]:
-        """Queue many runs in one atomic store write: all are stored, or none.
+        """Queue many runs in one atomic store write: all are stored, or none
+        (with ``connection``, in your own transaction: see :meth:`submit`).
 
         ``submit_many(task, items)`` runs one task with each item's options.
         ``submit_many(nodes)`` submits a graph of any tasks: each node is a
@@ -544,12 +753,17 @@ class App:
                     nt.run_at += now
         for tdef in {id(t): t for t, _ in pairs if t.limits}.values():
             self._check_limits(tdef)
-        if order is None:
-            results = self._store_bounded(new)
-            return [Handle(self, r.id, nt.group, r.created, nt.ref) for r, nt in zip(results, new)]
-        stored = self._store_bounded([new[i] for i in order])
-        results_at = {i: r for i, r in zip(order, stored)}
-        return [Handle(self, results_at[i].id, nt.group, results_at[i].created, nt.ref) for i, nt in enumerate(new)]
+        if any(nt.batch is not None for nt in new):
+            self._batch_limits(new)
+        stored = new if order is None else [new[i] for i in order]
+        if connection is not None:
+            results = self.store.submit_in(connection, stored, max_queued=self.max_queued)
+        else:
+            results = self._store_bounded(stored)
+        if order is not None:
+            at = dict(zip(order, results))
+            results = [at[i] for i in range(len(new))]
+        return [Handle(self, r.id, nt.group, r.created, nt.ref) for r, nt in zip(results, new)]
 
     def _graph_items(self, nodes: Any) -> list[tuple[TaskDef, Mapping[str, Any]]]:
         if isinstance(nodes, TaskDef | str | bytes | Mapping) or not hasattr(nodes, "__iter__"):
@@ -635,6 +849,8 @@ class App:
             raise TaskNotFound(f"no task with id {task_id}")
         if rec.status is State.RUNNING and self._worker is not None:
             self._worker.cancel_local(rec.id)
+        if rec.batch is not None and rec.status in FINAL:
+            self.store.settle_batches([rec.batch])  # the batch's last task may have been this one
         return rec
 
     def retry(self, task_id: int) -> bool:
@@ -695,16 +911,18 @@ class App:
         cannot delay fresh work.
         ``extra_hooks`` watch this worker only, beside the app's own."""
         from corral.engine.worker import Worker
+        from corral.flow.batches import BatchHooks
         from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
+        options.setdefault("schedules", tuple(self.schedules.values()))
         levels = LevelHooks(
             self.store,
             concurrency,
             critical_names=[n for n, t in self.registry.items() if t.critical],
             critical_queues=self.critical_queues,
         )
-        hooks = HookChain(self.hooks, *extra_hooks, levels)
+        hooks = HookChain(self.hooks, *extra_hooks, levels, BatchHooks(self.store))
         return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
     def start(self, workers: int = 10, **options: Any) -> App:

@@ -11,6 +11,7 @@ shares, the error handling and :func:`main`. The commands live by area:
 - :mod:`corral.cli.worker`: ``worker APP`` and ``sweep`` (long-running processes);
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
+- :mod:`corral.cli.batches`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
 - ``bench``: the :mod:`corral.bench` package, added when it can be imported.
@@ -232,7 +233,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import demo, flow, plan, tasks, worker
+    from corral.cli import batches, demo, flow, periodic, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -246,9 +247,11 @@ def _add_commands() -> None:
         flow.breaker,
         flow.level,
         flow.dead,
+        periodic.periodic,
         demo.dashboard,
         demo.demo,
         plan.plan,
+        batches.batch,
     ):
         cli.add_command(command)
     _add_bench()

@@ -40,6 +40,20 @@ from corral.core import planning
 )
 @click.option("--concurrency", type=click.IntRange(min=1), help="(d) Target concurrency (default: from (b)).")
 @click.option("--per-process", type=click.IntRange(min=1), help="(d) Workers per process (default: from (c)).")
+@click.option(
+    "--from-history",
+    "history_name",
+    metavar="TASKNAME",
+    help="Measure this task's finished runs in the store and fill the formulas in (with --qps, --target).",
+)
+@click.option("--batch", "history_batch", metavar="B", help="Measure this batch's finished tasks instead.")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1, max=1_000_000),
+    default=planning.DEFAULT_HISTORY_SAMPLE,
+    show_default=True,
+    help="Newest finished tasks read with --from-history/--batch.",
+)
 @json_option
 def plan(
     store_url,
@@ -59,6 +73,9 @@ def plan(
     cap,
     concurrency,
     per_process,
+    history_name,
+    history_batch,
+    sample,
     as_json,
 ):
     """Capacity planner: how many tasks may run at once, and on how many processes.
@@ -71,7 +88,32 @@ def plan(
     (c) workers per process = 1 + io wait / cpu time, capped  --io-minutes 25 --cpu-minutes 4
     (d) processes and lanes (sub-groups) for the concurrency
     With no option at all, shows worked examples (the numbers above).
+
+    \b
+    --from-history TASKNAME (or --batch B) measures finished tasks in --store:
+    p50/p99/mean duration, success rate, throughput; then Little's law and the
+    limit with those numbers (--qps: the downstream's cap; --target N
+    --target-hours H: the workers to finish N tasks in H hours).
     """
+    if history_name is not None or history_batch is not None:
+        others = {
+            "--latency-ms": latency_ms,
+            "--latency": latency_text,
+            "--done": done,
+            "--hours": hours,
+            "--window": window_text,
+            "--workers": workers,
+            "--mean": mean_text,
+            "--io-minutes": io_minutes,
+            "--cpu-minutes": cpu_minutes,
+            "--concurrency": concurrency,
+            "--per-process": per_process,
+        }
+        extra = [k for k, v in others.items() if v is not None]
+        if extra:
+            raise click.UsageError(f"{extra[0]} does not go with --from-history/--batch: the store measures it")
+        _from_history(store_url, history_name, history_batch, sample, qps, safety, target, target_hours, as_json)
+        return
     given = any(
         v is not None
         for v in (
@@ -132,6 +174,40 @@ def plan(
         render.print_json(render.plan_dict(result, example=not given))
     else:
         render.print_plan(result, example=not given)
+
+
+def _from_history(store_url, name, batch, sample, qps, safety, target, target_hours, as_json) -> None:
+    """The plan with measured numbers: the store's newest finished tasks of
+    ``name`` (or of ``batch``) fill the formulas in."""
+    from corral.cli import open_given_store
+
+    if target_hours is not None and target is None:
+        raise click.UsageError("--target-hours needs --target")
+    subject = f"batch {batch!r}" if batch is not None else f"task {name!r}"
+    if batch is not None and name is not None:
+        subject = f"task {name!r} in batch {batch!r}"
+    store = open_given_store(store_url)
+    try:
+        rows = store.finished_history(name=name, batch=batch, limit=sample)
+    finally:
+        store.close()
+    if not rows:
+        raise CLIError(f"{subject} has no finished task (SUCCESS, FAILED or TIMEOUT) in the store to measure")
+    h = planning.history(subject, rows, sample)
+    try:
+        hp = planning.history_plan(
+            h,
+            qps=qps,
+            safety=safety,
+            target=target,
+            target_window_s=target_hours * 3600.0 if target_hours is not None else None,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if as_json:
+        render.print_json(hp.as_dict())
+    else:
+        render.print_history_plan(hp, name or "downstream", batch)
 
 
 def _check_together(inputs: dict) -> None:

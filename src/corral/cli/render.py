@@ -188,6 +188,42 @@ def batch_dict(summary) -> dict:
     }
 
 
+def batch_line(summary) -> str:
+    """One line: a batch's status and where its tasks are."""
+    from corral.core.batches import progress
+
+    p = progress(summary.counts)
+    return f"batch {summary.batch}: {summary.status}, {p.ended}/{p.total} ended ({p.line()})"
+
+
+def follow_batch(read, interval: float) -> None:
+    """A live progress bar of a batch, read by ``read()`` every ``interval``
+    seconds, until it reaches a final status; then its summary line."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from corral.core.batches import FINAL_STATUSES, progress
+
+    summary = read()
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console(),
+        transient=False,
+    )
+    with bar:
+        p = progress(summary.counts)
+        task = bar.add_task(f"batch {summary.batch}", total=p.total, completed=p.ended, detail=p.line())
+        while summary.status not in FINAL_STATUSES:
+            time.sleep(interval)  # the refresh of a live view, not a synchronisation
+            summary = read()
+            p = progress(summary.counts)
+            bar.update(task, total=p.total, completed=p.ended, detail=p.line())
+    console().print(batch_line(summary), markup=False)
+
+
 def batch_table(summary):
     from rich.table import Table
 
@@ -470,3 +506,96 @@ def print_plan(plan, example: bool) -> None:
         con.print("[bold]advice[/]")
         for line in advice:
             con.print(f"  {escape(line)}")
+
+
+def print_history_plan(hp, limit_name: str, batch: str | None = None) -> None:
+    """A :class:`corral.core.planning.HistoryPlan`: every measured value, then
+    each formula with those values, then the ``app.limit`` line to paste."""
+    from rich.table import Table
+
+    con = console()
+    h = hp.history
+
+    def section(title: str, rows: list[tuple[str, str]]) -> None:
+        con.print(f"[bold]{escape(title)}[/]")
+        t = Table(show_header=False)
+        t.add_column(style="bold")
+        t.add_column()
+        for k, v in rows:
+            t.add_row(k, v)
+        con.print(t)
+
+    def g(x: float | None, unit: str = "") -> str:
+        return "-" if x is None else f"{x:.4g}{unit}"
+
+    rate = "-" if h.success_rate is None else f"{h.successes} / {h.read} = {h.success_rate:.1%}"
+    section(
+        f"measured: the newest {h.read} finished tasks of {h.subject} (at most {h.sample} read)",
+        [
+            ("durations (end - start)", f"{h.timed} measured"),
+            ("p50 duration", g(h.p50_s, " s")),
+            ("p99 duration", g(h.p99_s, " s")),
+            ("mean duration W", g(h.mean_s, " s")),
+            ("success rate", f"{rate} ({h.failures} failed or timed out)"),
+            ("attempts per task (mean)", g(h.mean_attempts)),
+            ("window (first start to last end)", g(h.window_s, " s")),
+            (
+                "throughput λ",
+                "-"
+                if h.throughput_per_s is None
+                else f"{h.read} / {h.window_s:.4g} s = {h.throughput_per_s:.4g} tasks/s",
+            ),
+        ],
+    )
+    rows: list[tuple[str, str]] = []
+    if hp.in_flight is not None:
+        rows.append(
+            ("in flight on average L = λ x W", f"{g(h.throughput_per_s)}/s x {g(h.mean_s)} s = {hp.in_flight:.3g}")
+        )
+    if hp.required is not None:
+        r = hp.required
+        rows.append(
+            (
+                "target throughput",
+                f"{r.target} / {r.window_s:.4g} s = {r.target / r.window_s:.4g} tasks/s",
+            )
+        )
+        rows.append(
+            (
+                "workers = target / window x W",
+                f"{r.target / r.window_s:.4g}/s x {g(h.mean_s)} s = {r.required_concurrency:.3g}"
+                f" -> [bold green]{r.required_workers}[/]",
+            )
+        )
+        if hp.required_with_retries is not None:
+            rows.append(
+                (
+                    "with failures: / success rate",
+                    f"{r.required_concurrency:.3g} x 1 / {h.success_rate:.3g} = {hp.required_with_retries:.3g}"
+                    f" -> [bold green]{hp.workers_with_retries}[/]",
+                )
+            )
+    else:
+        rows.append(("workers for a target", "give --target N (and --target-hours H, default: the window measured)"))
+    section("Little's law: concurrency = throughput x mean duration", rows)
+    if hp.limit is not None and hp.advice is not None:
+        c = hp.limit
+        qps_from = "cap given by --qps"
+        if hp.qps_measured:
+            qps_from = "measured throughput (give --qps for the downstream's cap)"
+        section(
+            "limit = QPS x latency x safety (latency: the mean duration W)",
+            [
+                ("QPS", f"{c.qps:.4g}/s, the {qps_from}"),
+                ("in flight at that QPS", f"{c.qps:.4g} x {c.latency_s:.4g} s = {c.theoretical:.4g}"),
+                (
+                    "with safety factor",
+                    f"{c.theoretical:.4g} x {c.safety:g} = {c.theoretical * c.safety:.4g} -> [bold green]{c.limit}[/]"
+                    + ("  (at least 1)" if c.theoretical * c.safety < 1 else ""),
+                ),
+            ],
+        )
+        con.print("[bold]declare[/]")
+        con.print("  " + hp.advice.line(limit_name), markup=False, highlight=False)
+        if batch is not None:
+            con.print(f'  app.batch("{batch}", concurrency={c.limit})  # or cap the batch alone', markup=False)

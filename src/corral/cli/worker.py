@@ -76,6 +76,13 @@ def _setup_logging(level: str) -> None:
 )
 @click.option("--sweep-interval", default="30s", show_default=True, help="How often the sweeper runs (e.g. 30s, 5m).")
 @click.option(
+    "--periodic/--no-periodic",
+    default=True,
+    show_default=True,
+    help="Enqueue the ticks of APP's periodic tasks (@app.periodic): every worker may, one wins each tick."
+    " --no-periodic leaves them to other workers.",
+)
+@click.option(
     "--lease",
     "lease",
     default="30s",
@@ -113,6 +120,7 @@ def worker(
     grace,
     sweep,
     sweep_interval,
+    periodic,
     lease,
     max_abandoned_threads,
     retry_share,
@@ -177,6 +185,7 @@ def worker(
         sweep_interval=sweep_s if sweep else None,  # on by default: a dead worker's group must not stay blocked
         max_abandoned_threads=max_abandoned_threads,
         retry_share=retry_share,
+        **({} if periodic else {"schedules": ()}),
     )
     # The store is left open: the worker's daemon threads may still be in a
     # store call (Worker.stop does not join them); the process exit closes it.

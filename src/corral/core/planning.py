@@ -25,6 +25,8 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
+from corral.core.stats import percentile
+
 #: Keep 30% in reserve for retries and latency spikes; the usual range is 0.6-0.8.
 DEFAULT_SAFETY = 0.7
 #: Never more than 4-8 workers per process: more only fill the database pool and memory.
@@ -392,7 +394,143 @@ def capacity_plan(
     return CapacityPlan(limit, law, required, per_process_plan, layout)
 
 
+# ---- from history: the same formulas with measured numbers ---------------------------------
+#: How many of the newest finished tasks ``corral plan --from-history`` reads at most.
+DEFAULT_HISTORY_SAMPLE = 10_000
+#: A task name's history is looked for among the newest ``sample x HISTORY_SCAN``
+#: tasks of every name, so reading a rare name's history stays bounded too.
+HISTORY_SCAN = 20
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """One finished task as the planner reads it from a store."""
+
+    status: str  # SUCCESS, FAILED or TIMEOUT
+    started_at: float | None
+    finished_at: float | None
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """What a store's finished tasks measured: durations, success, throughput."""
+
+    subject: str  # "task NAME" or "batch B"
+    read: int  # finished tasks read (the newest, at most ``sample``)
+    sample: int
+    timed: int  # of those, with a start and an end (their duration is known)
+    successes: int
+    failures: int  # FAILED or TIMEOUT
+    success_rate: float | None  # successes / read
+    mean_attempts: float | None
+    p50_s: float | None
+    p99_s: float | None
+    mean_s: float | None
+    window_s: float | None  # first start to last finish of the tasks read
+    throughput_per_s: float | None  # read / window
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def history(subject: str, rows: list[HistoryRow], sample: int = DEFAULT_HISTORY_SAMPLE) -> History:
+    """Measure ``rows`` (finished tasks): p50, p99 and mean duration (end
+    minus start of the last attempt), success rate, and throughput over the
+    span from the first start to the last end."""
+    durations = sorted(
+        r.finished_at - r.started_at
+        for r in rows
+        if r.started_at is not None and r.finished_at is not None and r.finished_at >= r.started_at
+    )
+    ok = sum(1 for r in rows if r.status == "SUCCESS")
+    starts = [r.started_at for r in rows if r.started_at is not None]
+    ends = [r.finished_at for r in rows if r.finished_at is not None]
+    window = max(ends) - min(starts) if starts and ends and max(ends) > min(starts) else None
+    n = len(rows)
+    return History(
+        subject=subject,
+        read=n,
+        sample=sample,
+        timed=len(durations),
+        successes=ok,
+        failures=n - ok,
+        success_rate=ok / n if n else None,
+        mean_attempts=sum(max(1, r.attempt) for r in rows) / n if n else None,
+        p50_s=percentile(durations, 0.5, presorted=True),
+        p99_s=percentile(durations, 0.99, presorted=True),
+        mean_s=sum(durations) / len(durations) if durations else None,
+        window_s=window,
+        throughput_per_s=n / window if window else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPlan:
+    """The planning formulas filled in with a :class:`History`.
+
+    Little's law: the tasks in flight on average were ``throughput x mean
+    duration``; for a target, ``workers = target / window x mean duration /
+    success rate`` (a failed run took a slot too, and its retry another).
+    The limit: ``QPS x latency x safety``, the latency being the measured
+    mean duration and the QPS the downstream's cap (or, when it is not
+    given, the throughput measured)."""
+
+    history: History
+    in_flight: float | None  # throughput x mean duration: the concurrency the history ran at
+    qps: float | None
+    qps_measured: bool  # True when qps is the measured throughput, not a given cap
+    limit: ConcurrencyLimit | None
+    advice: LimitAdvice | None
+    required: RequiredConcurrency | None
+    attempts_per_success: float | None  # 1 / success rate
+    required_with_retries: float | None
+    workers_with_retries: int | None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["history"] = self.history.as_dict()
+        return d
+
+
+def history_plan(
+    h: History,
+    *,
+    qps: float | None = None,
+    safety: float = DEFAULT_SAFETY,
+    target: int | None = None,
+    target_window_s: float | None = None,
+) -> HistoryPlan:
+    """Fill the formulas in with ``h``; ValueError when the history measured
+    no duration (nothing finished with a start and an end)."""
+    if h.mean_s is None or h.mean_s <= 0:
+        raise ValueError(f"{h.subject} has no finished task with a measured duration to plan from")
+    in_flight = h.throughput_per_s * h.mean_s if h.throughput_per_s else None
+    measured = qps is None
+    q = h.throughput_per_s if qps is None else qps
+    limit = concurrency_limit(q, h.mean_s, safety) if q else None
+    advice = limit_advice(q, h.mean_s, safety) if q else None
+    required = per_success = need = workers = None
+    if target is not None:
+        window = target_window_s if target_window_s is not None else h.window_s
+        if window is None:
+            raise ValueError("a target needs a target window (the history spans no time)")
+        required = required_workers(target, window, h.mean_s)
+        if h.success_rate:
+            per_success = 1.0 / h.success_rate
+            need = required.required_concurrency * per_success
+            workers = _workers(need)
+    return HistoryPlan(h, in_flight, q, measured, limit, advice, required, per_success, need, workers)
+
+
 __all__ = [
+    "DEFAULT_HISTORY_SAMPLE",
+    "HISTORY_SCAN",
+    "HistoryRow",
+    "History",
+    "history",
+    "HistoryPlan",
+    "history_plan",
     "DEFAULT_SAFETY",
     "DEFAULT_WORKER_CAP",
     "DEFAULT_LANE_HEADROOM",

@@ -5,7 +5,14 @@ It behaves like the downstream the rate limits exist for:
 - each call takes about ``latency`` seconds;
 - more than ``cap`` calls in any sliding second are refused with 429 and a
   ``Retry-After`` header (and counted as over the cap);
-- during an outage window every call fails with 503.
+- during an outage window every call fails with 503;
+- optionally, a share of the calls it takes fails anyway (``flaky``): half
+  with 503, half with 429 without ``Retry-After`` (a busy backend, not the
+  cap), decided by a seeded random generator;
+- SKUs named in ``bad_skus`` come back with a negative price (bad data a
+  task must refuse, not retry);
+- ``POST /notify?merchant=M&seq=N`` takes a merchant notification
+  (``flaky`` applies too) and keeps, per merchant, the order they arrived in.
 
 Several worker processes share it over HTTP, so what it counts (calls,
 refusals, calls per second) is what the fleet really did. ``GET /stats``
@@ -19,6 +26,7 @@ benchmark can line the partner's view up with the store's own records.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 import urllib.error
@@ -48,9 +56,24 @@ class PartnerState:
     """The partner's counters; thread-safe, on the monotonic clock (the
     call log on wall-clock time)."""
 
-    def __init__(self, cap: int, latency: float):
+    def __init__(
+        self,
+        cap: int,
+        latency: float,
+        *,
+        flaky: float = 0.0,
+        bad_skus: frozenset[str] = frozenset(),
+        seed: int | None = None,
+    ):
+        if not 0.0 <= flaky < 1.0:
+            raise ValueError(f"flaky must be a share in [0, 1), not {flaky!r}")
         self.cap = cap
         self.latency = latency
+        self.flaky = flaky
+        self.bad_skus = frozenset(bad_skus)
+        self.rng = random.Random(seed)
+        #: how long a notification takes to be taken
+        self.notify_latency = 0.0
         self.lock = threading.Lock()
         self.recent: deque[float] = deque()
         self.started = time.monotonic()
@@ -69,6 +92,14 @@ class PartnerState:
         self.per_second: dict[int, int] = {}
         #: start times of every accepted call (seconds since start)
         self.accepted_at: list[float] = []
+        #: flaky answers given, by status code
+        self.flaky_answers: dict[int, int] = {}
+        #: calls being served now (admitted, answer not sent), and the most at once
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        #: notifications taken, per merchant, in arrival order (their ``seq``)
+        self.notified: dict[str, list[int]] = {}
+        self.notify_calls = 0
 
     def start_outage(self, seconds: float) -> None:
         """Fail every call with 503 for ``seconds`` from now."""
@@ -88,14 +119,25 @@ class PartnerState:
         self.armed_outage = None
 
     def admit(self, sku: str = "", worker: str = "", claimed: float | None = None) -> int:
-        """Decide a call: 200, 429 (over the cap) or 503 (outage); log it."""
+        """Decide a call: 200, 429 (over the cap, or flaky) or 503 (outage, or flaky); log it."""
+        return self.take(sku, worker, claimed)[0]
+
+    def take(self, sku: str = "", worker: str = "", claimed: float | None = None) -> tuple[int, bool]:
+        """Decide and log a call; also whether it was refused for the cap (then
+        it is answered at once, with ``Retry-After``). Any other call is in
+        flight until :meth:`served`."""
         with self.lock:
             if self.armed_outage is not None:
                 self._start_outage(self.armed_outage)
             now = time.monotonic()
+            over = self.over_cap
             code = self._decide(now)
             self.log.append(Call(time.time(), code, sku, worker, claimed))
-            return code
+            over_cap = self.over_cap > over
+            if not over_cap:
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            return code, over_cap
 
     def _decide(self, now: float) -> int:
         self.calls += 1
@@ -108,11 +150,59 @@ class PartnerState:
             self.over_cap += 1
             return 429
         self.recent.append(now)
-        self.ok += 1
         t = now - self.started
         self.accepted_at.append(t)
         self.per_second[int(t)] = self.per_second.get(int(t), 0) + 1
-        return 200
+        code = self._flaky_code()
+        if code is None:
+            self.ok += 1
+            return 200
+        return code
+
+    def _flaky_code(self) -> int | None:
+        """503 or 429 for a ``flaky`` share of the calls, else None."""
+        if not self.flaky:
+            return None
+        roll = self.rng.random()
+        if roll >= self.flaky:
+            return None
+        code = 503 if roll < self.flaky / 2 else 429
+        self.flaky_answers[code] = self.flaky_answers.get(code, 0) + 1
+        return code
+
+    def served(self) -> None:
+        """A call :meth:`take` did not refuse for the cap has had its answer."""
+        with self.lock:
+            self.in_flight -= 1
+
+    def notify(self, merchant: str, seq: int) -> int:
+        """Take one merchant notification: 200 (kept, in arrival order) or a flaky 503."""
+        with self.lock:
+            self.notify_calls += 1
+            if self.flaky and self.rng.random() < self.flaky / 2:
+                self.flaky_answers[503] = self.flaky_answers.get(503, 0) + 1
+                return 503
+            self.notified.setdefault(merchant, []).append(seq)
+            return 200
+
+    def notifications(self) -> dict[str, list[int]]:
+        """A copy of the notifications taken, per merchant, in arrival order."""
+        with self.lock:
+            return {m: list(seqs) for m, seqs in self.notified.items()}
+
+    def busiest_second(self) -> int:
+        """The most calls taken (within the cap) in any sliding second so far."""
+        with self.lock:
+            times = list(self.accepted_at)
+        return max_in_window(times, 1.0)
+
+    def last_second(self) -> int:
+        """Calls taken (within the cap) in the last second."""
+        with self.lock:
+            now = time.monotonic()
+            while self.recent and self.recent[0] <= now - 1.0:
+                self.recent.popleft()
+            return len(self.recent)
 
     def calls_log(self) -> list[Call]:
         """A copy of the call log."""
@@ -127,6 +217,8 @@ class PartnerState:
                 "ok": self.ok,
                 "over_cap": self.over_cap,
                 "failed_outage": self.failed_outage,
+                "flaky": {str(k): v for k, v in sorted(self.flaky_answers.items())},
+                "peak_in_flight": self.peak_in_flight,
                 "per_second": {str(k): v for k, v in sorted(self.per_second.items())},
                 "max_in_any_second": max_in_window(self.accepted_at, 1.0),
             }
@@ -173,34 +265,75 @@ def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
                 self._send(200, state.stats())
                 return
             q = parse_qs(url.query)
-            code = state.admit(q.get("sku", [""])[0], q.get("worker", [""])[0], _seconds(q.get("claimed", [""])[0]))
-            if code == 429:
+            sku = q.get("sku", [""])[0]
+            code, over_cap = state.take(sku, q.get("worker", [""])[0], _seconds(q.get("claimed", [""])[0]))
+            if over_cap:
                 self._send(429, {"error": "too many requests"}, {"Retry-After": "1"})
                 return
-            time.sleep(state.latency)
+            try:
+                time.sleep(state.latency)
+            finally:
+                state.served()
             if code == 503:
-                self._send(503, {"error": "partner outage"})
-                return
-            self._send(200, {"sku": q.get("sku", [""])[0], "price": 9.99})
+                self._send(503, {"error": "partner unavailable"})
+            elif code == 429:
+                self._send(429, {"error": "rate limited upstream"})
+            elif url.path == "/images":
+                self._send(200, {"sku": sku, "images": [f"{sku}-{i}.jpg" for i in range(3)]})
+            else:
+                self._send(200, {"sku": sku, "price": -12.5 if sku in state.bad_skus else 9.99})
 
         def do_POST(self) -> None:  # noqa: N802
             url = urlsplit(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            q = parse_qs(url.query)
             if url.path == "/outage":
-                seconds = float(parse_qs(url.query).get("seconds", ["0"])[0])
+                seconds = float(q.get("seconds", ["0"])[0])
                 state.start_outage(seconds)
                 self._send(200, {"outage_s": seconds})
+                return
+            if url.path == "/notify":
+                merchant = q.get("merchant", [""])[0]
+                try:
+                    seq = int(q.get("seq", [""])[0])
+                except ValueError:
+                    self._send(400, {"error": "seq must be a whole number"})
+                    return
+                time.sleep(state.notify_latency)
+                if state.notify(merchant, seq) == 503:
+                    self._send(503, {"error": "push gateway busy"})
+                else:
+                    self._send(200, {"merchant": merchant, "seq": seq})
                 return
             self._send(404, {"error": "no such endpoint"})
 
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    # a fleet opens dozens of connections at once: a short listen backlog drops some
+    request_queue_size = 256
+
+
 class PartnerServer:
     """Run the partner in a thread on 127.0.0.1 (a free port unless given)."""
 
-    def __init__(self, cap: int = 100, latency: float = 0.2, port: int = 0):
-        self.state = PartnerState(cap, latency)
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(self.state))
+    def __init__(
+        self,
+        cap: int = 100,
+        latency: float = 0.2,
+        port: int = 0,
+        *,
+        flaky: float = 0.0,
+        bad_skus: frozenset[str] = frozenset(),
+        notify_latency: float = 0.0,
+        seed: int | None = None,
+    ):
+        self.state = PartnerState(cap, latency, flaky=flaky, bad_skus=bad_skus, seed=seed)
+        self.state.notify_latency = notify_latency
+        self.httpd = _Server(("127.0.0.1", port), _handler(self.state))
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="corral-partner", daemon=True)
@@ -225,17 +358,34 @@ class PartnerHTTPError(Exception):
 
 
 def call(
-    base_url: str, sku: str, timeout: float = 10.0, *, worker: str | None = None, claimed: float | None = None
+    base_url: str,
+    sku: str,
+    timeout: float = 10.0,
+    *,
+    worker: str | None = None,
+    claimed: float | None = None,
+    path: str = "/product",
 ) -> dict[str, Any]:
-    """One call to the partner, as a task would make it (stdlib only).
-    ``worker`` and ``claimed`` (when the task was claimed) go to the partner's log."""
+    """One call to the partner, as a task would make it (stdlib only):
+    ``path`` ``/product`` (a price) or ``/images``. ``worker`` and
+    ``claimed`` (when the task was claimed) go to the partner's log."""
     query = {"sku": sku}
     if worker is not None:
         query["worker"] = worker
     if claimed is not None:
         query["claimed"] = repr(claimed)
     try:
-        with urllib.request.urlopen(f"{base_url}/product?{urlencode(query)}", timeout=timeout) as r:
+        with urllib.request.urlopen(f"{base_url}{path}?{urlencode(query)}", timeout=timeout) as r:
             return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise PartnerHTTPError(exc.code, dict(exc.headers.items())) from None
+
+
+def notify(base_url: str, merchant: str, seq: int, timeout: float = 10.0) -> None:
+    """Push one merchant notification (number ``seq`` of that merchant)."""
+    url = f"{base_url}/notify?{urlencode({'merchant': merchant, 'seq': seq})}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout) as r:
+            r.read()
     except urllib.error.HTTPError as exc:
         raise PartnerHTTPError(exc.code, dict(exc.headers.items())) from None

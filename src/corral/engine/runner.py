@@ -123,7 +123,8 @@ def run_until_signal(
         if sweeper is not None:
             sweeper.start()
         log.info(
-            "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s",
+            "worker %s started: store=%s concurrency=%d queues=%s chunk_size=%d grace=%gs sweep=%s tasks=%s"
+            " periodic=%s",
             worker.id,
             getattr(worker.store, "url", "?"),
             worker.concurrency,
@@ -132,6 +133,7 @@ def run_until_signal(
             grace,
             "on" if sweeper is not None else "off",
             ",".join(sorted(worker.registry)),
+            ",".join(s.name for s in worker.schedules) or "none",
         )
         while state["phase"] == "running" and worker.fatal is None:
             if worker.halted.is_set() or (until is not None and until()):

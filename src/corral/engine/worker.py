@@ -43,6 +43,7 @@ from typing import Any
 from corral.core import validation
 from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
@@ -51,7 +52,7 @@ from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, PermanentError, Retry, StoreCorrupt, StoreError
+from corral.errors import Canceled, ChildFailed, ConfigError, PermanentError, Retry, StoreCorrupt, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -161,6 +162,8 @@ class Worker:
         max_abandoned_threads: int = DEFAULT_MAX_ABANDONED_THREADS,
         stray_check_interval: float = 60.0,
         retry_share: float | None = validation.DEFAULT_RETRY_SHARE,
+        schedules: Sequence[Schedule] = (),
+        periodic_interval: float = 1.0,
     ):
         validation.worker_options(
             concurrency=concurrency,
@@ -190,6 +193,11 @@ class Worker:
         self.poll_interval = poll_interval
         self.cancel_poll_interval = cancel_poll_interval
         self.sweep_interval = sweep_interval
+        #: periodic schedules this worker enqueues ticks of (each tick once across the fleet)
+        self.schedules = tuple(schedules)
+        if periodic_interval <= 0:
+            raise ConfigError("periodic_interval must be > 0 seconds")
+        self.periodic_interval = periodic_interval
         self.id = worker_id or new_holder_id()
         self._cond = threading.Condition()
         self._inflight = 0  # units claimed and not settled
@@ -209,6 +217,7 @@ class Worker:
         self._completer_idle.set()
         self.started = False
         self._sweeper: Any = None
+        self._periodic: Any = None
         #: Set when the store failed for good (damaged, foreign, too new): the worker stopped claiming.
         self.fatal: StoreCorrupt | None = None
         #: timed-out task threads still running here; at this many the worker stops claiming
@@ -244,6 +253,12 @@ class Worker:
             from corral.maintenance.sweeper import Sweeper
 
             self._sweeper = Sweeper(self.store, interval=self.sweep_interval, holder=self.id).start()
+        if self.schedules:
+            from corral.maintenance.periodic import Scheduler
+
+            self._periodic = Scheduler(
+                self.store, self.schedules, clock=self.clock, interval=self.periodic_interval
+            ).start()
         return self
 
     def _thread(self, target: Callable[[], None], name: str) -> threading.Thread:
@@ -285,6 +300,8 @@ class Worker:
         lease, unrenewed, so the sweeper recovers it once the lease runs out
         (by then a worker process that exits has ended the thread)."""
         self._stop_claiming.set()
+        if self._periodic is not None:
+            self._periodic.stop()
         with self._cond:
             self._cond.notify_all()
         clean = self.wait_idle(grace)

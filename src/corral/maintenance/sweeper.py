@@ -83,6 +83,12 @@ class Sweeper:
         report = sweep_once(self.store, stale_pending_age=self.stale_pending_age, max_rows=self.max_rows)
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
+        try:  # a batch whose last task ended outside a worker (cancel, sweep) gets its callback here
+            settled = self.store.settle_batches(None, limit=self.max_rows)
+        except NotImplementedError:
+            settled = []
+        if settled:
+            log.info("sweeper submitted %d batch callback(s)", len(settled))
         if self.on_report is not None:
             self.on_report(report)
         if self.levels is not None:

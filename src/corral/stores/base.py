@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
+from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -70,6 +71,7 @@ from corral.core.model import (
     TaskFilter,
     TaskRecord,
 )
+from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
 from corral.errors import QueueFull
 
@@ -143,6 +145,49 @@ class Event:
     data: str
 
 
+#: States of a periodic task's last run that make ``overlap=False`` skip a tick.
+STILL_GOING = frozenset(s.value for s in ACTIVE)
+#: How long a schedule's tick rows are kept behind its newest tick: far longer
+#: than any tick can still be tried, so the unique row always sees a retry.
+TICKS_KEPT_SECONDS = 30 * 86400
+
+
+def schedule_params(s: Schedule, now: float) -> dict[str, Any]:
+    """A schedule's stored columns, as named parameters of ``save_schedule``."""
+    return {
+        "name": s.name,
+        "task": s.task,
+        "expr": s.expr,
+        "timezone": s.timezone,
+        "queue": s.queue,
+        "group_key": s.group,
+        "overlap": bool(s.overlap),
+        "catch_up": s.catch_up,
+        "max_delay": s.max_delay,
+        "now": now,
+    }
+
+
+def schedule_state(row: Sequence[Any]) -> ScheduleState:
+    """A row of the ``schedules`` query (same columns on every SQL dialect)."""
+    return ScheduleState(
+        name=row[0],
+        task=row[1],
+        expr=row[2],
+        timezone=row[3],
+        queue=row[4],
+        group=row[5],
+        overlap=bool(row[6]),
+        catch_up=row[7],
+        max_delay=row[8],
+        created_at=row[9],
+        last_tick=row[10],
+        last_outcome=row[11],
+        last_task_id=row[12],
+        last_task_status=row[13],
+    )
+
+
 #: Final states that make a dead letter (CANCELED is an operator's choice, not a failure).
 DEAD = (State.FAILED, State.TIMEOUT)
 
@@ -157,6 +202,19 @@ class BatchSummary:
     p99_duration: float | None
     first_created_at: float | None
     last_finished_at: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as JSON-ready values (what a batch's callback is given)."""
+        return {
+            "batch": self.batch,
+            "status": self.status,
+            "total": self.total,
+            "counts": dict(self.counts),
+            "avg_duration": self.avg_duration,
+            "p99_duration": self.p99_duration,
+            "first_created_at": self.first_created_at,
+            "last_finished_at": self.last_finished_at,
+        }
 
 
 def batch_status(counts: dict[str, int]) -> str:
@@ -229,6 +287,19 @@ class Store(abc.ABC):
         several submitters together never overshoot the bound: else
         :class:`~corral.errors.QueueFull` and nothing is stored.
         """
+
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Insert tasks as :meth:`submit` does, inside the caller's own open
+        transaction on ``connection``, never committing it: the tasks exist if
+        and only if the caller commits (transactional enqueue)."""
+        from corral.errors import ConfigError
+
+        raise ConfigError(
+            f"connection= is not supported by the {self.url or 'memory://'} store: it keeps no transactions "
+            "to share; use a SQLite or PostgreSQL store"
+        )
 
     # ---- workers ----------------------------------------------------------
     @abc.abstractmethod
@@ -345,6 +416,31 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...
 
+    # ---- batch settings ---------------------------------------------------
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        """Create or change a batch's callback (a
+        :meth:`corral.core.batches.Callback.to_json` template, or None for
+        none). A batch already settled keeps its mark: its callback ran."""
+        raise NotImplementedError
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        """Submit the ``on_complete`` task of each batch (of ``batches``, or
+        up to ``limit`` of all) that has one, is not settled yet, and has
+        reached a final status; returns the ids submitted.
+
+        The mark and the callback task are one transaction, guarded so that
+        workers racing here submit it exactly once; the task gets the batch's
+        summary (:meth:`BatchSummary.as_dict`) as its one argument."""
+        raise NotImplementedError
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        """The newest ``limit`` tasks (of task ``name``, or of ``batch``) that
+        ended SUCCESS, FAILED or TIMEOUT, newest first: what the capacity
+        planner measures. Bounded, so asking costs the same on a long history."""
+        raise NotImplementedError
+
     # ---- dead letters -----------------------------------------------------
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         """Tasks that ended FAILED or TIMEOUT and were not retried since, by id.
@@ -395,6 +491,36 @@ class Store(abc.ABC):
 
         Reads at most the ``scan`` newest failures (the dead-letter index),
         so its cost is bounded however busy the fleet."""
+        raise NotImplementedError
+
+    # ---- periodic schedules ---------------------------------------------
+    # What ticks are due is decided in corral.core.cron; a store keeps the
+    # definitions and makes each tick enqueue at most once, fleet-wide.
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        """Store (or update) schedule definitions, keeping when each was first
+        stored and what its last tick did: every worker does it when it starts.
+
+        ``now`` (the worker's clock, which the ticks are read on) stamps a new
+        schedule; no tick at or before it is ever due. None: the store's clock."""
+        raise NotImplementedError
+
+    def schedules(self) -> list[ScheduleState]:
+        """Every stored schedule with its last tick and its last run's state, by name."""
+        raise NotImplementedError
+
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        """Enqueue ``schedule``'s task for ``tick`` unless that tick was handled.
+
+        One transaction: a unique (schedule, tick) row is inserted if absent
+        (else TAKEN: another caller won, nothing written); then, with
+        ``overlap=False`` and the schedule's last enqueued task still WAITING,
+        PENDING, RETRYING or RUNNING, the tick is recorded SKIPPED; else the
+        task is inserted (ENQUEUED, its id). The schedule's last tick, outcome
+        and task move with it. The schedule must have been saved."""
+        raise NotImplementedError
+
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        """The newest ``limit`` tick rows of a schedule, newest first."""
         raise NotImplementedError
 
     # ---- limits -----------------------------------------------------------

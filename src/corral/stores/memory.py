@@ -15,10 +15,14 @@ import uuid
 from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from corral.core import breaker as brk
 from corral.core import dag
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -32,6 +36,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
 from corral.core.validation import retry_cap
@@ -85,6 +90,10 @@ class MemoryStore(Store):
         self._event_ids = itertools.count(1)
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
+        #: batch -> [on_complete template or None, settled]
+        self._batches: dict[str, list] = {}
+        self._schedules: dict[str, dict[str, Any]] = {}  # name -> stored columns
+        self._ticks: dict[str, dict[int, TickRecord]] = {}  # schedule -> tick -> row
 
     def now(self) -> float:
         return self._clock.time()
@@ -212,77 +221,80 @@ class MemoryStore(Store):
     # ---- producers --------------------------------------------------------
     def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
         with self._lock:
-            base.check_bound({s.value: n for s, n in self._count.items()}, len(tasks), max_queued)
-            now = self.now()
-            # validate first: all or nothing
-            batch_keys: dict[str, int] = {}
-            for nt in tasks:
-                for dep in nt.depends_on:
-                    if dep not in self._tasks:
-                        raise SubmitError(f"unknown dependency id {dep}")
-            # build every record first, then apply them: a row that fails to build
-            # leaves nothing behind
-            results: list[SubmitResult] = []
-            made: list[tuple[TaskRecord, set[int]]] = []
-            fresh: dict[int, TaskRecord] = {}
-            for nt in tasks:
-                if nt.key is not None:
-                    existing = self._keys.get(nt.key)
-                    if existing is None:
-                        existing = batch_keys.get(nt.key)
-                    if existing is not None:
-                        results.append(SubmitResult(existing, False))
-                        continue
-                tid = next(self._ids)
-                deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
-                states = [(d, (fresh.get(d) or self._tasks[d]).status) for d in deps]
-                status, error = dag.initial_state(states, nt.on_upstream_failure)
-                waiting = {d for d, st in states if st not in FINAL} if status is State.WAITING else set()
-                t = TaskRecord(
-                    id=tid,
-                    name=nt.name,
-                    args=nt.args,
-                    status=status,
-                    queue=nt.queue,
-                    priority=nt.priority,
-                    max_retries=nt.max_retries,
-                    timeout=nt.timeout,
-                    group=nt.group,
-                    batch=nt.batch,
-                    key=nt.key,
-                    trace_id=nt.trace_id,
-                    limits=tuple(nt.limits),
-                    depends_on=deps,
-                    halt_group_on_failure=nt.halt_group_on_failure,
-                    created_at=now,
-                    run_at=nt.run_at if nt.run_at is not None else now,
-                    error=error,
-                    finished_at=now if status in FINAL else None,
-                    ref=nt.ref,
-                    on_upstream_failure=nt.on_upstream_failure,
-                )
-                made.append((t, waiting))
-                fresh[tid] = t
-                if nt.key is not None:
-                    batch_keys[nt.key] = tid
-                results.append(SubmitResult(tid, True))
-            for t, waiting in made:
-                tid, status = t.id, t.status
-                self._tasks[tid] = t
-                self._count[status] += 1
-                if t.key is not None:
-                    self._keys[t.key] = tid
-                if status is State.WAITING:
-                    self._waiting_on[tid] = waiting
-                    for dep in waiting:
-                        self._dependents.setdefault(dep, []).append(tid)
-                if t.group is not None and status in ACTIVE:
-                    self._group_insert(t)
-                if status is State.PENDING:
-                    self._enqueue(t, now)
-            self._changes += 1
-            self._wake.notify_all()
-            return results
+            return self._submit_locked(tasks, max_queued)
+
+    def _submit_locked(self, tasks: Sequence[NewTask], max_queued: int | None) -> list[SubmitResult]:
+        base.check_bound({s.value: n for s, n in self._count.items()}, len(tasks), max_queued)
+        now = self.now()
+        # validate first: all or nothing
+        batch_keys: dict[str, int] = {}
+        for nt in tasks:
+            for dep in nt.depends_on:
+                if dep not in self._tasks:
+                    raise SubmitError(f"unknown dependency id {dep}")
+        # build every record first, then apply them: a row that fails to build
+        # leaves nothing behind
+        results: list[SubmitResult] = []
+        made: list[tuple[TaskRecord, set[int]]] = []
+        fresh: dict[int, TaskRecord] = {}
+        for nt in tasks:
+            if nt.key is not None:
+                existing = self._keys.get(nt.key)
+                if existing is None:
+                    existing = batch_keys.get(nt.key)
+                if existing is not None:
+                    results.append(SubmitResult(existing, False))
+                    continue
+            tid = next(self._ids)
+            deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
+            states = [(d, (fresh.get(d) or self._tasks[d]).status) for d in deps]
+            status, error = dag.initial_state(states, nt.on_upstream_failure)
+            waiting = {d for d, st in states if st not in FINAL} if status is State.WAITING else set()
+            t = TaskRecord(
+                id=tid,
+                name=nt.name,
+                args=nt.args,
+                status=status,
+                queue=nt.queue,
+                priority=nt.priority,
+                max_retries=nt.max_retries,
+                timeout=nt.timeout,
+                group=nt.group,
+                batch=nt.batch,
+                key=nt.key,
+                trace_id=nt.trace_id,
+                limits=tuple(nt.limits),
+                depends_on=deps,
+                halt_group_on_failure=nt.halt_group_on_failure,
+                created_at=now,
+                run_at=nt.run_at if nt.run_at is not None else now,
+                error=error,
+                finished_at=now if status in FINAL else None,
+                ref=nt.ref,
+                on_upstream_failure=nt.on_upstream_failure,
+            )
+            made.append((t, waiting))
+            fresh[tid] = t
+            if nt.key is not None:
+                batch_keys[nt.key] = tid
+            results.append(SubmitResult(tid, True))
+        for t, waiting in made:
+            tid, status = t.id, t.status
+            self._tasks[tid] = t
+            self._count[status] += 1
+            if t.key is not None:
+                self._keys[t.key] = tid
+            if status is State.WAITING:
+                self._waiting_on[tid] = waiting
+                for dep in waiting:
+                    self._dependents.setdefault(dep, []).append(tid)
+            if t.group is not None and status in ACTIVE:
+                self._group_insert(t)
+            if status is State.PENDING:
+                self._enqueue(t, now)
+        self._changes += 1
+        self._wake.notify_all()
+        return results
 
     # ---- workers ----------------------------------------------------------
     def claim(
@@ -648,9 +660,47 @@ class MemoryStore(Store):
                     out.append(name)
             return sorted(out)
 
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        with self._lock:
+            entry = self._batches.setdefault(batch, [None, False])
+            entry[0] = on_complete
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        due = []
+        with self._lock:
+            names = self._batches if batches is None else [b for b in batches if b in self._batches]
+            for name in names:
+                entry = self._batches[name]
+                if entry[0] is None or entry[1]:
+                    continue
+                summary = self._batch_summary([t for t in self._tasks.values() if t.batch == name], name)
+                if summary.status in FINAL_BATCH:
+                    entry[1] = True  # marked under the lock: one caller submits it
+                    due.append(callback_task(name, entry[0], summary.as_dict()))
+                    if len(due) >= limit:
+                        break
+        return [r.id for r in self.submit(due)] if due else []
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        ended = (State.SUCCESS, State.FAILED, State.TIMEOUT)
+        out: list[HistoryRow] = []
+        with self._lock:
+            for t in itertools.islice(reversed(self._tasks.values()), max(0, limit) * HISTORY_SCAN):
+                if len(out) >= limit:
+                    break
+                if t.status in ended and (name is None or t.name == name) and (batch is None or t.batch == batch):
+                    out.append(HistoryRow(t.status.value, t.started_at, t.finished_at, t.attempt))
+        return out
+
     def batch_summary(self, batch: str) -> BatchSummary:
         with self._lock:
             rows = [t for t in self._tasks.values() if t.batch == batch]
+        return self._batch_summary(rows, batch)
+
+    @staticmethod
+    def _batch_summary(rows: list[TaskRecord], batch: str) -> BatchSummary:
         counts: dict[str, int] = {}
         for t in rows:
             counts[t.status.value] = counts.get(t.status.value, 0) + 1
@@ -669,6 +719,61 @@ class MemoryStore(Store):
         )
 
     # ---- limits -----------------------------------------------------------
+    # ---- periodic schedules -------------------------------------------------
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        with self._lock:
+            now = self.now() if now is None else now
+            for sch in schedules:
+                row = self._schedules.get(sch.name)
+                params = base.schedule_params(sch, now)
+                if row is None:
+                    row = dict(params, created_at=now, last_tick=None, last_outcome=None, last_task_id=None)
+                    self._schedules[sch.name] = row
+                row.update({k: v for k, v in params.items() if k != "now"})
+
+    def schedules(self) -> list[ScheduleState]:
+        with self._lock:
+            out = []
+            for name in sorted(self._schedules):
+                r = self._schedules[name]
+                last = self._tasks.get(r["last_task_id"]) if r["last_task_id"] is not None else None
+                cols = ("name", "task", "expr", "timezone", "queue", "group_key", "overlap", "catch_up", "max_delay")
+                row = [r[c] for c in cols] + [r["created_at"], r["last_tick"], r["last_outcome"], r["last_task_id"]]
+                out.append(base.schedule_state([*row, last.status.value if last is not None else None]))
+            return out
+
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        with self._lock:
+            row = self._schedules.get(schedule.name)
+            if row is None:
+                raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
+            ticks = self._ticks.setdefault(schedule.name, {})
+            if tick in ticks:
+                return TickResult(TAKEN)
+            now = self.now()
+            task_id = None
+            outcome = ENQUEUED
+            last = self._tasks.get(row["last_task_id"]) if row["last_task_id"] is not None else None
+            if not schedule.overlap and last is not None and last.status.value in base.STILL_GOING:
+                outcome = SKIPPED
+            else:
+                (res,) = self._submit_locked([schedule.new_task(tick)], None)
+                task_id = res.id
+            ticks[tick] = TickRecord(schedule.name, tick, outcome, task_id, now)
+            if row["last_tick"] is None or row["last_tick"] <= tick:
+                row["last_tick"], row["last_outcome"] = tick, outcome
+                if task_id is not None:
+                    row["last_task_id"] = task_id
+            if len(ticks) % 1024 == 0:  # now and then: the rows no tick can come back to
+                for old in [t for t in ticks if t < tick - base.TICKS_KEPT_SECONDS]:
+                    del ticks[old]
+            return TickResult(outcome, task_id)
+
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        with self._lock:
+            rows = sorted(self._ticks.get(schedule, {}).values(), key=lambda r: -r.tick)
+            return rows[: max(0, limit)]
+
     def set_limit(self, spec: LimitSpec) -> None:
         with self._lock:
             old = self._limits.get(spec.name)

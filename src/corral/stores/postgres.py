@@ -48,6 +48,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from corral.core import breaker as brk
 from corral.core import dag
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -70,13 +73,24 @@ from corral.errors import (
     SubmitError,
 )
 from corral.stores import sql as _sql
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    STILL_GOING,
+    TICKS_KEPT_SECONDS,
+    Event,
+    FleetLevel,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+    schedule_params,
+    schedule_state,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
-from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
-    from psycopg.rows import dict_row
+    from psycopg.rows import dict_row, tuple_row
     from psycopg_pool import ConnectionPool, PoolTimeout
 except ImportError:  # pragma: no cover - reported when a store is opened
     psycopg = None  # type: ignore[assignment]
@@ -113,8 +127,11 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
-#: 6: the dead-letter index, the fleet level row and the event log.
-SCHEMA_VERSION = 9
+#: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
+#: 8: periodic schedules and their ticks;
+#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
+#: 14: graph columns (ref, on_upstream_failure).
+SCHEMA_VERSION = 14
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -307,59 +324,57 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
-        graph = any(t.after for t in tasks)
-        locks = graph or max_queued is not None or any(t.depends_on for t in tasks)
+        if any(t.after for t in tasks):
+
+            def graph(conn):
+                with conn.transaction():
+                    return self._submit_graph(conn, tasks, max_queued)
+
+            return self._run(graph)
+        plan = _SubmitPlan(tasks)
 
         def go(conn):
             # Without dependencies the insert is one atomic statement; with
             # them, the dependency rows are locked first in the same transaction.
-            with conn.transaction() if locks else _nothing():
-                if max_queued is not None:
-                    # one bounded submit at a time: the count and the insert are one step
-                    conn.execute(self._q["lock_queue_bound"])
-                    counts = dict(conn.execute(self._q["active_counts"]).fetchall())
-                    check_bound(counts, len(tasks), max_queued)
-                if not graph:
-                    return self._insert(conn, tasks)
-                # A graph: one insert per layer, each naming the ids the layers
-                # before it were given, all in this one transaction.
-                depth = dag.depths([t.after for t in tasks])
-                out: list[SubmitResult | None] = [None] * len(tasks)
-                for layer in range(max(depth) + 1):
-                    pos = [i for i, d in enumerate(depth) if d == layer]
-                    rows = []
-                    for i in pos:
-                        t = tasks[i]
-                        ids = (out[j].id for j in t.after)  # type: ignore[union-attr]
-                        rows.append(replace(t, depends_on=tuple(dict.fromkeys((*t.depends_on, *ids))), after=()))
-                    for i, r in zip(pos, self._insert(conn, rows)):
-                        out[i] = r
-                return out
+            with conn.transaction() if plan.all_deps or max_queued is not None else _nothing():
+                return self._submit_on(conn, plan, max_queued)
 
-        return self._run(go)
+        return plan.results(self._run(go))
 
-    def _insert(self, conn, tasks: list[NewTask]) -> list[SubmitResult]:
-        """Insert ``tasks`` (dependencies by id only) on ``conn``; one statement
-        plus, with dependencies, the statement that locks them first."""
-        # Idempotency keys repeated inside this call: the first one wins.
-        first_of_key: dict[str, int] = {}
-        dup_of: dict[int, int] = {}
-        rows: list[NewTask] = []
-        row_index: list[int] = []
-        for i, t in enumerate(tasks):
-            if t.key is not None:
-                if t.key in first_of_key:
-                    dup_of[i] = first_of_key[t.key]
-                    continue
-                first_of_key[t.key] = i
-            rows.append(t)
-            row_index.append(i)
-        all_deps = sorted({d for t in rows for d in t.depends_on})
+    def _submit_graph(self, conn, tasks: list[NewTask], max_queued: int | None) -> list[SubmitResult]:
+        """A graph (tasks naming earlier ones of the call by position): one
+        insert per layer, each naming the ids the layers before it were given,
+        all on ``conn`` inside its transaction."""
+        if max_queued is not None:
+            conn.execute(self._q["lock_queue_bound"])
+            check_bound(dict(conn.execute(self._q["active_counts"]).fetchall()), len(tasks), max_queued)
+        depth = dag.depths([t.after for t in tasks])
+        out: list[SubmitResult | None] = [None] * len(tasks)
+        for layer in range(max(depth) + 1):
+            pos = [i for i, d in enumerate(depth) if d == layer]
+            rows = []
+            for i in pos:
+                t = tasks[i]
+                ids = (out[j].id for j in t.after)  # type: ignore[union-attr]
+                rows.append(replace(t, depends_on=tuple(dict.fromkeys((*t.depends_on, *ids))), after=()))
+            plan = _SubmitPlan(rows)
+            for i, r in zip(pos, plan.results(self._submit_on(conn, plan, None))):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None) -> tuple:
+        """The submit's statements on ``conn``, inside whatever transaction it is in."""
+        rows = plan.rows
+        if max_queued is not None:
+            # one bounded submit at a time: the count and the insert are one step
+            conn.execute(self._q["lock_queue_bound"])
+            counts = dict(conn.execute(self._q["active_counts"]).fetchall())
+            check_bound(counts, len(plan.tasks), max_queued)
         states: dict[int, State] = {}
-        if all_deps:
-            for dep_id, status in conn.execute(self._q["dep_states"], {"ids": all_deps}):
+        if plan.all_deps:
+            for dep_id, status in conn.execute(self._q["dep_states"], {"ids": plan.all_deps}):
                 states[dep_id] = State(status)
-            missing = [d for d in all_deps if d not in states]
+            missing = [d for d in plan.all_deps if d not in states]
             if missing:
                 raise SubmitError(f"unknown dependency id(s): {', '.join(map(str, missing))}")
         status_col: list[str] = []
@@ -376,18 +391,56 @@ class PostgresStore(SqlStore):
         keys = [t.key for t in rows if t.key is not None and t.key not in by_key]
         if keys:
             existing = dict(conn.execute(self._q["ids_by_key"], {"keys": keys}).fetchall())
-        out: list[SubmitResult | None] = [None] * len(tasks)
-        it = iter(new_ids)
-        for pos, t in zip(row_index, rows):
-            if t.key is not None and t.key not in by_key:
-                out[pos] = SubmitResult(existing[t.key], False)
-            else:
-                out[pos] = SubmitResult(next(it), True)
-        for i, j in dup_of.items():
-            first = out[j]
-            assert first is not None  # a duplicate points at a row already filled
-            out[i] = SubmitResult(first.id, False)
-        return out  # type: ignore[return-value]
+        return new_ids, by_key, existing
+
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Submit inside the caller's own transaction on ``connection``, a
+        psycopg (3) connection to this store's database, used as it is and
+        never committed: the tasks exist if and only if the caller commits
+        (the workers' wake-up NOTIFY is sent at that commit too)."""
+        if psycopg is None or not isinstance(connection, psycopg.Connection):
+            raise ConfigError(
+                f"connection= must be a psycopg (3) connection to this store's database, "
+                f"not {type(connection).__name__}"
+            )
+        tasks = list(tasks)
+        status = connection.info.transaction_status
+        TS = psycopg.pq.TransactionStatus
+        if status == TS.INERROR:
+            raise ConfigError("connection= is in a failed transaction: roll it back first")
+        if status not in (TS.IDLE, TS.INTRANS):
+            raise ConfigError("connection= is busy or broken; it cannot take the tasks")
+        if status == TS.IDLE and connection.autocommit:
+            raise ConfigError(
+                "connection= is in autocommit mode with no transaction open: open one "
+                "(with conn.transaction(): ...) so the tasks commit with your own writes"
+            )
+        if not tasks:
+            return []
+        plan = _SubmitPlan(tasks)
+        try:
+            cur = connection.cursor(row_factory=tuple_row)
+            where: Any = cur.execute(self._q["whereami"]).fetchone()
+            mine: Any = getattr(self, "_whereami", None)
+            if mine is None:  # this store's own database: asked once
+                mine = self._whereami = self._run(lambda conn: conn.execute(self._q["whereami"]).fetchone())
+            if (where[0], where[1], where[2]) != (mine[0], mine[1], mine[2]):
+                raise ConfigError(
+                    f"connection= is open on database {where[0]!r}, not on this store's database {mine[0]!r}"
+                )
+            if where[1] is None:
+                raise ConfigError("connection= does not see corral's tables (another schema search path?)")
+            if any(t.group is not None or t.limits for t in tasks):
+                self._plain_until = 0.0
+            if any(t.after for t in tasks):
+                return self._submit_graph(_Rows(cur), tasks, max_queued)
+            return plan.results(self._submit_on(_Rows(cur), plan, max_queued))
+        except CorralError:
+            raise
+        except psycopg.Error as exc:
+            raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
 
     def _settle(self, conn, ids: list[int]) -> None:
         """Settle the dependents of ended tasks; the ones canceled on the way
@@ -903,6 +956,37 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     # ---- limits -------------------------------------------------------------------
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        self._rowcount("set_batch", {"name": batch, "on_complete": on_complete})
+
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        names = None if batches is None else sorted(set(batches))
+        if names == []:
+            return []
+        candidates = [r[0] for r in self._fetchall("batches_unsettled", {"names": names, "limit": int(limit)})]
+        submitted: list[int] = []
+        for name in candidates:  # one short transaction per batch: a lock held for one batch only
+
+            def go(conn, name=name):
+                with conn.transaction():
+                    row = conn.execute(self._q["batch_lock_unsettled"], {"name": name}).fetchone()
+                    if row is None or conn.execute(self._q["batch_active"], {"batch": name}).fetchone():
+                        return None
+                    counts_rows = conn.execute(self._q["batch_counts"], {"batch": name}).fetchall()
+                    durations = conn.execute(self._q["batch_durations"], {"batch": name}).fetchall()
+                    summary = summary_from_rows(name, counts_rows, durations)
+                    if summary.status not in FINAL_BATCH:
+                        return None
+                    plan = _SubmitPlan([callback_task(name, row[0], summary.as_dict())])
+                    (res,) = plan.results(self._submit_on(conn, plan, None))
+                    conn.execute(self._q["batch_settle"], {"id": res.id, "name": name})
+                    return res.id
+
+            tid = self._run(go)
+            if tid is not None:
+                submitted.append(tid)
+        return submitted
+
     def set_limit(self, spec: LimitSpec) -> None:
         self._rowcount(
             "set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
@@ -977,9 +1061,97 @@ class PostgresStore(SqlStore):
 
         self._run(go, retry=False)
 
+    # ---- periodic schedules -------------------------------------------------
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        def go(conn):
+            with conn.transaction():
+                stamp = conn.execute(self._q["now"]).fetchone()[0] if now is None else now
+                with conn.cursor() as cur:
+                    cur.executemany(self._q["save_schedule"], [schedule_params(s, stamp) for s in schedules])
+
+        self._run(go)
+
+    def schedules(self) -> list[ScheduleState]:
+        return [schedule_state(r) for r in self._fetchall("schedules")]
+
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        name = schedule.name
+
+        def go(conn):
+            with conn.transaction():
+                last = conn.execute(self._q["schedule_lock"], {"name": name}).fetchone()
+                if last is None:
+                    raise ConfigError(f"schedule {name!r} was never saved in this store")
+                params = {"name": name, "tick": tick}
+                outcome = ENQUEUED
+                if not schedule.overlap and last[1] in STILL_GOING:
+                    outcome = SKIPPED
+                if conn.execute(self._q["tick_claim"], dict(params, outcome=outcome)).fetchone() is None:
+                    return TickResult(TAKEN)
+                task_id = None
+                if outcome == ENQUEUED:
+                    rows = _submit_rows([schedule.new_task(tick)], [State.PENDING.value], [None])
+                    task_id = conn.execute(self._q["submit"], {"rows": rows}).fetchone()[0]
+                    conn.execute(self._q["tick_set_task"], dict(params, task_id=task_id))
+                conn.execute(self._q["schedule_ticked"], dict(params, outcome=outcome, task_id=task_id))
+                conn.execute(self._q["trim_ticks"], {"name": name, "before": tick - TICKS_KEPT_SECONDS})
+                return TickResult(outcome, task_id)
+
+        return self._run(go)
+
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        return [TickRecord(*r) for r in self._fetchall("schedule_ticks", {"name": schedule, "limit": max(0, limit)})]
+
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})
         return bool(rows)
+
+
+class _Rows:
+    """A caller's cursor with the ``execute`` of a connection (each statement
+    on it returns the cursor, whose rows are tuples)."""
+
+    def __init__(self, cur: Any):
+        self._cur = cur
+
+    def execute(self, query: str, params: Any = None) -> Any:
+        return self._cur.execute(query, params)
+
+
+class _SubmitPlan:
+    """A submit's tasks, with idempotency keys repeated inside one call
+    folded (the first one wins), and how to map inserted ids back."""
+
+    def __init__(self, tasks: list[NewTask]):
+        self.tasks = tasks
+        first_of_key: dict[str, int] = {}
+        self.dup_of: dict[int, int] = {}
+        self.rows: list[NewTask] = []
+        self.row_index: list[int] = []
+        for i, t in enumerate(tasks):
+            if t.key is not None:
+                if t.key in first_of_key:
+                    self.dup_of[i] = first_of_key[t.key]
+                    continue
+                first_of_key[t.key] = i
+            self.rows.append(t)
+            self.row_index.append(i)
+        self.all_deps = sorted({d for t in self.rows for d in t.depends_on})
+
+    def results(self, written: tuple) -> list[SubmitResult]:
+        new_ids, by_key, existing = written
+        out: list[SubmitResult | None] = [None] * len(self.tasks)
+        it = iter(new_ids)
+        for pos, t in zip(self.row_index, self.rows):
+            if t.key is not None and t.key not in by_key:
+                out[pos] = SubmitResult(existing[t.key], False)
+            else:
+                out[pos] = SubmitResult(next(it), True)
+        for i, j in self.dup_of.items():
+            first = out[j]
+            assert first is not None  # a duplicate points at a row already filled
+            out[i] = SubmitResult(first.id, False)
+        return out  # type: ignore[return-value]
 
 
 def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from corral.core.model import LimitSpec, TaskRecord
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
@@ -103,6 +104,27 @@ def first_line(exc: BaseException) -> str:
     return line[:1].lower() + line[1:] if line else line
 
 
+def summary_from_rows(
+    batch: str, counts_rows: Sequence[Sequence[Any]], durations_rows: Sequence[Sequence[Any]]
+) -> BatchSummary:
+    """A batch summary from the rows of the ``batch_counts`` and
+    ``batch_durations`` queries (the same in both dialects)."""
+    counts = {status: n for status, n, _, _ in counts_rows}
+    created = [c for _, _, c, _ in counts_rows if c is not None]
+    finished = [f for _, _, _, f in counts_rows if f is not None]
+    durations = [d for (d,) in durations_rows]
+    return BatchSummary(
+        batch=batch,
+        counts=counts,
+        status=batch_status(counts),
+        total=sum(counts.values()),
+        avg_duration=sum(durations) / len(durations) if durations else None,
+        p99_duration=percentile(durations, 0.99),
+        first_created_at=min(created, default=None),
+        last_finished_at=max(finished, default=None),
+    )
+
+
 class SqlStore(Store):
     """A store on SQL: the parts written once for every dialect."""
 
@@ -114,20 +136,18 @@ class SqlStore(Store):
         counts_rows, durations_rows = self._read_all(
             [("batch_counts", {"batch": batch}), ("batch_durations", {"batch": batch})]
         )
-        counts = {status: n for status, n, _, _ in counts_rows}
-        created = [c for _, _, c, _ in counts_rows if c is not None]
-        finished = [f for _, _, _, f in counts_rows if f is not None]
-        durations = [d for (d,) in durations_rows]
-        return BatchSummary(
-            batch=batch,
-            counts=counts,
-            status=batch_status(counts),
-            total=sum(counts.values()),
-            avg_duration=sum(durations) / len(durations) if durations else None,
-            p99_duration=percentile(durations, 0.99),
-            first_created_at=min(created, default=None),
-            last_finished_at=max(finished, default=None),
-        )
+        return summary_from_rows(batch, counts_rows, durations_rows)
+
+    def finished_history(
+        self, *, name: str | None = None, batch: str | None = None, limit: int = 10_000
+    ) -> list[HistoryRow]:
+        if batch is not None:
+            read: Read = ("history_of_batch", {"batch": batch, "name": name, "limit": max(0, limit)})
+        else:
+            # among the newest tasks of every name, so a rare name's read stays bounded too
+            read = ("history_of_name", {"name": name, "limit": max(0, limit), "scan": max(0, limit) * HISTORY_SCAN})
+        (rows,) = self._read_all([read])
+        return [HistoryRow(r[0], r[1], r[2], r[3]) for r in rows]
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])

@@ -81,7 +81,10 @@ from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
 from corral.core import dag
+from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
+from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -98,23 +101,43 @@ from corral.core.model import (
 from corral.core.states import FINAL, State, check_transition
 from corral.core.validation import retry_cap
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
-from corral.stores.base import Event, FleetLevel, HeartbeatReply, Rescue, SweepRow, check_bound
+from corral.stores.base import (
+    STILL_GOING,
+    TICKS_KEPT_SECONDS,
+    Event,
+    FleetLevel,
+    HeartbeatReply,
+    Rescue,
+    SweepRow,
+    check_bound,
+    schedule_params,
+    schedule_state,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
-from corral.stores.sqlbase import Read, SqlStore, first_line, task_record
+from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
-#: 5: the dead-letter index, the fleet_control row and the events log.
+#: 5: the dead-letter index, the fleet_control row and the events log;
+#: 7: periodic schedules and their ticks;
+#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 14
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
+#: A WAL file past this size is reset (a ``TRUNCATE`` checkpoint): under
+#: steady reads and writes from several processes a ``PASSIVE`` checkpoint
+#: copies pages back but the WAL never restarts from its beginning, and it
+#: grows without bound (over 100 MB in a two-minute run of the demo).
+WAL_RESET_BYTES = 32 * 1024 * 1024
+#: How long (ms) that reset may wait for readers; it holds writers off meanwhile.
+WAL_RESET_WAIT_MS = 50
 
 Q = load("sqlite")
 
@@ -196,6 +219,25 @@ def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
     cur = con.cursor()
     cur.row_factory = sqlite3.Row
     return cur
+
+
+class _PlainRows:
+    """A caller's connection seen as this store's own: rows as tuples
+    whatever its ``row_factory``, statements on a cursor of its own."""
+
+    def __init__(self, con: sqlite3.Connection):
+        self._con = con
+
+    def _cursor(self) -> sqlite3.Cursor:
+        cur = self._con.cursor()
+        cur.row_factory = None
+        return cur
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        return self._cursor().execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        return self._cursor().executemany(sql, rows)
 
 
 def _split_script(script: str) -> list[str]:
@@ -382,9 +424,28 @@ class SQLiteStore(SqlStore):
                 continue
             self._wrote = False
             try:
-                self._con().execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                con = self._con()
+                con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                if self._wal_bytes() > WAL_RESET_BYTES:
+                    self._reset_wal(con)
             except sqlite3.Error:  # busy or closing: the next round tries again
                 self._wrote = True
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
+
+    def _reset_wal(self, con: sqlite3.Connection) -> None:
+        """Checkpoint everything and truncate the WAL, waiting a moment for
+        the readers of older snapshots; if they outlast the wait, a later
+        round tries again."""
+        con.execute(f"PRAGMA busy_timeout = {WAL_RESET_WAIT_MS}")
+        try:
+            con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        finally:
+            con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -494,74 +555,111 @@ class SQLiteStore(SqlStore):
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
         with self._write() as con:
-            if max_queued is not None:  # counted under the write lock: no other submit in between
-                check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
-            now = self._clock.time()
-            all_deps = {d for t in tasks for d in t.depends_on}
-            dep_state: dict[int, State] = {}
-            if all_deps:
-                dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
-                missing = sorted(all_deps - dep_state.keys())
-                if missing:
-                    raise SubmitError(
-                        f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
-                    )
-            next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
-            results: list[SubmitResult] = []
-            rows: list[tuple] = []
-            edges: list[tuple[int, int, int]] = []
-            batch_keys: dict[str, int] = {}
-            for nt in tasks:
-                if nt.key is not None:
-                    existing = batch_keys.get(nt.key)
-                    if existing is None:
-                        hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
-                        existing = hit[0] if hit else None
-                        if existing is not None and existing not in dep_state:
-                            # a later task of this call may depend on it
-                            dep_state[existing] = State(con.execute(Q["status_of"], (existing,)).fetchone()[0])
-                    if existing is not None:
-                        results.append(SubmitResult(existing, False))
-                        continue
-                tid = next_id
-                next_id += 1
-                deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
-                edges.extend((tid, pos, dep) for pos, dep in enumerate(deps))
-                status, error = dag.initial_state([(d, dep_state[d]) for d in deps], nt.on_upstream_failure)
-                dep_state[tid] = status
-                rows.append(
-                    (
-                        tid,
-                        nt.name,
-                        nt.args,
-                        status.value,
-                        nt.queue,
-                        nt.priority,
-                        nt.max_retries,
-                        nt.timeout,
-                        nt.group,
-                        nt.batch,
-                        nt.key,
-                        nt.trace_id,
-                        dumps(list(nt.limits)) if nt.limits else None,
-                        1 if nt.halt_group_on_failure else 0,
-                        now,
-                        nt.run_at if nt.run_at is not None else now,
-                        now if status.final else None,
-                        error,
-                        nt.ref,
-                        nt.on_upstream_failure,
-                    )
+            return self._submit_on(con, tasks, max_queued)
+
+    def _submit_on(self, con: Any, tasks: list[NewTask], max_queued: int | None = None) -> list[SubmitResult]:
+        """The submit's writes on ``con``, inside a transaction its caller
+        holds (this store's own write, or a user's transaction)."""
+        if max_queued is not None:  # counted under the write lock: no other submit in between
+            check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
+        now = self._clock.time()
+        all_deps = {d for t in tasks for d in t.depends_on}
+        dep_state: dict[int, State] = {}
+        if all_deps:
+            dep_state = {i: State(s) for i, s in con.execute(Q["dep_states"], (dumps(sorted(all_deps)),))}
+            missing = sorted(all_deps - dep_state.keys())
+            if missing:
+                raise SubmitError(
+                    f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
                 )
-                if nt.key is not None:
-                    batch_keys[nt.key] = tid
-                results.append(SubmitResult(tid, True))
-            if rows:
-                con.executemany(Q["insert_task"], rows)
-            if edges:
-                con.executemany(Q["insert_dep"], edges)
-            self._refresh_heads(con, {r[8] for r in rows})
+        next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+        results: list[SubmitResult] = []
+        rows: list[tuple] = []
+        edges: list[tuple[int, int, int]] = []
+        batch_keys: dict[str, int] = {}
+        for nt in tasks:
+            if nt.key is not None:
+                existing = batch_keys.get(nt.key)
+                if existing is None:
+                    hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
+                    existing = hit[0] if hit else None
+                    if existing is not None and existing not in dep_state:
+                        # a later task of this call may depend on it
+                        dep_state[existing] = State(con.execute(Q["status_of"], (existing,)).fetchone()[0])
+                if existing is not None:
+                    results.append(SubmitResult(existing, False))
+                    continue
+            tid = next_id
+            next_id += 1
+            deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
+            edges.extend((tid, pos, dep) for pos, dep in enumerate(deps))
+            status, error = dag.initial_state([(d, dep_state[d]) for d in deps], nt.on_upstream_failure)
+            dep_state[tid] = status
+            rows.append(
+                (
+                    tid,
+                    nt.name,
+                    nt.args,
+                    status.value,
+                    nt.queue,
+                    nt.priority,
+                    nt.max_retries,
+                    nt.timeout,
+                    nt.group,
+                    nt.batch,
+                    nt.key,
+                    nt.trace_id,
+                    dumps(list(nt.limits)) if nt.limits else None,
+                    1 if nt.halt_group_on_failure else 0,
+                    now,
+                    nt.run_at if nt.run_at is not None else now,
+                    now if status.final else None,
+                    error,
+                    nt.ref,
+                    nt.on_upstream_failure,
+                )
+            )
+            if nt.key is not None:
+                batch_keys[nt.key] = tid
+            results.append(SubmitResult(tid, True))
+        if rows:
+            con.executemany(Q["insert_task"], rows)
+        if edges:
+            con.executemany(Q["insert_dep"], edges)
+        self._refresh_heads(con, {r[8] for r in rows})
         return results
+
+    def submit_in(
+        self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
+    ) -> list[SubmitResult]:
+        """Submit inside the caller's own transaction on ``connection``, a
+        :mod:`sqlite3` connection to this store's file: the tasks exist if and
+        only if the caller commits. A connection not yet in a transaction
+        starts one (BEGIN IMMEDIATE) that the caller commits or rolls back."""
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigError(
+                f"connection= must be a sqlite3 connection to {self.path!r} for this store, "
+                f"not {type(connection).__name__}"
+            )
+        tasks = list(tasks)
+        try:
+            files = [r[2] for r in connection.execute("PRAGMA database_list").fetchall() if r[1] == "main"]
+            same = bool(files and files[0]) and os.path.samefile(files[0], self.path)
+        except (sqlite3.Error, OSError) as exc:
+            raise ConfigError(f"connection= cannot be used: {first_line(exc)}") from None
+        if not same:
+            shown = files[0] if files and files[0] else "an in-memory database"
+            raise ConfigError(f"connection= is open on {shown}, not on this store's database {self.path!r}")
+        if not tasks:
+            return []
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0
+        try:
+            if not connection.in_transaction:
+                connection.execute("BEGIN IMMEDIATE")
+            return self._submit_on(_PlainRows(connection), tasks, max_queued)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
 
     # ---- workers ----------------------------------------------------------
     @_guard
@@ -1086,6 +1184,34 @@ class SQLiteStore(SqlStore):
 
     # ---- limits -----------------------------------------------------------
     @_guard
+    def set_batch(self, batch: str, on_complete: str | None) -> None:
+        with self._write() as con:
+            con.execute(Q["set_batch"], (batch, on_complete))
+
+    @_guard
+    def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
+        names = None if batches is None else dumps(sorted(set(batches)))
+        if names == "[]":
+            return []
+        # a read first: a completion outside any batch with a callback takes no write lock
+        if not self._con().execute(Q["batches_unsettled"], (names, limit)).fetchall():
+            return []
+        submitted: list[int] = []
+        with self._write() as con:  # the one write lock: no other settle in between
+            for name, template in con.execute(Q["batches_unsettled"], (names, limit)).fetchall():
+                if con.execute(Q["batch_active"], (name,)).fetchone() is not None:
+                    continue
+                counts_rows = con.execute(Q["batch_counts"], {"batch": name}).fetchall()
+                durations = con.execute(Q["batch_durations"], {"batch": name}).fetchall()
+                summary = summary_from_rows(name, counts_rows, durations)
+                if summary.status not in FINAL_BATCH:
+                    continue
+                (res,) = self._submit_on(con, [callback_task(name, template, summary.as_dict())])
+                con.execute(Q["batch_settle"], (self._clock.time(), res.id, name))
+                submitted.append(res.id)
+        return submitted
+
+    @_guard
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
             con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
@@ -1154,6 +1280,47 @@ class SQLiteStore(SqlStore):
                         ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
         return applied
+
+    # ---- periodic schedules -------------------------------------------------
+    @_guard
+    def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
+        with self._write() as con:
+            now = self._clock.time() if now is None else now
+            con.executemany(Q["save_schedule"], [schedule_params(s, now) for s in schedules])
+
+    @_guard
+    def schedules(self) -> list[ScheduleState]:
+        return [schedule_state(r) for r in self._con().execute(Q["schedules"]).fetchall()]
+
+    @_guard
+    def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
+        if schedule.group is not None or schedule.limits:
+            self._plain_until = 0.0  # claims here must see this work at once
+        with self._write() as con:
+            now = self._clock.time()
+            last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
+            if last is None:
+                raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
+            if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
+                return TickResult(TAKEN)
+            if not schedule.overlap and last[1] in STILL_GOING:
+                con.execute(Q["tick_skipped"], (schedule.name, tick))
+                self._ticked(con, schedule.name, tick, SKIPPED, None)
+                return TickResult(SKIPPED)
+            (result,) = self._submit_on(con, [schedule.new_task(tick)])
+            con.execute(Q["tick_set_task"], (result.id, schedule.name, tick))
+            self._ticked(con, schedule.name, tick, ENQUEUED, result.id)
+            return TickResult(ENQUEUED, result.id)
+
+    @staticmethod
+    def _ticked(con: sqlite3.Connection, name: str, tick: int, outcome: str, task_id: int | None) -> None:
+        con.execute(Q["schedule_ticked"], {"name": name, "tick": tick, "outcome": outcome, "task_id": task_id})
+        con.execute(Q["trim_ticks"], (name, tick - TICKS_KEPT_SECONDS))
+
+    @_guard
+    def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
+        rows = self._con().execute(Q["schedule_ticks"], (schedule, max(0, limit))).fetchall()
+        return [TickRecord(*r) for r in rows]
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:

@@ -1,13 +1,14 @@
 """Tools for testing code that runs on corral, and corral itself.
 
 - :class:`FakeClock`, :func:`run_until_idle`, :func:`assert_enqueued`: test
-  your own tasks in process, with time moved by hand (``corral.testing.kit``).
+  your own tasks in process, with time moved by hand (``corral.testing.kit``);
+  :func:`fire_ticks` enqueues the periodic ticks due on that clock.
 - :class:`History`: check that every group ran one task at a time, in submit
   order, and that no task overlapped itself (``corral.testing.history``).
 """
 
 from corral.testing.history import History, HistoryLog, Run, Violation
-from corral.testing.kit import FakeClock, assert_enqueued, enqueued, run_until_idle
+from corral.testing.kit import FakeClock, assert_enqueued, enqueued, fire_ticks, run_until_idle
 
 __all__ = [
     "FakeClock",
@@ -17,5 +18,6 @@ __all__ = [
     "Violation",
     "assert_enqueued",
     "enqueued",
+    "fire_ticks",
     "run_until_idle",
 ]

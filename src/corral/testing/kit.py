@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from corral.engine.hooks import Hooks
 if TYPE_CHECKING:
     from corral.app import App, TaskDef
 
-__all__ = ["FakeClock", "run_until_idle", "assert_enqueued", "enqueued"]
+__all__ = ["FakeClock", "run_until_idle", "assert_enqueued", "enqueued", "fire_ticks"]
 
 
 class _Finished(Hooks):
@@ -65,9 +66,11 @@ def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance
     Returns the tasks that reached a final state, as they ended, in order.
     Raises AssertionError if work is still running after ``timeout`` real
     seconds (a task that never returns, or one blocked behind a group or a
-    limit that never frees)."""
+    limit that never frees). Periodic ticks are not enqueued here: move the
+    clock and call :func:`fire_ticks`."""
     finished = _Finished()
-    worker = app.worker(workers, poll_interval=0.01, extra_hooks=[finished])
+    # periodic ticks come only when the test says so (fire_ticks): a cron never goes idle
+    worker = app.worker(workers, poll_interval=0.01, extra_hooks=[finished], schedules=())
     worker.start()
     end = time.monotonic() + timeout
     try:
@@ -87,6 +90,25 @@ def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance
     finally:
         worker.stop(grace=5.0)
     return [app.get(i) for i in finished.ids]
+
+
+_schedulers: weakref.WeakKeyDictionary[App, Any] = weakref.WeakKeyDictionary()
+
+
+def fire_ticks(app: App) -> list[TaskRecord]:
+    """Enqueue the periodic ticks of ``app`` due on its clock, as a worker
+    would; returns the tasks enqueued.
+
+    Call it once before moving the clock (that stores the schedules: no tick
+    from before then is due), then after each move; :func:`run_until_idle`
+    runs what it enqueued. Catch-up rules apply as in production, so a jump
+    over several ticks enqueues only the newest unless ``catch_up="all"``."""
+    from corral.maintenance.periodic import Scheduler
+
+    sched = _schedulers.get(app)
+    if sched is None or sched.schedules != list(app.schedules.values()):
+        sched = _schedulers[app] = Scheduler(app.store, list(app.schedules.values()), clock=app.clock)
+    return [app.get(r.task_id) for _, _, r in sched.check() if r.task_id is not None]
 
 
 def enqueued(task: TaskDef, **filters: Any) -> list[TaskRecord]:

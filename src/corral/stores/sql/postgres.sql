@@ -294,11 +294,59 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
--- name: migration_0009
+-- name: migration_0014
 -- Task graphs: a task's local name in the graph it was submitted with, and
 -- what an upstream's bad end does to it ('cancel', or 'run' anyway).
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS on_upstream_failure text NOT NULL DEFAULT 'cancel';
+
+-- name: migration_0013
+-- Batch settings: a batch's on_complete callback (a task template, JSON) and
+-- when it was settled, i.e. its callback submitted; a settled batch never gets
+-- a second one. Its concurrency is the named limit 'batch:<name>'. The index
+-- holds a batch's unfinished tasks: whether it ended is one probe.
+CREATE TABLE IF NOT EXISTS corral_batches (
+    name        text PRIMARY KEY,
+    on_complete text,
+    settled_at  float8,
+    callback_id bigint
+);
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_active ON corral_tasks (batch)
+    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
+-- Which server and database a connection is on, and whether it sees corral's
+-- tables: a caller's connection given to a transactional submit must match.
+-- name: whereami
+SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
+-- name: migration_0008
+-- Periodic schedules: the definitions workers store when they start (so
+-- `corral periodic` lists them without the app) and what their last tick did;
+-- one row per tick, written in the transaction that enqueues the tick's task,
+-- whose primary key lets exactly one worker of the fleet win each tick.
+CREATE TABLE IF NOT EXISTS corral_schedules (
+    name         text PRIMARY KEY,
+    task         text NOT NULL,
+    expr         text NOT NULL,
+    timezone     text NOT NULL,
+    queue        text NOT NULL,
+    group_key    text,
+    overlap      boolean NOT NULL,
+    catch_up     text NOT NULL,
+    max_delay    double precision,
+    created_at   double precision NOT NULL,
+    updated_at   double precision NOT NULL,
+    last_tick    bigint,
+    last_outcome text,
+    last_task_id bigint
+);
+CREATE TABLE IF NOT EXISTS corral_schedule_ticks (
+    schedule text NOT NULL,
+    tick     bigint NOT NULL,
+    outcome  text NOT NULL,
+    task_id  bigint,
+    at       double precision NOT NULL,
+    PRIMARY KEY (schedule, tick)
+);
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -863,6 +911,49 @@ SELECT pg_notify('corral_work', %(queue)s || ':g');
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
 
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest tasks of every name: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE name = %(name)s AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM corral_tasks) - %(scan)s
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM corral_tasks
+WHERE batch = %(batch)s AND (%(name)s::text IS NULL OR name = %(name)s) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- ---- batch settings ------------------------------------------------------------
+
+-- name: set_batch
+INSERT INTO corral_batches (name, on_complete) VALUES (%(name)s, %(on_complete)s)
+ON CONFLICT (name) DO UPDATE SET on_complete = excluded.on_complete;
+
+-- A read first, so a completion outside any batch with a callback locks nothing.
+-- name: batches_unsettled
+SELECT name FROM corral_batches
+WHERE on_complete IS NOT NULL AND settled_at IS NULL
+  AND (%(names)s::text[] IS NULL OR name = ANY(%(names)s::text[]))
+ORDER BY name LIMIT %(limit)s;
+
+-- Waits for (never skips) a settle in flight: it may have looked before this
+-- caller's completion committed, so this caller must look again after it.
+-- name: batch_lock_unsettled
+SELECT on_complete FROM corral_batches
+WHERE name = %(name)s AND on_complete IS NOT NULL AND settled_at IS NULL
+FOR UPDATE;
+
+-- name: batch_active
+SELECT 1 FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+LIMIT 1;
+
+-- name: batch_settle
+UPDATE corral_batches SET settled_at = extract(epoch FROM now())::float8, callback_id = %(id)s
+WHERE name = %(name)s AND settled_at IS NULL;
+
 -- name: batch_durations
 SELECT finished_at - started_at AS d FROM corral_tasks
 WHERE batch = %(batch)s AND finished_at IS NOT NULL AND started_at IS NOT NULL
@@ -1051,3 +1142,53 @@ ORDER BY id DESC LIMIT %(limit)s;
 DELETE FROM corral_events
 WHERE at < %(before)s::float8
    OR id <= (SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s);
+
+
+-- ---- periodic schedules ------------------------------------------------------------
+
+-- name: save_schedule
+INSERT INTO corral_schedules (name, task, expr, timezone, queue, group_key, overlap, catch_up, max_delay,
+                              created_at, updated_at)
+VALUES (%(name)s, %(task)s, %(expr)s, %(timezone)s, %(queue)s, %(group_key)s, %(overlap)s, %(catch_up)s,
+        %(max_delay)s, %(now)s, %(now)s)
+ON CONFLICT (name) DO UPDATE SET
+    task = excluded.task, expr = excluded.expr, timezone = excluded.timezone, queue = excluded.queue,
+    group_key = excluded.group_key, overlap = excluded.overlap, catch_up = excluded.catch_up,
+    max_delay = excluded.max_delay, updated_at = excluded.updated_at;
+
+-- name: schedules
+SELECT s.name, s.task, s.expr, s.timezone, s.queue, s.group_key, s.overlap, s.catch_up, s.max_delay,
+       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status
+FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
+ORDER BY s.name;
+
+-- Lock the schedule's row: its ticks are decided one at a time, so overlap=False
+-- sees the task the previous tick enqueued. NULL status: no task, or gone.
+-- name: schedule_lock
+SELECT s.last_task_id, t.status
+FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
+WHERE s.name = %(name)s
+FOR UPDATE OF s;
+
+-- name: tick_claim
+INSERT INTO corral_schedule_ticks (schedule, tick, outcome, task_id, at)
+VALUES (%(name)s, %(tick)s, %(outcome)s, NULL, extract(epoch FROM now())::float8)
+ON CONFLICT (schedule, tick) DO NOTHING
+RETURNING tick;
+
+-- name: tick_set_task
+UPDATE corral_schedule_ticks SET task_id = %(task_id)s WHERE schedule = %(name)s AND tick = %(tick)s;
+
+-- name: schedule_ticked
+UPDATE corral_schedules SET
+    last_tick = %(tick)s, last_outcome = %(outcome)s,
+    last_task_id = coalesce(%(task_id)s, last_task_id)
+WHERE name = %(name)s AND (last_tick IS NULL OR last_tick <= %(tick)s);
+
+-- Ticks far older than the one just written can never be tried again.
+-- name: trim_ticks
+DELETE FROM corral_schedule_ticks WHERE schedule = %(name)s AND tick < %(before)s;
+
+-- name: schedule_ticks
+SELECT schedule, tick, outcome, task_id, at FROM corral_schedule_ticks
+WHERE schedule = %(name)s ORDER BY tick DESC LIMIT %(limit)s;

@@ -185,6 +185,54 @@ CREATE TABLE IF NOT EXISTS events (
     data    TEXT NOT NULL
 );
 
+-- Batch settings (schema 13): a batch's on_complete callback (a task template,
+-- JSON) and when it was settled, i.e. its callback submitted; a settled batch
+-- never gets a second one. Its concurrency is the named limit 'batch:<name>'.
+CREATE TABLE IF NOT EXISTS batches (
+    name        TEXT PRIMARY KEY,
+    on_complete TEXT,
+    settled_at  REAL,
+    callback_id INTEGER
+) WITHOUT ROWID;
+
+-- Unfinished tasks of a batch: whether a batch has ended is one index probe,
+-- whatever its size.
+CREATE INDEX IF NOT EXISTS tasks_batch_active
+    ON tasks (batch)
+    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
+-- Periodic schedules (schema 7): the definitions a worker stores when it
+-- starts (so `corral periodic` lists them without the app) and what their last
+-- tick did. last_task_id is the last task a tick enqueued (overlap=False
+-- checks it); last_outcome says whether the last tick enqueued or skipped.
+CREATE TABLE IF NOT EXISTS schedules (
+    name         TEXT PRIMARY KEY,
+    task         TEXT NOT NULL,
+    expr         TEXT NOT NULL,
+    timezone     TEXT NOT NULL,
+    queue        TEXT NOT NULL,
+    group_key    TEXT,
+    overlap      INTEGER NOT NULL,
+    catch_up     TEXT NOT NULL,
+    max_delay    REAL,
+    created_at   REAL NOT NULL,
+    updated_at   REAL NOT NULL,
+    last_tick    INTEGER,
+    last_outcome TEXT,
+    last_task_id INTEGER
+);
+
+-- One row per tick of a schedule, written in the transaction that enqueues the
+-- tick's task: every worker may try, the primary key lets one win.
+CREATE TABLE IF NOT EXISTS schedule_ticks (
+    schedule TEXT NOT NULL,
+    tick     INTEGER NOT NULL,
+    outcome  TEXT NOT NULL,
+    task_id  INTEGER,
+    at       REAL NOT NULL,
+    PRIMARY KEY (schedule, tick)
+) WITHOUT ROWID;
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -610,6 +658,42 @@ RETURNING group_key
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM tasks WHERE batch = :batch GROUP BY status
 
+-- The newest finished tasks of a name (the capacity planner's sample), among
+-- the newest :scan tasks: the read is bounded however long the history.
+-- name: history_of_name
+SELECT status, started_at, finished_at, attempt FROM tasks
+WHERE name = :name AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+  AND id > (SELECT coalesce(max(id), 0) FROM tasks) - :scan
+ORDER BY id DESC LIMIT :limit
+
+-- The same for a batch (of one name when one is given), from the batch index.
+-- name: history_of_batch
+SELECT status, started_at, finished_at, attempt FROM tasks INDEXED BY tasks_batch
+WHERE batch = :batch AND (:name IS NULL OR name = :name) AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT')
+ORDER BY id DESC LIMIT :limit
+
+-- ---- batch settings ------------------------------------------------------------
+
+-- name: set_batch
+INSERT INTO batches (name, on_complete) VALUES (?, ?)
+ON CONFLICT (name) DO UPDATE SET on_complete = excluded.on_complete
+
+-- Batches with a callback not yet submitted (of a JSON array of names, or all).
+-- name: batches_unsettled
+SELECT name, on_complete FROM batches
+WHERE on_complete IS NOT NULL AND settled_at IS NULL
+  AND (?1 IS NULL OR name IN (SELECT value FROM json_each(?1)))
+ORDER BY name LIMIT ?2
+
+-- name: batch_active
+SELECT 1 FROM tasks
+WHERE batch = ? AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+LIMIT 1
+
+-- name: batch_settle
+UPDATE batches SET settled_at = ?, callback_id = ?
+WHERE name = ? AND settled_at IS NULL
+
 -- name: batch_durations
 SELECT finished_at - started_at FROM tasks
 WHERE batch = :batch AND finished_at IS NOT NULL AND started_at IS NOT NULL
@@ -719,3 +803,52 @@ ORDER BY id DESC LIMIT :limit
 DELETE FROM events
 WHERE at < :before
    OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
+
+
+-- ---- periodic schedules ------------------------------------------------------------
+
+-- name: save_schedule
+INSERT INTO schedules (name, task, expr, timezone, queue, group_key, overlap, catch_up, max_delay,
+                       created_at, updated_at)
+VALUES (:name, :task, :expr, :timezone, :queue, :group_key, :overlap, :catch_up, :max_delay, :now, :now)
+ON CONFLICT (name) DO UPDATE SET
+    task = excluded.task, expr = excluded.expr, timezone = excluded.timezone, queue = excluded.queue,
+    group_key = excluded.group_key, overlap = excluded.overlap, catch_up = excluded.catch_up,
+    max_delay = excluded.max_delay, updated_at = excluded.updated_at
+
+-- name: schedules
+SELECT s.name, s.task, s.expr, s.timezone, s.queue, s.group_key, s.overlap, s.catch_up, s.max_delay,
+       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status
+FROM schedules s LEFT JOIN tasks t ON t.id = s.last_task_id
+ORDER BY s.name
+
+-- The status of the task the schedule's last enqueued tick made (NULL: none, or gone).
+-- name: schedule_last_run
+SELECT s.last_task_id, t.status
+FROM schedules s LEFT JOIN tasks t ON t.id = s.last_task_id
+WHERE s.name = ?
+
+-- name: tick_claim
+INSERT INTO schedule_ticks (schedule, tick, outcome, task_id, at) VALUES (?, ?, ?, NULL, ?)
+ON CONFLICT (schedule, tick) DO NOTHING
+
+-- name: tick_skipped
+UPDATE schedule_ticks SET outcome = 'skipped' WHERE schedule = ? AND tick = ?
+
+-- name: tick_set_task
+UPDATE schedule_ticks SET task_id = ? WHERE schedule = ? AND tick = ?
+
+-- Parameters: name, tick, outcome, task_id (NULL when skipped: the last enqueued one stays).
+-- name: schedule_ticked
+UPDATE schedules SET
+    last_tick = :tick, last_outcome = :outcome,
+    last_task_id = coalesce(:task_id, last_task_id)
+WHERE name = :name AND (last_tick IS NULL OR last_tick <= :tick)
+
+-- Ticks far older than the one just written can never be tried again.
+-- name: trim_ticks
+DELETE FROM schedule_ticks WHERE schedule = ? AND tick < ?
+
+-- name: schedule_ticks
+SELECT schedule, tick, outcome, task_id, at FROM schedule_ticks
+WHERE schedule = ? ORDER BY tick DESC LIMIT ?

@@ -1,0 +1,127 @@
+"""The periodic loop: enqueue each schedule's ticks, once across the fleet.
+
+The sweeper's skeleton (a timer and one bounded store call per step), with
+no leader: every worker runs one, and the store's unique (schedule, tick)
+row lets exactly one of them enqueue each tick (``Store.fire_tick``). So a
+tick is not lost when a worker dies, and never enqueued twice when several
+are alive.
+
+The check is cheap: between ticks it only compares the clock with the next
+tick it computed; the store is asked only once a tick is due. Time comes from
+the worker's :class:`~corral.core.clock.Clock`, so a test moves cron with a
+:class:`~corral.core.clock.FakeClock`; the pause between checks is real time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+
+from corral.core.clock import SYSTEM_CLOCK, Clock
+from corral.core.cron import MAX_TICKS_PER_CHECK, SKIPPED, Schedule, TickResult, due_ticks
+from corral.errors import ConfigError
+from corral.stores.base import Store
+
+log = logging.getLogger("corral.periodic")
+
+#: Seconds between two checks of the clock (real time).
+DEFAULT_INTERVAL = 1.0
+
+
+class Scheduler:
+    """Enqueue the ticks of ``schedules`` into ``store`` as they come."""
+
+    def __init__(
+        self,
+        store: Store,
+        schedules: Sequence[Schedule],
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        interval: float = DEFAULT_INTERVAL,
+    ):
+        if interval <= 0:
+            raise ConfigError("the periodic check interval must be > 0 seconds")
+        names = [s.name for s in schedules]
+        if len(set(names)) != len(names):
+            raise ConfigError("two schedules share a name")
+        self.store = store
+        self.schedules = list(schedules)
+        self.clock = clock
+        self.interval = float(interval)
+        #: what this process's checks did, by outcome (ENQUEUED, SKIPPED, TAKEN)
+        self.counts: dict[str, int] = {}
+        self._saved = False
+        self._last_check: float | None = None
+        self._cursor: dict[str, float] = {}  # newest tick decided here, per schedule
+        self._next: dict[str, float] = {}  # when to look at the store again, per schedule
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> list[tuple[str, int, TickResult]]:
+        """One check: enqueue what is due now; returns (schedule, tick, result) per tick tried."""
+        now = self.clock.time()
+        if not self._saved:
+            self.store.save_schedules(self.schedules, now)
+            self._saved = True
+            self._last_check = now
+        last_check = self._last_check if self._last_check is not None else now
+        due = [s for s in self.schedules if self._next.get(s.name, float("-inf")) <= now]
+        out: list[tuple[str, int, TickResult]] = []
+        if due:
+            stored = {st.name: st for st in self.store.schedules()}
+            for sch in due:
+                st = stored.get(sch.name)
+                since = max(
+                    st.created_at if st is not None else now,
+                    st.last_tick if st is not None and st.last_tick is not None else float("-inf"),
+                    self._cursor.get(sch.name, float("-inf")),
+                )
+                ticks = due_ticks(sch, since, now, last_check=last_check)
+                for tick in ticks:
+                    result = self.store.fire_tick(sch, tick)
+                    self.counts[result.outcome] = self.counts.get(result.outcome, 0) + 1
+                    out.append((sch.name, tick, result))
+                    if result.outcome == SKIPPED:
+                        log.info("periodic %s: tick %d skipped, its previous run is still going", sch.name, tick)
+                        self._note_skip(sch.name, tick)
+                    if result.task_id is not None:
+                        log.debug("periodic %s: tick %d enqueued task %d", sch.name, tick, result.task_id)
+                # nothing due here again before the next tick after what was decided
+                if ticks:
+                    self._cursor[sch.name] = ticks[-1]
+                if len(ticks) >= MAX_TICKS_PER_CHECK:
+                    self._next[sch.name] = now  # a backlog (catch_up="all"): go on at the next check
+                else:
+                    self._next[sch.name] = sch.next_after(now)
+        self._last_check = now
+        return out
+
+    def _note_skip(self, name: str, tick: int) -> None:
+        """A ``periodic`` event for the skip (the tick's row already says it; this is for the event stream)."""
+        try:
+            self.store.add_event("periodic", name, json.dumps({"tick": tick, "outcome": SKIPPED}))
+        except Exception as exc:  # noqa: BLE001 - the skip is stored; the event is a courtesy
+            log.debug("periodic %s: could not log the skip: %s", name, exc)
+
+    def run(self) -> None:
+        """Check until :meth:`stop` (a store error skips one check)."""
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception as exc:  # noqa: BLE001 - an outage must not end the loop
+                log.warning("periodic check failed, will try again: %s", exc)
+            self._stop.wait(self.interval)
+
+    def start(self) -> Scheduler:
+        """Run the loop in a daemon thread; returns at once."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name="corral-periodic", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
