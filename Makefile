@@ -3,7 +3,9 @@
 #   make demo   create the virtualenv (if needed) and run the demo on SQLite
 #   make test   create the virtualenv (if needed), check lint, format and
 #               types (ruff, mypy), start a throwaway PostgreSQL on loopback
-#               (unless CORRAL_TEST_PG_URL is set) and run the whole test suite
+#               (unless CORRAL_TEST_PG_URL is set), install Debian's chromium
+#               (browser tests) and prometheus (promtool) when missing (as
+#               root), and run the whole test suite
 #   make lint   only the lint, format and type checks
 #   make clean  remove the virtualenv and build/test leftovers
 #
@@ -60,6 +62,7 @@ lint: venv
 	$(VENV)/bin/mypy
 
 test: lint
+	scripts/ensure-test-tools.sh
 	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
 
 clean:

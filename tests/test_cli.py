@@ -83,7 +83,7 @@ def assert_one_line_error(result, *needles: str) -> str:
         (["submit", "sync_sku", '["A1"]'], "missing option '--app'"),
         (["submit", "sync_sku", '["A1"]', "--app", SHOP, "--delay", "later"], "cannot parse duration"),
         (["sweep", "--stale-pending-age", "old"], "cannot parse duration"),
-        (["dashboard"], "later release"),
+        (["dashboard", "--host", "0.0.0.0"], "without --token"),
         (["plan", "--qps", "100"], "needs both --qps and --latency-ms"),
         (["plan", "--qps", "100", "--latency-ms", "200", "--safety", "3"], "safety factor"),
         (["nosuchcommand"], "no such command"),

@@ -429,6 +429,10 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
             assert conn.execute("SELECT to_regclass('corral_batches') IS NOT NULL").fetchone()[0]
             retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
             assert conn.execute(retry_index).fetchone()[0]
+            dashboard = "SELECT count(*) FROM pg_indexes WHERE indexname IN ("
+            dashboard += "'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_all',"
+            dashboard += " 'corral_tasks_batch_status')"
+            assert conn.execute(dashboard).fetchone()[0] == 4
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
             assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
             assert {"corral_schedules", "corral_schedule_ticks"} <= tables

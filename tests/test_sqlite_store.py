@@ -205,6 +205,8 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
+    assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert {"snoozes", "ref", "on_upstream_failure"} <= columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -226,22 +228,26 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events()) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4, 5, 6])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 13])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
     it (rates and breakers, no levels), as version 5 left it (no retry path
-    index) or as version 6 left it (no periodic schedules, no batch settings,
-    no graph columns) is brought up to date."""
+    index), as version 6 left it (no periodic schedules, no batch settings)
+    or as version 13 left it (no dashboard indexes); none has the graph
+    columns. Each is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
-    con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
-    con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     con.executescript("ALTER TABLE tasks DROP COLUMN ref; ALTER TABLE tasks DROP COLUMN on_upstream_failure;")
+    if version < 13:
+        con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
+        con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     if version < 6:
         con.execute("DROP INDEX tasks_retry_ready")
+    for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
+        con.execute(f"DROP INDEX {index}")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     if version == 3:

@@ -6,6 +6,7 @@
                 submit-to-start latency of one store;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
+``dashboard``   the dashboard's pages on a store of a million finished tasks;
 ``dag``         a 1 000-node graph against the most parallelism its slots allow.
 
 Each measured run happens in a child process; progress goes to stderr and
@@ -26,7 +27,8 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits` and `dag`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits`, `dashboard`
+    and `dag`."""
 
 
 class StoreParam(click.ParamType):
@@ -479,3 +481,45 @@ __all__ = ["bench", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@bench.command("dashboard")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    default="sqlite",
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
+)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--tasks", default=1_000_000, show_default=True, help="Finished tasks seeded before timing.")
+@click.option("--repeat", default=20, show_default=True, help="Fetches of each page.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+def dashboard_cmd(store: tuple[str, str | None], pg_url: str | None, tasks: int, repeat: int, as_json: bool) -> None:
+    """Dashboard pages on a store of N finished tasks: p50 and max per page."""
+    from corral.bench import dashboard as dash_bench
+
+    kind, pg_url = _store(store, pg_url)
+    if kind == "memory":
+        raise click.UsageError("the dashboard bench seeds a durable store: sqlite or postgres")
+    if tasks < 1 or repeat < 1:
+        raise click.UsageError("--tasks and --repeat must be at least 1")
+
+    def progress(done: int, total: int) -> None:
+        if not as_json:
+            click.echo(f"seeded {done:,} of {total:,} finished tasks", err=True)
+
+    with common.temp_store_url(kind, pg_url) as url:
+        report = dash_bench.run(url, tasks, repeat, progress)
+    report["store"] = kind
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    click.echo(
+        f"dashboard on {kind}, {tasks:,} finished tasks (seeded in {report['seed_s']} s; "
+        f"started with its first look in {report['start_s']} s); {repeat} fetches per page"
+    )
+    width = max(len(p["page"]) for p in report["pages"])
+    click.echo(f"{'page':<{width}}  {'p50 ms':>8}  {'max ms':>8}")
+    for p in report["pages"]:
+        click.echo(f"{p['page']:<{width}}  {p['p50_ms']:>8.1f}  {p['max_ms']:>8.1f}")

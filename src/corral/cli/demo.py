@@ -1,5 +1,5 @@
 """``corral demo`` (the scenario itself is :mod:`corral.edges.demo`) and the
-``dashboard`` placeholder."""
+``dashboard`` (served by :mod:`corral.edges.dashboard`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from corral.cli import CLIError, given_store, render, store_option, store_url_of
+from corral.cli import CLIError, given_store, open_given_store, render, store_option, store_url_of
 from corral.stores import default_url
 
 
@@ -133,6 +133,46 @@ def demo(store_url, quick, skus, merchants, workers, processes, latency_ms, qps,
 
 @click.command()
 @store_option
-def dashboard(store_url):
-    """A live web dashboard (not in this release)."""
-    raise CLIError("the dashboard comes in a later release; use `corral status` and `corral tasks` meanwhile")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (others need --token).")
+@click.option("--port", type=click.IntRange(min=0, max=65535), default=8484, show_default=True, help="Port.")
+@click.option(
+    "--token",
+    envvar="CORRAL_DASHBOARD_TOKEN",
+    default=None,
+    help="Every request must carry it (login form, or Authorization: Bearer). Also $CORRAL_DASHBOARD_TOKEN.",
+)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing (no action buttons).")
+def dashboard(store_url, host, port, token, read_only):
+    """A live web dashboard of the store, with actions and /metrics."""
+    try:
+        from corral.edges.dashboard import check_bind, serve
+    except ImportError:
+        raise CLIError("the dashboard needs its extra: pip install 'corral[dashboard]'") from None
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise CLIError("the dashboard needs its extra: pip install 'corral[dashboard]'") from None
+    check_bind(host, token)  # before the store is opened: a refused bind stores nothing
+    _check_free(host, port)
+    store = open_given_store(store_url)
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"corral dashboard of {store.url} on http://{shown}:{port}/ (Ctrl-C to stop)")
+    serve(store, host=host, port=port, token=token, read_only=read_only)
+
+
+def _check_free(host: str, port: int) -> None:
+    """Fail in one line when the address cannot be listened on (in use, or not this machine's)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CLIError(f"cannot listen on {host}:{port}: {exc}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

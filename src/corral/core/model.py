@@ -178,9 +178,15 @@ class TaskFilter:
     name: str | None = None
     #: Only tasks whose error starts with this (e.g. the sweeper's stale-pending reason).
     error_prefix: str | None = None
+    trace_id: str | None = None
+    #: the idempotency key given at submit
+    key: str | None = None
     limit: int = 100
     offset: int = 0
     newest_first: bool = True
+    #: keyset paging: only ids below this one (with ``newest_first``), above it otherwise;
+    #: a page costs the same however deep it is
+    after_id: int | None = None
 
 
 @dataclass(slots=True)

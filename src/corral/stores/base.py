@@ -188,6 +188,36 @@ def schedule_state(row: Sequence[Any]) -> ScheduleState:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedTask:
+    """A finished task as the dashboard's charts read it: what ran, how it ended, how long."""
+
+    id: int
+    name: str
+    queue: str
+    status: str
+    started_at: float | None
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLine:
+    """A group with work still in its line: how much, and its head (who holds it)."""
+
+    group: str
+    backlog: int  # tasks still occupying the line (head included)
+    head_id: int
+    head_name: str
+    head_status: str
+    head_worker: str | None
+    head_error: str | None
+
+    @property
+    def blocked(self) -> bool:
+        """The head failed and halts its group, or waits to be retried: nothing behind it moves."""
+        return self.head_status in (State.FAILED.value, State.RETRYING.value, State.TIMEOUT.value)
+
+
 #: Final states that make a dead letter (CANCELED is an operator's choice, not a failure).
 DEAD = (State.FAILED, State.TIMEOUT)
 
@@ -392,6 +422,30 @@ class Store(abc.ABC):
         never the history of finished tasks."""
         counts = self.counts()
         return {s.value: counts[s.value] for s in ACTIVE if counts.get(s.value)}
+
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        """Unfinished tasks per queue and state (read from a partial index of live rows)."""
+        raise NotImplementedError
+
+    def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
+        """Groups with tasks still in their line, blocked ones first, then by name.
+
+        Read from the index of live group lines: the cost follows live groups,
+        never finished history."""
+        raise NotImplementedError
+
+    def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
+        """Batches by name (those after ``after``), each with its tasks per state.
+
+        Keyset paging by name; each batch is counted from the batch index alone."""
+        raise NotImplementedError
+
+    def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
+        """Up to ``limit`` tasks finished at or after ``since``, by (finished_at, id).
+
+        Read from an index on ``finished_at``, so looking at the last minutes
+        costs the same on a store with a million finished tasks."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def cancel(self, task_id: int) -> TaskRecord | None:

@@ -42,7 +42,18 @@ from corral.core.stats import percentile
 from corral.core.validation import retry_cap
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
-from corral.stores.base import DEAD, BatchSummary, Event, FleetLevel, HeartbeatReply, Rescue, Store, SweepRow
+from corral.stores.base import (
+    DEAD,
+    BatchSummary,
+    Event,
+    FinishedTask,
+    FleetLevel,
+    GroupLine,
+    HeartbeatReply,
+    Rescue,
+    Store,
+    SweepRow,
+)
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 
 
@@ -529,6 +540,9 @@ class MemoryStore(Store):
                 and (flt.group is None or t.group == flt.group)
                 and (flt.name is None or t.name == flt.name)
                 and (flt.error_prefix is None or (t.error or "").startswith(flt.error_prefix))
+                and (flt.trace_id is None or t.trace_id == flt.trace_id)
+                and (flt.key is None or t.key == flt.key)
+                and (flt.after_id is None or (t.id < flt.after_id if flt.newest_first else t.id > flt.after_id))
             ]
             rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
             return [replace(t) for t in rows[flt.offset : flt.offset + flt.limit]]
@@ -542,6 +556,49 @@ class MemoryStore(Store):
                 if t.queue == queue:
                     out[t.status.value] = out.get(t.status.value, 0) + 1
         return out
+
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for t in self._tasks.values():
+                if t.status in ACTIVE:
+                    per = out.setdefault(t.queue, {})
+                    per[t.status.value] = per.get(t.status.value, 0) + 1
+        return out
+
+    def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
+        lines: dict[str, list[TaskRecord]] = {}
+        with self._lock:
+            for t in self._tasks.values():
+                if t.group is not None and (
+                    t.status in ACTIVE or (t.status is State.FAILED and t.halt_group_on_failure)
+                ):
+                    lines.setdefault(t.group, []).append(t)
+            out = []
+            for g, ts in lines.items():
+                head = min(ts, key=lambda t: t.id)
+                out.append(GroupLine(g, len(ts), head.id, head.name, head.status.value, head.worker_id, head.error))
+        out.sort(key=lambda gl: (not gl.blocked, gl.group))
+        return out[offset : offset + limit]
+
+    def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
+        per: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for t in self._tasks.values():
+                if t.batch is not None and (after is None or t.batch > after):
+                    c = per.setdefault(t.batch, {})
+                    c[t.status.value] = c.get(t.status.value, 0) + 1
+        return [(b, per[b]) for b in sorted(per)[:limit]]
+
+    def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
+        with self._lock:
+            rows = [
+                FinishedTask(t.id, t.name, t.queue, t.status.value, t.started_at, t.finished_at)
+                for t in self._tasks.values()
+                if t.finished_at is not None and t.finished_at >= since
+            ]
+        rows.sort(key=lambda r: (r.finished_at, r.id), reverse=newest_first)
+        return rows[:limit]
 
     def cancel(self, task_id: int) -> TaskRecord | None:
         with self._lock:

@@ -77,7 +77,9 @@ from corral.stores.base import (
     STILL_GOING,
     TICKS_KEPT_SECONDS,
     Event,
+    FinishedTask,
     FleetLevel,
+    GroupLine,
     HeartbeatReply,
     Rescue,
     SweepRow,
@@ -130,8 +132,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 14
+#: 14: the dashboard's indexes; 15: graph columns (ref, on_upstream_failure).
+SCHEMA_VERSION = 15
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -822,7 +824,14 @@ class PostgresStore(SqlStore):
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
-        for attr, col in (("queue", "queue"), ("batch", "batch"), ("group", "group_key"), ("name", "name")):
+        for attr, col in (
+            ("queue", "queue"),
+            ("batch", "batch"),
+            ("group", "group_key"),
+            ("name", "name"),
+            ("trace_id", "trace_id"),
+            ("key", "idem_key"),
+        ):
             value = getattr(flt, attr)
             if value is not None:
                 where.append(f"{col} = %({attr})s")
@@ -834,6 +843,9 @@ class PostgresStore(SqlStore):
             where.append("substr(error, 1, %(plen)s) = %(prefix)s")
             params["plen"] = len(flt.error_prefix)
             params["prefix"] = flt.error_prefix
+        if flt.after_id is not None:
+            where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
+            params["after_id"] = flt.after_id
         sql = "SELECT * FROM corral_tasks"
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -853,6 +865,33 @@ class PostgresStore(SqlStore):
         else:
             rows = self._fetchall("counts_queue", {"queue": queue})
         return {status: n for status, n in rows}
+
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for queue, status, n in self._fetchall("queue_counts"):
+            per = out.setdefault(queue, {})
+            per[status] = per.get(status, 0) + n
+        return out
+
+    def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
+        rows = self._fetchall("group_lines", {"limit": max(0, limit), "offset": max(0, offset)})
+        return [GroupLine(*r) for r in rows]
+
+    def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
+        def go(conn):
+            names = [r[0] for r in conn.execute(self._q["batch_names"], {"after": after or "", "limit": limit})]
+            if after is None and limit > 0 and conn.execute(self._q["batch_empty_name"]).fetchone():
+                names = [""] + names[: limit - 1]  # '' itself is a name: min(batch) > '' skips it
+            per: dict[str, dict[str, int]] = {b: {} for b in names}
+            for b, status, n in conn.execute(self._q["batch_status_counts"], {"batches": names}):
+                per[b][status] = n
+            return [(b, per[b]) for b in names]
+
+        return self._run(go)
+
+    def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
+        q = "recent_finished_desc" if newest_first else "recent_finished"
+        return [FinishedTask(*r) for r in self._fetchall(q, {"since": since, "limit": max(0, limit)})]
 
     def active_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -890,12 +929,14 @@ class PostgresStore(SqlStore):
     # ---- dead letters ------------------------------------------------------------
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
-        return [_record(r) for r in self._fetchall("dead_letters", params, dicts=True)]
+        q = "dead_letters" if batch is None else "dead_letters_batch"
+        return [_record(r) for r in self._fetchall(q, params, dicts=True)]
 
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         def go(conn):
             with conn.transaction():
-                rows = conn.execute(self._q["dead_ids"], {"batch": batch, "limit": max(0, limit)}).fetchall()
+                q = self._q["dead_ids" if batch is None else "dead_ids_batch"]
+                rows = conn.execute(q, {"batch": batch, "limit": max(0, limit)}).fetchall()
                 if not rows:
                     return []
                 groups = sorted({g for _, g in rows if g is not None})

@@ -105,7 +105,9 @@ from corral.stores.base import (
     STILL_GOING,
     TICKS_KEPT_SECONDS,
     Event,
+    FinishedTask,
     FleetLevel,
+    GroupLine,
     HeartbeatReply,
     Rescue,
     SweepRow,
@@ -121,10 +123,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
 #: 5: the dead-letter index, the fleet_control row and the events log;
 #: 7: periodic schedules and their ticks;
-#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks.
+#: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
+#: 14: the dashboard's indexes; 15: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -1056,6 +1059,8 @@ class SQLiteStore(SqlStore):
             ("batch", flt.batch),
             ("group_key", flt.group),
             ("name", flt.name),
+            ("trace_id", flt.trace_id),
+            ("idem_key", flt.key),
         ):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -1063,6 +1068,9 @@ class SQLiteStore(SqlStore):
         if flt.error_prefix is not None:
             where.append("substr(error, 1, ?) = ?")
             params += [len(flt.error_prefix), flt.error_prefix]
+        if flt.after_id is not None:
+            where.append("id < ?" if flt.newest_first else "id > ?")
+            params.append(flt.after_id)
         sql = Q["select_tasks"]
         if where:
             sql += " WHERE " + " AND ".join(where)
@@ -1084,6 +1092,34 @@ class SQLiteStore(SqlStore):
     @_guard
     def active_counts(self) -> dict[str, int]:
         return {status: n for status, n in self._con().execute(Q["active_counts"]) if n}
+
+    @_guard
+    def queue_counts(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for queue, status, n in self._con().execute(Q["queue_counts"]):
+            out.setdefault(queue, {})[status] = n
+        return out
+
+    @_guard
+    def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
+        with self._read() as con:
+            rows = con.execute(Q["group_lines"], (max(0, limit), max(0, offset))).fetchall()
+        return [GroupLine(*r) for r in rows]
+
+    @_guard
+    def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
+        with self._read() as con:
+            names = [r[0] for r in con.execute(Q["batch_names"], (after if after is not None else "", limit))]
+            if after is None and limit > 0:  # '' itself is a name: min(batch) > '' skips it
+                if con.execute(Q["batch_empty_name"]).fetchone():
+                    names = [""] + names[: limit - 1]
+            return [(b, {st: n for st, n in con.execute(Q["batch_status_counts"], (b,))}) for b in names]
+
+    @_guard
+    def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
+        q = Q["recent_finished_desc" if newest_first else "recent_finished"]
+        with self._read() as con:
+            return [FinishedTask(*r) for r in con.execute(q, (since, max(0, limit)))]
 
     @_guard
     def cancel(self, task_id: int) -> TaskRecord | None:
@@ -1118,12 +1154,14 @@ class SQLiteStore(SqlStore):
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
         with self._read() as con:
-            return self._records(con, _task_cursor(con).execute(Q["dead_letters"], params).fetchall())
+            q = Q["dead_letters" if batch is None else "dead_letters_batch"]
+            return self._records(con, _task_cursor(con).execute(q, params).fetchall())
 
     @_guard
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         with self._write() as con:
-            ids = [r[0] for r in con.execute(Q["dead_ids"], {"batch": batch, "limit": max(0, limit)})]
+            q = Q["dead_ids" if batch is None else "dead_ids_batch"]
+            ids = [r[0] for r in con.execute(q, {"batch": batch, "limit": max(0, limit)})]
             now = self._clock.time()
             groups: set[str | None] = set()
             for tid in ids:

@@ -294,7 +294,7 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
--- name: migration_0014
+-- name: migration_0015
 -- Task graphs: a task's local name in the graph it was submitted with, and
 -- what an upstream's bad end does to it ('cancel', or 'run' anyway).
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
@@ -347,6 +347,19 @@ CREATE TABLE IF NOT EXISTS corral_schedule_ticks (
     at       double precision NOT NULL,
     PRIMARY KEY (schedule, tick)
 );
+
+-- name: migration_0014
+-- The dashboard's reads: tasks by finish time (the charts read the last
+-- minutes); search by trace id and by group in any state; a batch's tasks per
+-- state counted from the index alone.
+CREATE INDEX IF NOT EXISTS corral_tasks_finished ON corral_tasks (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_trace ON corral_tasks (trace_id)
+    WHERE trace_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
+    WHERE batch IS NOT NULL;
 
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
@@ -1077,6 +1090,18 @@ SELECT * FROM corral_tasks
 WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
 ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
 
+-- name: dead_letters_batch
+-- One batch's dead letters, from the batch index: the cost follows the batch,
+-- not every dead letter of the store.
+SELECT * FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: dead_ids_batch
+SELECT id, group_key FROM corral_tasks
+WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT %(limit)s;
+
 -- name: dead_ids
 SELECT id, group_key FROM corral_tasks
 WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
@@ -1143,6 +1168,58 @@ DELETE FROM corral_events
 WHERE at < %(before)s::float8
    OR id <= (SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s);
 
+-- ---- the dashboard's reads ----------------------------------------------------
+
+-- name: queue_counts
+-- Unfinished tasks per queue and state, each part matching a partial index
+-- active_counts reads (live rows only): no index of its own, so no write pays for it.
+SELECT queue, status, count(*) FROM corral_tasks
+WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*) FROM corral_tasks
+WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL GROUP BY queue, status
+UNION ALL
+SELECT queue, 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING' GROUP BY queue
+UNION ALL
+SELECT queue, 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING' GROUP BY queue;
+
+-- name: group_lines
+-- Groups with a live line (the group-block index), blocked heads first; the
+-- head is the line's smallest id.
+SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM corral_tasks
+      WHERE group_key IS NOT NULL
+        AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+             OR (status = 'FAILED' AND halt_group_on_failure))
+      GROUP BY group_key) AS l
+JOIN corral_tasks AS h ON h.id = l.head
+ORDER BY h.status IN ('FAILED', 'RETRYING', 'TIMEOUT') DESC, l.group_key
+LIMIT %(limit)s OFFSET %(offset)s;
+
+-- name: batch_names
+-- The next batch names after %(after)s, one index seek each (a loose index
+-- scan), so a page costs the same however many tasks the batches hold.
+WITH RECURSIVE b(name, k) AS (
+    SELECT (SELECT min(batch) FROM corral_tasks WHERE batch > %(after)s), 1
+    UNION ALL
+    SELECT (SELECT min(batch) FROM corral_tasks WHERE batch > b.name), k + 1
+    FROM b WHERE b.name IS NOT NULL AND k < %(limit)s
+)
+SELECT name FROM b WHERE name IS NOT NULL;
+
+-- name: batch_empty_name
+SELECT 1 FROM corral_tasks WHERE batch = '' LIMIT 1;
+
+-- name: batch_status_counts
+SELECT batch, status, count(*) FROM corral_tasks WHERE batch = ANY(%(batches)s::text[]) GROUP BY batch, status;
+
+-- name: recent_finished
+SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
+WHERE finished_at >= %(since)s ORDER BY finished_at, id LIMIT %(limit)s;
+
+-- name: recent_finished_desc
+SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
+WHERE finished_at >= %(since)s ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
 -- ---- periodic schedules ------------------------------------------------------------
 

@@ -233,6 +233,26 @@ CREATE TABLE IF NOT EXISTS schedule_ticks (
     PRIMARY KEY (schedule, tick)
 ) WITHOUT ROWID;
 
+-- The dashboard's reads (schema 14). Tasks by the time they finished: the
+-- charts read the last minutes only.
+CREATE INDEX IF NOT EXISTS tasks_finished
+    ON tasks (finished_at)
+    WHERE finished_at IS NOT NULL;
+
+-- Search by trace id and by group (any state), newest first by id.
+CREATE INDEX IF NOT EXISTS tasks_trace
+    ON tasks (trace_id)
+    WHERE trace_id IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS tasks_group_all
+    ON tasks (group_key)
+    WHERE group_key IS NOT NULL;
+
+-- A batch's tasks per state, counted from the index alone.
+CREATE INDEX IF NOT EXISTS tasks_batch_status
+    ON tasks (batch, status)
+    WHERE batch IS NOT NULL;
+
 -- Columns of schema version 4 (flow control); each is added only when missing.
 -- name: columns_v4
 ALTER TABLE tasks ADD COLUMN snoozes INTEGER NOT NULL DEFAULT 0;
@@ -754,6 +774,18 @@ SELECT * FROM tasks INDEXED BY tasks_dead
 WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
 ORDER BY id LIMIT :limit OFFSET :offset
 
+-- One batch's dead letters, from the batch index: the cost follows the batch,
+-- not every dead letter of the store.
+-- name: dead_letters_batch
+SELECT * FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT :limit OFFSET :offset
+
+-- name: dead_ids_batch
+SELECT id FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT')
+ORDER BY id LIMIT :limit
+
 -- name: dead_ids
 SELECT id FROM tasks INDEXED BY tasks_dead
 WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
@@ -804,6 +836,56 @@ DELETE FROM events
 WHERE at < :before
    OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
 
+-- ---- the dashboard's reads --------------------------------------------------------
+
+-- Unfinished tasks per queue and state, each part read from the partial index
+-- active_counts reads (live rows only; the queue from each row): no index of
+-- its own, so no write pays for it.
+-- name: queue_counts
+SELECT queue, status, count(*) FROM tasks INDEXED BY tasks_queued_run_at
+WHERE status IN ('PENDING', 'RETRYING') GROUP BY queue, status
+UNION ALL
+SELECT queue, 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING' GROUP BY queue
+UNION ALL
+SELECT queue, 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING' GROUP BY queue
+
+-- Groups with a live line (the line index), blocked heads first. The head is
+-- the line's smallest id.
+-- name: group_lines
+SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM tasks INDEXED BY tasks_group_line
+      WHERE group_key IS NOT NULL
+        AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+             OR (status = 'FAILED' AND halt_group_on_failure = 1))
+      GROUP BY group_key) AS l
+JOIN tasks AS h ON h.id = l.head
+ORDER BY h.status IN ('FAILED', 'RETRYING', 'TIMEOUT') DESC, l.group_key
+LIMIT ? OFFSET ?
+
+-- The next batch names after ?1, one index seek each (a loose index scan),
+-- so a page costs the same however many tasks the batches hold.
+-- name: batch_names
+WITH RECURSIVE b(name, k) AS (
+    SELECT (SELECT min(batch) FROM tasks INDEXED BY tasks_batch_status WHERE batch > ?1), 1
+    UNION ALL
+    SELECT (SELECT min(batch) FROM tasks INDEXED BY tasks_batch_status WHERE batch > b.name), k + 1
+    FROM b WHERE b.name IS NOT NULL AND k < ?2
+)
+SELECT name FROM b WHERE name IS NOT NULL
+
+-- name: batch_empty_name
+SELECT 1 FROM tasks INDEXED BY tasks_batch_status WHERE batch = ''
+
+-- name: batch_status_counts
+SELECT status, count(*) FROM tasks INDEXED BY tasks_batch_status WHERE batch = ? GROUP BY status
+
+-- name: recent_finished
+SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
+WHERE finished_at >= ? ORDER BY finished_at, id LIMIT ?
+
+-- name: recent_finished_desc
+SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
+WHERE finished_at >= ? ORDER BY finished_at DESC, id DESC LIMIT ?
 
 -- ---- periodic schedules ------------------------------------------------------------
 

@@ -1,0 +1,585 @@
+"""The dashboard's web application (Starlette): pages, the live stream, actions, /metrics.
+
+Security rules, all enforced here:
+
+- Without a token it answers only requests addressed to a loopback name
+  (the Host header), so another site cannot reach it by DNS rebinding.
+- With a token, every request but the login form and the static files must
+  carry it (``Authorization: Bearer T`` or the cookie the login form sets).
+- Actions are POSTs carrying a CSRF token (a per-process secret) both in a
+  form field and in a cookie (double submit); anything else is refused with
+  403 and changes nothing. ``read_only`` hides the forms and refuses every POST.
+- Templates autoescape every value; the script writes with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import anyio
+from jinja2 import Environment, FileSystemLoader
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from corral.core.breaker import BreakerState
+from corral.core.levels import Level
+from corral.core.model import TaskFilter, TaskRecord, loads
+from corral.core.states import ACTIVE, State
+from corral.edges.dashboard.sampler import Sampler, fmt_seconds
+from corral.errors import CorralError
+from corral.stores.base import DEAD, Store, batch_status
+
+HERE = Path(__file__).parent
+PAGE = 50
+BATCH_PAGE = 20
+#: Characters of args, results and checkpoints shown on a task's page.
+SHOWN = 2000
+TOKEN_COOKIE = "corral_token"
+CSRF_COOKIE = "corral_csrf"
+#: No inline script may run (an escaped value can never become one anyway); no framing.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline';"
+    " img-src 'self' data:; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+FINAL_STATES = (State.FAILED.value, State.TIMEOUT.value, State.CANCELED.value)
+
+
+def truncate(text: str | None, n: int = SHOWN) -> str:
+    if text is None:
+        return ""
+    return text if len(text) <= n else text[:n] + f"… ({len(text) - n} more characters)"
+
+
+def when(ts: float | None) -> str:
+    import datetime as dt
+
+    if ts is None:
+        return "–"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _same(a: str | None, b: str) -> bool:
+    return a is not None and hmac.compare_digest(a.encode(), b.encode())
+
+
+def _safe_next(target: str | None, default: str = "/") -> str:
+    """Only a path of this site (never //host or a scheme), so a form cannot redirect away."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return default
+
+
+class Dashboard:
+    """The state one dashboard process holds: its store, sampler, secrets and templates."""
+
+    def __init__(self, store: Store, *, token: str | None = None, read_only: bool = False, interval: float = 1.0):
+        self.store = store
+        self.token = token
+        self.read_only = read_only
+        self.csrf = secrets.token_urlsafe(32)
+        self.sampler = Sampler(store, interval)
+        self.interval = interval
+        self.stopping = False
+        self.env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True)
+        self.env.filters["when"] = when
+        self.env.filters["seconds"] = fmt_seconds
+        self.env.filters["truncate_text"] = truncate
+        self.env.globals["urlq"] = lambda v: quote(str(v), safe="")
+        self._registry: Any = None
+
+    # ---- rendering --------------------------------------------------------------------
+    def page(self, request: Request, template: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.update(
+            request=request,
+            read_only=self.read_only,
+            csrf=self.csrf,
+            here=request.url.path + (("?" + request.url.query) if request.url.query else ""),
+            msg=request.query_params.get("msg", ""),
+            snap=self.sampler.snapshot(),
+        )
+        html = self.env.get_template(template).render(**ctx)
+        resp = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
+        self._set_csrf_cookie(resp)
+        return resp
+
+    def _set_csrf_cookie(self, resp: Response) -> None:
+        resp.set_cookie(CSRF_COOKIE, self.csrf, httponly=True, samesite="strict")
+
+    # ---- authentication -----------------------------------------------------------------
+    def authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer ") and _same(header[7:].strip(), self.token):
+            return True
+        return _same(request.cookies.get(TOKEN_COOKIE), self.token)
+
+    async def check_csrf(self, request: Request) -> dict[str, str] | None:
+        """The form when the POST carries the right CSRF token in its form and its cookie; else None."""
+        form = await request.form()
+        fields = {k: v for k, v in form.items() if isinstance(v, str)}
+        if _same(fields.get("csrf"), self.csrf) and _same(request.cookies.get(CSRF_COOKIE), self.csrf):
+            return fields
+        return None
+
+    # ---- metrics -------------------------------------------------------------------------
+    def metrics_text(self) -> bytes:
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from corral.edges.metrics import StoreCollector
+
+        if self._registry is None:
+            self._registry = CollectorRegistry()
+            self._registry.register(StoreCollector(self.store))
+        return generate_latest(self._registry)
+
+
+def _loopback_host(header: str) -> bool:
+    from corral.edges.dashboard import is_loopback
+
+    host = header.strip()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return is_loopback(host)
+
+
+class AuthMiddleware(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: Callable) -> Response:
+        dash: Dashboard = request.app.state.dash
+        path = request.url.path
+        if dash.token is None and not _loopback_host(request.headers.get("host", "")):
+            # without a token only this machine may talk to it: a page elsewhere whose
+            # name was pointed at 127.0.0.1 (DNS rebinding) sends its own Host name
+            return PlainTextResponse("refused: this dashboard answers loopback addresses only", status_code=403)
+        if path in ("/login", "/healthz") or path.startswith("/static/") or dash.authorized(request):
+            return await call_next(request)
+        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+            return RedirectResponse("/login?" + urlencode({"next": _safe_next(path)}), status_code=303)
+        return PlainTextResponse("refused: this dashboard needs its token", status_code=401)
+
+
+# ---- pages ---------------------------------------------------------------------------------
+def _dash(request: Request) -> Dashboard:
+    return request.app.state.dash
+
+
+def _int(value: str | None, default: int | None = None) -> int | None:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def overview(request: Request) -> Response:
+    d = _dash(request)
+    try:
+        events = d.store.events(limit=20)
+    except NotImplementedError:
+        events = []
+    return d.page(request, "overview.html", title="Overview", events=events, levels=list(Level))
+
+
+def queues(request: Request) -> Response:
+    d = _dash(request)
+    rows = []
+    for q, c in sorted(d.store.queue_counts().items()):
+        rows.append({"queue": q, **{s.value: c.get(s.value, 0) for s in ACTIVE}})
+    return d.page(request, "queues.html", title="Queues", rows=rows)
+
+
+def groups(request: Request) -> Response:
+    d = _dash(request)
+    offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
+    lines = d.store.group_lines(limit=PAGE + 1, offset=offset)
+    more = len(lines) > PAGE
+    return d.page(
+        request,
+        "groups.html",
+        title="Groups",
+        lines=lines[:PAGE],
+        offset=offset,
+        next_offset=offset + PAGE if more else None,
+        prev_offset=max(0, offset - PAGE) if offset else None,
+    )
+
+
+def limits(request: Request) -> Response:
+    d = _dash(request)
+    usage = d.store.limit_usage()
+    specs = sorted(d.store.limits().values(), key=lambda s: s.name)
+    breakers = sorted(d.store.breakers().items())
+    events = d.store.breaker_events(limit=20)
+    return d.page(
+        request,
+        "limits.html",
+        title="Limits and breakers",
+        specs=specs,
+        usage=usage,
+        breakers=breakers,
+        events=events,
+        now=d.store.now(),
+    )
+
+
+def _batch_row(name: str, counts: dict[str, int]) -> dict[str, Any]:
+    total = sum(counts.values()) or 1
+    parts = [
+        (s, counts.get(s, 0), 100.0 * counts.get(s, 0) / total)
+        for s in ("SUCCESS", "FAILED", "TIMEOUT", "CANCELED", "RUNNING", "RETRYING")
+    ]
+    final = sum(counts.get(s.value, 0) for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED))
+    return {
+        "name": name,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "status": batch_status(counts),
+        "done_pct": 100.0 * final / total,
+        "parts": [p for p in parts if p[1]],
+    }
+
+
+def batches(request: Request) -> Response:
+    d = _dash(request)
+    after = request.query_params.get("after")
+    rows = d.store.batch_list(after=after, limit=BATCH_PAGE + 1)
+    more = len(rows) > BATCH_PAGE
+    rows = rows[:BATCH_PAGE]
+    return d.page(
+        request,
+        "batches.html",
+        title="Batches",
+        rows=[_batch_row(b, c) for b, c in rows],
+        next_after=rows[-1][0] if more and rows else None,
+        first=after is not None,
+    )
+
+
+def batch_detail(request: Request) -> Response:
+    d = _dash(request)
+    name = request.path_params["name"]
+    summary = d.store.batch_summary(name)
+    if summary.total == 0:
+        return d.page(request, "error.html", status_code=404, title="Not found", error=f"no batch named {name!r}")
+    dead = d.store.dead_letters(batch=name, limit=PAGE)
+    return d.page(
+        request,
+        "batch.html",
+        title=f"Batch {name}",
+        s=summary,
+        row=_batch_row(name, summary.counts),
+        dead=dead,
+    )
+
+
+def _checkpoints(rec: TaskRecord) -> list[tuple[str, str]]:
+    if not rec.checkpoint:
+        return []
+    try:
+        data = loads(rec.checkpoint)
+    except ValueError:
+        return [("(unreadable)", truncate(rec.checkpoint))]
+    if not isinstance(data, dict):
+        return [("(checkpoint)", truncate(rec.checkpoint))]
+    return [(str(k), truncate(json.dumps(v, ensure_ascii=False))) for k, v in data.items()]
+
+
+def task_detail(request: Request) -> Response:
+    d = _dash(request)
+    tid = _int(request.path_params["task_id"])
+    rec = d.store.get(tid) if tid is not None else None
+    if rec is None:
+        return d.page(request, "error.html", status_code=404, title="Not found", error=f"no task {tid}")
+    timeline = [("submitted", rec.created_at, "")]
+    if rec.run_at and rec.run_at > rec.created_at + 0.001:
+        timeline.append(("due", rec.run_at, "may run from here" if rec.status.value != "RETRYING" else "retry due"))
+    if rec.started_at:
+        timeline.append(("started", rec.started_at, f"attempt {rec.attempt}"))
+    if rec.finished_at:
+        timeline.append(("finished", rec.finished_at, rec.status.value))
+    try:
+        for ev in d.store.events(limit=200):
+            if ev.subject == str(rec.id):
+                timeline.append((ev.kind, ev.at, truncate(ev.data, 300)))
+    except NotImplementedError:
+        pass
+    timeline.sort(key=lambda t: t[1])
+    duration = rec.finished_at - rec.started_at if rec.finished_at and rec.started_at else None
+    return d.page(
+        request,
+        "task.html",
+        title=f"Task {rec.id}",
+        live_task=rec.id,
+        t=rec,
+        status=rec.status.value,
+        checkpoints=_checkpoints(rec),
+        timeline=timeline,
+        duration=duration,
+        cancellable=rec.status in ACTIVE,
+        retryable=rec.status.value in FINAL_STATES,
+    )
+
+
+def _task_list_page(request: Request, template: str, title: str, rows: list[TaskRecord], **ctx: Any) -> Response:
+    d = _dash(request)
+    more = len(rows) > PAGE
+    rows = rows[:PAGE]
+    params = {k: v for k, v in request.query_params.items() if k != "after"}
+    next_url = None
+    if more and rows:
+        next_url = request.url.path + "?" + urlencode({**params, "after": rows[-1].id})
+    return d.page(request, template, title=title, rows=rows, next_url=next_url, **ctx)
+
+
+def tasks(request: Request) -> Response:
+    d = _dash(request)
+    after = _int(request.query_params.get("after"))
+    rows = d.store.list_tasks(TaskFilter(limit=PAGE + 1, after_id=after))
+    return _task_list_page(request, "tasks.html", "Tasks", rows, heading="Newest tasks")
+
+
+def dead(request: Request) -> Response:
+    d = _dash(request)
+    batch = request.query_params.get("batch") or None
+    offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
+    rows = d.store.dead_letters(batch=batch, limit=PAGE + 1, offset=offset)
+    more = len(rows) > PAGE
+    params = {k: v for k, v in request.query_params.items() if k != "offset"}
+    return d.page(
+        request,
+        "dead.html",
+        title="Dead letters",
+        rows=rows[:PAGE],
+        batch=batch,
+        next_url=request.url.path + "?" + urlencode({**params, "offset": offset + PAGE}) if more else None,
+        prev_url=request.url.path + "?" + urlencode({**params, "offset": max(0, offset - PAGE)}) if offset else None,
+    )
+
+
+SEARCH_BY = ("any", "id", "trace", "key", "batch", "group")
+
+
+def search(request: Request) -> Response:
+    d = _dash(request)
+    q = (request.query_params.get("q") or "").strip()
+    by = request.query_params.get("by") or "any"
+    if by not in SEARCH_BY:
+        by = "any"
+    after = _int(request.query_params.get("after"))
+    rows: list[TaskRecord] = []
+    if q:
+        found: dict[int, TaskRecord] = {}
+        if by in ("any", "id") and q.isdigit():
+            rec = d.store.get(int(q))
+            if rec is not None and (after is None or rec.id < after):
+                found[rec.id] = rec
+        fields = {"trace": "trace_id", "key": "key", "batch": "batch", "group": "group"}
+        for name, attr in fields.items():
+            if by in ("any", name):
+                flt = TaskFilter(limit=PAGE + 1, after_id=after)
+                setattr(flt, attr, q)
+                for rec in d.store.list_tasks(flt):
+                    found[rec.id] = rec
+        rows = sorted(found.values(), key=lambda r: r.id, reverse=True)
+    return _task_list_page(request, "search.html", "Search", rows, q=q, by=by, choices=SEARCH_BY)
+
+
+# ---- actions --------------------------------------------------------------------------------
+async def action(request: Request) -> Response:
+    d = _dash(request)
+    if d.read_only:
+        return PlainTextResponse("refused: this dashboard is read-only", status_code=403)
+    form = await d.check_csrf(request)
+    if form is None:
+        return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
+    what = request.path_params["what"]
+    back = _safe_next(form.get("next"))
+    try:
+        msg = await anyio.to_thread.run_sync(_do_action, d.store, what, form)
+    except (CorralError, ValueError) as exc:
+        msg = f"{what} refused: {exc}"
+    if msg is None:
+        return PlainTextResponse("unknown action", status_code=404)
+    sep = "&" if "?" in back else "?"
+    return RedirectResponse(back + sep + urlencode({"msg": msg}), status_code=303)
+
+
+def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
+    if what == "cancel":
+        tid = int(form.get("task_id", ""))
+        rec = store.cancel(tid)
+        if rec is None:
+            return f"no task {tid}"
+        if rec.status is State.RUNNING:
+            return f"task {tid}: cancel asked; its worker stops it"
+        return f"task {tid} is {rec.status.value}"
+    if what == "retry":
+        tid = int(form.get("task_id", ""))
+        return f"task {tid} queued again" if store.retry(tid) else f"task {tid} cannot be retried in its state"
+    if what == "retry-dead":
+        batch = form.get("batch") or None
+        ids = store.retry_dead(batch=batch)
+        where = f" of batch {batch}" if batch is not None else ""
+        return f"{len(ids)} dead letters{where} queued again"
+    if what == "breaker":
+        name, state = form.get("name", ""), form.get("state", "")
+        target = {"open": BreakerState.OPEN, "close": BreakerState.CLOSED}.get(state)
+        if target is None:
+            raise ValueError("state must be open or close")
+        store.force_breaker(name, target, form.get("reason") or f"{state}ed from the dashboard")
+        return f"breaker {name} {'opened' if target is BreakerState.OPEN else 'closed'}"
+    if what == "level":
+        from corral.flow.levels import set_level
+
+        lv = set_level(store, form.get("level", ""), reason=form.get("reason") or "set from the dashboard")
+        if (form.get("level") or "").strip().lower() == "auto":
+            return "level handed back to the automatic rules"
+        return f"level set to L{lv.value} {lv.name} by hand"
+    return None
+
+
+# ---- live stream, JSON, metrics, login ----------------------------------------------------------
+def _task_live(store: Store, tid: int) -> dict[str, Any] | None:
+    rec = store.get(tid)
+    if rec is None:
+        return None
+    return {
+        "id": rec.id,
+        "status": rec.status.value,
+        "attempt": str(rec.attempt),
+        "progress": "–" if rec.progress is None else f"{rec.progress:.0%}",
+        "progress_value": rec.progress,
+        "progress_message": rec.progress_message or "",
+        "error": rec.error or "",
+    }
+
+
+async def stream(request: Request) -> Response:
+    """Server-sent events: ``snapshot`` every second, ``event`` for each new store event,
+    ``task`` with the watched task's state (``?task=ID``)."""
+    d = _dash(request)
+    tid = _int(request.query_params.get("task"))
+
+    async def gen() -> AsyncIterator[str]:
+        last_event = None
+        try:
+            evs = await anyio.to_thread.run_sync(lambda: d.store.events(limit=1))
+            last_event = evs[0].id if evs else 0
+        except NotImplementedError:
+            pass
+        yield "retry: 2000\n\n"
+        while not d.stopping:
+            snap = d.sampler.snapshot()
+            yield f"event: snapshot\ndata: {json.dumps(snap)}\n\n"
+            if last_event is not None:
+                evs = await anyio.to_thread.run_sync(lambda: d.store.events(limit=50))
+                for ev in sorted((e for e in evs if e.id > last_event), key=lambda e: e.id):
+                    last_event = ev.id
+                    item = {"id": ev.id, "at": when(ev.at), "kind": ev.kind, "subject": ev.subject, "data": ev.data}
+                    yield f"event: event\ndata: {json.dumps(item)}\n\n"
+            if tid is not None:
+                live = await anyio.to_thread.run_sync(_task_live, d.store, tid)
+                if live is not None:
+                    yield f"event: task\ndata: {json.dumps(live)}\n\n"
+            for _ in range(10):
+                if d.stopping or await request.is_disconnected():
+                    return
+                await asyncio.sleep(d.interval / 10)
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(gen(), media_type="text/event-stream", headers=headers)
+
+
+def snapshot_json(request: Request) -> Response:
+    return JSONResponse(_dash(request).sampler.snapshot())
+
+
+def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(_dash(request).metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+
+def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok")
+
+
+async def login(request: Request) -> Response:
+    d = _dash(request)
+    nxt = _safe_next(request.query_params.get("next"))
+    if request.method == "POST":
+        form = await request.form()
+        given = form.get("token")
+        nxt = _safe_next(str(form.get("next") or "/"))
+        if d.token is not None and isinstance(given, str) and _same(given, d.token):
+            resp = RedirectResponse(nxt, status_code=303)
+            resp.set_cookie(TOKEN_COOKIE, d.token, httponly=True, samesite="strict")
+            return resp
+        html = d.env.get_template("login.html").render(next=nxt, failed=True, title="Log in")
+        return HTMLResponse(html, status_code=401)
+    html = d.env.get_template("login.html").render(next=nxt, failed=False, title="Log in")
+    return HTMLResponse(html)
+
+
+def create_app(store: Store, *, token: str | None = None, read_only: bool = False, interval: float = 1.0) -> Starlette:
+    """The dashboard as an ASGI app over ``store`` (the sampler starts with the app's lifespan)."""
+    dash = Dashboard(store, token=token, read_only=read_only, interval=interval)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        dash.stopping = False
+        dash.sampler.start()
+        try:
+            yield
+        finally:
+            dash.stopping = True
+            dash.sampler.stop()
+
+    routes = [
+        Route("/", overview),
+        Route("/queues", queues),
+        Route("/groups", groups),
+        Route("/limits", limits),
+        Route("/batches", batches),
+        Route("/batches/{name:path}", batch_detail),
+        Route("/tasks", tasks),
+        Route("/tasks/{task_id}", task_detail),
+        Route("/dead", dead),
+        Route("/search", search),
+        Route("/stream", stream),
+        Route("/api/snapshot", snapshot_json),
+        Route("/metrics", metrics),
+        Route("/healthz", healthz),
+        Route("/login", login, methods=["GET", "POST"]),
+        Route("/actions/{what}", action, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(AuthMiddleware)], lifespan=lifespan)
+    app.state.dash = dash
+    return app
+
+
+__all__ = ["create_app", "Dashboard", "DEAD"]

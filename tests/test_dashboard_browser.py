@@ -1,0 +1,247 @@
+"""The dashboard in headless Chromium, against a real SQLite store with a running worker.
+
+Clicks through every page and every action, checks the live stream changes the
+page without a reload, that script payloads in args, error text and group names
+are shown as text and never run, and that an action without its CSRF token is
+refused. Saves a screenshot of each page under docs/screenshots/.
+
+Playwright drives Debian's Chromium (/usr/bin/chromium); ``make test``
+installs it when missing (as root). Without it these tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from corral import App
+from corral.core.breaker import BreakerState
+from corral.core.states import State
+from corral.edges.dashboard import serve_background
+from helpers import wait_for
+
+CHROMIUM = os.environ.get("CORRAL_TEST_CHROMIUM", "/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+XSS = "<img src=x onerror=window.__xss=1><script>window.__xss=1</script>"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(
+        f"{CHROMIUM} not found: install Debian's chromium (make test does, as root) to run the browser tests",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    db = tmp_path_factory.mktemp("dash") / "dash.db"
+    app = App(f"sqlite:///{db}")
+    gate = threading.Event()
+    app.limit("partner", concurrency=3)
+    app.breaker("partner")
+
+    @app.task(name="hold", limits=["partner"])
+    def hold(ctx, n):
+        ctx.progress(0.5, "half way")
+        ctx.checkpoint("fetched", {"page": n})
+        gate.wait(60)
+        return n
+
+    @app.task(name="ok")
+    def ok(x):
+        return x
+
+    @app.task(name="boom", halt_group_on_failure=True)
+    def boom(text):
+        raise RuntimeError(text)
+
+    ids = {}
+    ids["xss_fail"] = app.submit("boom", [XSS], group=XSS, batch="b-partial", trace_id="trace-xss").id
+    app.submit("boom", ["behind"], group=XSS)  # held behind the failed head
+    for i in range(3):
+        app.submit("ok", [i], batch="b-partial")
+    ids["fail2"] = app.submit("boom", ["plain failure"], batch="b-partial").id
+    ids["holding"] = app.submit("hold", [1], group="merchant-1", trace_id="trace-hold").id
+    app.submit("hold", [2], group="merchant-1")
+    app.start(workers=4)
+    wait_for(lambda: app.batch_status("b-partial").counts.get("SUCCESS", 0) == 3, 30, message="batch ran")
+    wait_for(lambda: app.get(ids["fail2"]).status is State.FAILED, 30, message="failure stored")
+    wait_for(lambda: app.get(ids["holding"]).status is State.RUNNING, 30, message="hold runs")
+    # parked work: a queue no worker serves, so its tasks stay PENDING for the actions
+    ids["parked"] = app.submit("ok", ["parked"], queue="parked", key="key-parked").id
+    dash = serve_background(app.store)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
+        context = browser.new_context(viewport={"width": 1200, "height": 760})
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        try:
+            yield app, dash, page, ids
+        finally:
+            context.close()
+            browser.close()
+            gate.set()
+            dash.stop()
+            app.close(timeout=30)
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+
+
+def no_script_ran(page) -> None:
+    assert page.evaluate("window.__xss === undefined"), "an injected script ran"
+
+
+def test_click_through_every_page(env):
+    app, dash, page, ids = env
+    page.goto(dash.url + "/")
+    assert page.locator("h1").inner_text() == "Overview"
+    wait_for(lambda: page.get_attribute("body", "data-updates"), 15, message="first live update")
+    page.wait_for_selector("svg[data-chart='running'] path", state="attached")
+    shot(page, "overview")
+    for link, heading, name in [
+        ("Queues", "Queues", "queues"),
+        ("Groups", "Groups", "groups"),
+        ("Limits & breakers", "Limits and breakers", "limits"),
+        ("Batches", "Batches", "batches"),
+        ("Tasks", "Newest tasks", "tasks"),
+        ("Dead letters", "Dead letters", "dead"),
+    ]:
+        page.click(f"header nav >> text={link}")
+        page.wait_for_url(f"**/{name if name != 'overview' else ''}*")
+        assert page.locator("h1").inner_text().startswith(heading)
+        shot(page, name)
+    page.goto(dash.url + "/queues")
+    assert "parked" in page.locator("table").inner_text()
+    page.goto(dash.url + "/groups")
+    first_row = page.locator("table tbody tr").first
+    assert "blocked" in first_row.inner_text()  # the failed, halting head comes first
+    page.goto(dash.url + "/limits")
+    assert "partner" in page.locator("table").first.inner_text()
+    page.goto(dash.url + "/batches")
+    page.click("text=b-partial")
+    assert "PARTIAL_SUCCESS" in page.locator("h1").inner_text()
+    assert page.locator(".bar .seg-success").count() == 1
+    shot(page, "batch")
+    page.goto(dash.url + f"/tasks/{ids['holding']}")
+    assert "trace-hold" in page.inner_text("dl.facts")
+    assert "fetched" in page.inner_text("main")  # checkpoint
+    assert "half way" in page.inner_text("main")  # progress message
+    shot(page, "task")
+    # search: by trace id (the header box), by key, by batch, by group
+    page.fill("header .search input", "trace-hold")
+    page.press("header .search input", "Enter")
+    page.wait_for_url("**/search?q=trace-hold*")
+    assert page.locator("table.tasks tbody tr").count() == 1
+    shot(page, "search")
+    for q, by, expect in [("key-parked", "key", ids["parked"]), ("b-partial", "batch", ids["fail2"])]:
+        page.goto(dash.url + f"/search?q={q}&by={by}")
+        assert str(expect) in page.inner_text("table.tasks")
+    page.goto(dash.url + "/search?q=merchant-1&by=group")
+    assert page.locator("table.tasks tbody tr").count() == 2
+    no_script_ran(page)
+
+
+def test_script_payloads_are_shown_as_text(env):
+    app, dash, page, ids = env
+    page.goto(dash.url + f"/tasks/{ids['xss_fail']}")
+    assert XSS in page.inner_text("pre.args")  # args
+    assert XSS in page.inner_text("pre.err")  # error text
+    assert XSS in page.inner_text("dl.facts")  # group name
+    assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    for path in ("/groups", "/dead", "/search?q=trace-xss", "/batches/b-partial", "/tasks"):
+        page.goto(dash.url + path)
+        assert page.locator("main img").count() == 0, path
+        assert "<img src=x" in page.inner_text("main"), path
+    page.goto(dash.url + "/")  # the error text arrives in live events too (textContent only)
+    no_script_ran(page)
+
+
+def test_live_updates_change_the_page_without_reload(env):
+    app, dash, page, ids = env
+    page.goto(dash.url + "/")
+    page.evaluate("window.__same_page = true")
+    before = int(page.inner_text("[data-live=depth]"))
+    app.submit_many("ok", [{"args": [i], "queue": "parked"} for i in range(7)])
+    wait_for(lambda: int(page.inner_text("[data-live=depth]")) >= before + 7, 15, message="depth shown live")
+    assert page.evaluate("window.__same_page === true")  # no reload happened
+    # pause stops the stream, resume starts it again
+    page.click("#pause")
+    assert page.inner_text("#live-state") == "paused" and page.inner_text("#pause") == "Resume"
+    seen = int(page.get_attribute("body", "data-updates"))
+    page.click("#pause")
+    wait_for(lambda: int(page.get_attribute("body", "data-updates")) > seen, 15, message="updates resume")
+    # a task's page follows its state live
+    page.goto(dash.url + f"/tasks/{ids['holding']}")
+    page.evaluate("document.querySelector('[data-task=progress]').textContent = 'stale'")
+    wait_for(lambda: page.inner_text("[data-task=progress]") == "50%", 15, message="task state live")
+
+
+def test_every_action(env):
+    app, dash, page, ids = env
+    parked = ids["parked"]
+    # cancel, then retry, a task from its page
+    page.goto(dash.url + f"/tasks/{parked}")
+    page.click("div.actions >> text=Cancel")
+    page.wait_for_selector("p.msg")
+    assert app.get(parked).status is State.CANCELED
+    shot(page, "action-cancel")
+    page.click("div.actions >> text=Retry")
+    page.wait_for_selector("p.msg")
+    assert app.get(parked).status is State.PENDING
+    # cancel a running task: its flag is set, the worker stops it at its next ctx call
+    page.goto(dash.url + f"/tasks/{ids['holding']}")
+    page.click("div.actions >> text=Cancel")
+    page.wait_for_selector("p.msg")
+    assert app.get(ids["holding"]).cancel_requested
+    # retry one dead letter from the dead-letter page
+    page.goto(dash.url + "/dead")
+    row = page.locator("table.tasks tr", has_text="plain failure")
+    row.locator("text=Retry").click()
+    page.wait_for_selector("p.msg")
+    wait_for(lambda: app.get(ids["fail2"]).attempt >= 1 and app.get(ids["fail2"]).status is State.FAILED, 30)
+    # retry a batch's dead letters from the batch page
+    page.goto(dash.url + "/batches/b-partial")
+    page.click("text=Retry this batch's dead letters")
+    page.wait_for_selector("p.msg")
+    assert "queued again" in page.inner_text("p.msg")
+    # open and close the breaker
+    page.goto(dash.url + "/limits")
+    page.locator("form[action='/actions/breaker']", has=page.locator("input[value=open]")).locator("button").click()
+    page.wait_for_selector("p.msg")
+    assert app.store.breakers()["partner"][1].state is BreakerState.OPEN
+    shot(page, "action-breaker")
+    page.locator("form[action='/actions/breaker']", has=page.locator("input[value=close]")).locator("button").click()
+    page.wait_for_selector("p.msg")
+    assert app.store.breakers()["partner"][1].state is BreakerState.CLOSED
+    # set the level by hand, then hand it back
+    page.goto(dash.url + "/")
+    page.select_option("#level-form select", "DEGRADED")
+    page.fill("#level-form input[name=reason]", "maintenance")
+    page.click("#level-form button")
+    page.wait_for_selector("p.msg")
+    lv = app.store.fleet_level()
+    assert lv.level == 2 and lv.manual and lv.reason == "maintenance"
+    page.select_option("#level-form select", "auto")
+    page.click("#level-form button")
+    page.wait_for_selector("p.msg")
+    assert not app.store.fleet_level().manual
+    no_script_ran(page)
+
+
+def test_an_action_without_its_csrf_token_is_refused(env):
+    app, dash, page, ids = env
+    page.goto(dash.url + "/")  # the browser holds the CSRF cookie, as a victim's would
+    before = app.store.fleet_level()
+    resp = page.request.post(dash.url + "/actions/level", form={"level": "EMERGENCY", "reason": "forged"})
+    assert resp.status == 403
+    resp = page.request.post(
+        dash.url + "/actions/level", form={"level": "EMERGENCY", "reason": "forged", "csrf": "guessed"}
+    )
+    assert resp.status == 403
+    assert app.store.fleet_level() == before
