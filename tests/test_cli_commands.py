@@ -23,6 +23,7 @@ COMMANDS = [
     "dashboard",
     "dead",
     "demo",
+    "events",
     "level",
     "periodic",
     "plan",

@@ -559,7 +559,9 @@ def test_log_lines_carry_trace_id(app, caplog):
     with caplog.at_level(logging.INFO, logger="corral.task"):
         app.start(workers=1)
         assert h.result(timeout=5) == "sku_sync_0801_001"
-        wait_for(lambda: any("sku_sync_0801_001" in r.getMessage() for r in caplog.records))
+        wait_for(lambda: any(getattr(r, "trace_id", None) == "sku_sync_0801_001" for r in caplog.records))
+    (line,) = [r for r in caplog.records if r.getMessage() == "syncing"]
+    assert (line.task_id, line.attempt, line.task_name) == (h.id, 1, h.get().name)
     assert h.get().trace_id == "sku_sync_0801_001"
 
 

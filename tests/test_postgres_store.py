@@ -450,6 +450,6 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
         assert s.complete([Outcome(t.id, t.lease_token, t.version, State.FAILED, error="boom")]) == [True]
         assert [d.id for d in s.dead_letters()] == [rec.id]
         assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
-        assert s.fleet_level().level == 1 and len(s.events()) == 1
+        assert s.fleet_level().level == 1 and len(s.events("level")) == 1
     finally:
         s.close()

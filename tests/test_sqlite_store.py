@@ -205,6 +205,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
     dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
     assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
@@ -225,7 +226,7 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")]) == [True]
     assert [t.id for t in s.dead_letters()] == [task_id]
     assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
-    assert s.fleet_level().level == 1 and len(s.events()) == 1
+    assert s.fleet_level().level == 1 and len(s.events("level")) == 1
 
 
 @pytest.mark.parametrize("version", [3, 4, 5, 6, 13])
@@ -246,10 +247,16 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
         con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
     if version < 6:
         con.execute("DROP INDEX tasks_retry_ready")
+    for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
+        con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
+    con.execute("DROP VIEW events_read")
     for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
         con.execute(f"DROP INDEX {index}")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
+    else:  # the events table as version 5 made it
+        for column in ("task_id", "status", "prior", "attempt"):
+            con.execute(f"ALTER TABLE events DROP COLUMN {column}")
     if version == 3:
         con.executescript(
             "DROP TABLE breakers; DROP TABLE breaker_events;"

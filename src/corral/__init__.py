@@ -34,6 +34,7 @@ from corral.errors import (
     TaskSignal,
     UnknownTask,
 )
+from corral.stores.base import Event
 
 __version__ = "0.1.0"
 
@@ -69,4 +70,5 @@ __all__ = [
     "ChildFailed",
     "TaskSignal",
     "Hooks",
+    "Event",
 ]

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from corral.core.model import (
 from corral.core.rates import parse_rate
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
+from corral.engine import tracing
 from corral.engine.context import current
 from corral.engine.hooks import HookChain, Hooks
 from corral.errors import (
@@ -47,6 +48,7 @@ from corral.errors import (
     UnknownTask,
 )
 from corral.stores import Store, open_store
+from corral.stores.base import Event
 
 
 def _duration(value: float | str, option: str) -> float:
@@ -120,6 +122,18 @@ class Node:
     def __repr__(self) -> str:
         name = self.task.name if isinstance(self.task, TaskDef) else self.task
         return f"<Node {name} ref={self.ref!r}>"
+
+
+def _new_trace_id() -> str:
+    """A task's trace id when the submitter gave none: the W3C traceparent of
+    the submitter's current OpenTelemetry span (its attempts' spans are then
+    children of it), else 32 random hex digits (as uuid4().hex, without
+    building a UUID per task)."""
+    if tracing.ENABLED:
+        parent = tracing.current_traceparent()
+        if parent is not None:
+            return parent
+    return os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
@@ -683,8 +697,7 @@ class App:
             group=group,
             batch=None if batch is None else check.text(batch, "batch", bad),
             key=None if key is None else check.text(key, "key", bad),
-            # 32 random hex digits, as uuid4().hex but without building a UUID per task
-            trace_id=os.urandom(16).hex() if trace_id is None else check.text(trace_id, "trace_id", bad),
+            trace_id=_new_trace_id() if trace_id is None else check.text(trace_id, "trace_id", bad),
             run_at=run_at,
             depends_on=dep_ids,
             limits=tdef.limits,
@@ -870,6 +883,32 @@ class App:
         return their ids. A group's re-queued tasks run in submit order,
         before its tasks still queued behind them."""
         return self.store.retry_dead(batch)
+
+    # ---- the event stream ------------------------------------------------------------
+    def events(
+        self,
+        follow: bool = False,
+        kinds: Iterable[str] | str | None = None,
+        since: int | None = None,
+        *,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Event]:
+        """The store's events in the order they were written: tasks' state
+        changes (``submitted``, ``started``, ``succeeded``, ``failed``,
+        ``retrying``, ``timed_out``, ``canceled``, ``queued``, ``waiting``),
+        ``progress``, ``breaker`` and ``level`` changes.
+
+        ``since`` is the id of the last event already seen (0: from the oldest
+        the store keeps); without it ``follow=True`` starts at the present and
+        a plain read returns every event kept. ``follow`` waits for new events
+        until ``stop`` is set or ``timeout`` seconds pass without one. Each
+        :class:`Event` has ``kind``, ``subject`` (``task:<id>``,
+        ``breaker:<name>``, ``fleet``), ``data`` (JSON; ``details`` decodes
+        it), ``at`` and ``id``."""
+        from corral.stores.stream import iter_events
+
+        return iter_events(self.store, follow=follow, kinds=kinds, since=since, stop=stop, timeout=timeout)
 
     # ---- degradation levels ----------------------------------------------------------
     def level(self) -> Level:

@@ -11,6 +11,7 @@ shares, the error handling and :func:`main`. The commands live by area:
 - :mod:`corral.cli.worker`: ``worker APP`` and ``sweep`` (long-running processes);
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
+- :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
 - :mod:`corral.cli.batches`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
@@ -233,7 +234,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batches, demo, flow, periodic, plan, tasks, worker
+    from corral.cli import batches, demo, events, flow, periodic, plan, tasks, worker
 
     for command in (
         worker.worker,
@@ -247,6 +248,7 @@ def _add_commands() -> None:
         flow.breaker,
         flow.level,
         flow.dead,
+        events.events,
         periodic.periodic,
         demo.dashboard,
         demo.demo,

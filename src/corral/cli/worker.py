@@ -31,12 +31,21 @@ log = logging.getLogger("corral.cli")
 MAX_SLOTS = CONCURRENCY_RANGE[1]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    from corral.engine import logs
+
+    logs.setup(level, fmt, sys.stderr)
+
+
+def log_format_option(f):
+    return click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"], case_sensitive=False),
+        default="text",
+        show_default=True,
+        help="json: one JSON object per line (time, level, logger, message, and trace_id, task_id,"
+        " attempt, task for lines about a task).",
+    )(f)
 
 
 # ---- worker ------------------------------------------------------------------------------
@@ -111,6 +120,7 @@ def _setup_logging(level: str) -> None:
     "the store-wide gauges from one worker of the fleet at a time).",
 )
 @log_level_option
+@log_format_option
 def worker(
     app_spec,
     store_url,
@@ -126,6 +136,7 @@ def worker(
     retry_share,
     metrics_port,
     log_level,
+    log_format,
 ):
     """Run tasks of APP (module:attribute, a corral.App) until SIGTERM.
 
@@ -145,7 +156,7 @@ def worker(
 
     An `App()` built without a URL reads $CORRAL_STORE, which --store sets.
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format.lower())
     lease_s = duration_arg(lease, "--lease")
     sweep_s = duration_arg(sweep_interval, "--sweep-interval")
     if lease_s <= 0 or sweep_s <= 0:
@@ -212,8 +223,9 @@ def worker(
     help="At most this many tasks changed per pass.",
 )
 @log_level_option
+@log_format_option
 @json_option
-def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_json):
+def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, log_format, as_json):
     """Recover what crashed workers left: one pass, or --loop.
 
     A RUNNING task whose lease expired is retried (failed when it has no
@@ -244,7 +256,7 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, as_
         else:
             click.echo(render.sweep_line(url, report))
         return
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format.lower())
     from corral.maintenance.levels import LevelKeeper
 
     sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows, levels=LevelKeeper(store))

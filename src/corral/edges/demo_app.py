@@ -51,7 +51,7 @@ def _env(name: str) -> str:
 def sync_detail(ctx: Context, sku: str, merchant: str) -> dict:
     """Fetch one SKU's detail and check it."""
     ctx.progress(0.1, "fetching detail")
-    detail = call(_env(PARTNER_ENV), sku, worker=str(os.getpid()))
+    detail = call(_env(PARTNER_ENV), sku, worker=str(os.getpid()), headers=ctx.trace_headers())
     if detail["price"] < 0:
         raise BadPartnerData(f"partner sent a negative price ({detail['price']}) for {sku} of {merchant}")
     ctx.progress(1.0, "detail saved")
@@ -61,7 +61,7 @@ def sync_detail(ctx: Context, sku: str, merchant: str) -> dict:
 def sync_images(ctx: Context, sku: str, merchant: str) -> dict:
     """Fetch one SKU's images (its detail is in)."""
     ctx.progress(0.1, "fetching images")
-    images = call(_env(PARTNER_ENV), sku, worker=str(os.getpid()), path="/images")
+    images = call(_env(PARTNER_ENV), sku, worker=str(os.getpid()), path="/images", headers=ctx.trace_headers())
     ctx.progress(1.0, "images saved")
     return {"sku": sku, "images": len(images["images"])}
 

@@ -19,8 +19,10 @@ refusals, calls per second) is what the fleet really did. ``GET /stats``
 returns the counts as JSON; ``POST /outage?seconds=S`` starts an outage.
 
 Every call is also written to a log (:class:`Call`: its wall-clock time, the
-answer, and what the caller said about itself in the query string), so a
-benchmark can line the partner's view up with the store's own records.
+answer, what the caller said about itself in the query string, and the trace
+headers it sent: ``traceparent`` and ``X-Corral-Trace-Id``, as
+``ctx.trace_headers()`` gives them), so a benchmark can line the partner's view
+up with the store's own records, and a test can see a trace reach it.
 """
 
 from __future__ import annotations
@@ -37,19 +39,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
+from corral.core.tracing import CORRAL_HEADER
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
     """One call as the partner saw it: ``at`` is wall-clock time (the clock
     the stores write), ``status`` the answer; ``sku``, ``worker`` and
     ``claimed`` (when the store handed the task out) come from the query
-    string."""
+    string; ``traceparent`` and ``trace_id`` from the trace headers."""
 
     at: float
     status: int
     sku: str = ""
     worker: str = ""
     claimed: float | None = None
+    traceparent: str = ""
+    trace_id: str = ""
 
 
 class PartnerState:
@@ -118,11 +124,15 @@ class PartnerState:
         self.outage_window = (wall, wall + seconds)
         self.armed_outage = None
 
-    def admit(self, sku: str = "", worker: str = "", claimed: float | None = None) -> int:
+    def admit(
+        self, sku: str = "", worker: str = "", claimed: float | None = None, traceparent: str = "", trace_id: str = ""
+    ) -> int:
         """Decide a call: 200, 429 (over the cap, or flaky) or 503 (outage, or flaky); log it."""
-        return self.take(sku, worker, claimed)[0]
+        return self.take(sku, worker, claimed, traceparent, trace_id)[0]
 
-    def take(self, sku: str = "", worker: str = "", claimed: float | None = None) -> tuple[int, bool]:
+    def take(
+        self, sku: str = "", worker: str = "", claimed: float | None = None, traceparent: str = "", trace_id: str = ""
+    ) -> tuple[int, bool]:
         """Decide and log a call; also whether it was refused for the cap (then
         it is answered at once, with ``Retry-After``). Any other call is in
         flight until :meth:`served`."""
@@ -132,7 +142,7 @@ class PartnerState:
             now = time.monotonic()
             over = self.over_cap
             code = self._decide(now)
-            self.log.append(Call(time.time(), code, sku, worker, claimed))
+            self.log.append(Call(time.time(), code, sku, worker, claimed, traceparent, trace_id))
             over_cap = self.over_cap > over
             if not over_cap:
                 self.in_flight += 1
@@ -266,7 +276,13 @@ def _handler(state: PartnerState) -> type[BaseHTTPRequestHandler]:
                 return
             q = parse_qs(url.query)
             sku = q.get("sku", [""])[0]
-            code, over_cap = state.take(sku, q.get("worker", [""])[0], _seconds(q.get("claimed", [""])[0]))
+            code, over_cap = state.take(
+                sku,
+                q.get("worker", [""])[0],
+                _seconds(q.get("claimed", [""])[0]),
+                self.headers.get("traceparent", ""),
+                self.headers.get(CORRAL_HEADER, ""),
+            )
             if over_cap:
                 self._send(429, {"error": "too many requests"}, {"Retry-After": "1"})
                 return
@@ -365,17 +381,20 @@ def call(
     worker: str | None = None,
     claimed: float | None = None,
     path: str = "/product",
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One call to the partner, as a task would make it (stdlib only):
     ``path`` ``/product`` (a price) or ``/images``. ``worker`` and
-    ``claimed`` (when the task was claimed) go to the partner's log."""
+    ``claimed`` (when the task was claimed) go to the partner's log;
+    ``headers`` (``ctx.trace_headers()``) are sent with the request."""
     query = {"sku": sku}
     if worker is not None:
         query["worker"] = worker
     if claimed is not None:
         query["claimed"] = repr(claimed)
     try:
-        with urllib.request.urlopen(f"{base_url}{path}?{urlencode(query)}", timeout=timeout) as r:
+        request = urllib.request.Request(f"{base_url}{path}?{urlencode(query)}", headers=headers or {})
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as exc:
         raise PartnerHTTPError(exc.code, dict(exc.headers.items())) from None

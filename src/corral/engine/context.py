@@ -22,13 +22,16 @@ logger = logging.getLogger("corral.task")
 
 
 class _TraceAdapter(logging.LoggerAdapter):  # type: ignore[type-arg,unused-ignore]
+    """Adds the task's trace id, id, attempt and name to each record (as
+    attributes: the formatters of :mod:`corral.engine.logs` print them)."""
+
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
-        assert self.extra is not None  # always built with trace_id and task_id
+        assert self.extra is not None  # always built with the task's fields
         extra = dict(kwargs.get("extra") or {})
-        extra.setdefault("trace_id", self.extra["trace_id"])
-        extra.setdefault("task_id", self.extra["task_id"])
+        for k, v in self.extra.items():
+            extra.setdefault(k, v)
         kwargs["extra"] = extra
-        return f"[trace_id={self.extra['trace_id']} task={self.extra['task_id']}] {msg}", kwargs
+        return msg, kwargs
 
 
 #: What ctx.upstream reads of each upstream task: id, ref, task name, result
@@ -50,10 +53,13 @@ def upstream_results(ups: Sequence[Upstream], by: str) -> dict[Any, Any]:
 
 
 class CheckpointView:
-    """Reading checkpoints and upstream results, and asking for a retry: the
-    same for every kind of ctx."""
+    """Reading checkpoints and upstream results, asking for a retry, trace
+    headers: the same for every kind of ctx."""
 
     _checkpoint: dict
+    task_id: int
+    trace_id: str | None
+    attempt: int
 
     def _upstream(self) -> Sequence[Upstream]:
         raise NotImplementedError
@@ -86,6 +92,14 @@ class CheckpointView:
         """Stop this attempt and ask for another one ``after`` seconds from now."""
         raise Retry(after=after, reason=reason)
 
+    def trace_headers(self) -> dict[str, str]:
+        """Headers for an outgoing HTTP call, so the trace reaches the service
+        called: W3C ``traceparent`` (the task's trace; this attempt's span as
+        the parent) and ``X-Corral-Trace-Id`` (the trace id as submitted)."""
+        from corral.core.tracing import headers
+
+        return headers(self.trace_id, self.task_id, self.attempt, getattr(self, "_span_id", None))
+
 
 class Context(CheckpointView):
     """Per-run handle: progress, checkpoints, cancel, retries, logging."""
@@ -105,12 +119,16 @@ class Context(CheckpointView):
         self._cancel_requested: bool = bool(record.cancel_requested)
         self._log: logging.LoggerAdapter | None = None
         self._ups: Sequence[Upstream] | None = None
+        self._span_id: str | None = None  # this attempt's OpenTelemetry span, when one was made
 
     @property
     def log(self) -> logging.LoggerAdapter:
-        """A logger whose lines carry this task's trace id."""
+        """A logger whose lines carry this task's trace id, id and attempt
+        (``extra`` attributes ``trace_id``, ``task_id``, ``attempt``, ``task_name``)."""
         if self._log is None:
-            self._log = _TraceAdapter(logger, {"trace_id": self.trace_id, "task_id": self.task_id})
+            from corral.engine.logs import task_fields
+
+            self._log = _TraceAdapter(logger, task_fields(self))
         return self._log
 
     def _upstream(self) -> Sequence[Upstream]:

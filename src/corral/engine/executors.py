@@ -67,18 +67,21 @@ def run_async(coro, on_future=None) -> Any:
 class _ChildContext(CheckpointView):
     """The ``ctx`` a child process sees: calls travel to the parent over a pipe."""
 
-    def __init__(self, conn, task_id, trace_id, attempt, checkpoints, upstream=()):
+    def __init__(self, conn, task_id, trace_id, attempt, checkpoints, span_id=None, upstream=()):
         self._conn = conn
         self._ups = upstream  # read by the worker before the fork
         self.task_id = task_id
         self.trace_id = trace_id
         self.attempt = attempt
+        self._span_id = span_id
         self.canceled = False
         self.cancelled = False  # the earlier spelling
         self._checkpoint = checkpoints
         import logging
 
-        self.log = logging.LoggerAdapter(logging.getLogger("corral.task"), {"trace_id": trace_id})
+        self.log = logging.LoggerAdapter(
+            logging.getLogger("corral.task"), {"trace_id": trace_id, "task_id": task_id, "attempt": attempt}
+        )
 
     def check_canceled(self) -> None:  # the parent kills us on cancel
         return None

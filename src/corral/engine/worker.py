@@ -48,14 +48,31 @@ from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter,
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
+from corral.engine import tracing
 from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
+from corral.engine.logs import task_fields
 from corral.engine.registry import Registry, TaskSpec
 from corral.errors import Canceled, ChildFailed, ConfigError, PermanentError, Retry, StoreCorrupt, StoreError
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
+#: The level of the line a finished attempt writes.
+_OUTCOME_LEVELS = {
+    State.SUCCESS: logging.DEBUG,
+    State.RETRYING: logging.INFO,
+    State.PENDING: logging.INFO,
+    State.CANCELED: logging.INFO,
+    State.FAILED: logging.WARNING,
+    State.TIMEOUT: logging.WARNING,
+}
+
+
+def _error_line(text: str | None) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "-"
+
 
 #: The event a worker writes about once a minute with what it cannot fix itself.
 HEALTH_EVENT = "worker.health"
@@ -597,8 +614,13 @@ class Worker:
         tdef = self.registry.get(rec.name)
         started_at = self.clock.time()
         ctx = run.ctx
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("task %s (%s) started", rec.id, rec.name, extra=task_fields(rec))
+        span = tracing.start_attempt(rec, rec.attempt) if tracing.ENABLED else None
+        if span is not None:
+            ctx._span_id = span.span_id
         timeout = rec.timeout
-        outcome: Outcome
+        outcome: Outcome | None = None
         _set_current(ctx)
         try:
             if tdef is None:
@@ -612,7 +634,7 @@ class Worker:
             if tdef.isolation == "process":
                 run.deadline = None  # the process run times itself out and kills the child
                 ups = ctx._upstream() if tdef.takes_ctx else ()  # the child cannot reach the store
-                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ups)
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id, ups)
                 run.proc = ProcessRun(
                     tdef.fn,
                     tdef.takes_ctx,
@@ -651,6 +673,10 @@ class Worker:
         finally:
             _set_current(None)
             self._runs.pop(rec.id, None)
+            if span is not None:
+                ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
+                tracing.end_attempt(span, *ended)
+        assert outcome is not None  # every way out of the body above sets it
         if rec.id in unit.uncounted:
             outcome.attempt = rec.attempt
         late = None
@@ -661,12 +687,47 @@ class Worker:
         if run.abandoned:
             if late is not None:  # the lane was held for this thread: free it now
                 self._abandoned.pop(rec.id, None)
-                log.info("task %s (%s): its timed-out thread ended; writing the timeout", rec.id, rec.name)
+                log.info(
+                    "task %s (%s): its timed-out thread ended; writing the timeout",
+                    rec.id,
+                    rec.name,
+                    extra=task_fields(rec),
+                )
                 self._write(late)
                 self._release(unit)
             return None
+        self._log_outcome(rec, outcome)
         self._write(outcome)
         return outcome.status
+
+    def _log_outcome(self, rec: TaskRecord, outcome: Outcome) -> None:
+        """One line per finished attempt at the level it deserves (a success
+        only at DEBUG: a busy worker writes nothing per task by default)."""
+        status = outcome.status
+        level = _OUTCOME_LEVELS.get(status, logging.INFO)
+        if not log.isEnabledFor(level):
+            return
+        if status is State.SUCCESS:
+            log.log(level, "task %s (%s) succeeded", rec.id, rec.name, extra=task_fields(rec))
+        elif status is State.RETRYING:
+            log.log(
+                level,
+                "task %s (%s) will run again: %s",
+                rec.id,
+                rec.name,
+                _error_line(outcome.error),
+                extra=task_fields(rec),
+            )
+        else:
+            log.log(
+                level,
+                "task %s (%s) ended %s: %s",
+                rec.id,
+                rec.name,
+                status.value,
+                _error_line(outcome.error),
+                extra=task_fields(rec),
+            )
 
     def _failure_outcome(
         self, rec: TaskRecord, token: str, exc: BaseException, tdef: TaskSpec | None, started_at: float
@@ -842,7 +903,12 @@ class Worker:
             return
         for o, ok in zip(outcomes, applied):
             if not ok:
-                log.info("task %s: late or stale outcome %s discarded", o.task_id, o.status.value)
+                log.info(
+                    "task %s: late or stale outcome %s discarded",
+                    o.task_id,
+                    o.status.value,
+                    extra={"task_id": o.task_id, "attempt": o.attempt},
+                )
         self._hook("on_outcomes", outcomes, applied)
 
     def _completer_loop(self) -> None:
@@ -925,7 +991,13 @@ class Worker:
             run.future.cancel()
         self._hand_back(unit, unit.claim.tasks[unit.begun + 1 :], unit.claim.token)
         if overlap:
-            log.warning("task %s (%s) timed out after %ss; abandoning its thread", rec.id, rec.name, rec.timeout)
+            log.warning(
+                "task %s (%s) timed out after %ss; abandoning its thread",
+                rec.id,
+                rec.name,
+                rec.timeout,
+                extra=task_fields(rec),
+            )
             self._runs.pop(rec.id, None)
             self._write(outcome)
             self._spawn_slot()
@@ -939,6 +1011,7 @@ class Worker:
             rec.name,
             rec.timeout,
             held,
+            extra=task_fields(rec),
         )
         if held >= self.max_abandoned_threads and not self.halted.is_set():
             log.error(

@@ -36,9 +36,14 @@ from corral.stores.base import FleetLevel, Store
 
 log = logging.getLogger("corral.levels")
 
-#: Events kept: the newest this many, none older than ``EVENTS_MAX_AGE``.
-EVENTS_KEEP = 10_000
-EVENTS_MAX_AGE = 7 * 86400.0
+#: Events kept: the newest this many, none older than ``EVENTS_MAX_AGE`` (the
+#: stream holds every task's state changes: a few events per task).
+EVENTS_KEEP = 100_000
+EVENTS_MAX_AGE = 86400.0
+#: Events deleted per statement, and statements per sweep at most: short
+#: writes between which workers' claims and completions go on.
+TRIM_BATCH = 5_000
+TRIM_ROUNDS = 50
 
 
 class LevelKeeper:
@@ -88,6 +93,16 @@ class LevelKeeper:
             lease_losses_per_min=sum(n for _, n in self._losses) / (self.window / 60.0),
         )
 
+    def trim(self, now: float) -> int:
+        """Trim the event stream to its retention, a batch per statement."""
+        gone = 0
+        for _ in range(TRIM_ROUNDS):
+            n = self.store.trim_events(self.events_keep, now - self.events_max_age, limit=TRIM_BATCH)
+            gone += n
+            if n < TRIM_BATCH:
+                break
+        return gone
+
     def tick(self, report: SweepReport | None = None) -> FleetLevel:
         """One step: read the signals, move the level, trim the event log."""
         now = self.store.now()
@@ -118,7 +133,7 @@ class LevelKeeper:
                     nxt.reason,
                     describe(signals),
                 )
-        self.store.trim_events(self.events_keep, now - self.events_max_age)
+        self.trim(now)
         return self.store.fleet_level()
 
 

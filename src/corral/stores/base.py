@@ -144,6 +144,17 @@ class Event:
     subject: str
     data: str
 
+    @property
+    def details(self) -> dict[str, Any]:
+        """``data`` decoded (an empty dict when it is not a JSON object)."""
+        import json
+
+        try:
+            value = json.loads(self.data)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
 
 #: States of a periodic task's last run that make ``overlap=False`` skip a tick.
 STILL_GOING = frozenset(s.value for s in ACTIVE)
@@ -534,9 +545,34 @@ class Store(abc.ABC):
         """The newest ``limit`` events (of ``kind``), newest first."""
         raise NotImplementedError
 
-    def trim_events(self, keep: int, before: float) -> int:
-        """Delete events older than ``before`` and all but the newest ``keep``;
-        returns how many went."""
+    def event_cursor(self, since: int | None) -> Any:
+        """Where a reader of the stream starts: after the event with id
+        ``since`` (0: at the oldest kept), or, with None, after every event
+        committed so far. The cursor is opaque: pass it to :meth:`read_events`."""
+        if since is None:
+            newest = self.events(limit=1)
+            return newest[0].id if newest else 0
+        return int(since)
+
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        """Up to ``limit`` events after ``cursor``, in stream order, and the
+        cursor after them.
+
+        A reader that keeps passing the cursor back sees every event exactly
+        once, in the order their writes committed, whatever the number of
+        writers: the cursor is a position in the stream, never a time."""
+        raise NotImplementedError
+
+    def wait_for_events(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early when an event may
+        have been added."""
+        import time
+
+        time.sleep(timeout)
+
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        """Delete events older than ``before`` and all but the newest ``keep``,
+        oldest first, at most ``limit`` of them; returns how many went."""
         raise NotImplementedError
 
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:

@@ -7,6 +7,7 @@ holding the ids that still occupy the group in id order.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 
 from corral.core import breaker as brk
 from corral.core import dag
+from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
@@ -55,6 +57,10 @@ from corral.stores.base import (
     SweepRow,
 )
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
+
+#: Events the memory store keeps (the oldest go first); a durable store's
+#: sweeper trims by age and count instead.
+MEMORY_EVENTS_KEEP = 100_000
 
 
 @dataclass(slots=True)
@@ -97,7 +103,8 @@ class MemoryStore(Store):
         self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
         self._level = FleetLevel()
-        self._events: list[Event] = []
+        self._events: list[tuple] = []  # (id, at, kind, subject, data), oldest first
+        self._event_added = threading.Condition(self._lock)
         self._event_ids = itertools.count(1)
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
@@ -203,13 +210,16 @@ class MemoryStore(Store):
                 self._group_advance(u.group, now)
 
     def _set(self, t: TaskRecord, status: State, **fields) -> None:
-        self._count[t.status] -= 1
+        before = t.status
+        self._count[before] -= 1
         self._count[status] += 1
         t.status = status
         t.version += 1
         for k, v in fields.items():
             setattr(t, k, v)
         self._changes += 1
+        if status is not before:
+            self._task_event(t, before, self._clock.time())
 
     def _release(self, t: TaskRecord, now: float) -> None:
         """``t`` leaves RUNNING: lease, limits and group bookkeeping."""
@@ -303,6 +313,7 @@ class MemoryStore(Store):
                 self._group_insert(t)
             if status is State.PENDING:
                 self._enqueue(t, now)
+            self._task_event(t, None, now)
         self._changes += 1
         self._wake.notify_all()
         return results
@@ -394,6 +405,7 @@ class MemoryStore(Store):
                         self._stamp.pop(m.id, None)
                         self._count[m.status] -= 1
                         self._count[State.RUNNING] += 1
+                        before = m.status
                         m.status = State.RUNNING
                         m.version += 1
                         m.lease_token = token
@@ -405,6 +417,7 @@ class MemoryStore(Store):
                         else:
                             m.started_at = None
                         self._running.add(m.id)
+                        self._task_event(m, before, now)
                     self._leases[token] = _Lease({m.id for m in members}, t.limits)
                     for name in t.limits:
                         self._usage[name] = self._usage.get(name, 0) + 1
@@ -421,10 +434,10 @@ class MemoryStore(Store):
             if gates is not None:
                 for name, bucket in gates.bucket_writes().items():
                     self._limits[name].tokens, self._limits[name].counted_at = bucket.tokens, bucket.at
-                for name, (state, ev) in gates.breaker_writes().items():
+                for name, (state, bev) in gates.breaker_writes().items():
                     self._breakers[name].state = state
-                    if ev is not None:
-                        self._breaker_events.append(ev)
+                    if bev is not None:
+                        self._breaker_event(bev)
             self._note_gate_wait(gates.wait if gates is not None and skipped else None)
             if claims:
                 self._changes += 1
@@ -482,7 +495,8 @@ class MemoryStore(Store):
                     changed, events = record_outcomes(self._breakers, [((t.name, *t.limits), o.breaker_failure)], now)
                     for name, state in changed.items():
                         self._breakers[name].state = state
-                    self._breaker_events.extend(events)
+                    for bev in events:
+                        self._breaker_event(bev)
                 if o.status in QUEUED:
                     fields["run_at"] = o.run_at if o.run_at is not None else now
                     fields["worker_id"] = None
@@ -510,6 +524,8 @@ class MemoryStore(Store):
                 return False
             t.progress = fraction
             t.progress_message = message
+            data = {"id": t.id, "name": t.name, "fraction": fraction, "message": message}
+            self._add_event(self._clock.time(), ev.PROGRESS, ev.task_subject(t.id), data)
             return True
 
     def save_checkpoint(self, task_id, token, stage, data_json) -> bool:
@@ -678,10 +694,42 @@ class MemoryStore(Store):
             self._wake.notify_all()
             return True
 
-    def _add_event(self, at: float, kind: str, subject: str, data: str) -> int:
-        ev = Event(next(self._event_ids), at, kind, subject, data)
-        self._events.append(ev)
-        return ev.id
+    # ---- the event stream (lock held by the callers of _add_event) ---------
+    # Kept as tuples whose data may still be a dict: the JSON is made when
+    # someone reads, so a task's state changes cost the memory store little.
+    def _add_event(self, at: float, kind: str, subject: str, data: str | dict) -> int:
+        eid = next(self._event_ids)
+        self._events.append((eid, at, kind, subject, data))
+        if len(self._events) > MEMORY_EVENTS_KEEP + MEMORY_EVENTS_KEEP // 8:
+            del self._events[: len(self._events) - MEMORY_EVENTS_KEEP]
+        self._event_added.notify_all()
+        return eid
+
+    def _task_event(self, t: TaskRecord, before: State | None, now: float) -> None:
+        kind = ev.SUBMITTED if before is None else ev.state_kind(t.status.value)
+        data = {
+            "id": t.id,
+            "name": t.name,
+            "queue": t.queue,
+            "status": t.status.value,
+            "from": None if before is None else before.value,
+            "attempt": t.attempt,
+            "group": t.group,
+            "batch": t.batch,
+            "trace_id": t.trace_id,
+            "error": t.error[: ev.ERROR_CHARS] if t.error else None,
+        }
+        self._add_event(now, kind, ev.task_subject(t.id), data)
+
+    def _breaker_event(self, bev: BreakerEvent) -> None:
+        self._breaker_events.append(bev)
+        data = {"name": bev.name, "from": bev.before, "to": bev.after, "reason": bev.reason}
+        self._add_event(bev.at, ev.BREAKER, f"breaker:{bev.name}", data)
+
+    @staticmethod
+    def _event(row: tuple) -> Event:
+        eid, at, kind, subject, data = row
+        return Event(eid, at, kind, subject, data if isinstance(data, str) else dumps(data))
 
     def add_event(self, kind: str, subject: str, data: str) -> int:
         with self._lock:
@@ -689,15 +737,31 @@ class MemoryStore(Store):
 
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         with self._lock:
-            rows = (e for e in reversed(self._events) if kind is None or e.kind == kind)
-            return list(itertools.islice(rows, max(0, limit)))
+            rows = (e for e in reversed(self._events) if kind is None or e[2] == kind)
+            return [self._event(r) for r in itertools.islice(rows, max(0, limit))]
 
-    def trim_events(self, keep: int, before: float) -> int:
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        with self._lock:
+            start = bisect.bisect_right(self._events, int(cursor), key=lambda r: r[0])
+            rows = self._events[start : start + max(0, limit)]
+        out = [self._event(r) for r in rows]
+        return out, (out[-1].id if out else cursor)
+
+    def wait_for_events(self, timeout: float) -> None:
+        with self._lock:
+            last = self._events[-1][0] if self._events else 0
+            self._event_added.wait_for(lambda: (self._events[-1][0] if self._events else 0) != last, max(0.0, timeout))
+
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
         with self._lock:
             n = len(self._events)
-            kept = [e for e in self._events[-keep:] if e.at >= before] if keep > 0 else []
+            kept = [e for e in self._events[-keep:] if e[1] >= before] if keep > 0 else []
+            gone = n - len(kept)
+            if limit is not None and gone > limit:  # the oldest ``limit`` go
+                gone = max(0, limit)
+                kept = self._events[gone:]
             self._events = kept
-            return n - len(kept)
+            return gone
 
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
         with self._lock:
@@ -864,7 +928,7 @@ class MemoryStore(Store):
             now = self.now()
             row.state, change = brk.force(row.state, row.config, now, state, reason)
             ev = BreakerEvent(now, name, change.before.value, change.after.value, reason, change.calls, change.failures)
-            self._breaker_events.append(ev)
+            self._breaker_event(ev)
             self._changes += 1
             self._wake.notify_all()
             return ev

@@ -119,6 +119,14 @@ _PERMANENT: tuple[type[Exception], ...] = (
 PLAIN_HINT_TTL = 0.2
 
 CHANNEL = "corral_work"
+#: Where statements that add events notify followers of the stream.
+EVENTS_CHANNEL = "corral_events"
+#: A follower reads again after this long without a notification: claims and
+#: completions notify no one (see migration_0016).
+EVENTS_POLL = 0.1
+#: Missing ids a reader keeps asking for (rolled-back event writes leave
+#: some for good, until the transactions of their time have ended).
+MAX_EVENT_GAPS = 10_000
 #: Settings of every corral session. The statements are few and run
 #: constantly: plan them once (psycopg prepares them) instead of re-planning
 #: on every call. They are all short ordered index probes; a bitmap scan only
@@ -132,8 +140,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes; 15: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 15
+#: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
+#: 17: graph columns (ref, on_upstream_failure).
+SCHEMA_VERSION = 17
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -227,6 +236,8 @@ class PostgresStore(SqlStore):
         self._listen_lock = threading.Lock()  # held by the thread using the listening connection
         self._listen_conn: Any = None
         self._local = threading.local()
+        self._events_lock = threading.Lock()  # held by the thread following the event stream
+        self._events_conn: Any = None
 
     # ---- plumbing -----------------------------------------------------------
     def _run(self, fn: Callable[[Any], T], *, retry: bool = True) -> T:
@@ -316,6 +327,14 @@ class PostgresStore(SqlStore):
         finally:
             if got:
                 self._listen_lock.release()
+        got = self._events_lock.acquire(timeout=2)
+        try:
+            conn, self._events_conn = self._events_conn, None
+            if conn is not None:
+                conn.close()
+        finally:
+            if got:
+                self._events_lock.release()
         self._pool.close()
 
     def now(self) -> float:
@@ -986,8 +1005,70 @@ class PostgresStore(SqlStore):
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
 
-    def trim_events(self, keep: int, before: float) -> int:
-        return self._rowcount("trim_events", {"keep": max(0, keep), "before": float(before)})
+    def event_cursor(self, since: int | None) -> Any:
+        """A cursor is (the highest id delivered, the ids below it not seen
+        yet with the snapshot's xmax when each was first missed)."""
+        if since is not None:
+            return (int(since), ())
+        hi, present, xmax = self._fetchall("stream_now")[0]
+        have = set(present or ())
+        low = min(have) if have else hi
+        return (int(hi), tuple((i, int(xmax)) for i in range(low + 1, hi) if i not in have))
+
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        """Events by id, and ids skipped earlier once their transaction
+        commits. An id missing below the highest delivered one belongs to a
+        transaction still open (or rolled back): it is asked for again until
+        every transaction that held an id when it was first missed has ended
+        (snapshot xmin at or past that xmax). Every transaction that writes an
+        event holds its id before it takes the event's number."""
+        hi, gaps = cursor
+        noted = dict(gaps)
+        rows = self._fetchall("read_events", {"hi": int(hi), "gaps": sorted(noted), "limit": max(0, limit)})
+        xmin, xmax = int(rows[0][5]), int(rows[0][6])
+        out = [Event(*r[:5]) for r in rows if r[0] is not None]
+        got = {e.id for e in out}
+        new_hi = max([hi, *got])
+        if len(out) >= limit:  # the page ended: ids past its last one are not missed, only unread
+            new_hi = max([hi, *(i for i in got if i not in noted)])
+        pending = {i: x for i, x in noted.items() if i not in got and xmin < x}
+        for i in range(hi + 1, new_hi):
+            if i not in got:
+                pending[i] = xmax
+        if len(pending) > MAX_EVENT_GAPS:  # a flood of rolled-back writes: keep the newest
+            pending = dict(sorted(pending.items())[-MAX_EVENT_GAPS:])
+        return out, (new_hi, tuple(sorted(pending.items())))
+
+    def wait_for_events(self, timeout: float) -> None:
+        """Wait on a connection listening to ``corral_events`` and
+        ``corral_work`` (one per store instance, opened at the first wait), at
+        most ``EVENTS_POLL`` seconds."""
+        timeout = min(max(0.0, timeout), EVENTS_POLL)
+        with self._events_lock:
+            try:
+                if self._events_conn is None:
+                    self._events_conn = psycopg.connect(
+                        self._dsn, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+                    )
+                    self._events_conn.execute(f"LISTEN {EVENTS_CHANNEL}")
+                    self._events_conn.execute(f"LISTEN {CHANNEL}")  # submits wake followers too
+                    return  # events may have come before we listened: look now
+                for _ in self._events_conn.notifies(timeout=timeout, stop_after=1):
+                    pass
+                return
+            except psycopg.Error:
+                conn, self._events_conn = self._events_conn, None
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - closing is best effort
+                        pass
+        time.sleep(timeout)  # the server is away: poll meanwhile
+
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        return self._rowcount(
+            "trim_events", {"keep": max(0, keep), "before": float(before), "max": None if limit is None else limit}
+        )
 
     def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):

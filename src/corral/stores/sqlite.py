@@ -124,13 +124,16 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 5: the dead-letter index, the fleet_control row and the events log;
 #: 7: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes; 15: graph columns (ref, on_upstream_failure).
+#: 14: the dashboard's indexes; 16: the event stream's triggers (task states and progress, breakers);
+#: 17: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 17
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
+#: How often a follower of the event stream looks for new events.
+EVENTS_POLL = 0.02
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
@@ -285,6 +288,7 @@ class SQLiteStore(SqlStore):
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
+        self._fake_time = False  # a clock of its own: events take its time (set after migrate)
         self._closed = False
         self._wrote = False  # written since the last checkpoint
         self._checkpointer: threading.Thread | None = None
@@ -295,6 +299,7 @@ class SQLiteStore(SqlStore):
         self._create_file()
         self._con()  # fail now, not at first use, when the file cannot be opened
         self.migrate()  # idempotent and cheap once done; a store is usable as opened
+        self._claim_clock()
 
     def __reduce__(self):  # a store travels to a spawned process as its URL
         return (type(self), (self.url,))
@@ -400,6 +405,8 @@ class SQLiteStore(SqlStore):
         with self._write_lock:
             self._begin_immediate(con)
             try:
+                if self._fake_time:  # the event triggers' time (see corral_clock in sqlite.sql)
+                    con.execute(Q["set_clock"], (self._clock.time(),))
                 yield con
                 con.execute("COMMIT")
             except BaseException:
@@ -480,7 +487,18 @@ class SQLiteStore(SqlStore):
                 table, column = stmt.split()[2], stmt.split()[5]
                 if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
+            for stmt in _split_script(Q["event_stream"]):
+                con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
+
+    def _claim_clock(self) -> None:
+        """Events are stamped with SQLite's clock, or with this store's when
+        it runs on one of its own (a test's fake clock)."""
+        fake = self._clock is not SYSTEM_CLOCK
+        with self._write() as con:
+            if not fake:
+                con.execute(Q["clear_clock"])  # a test left its time here: the real one again
+        self._fake_time = fake
 
     def close(self) -> None:
         self._closed = True
@@ -1211,9 +1229,36 @@ class SQLiteStore(SqlStore):
         return [Event(*r) for r in self._con().execute(Q["events"], {"kind": kind, "limit": max(0, limit)})]
 
     @_guard
-    def trim_events(self, keep: int, before: float) -> int:
+    def event_cursor(self, since: int | None) -> Any:
+        if since is None:
+            return int(self._con().execute(Q["last_event_id"]).fetchone()[0])
+        return int(since)
+
+    @_guard
+    def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
+        # ids follow commit order: one writer at a time holds the write lock
+        out = [Event(*r) for r in self._con().execute(Q["read_events"], (int(cursor), max(0, limit)))]
+        return out, (out[-1].id if out else cursor)
+
+    @_guard
+    def wait_for_events(self, timeout: float) -> None:
+        """Return when an event was added (by any process), or after ``timeout``.
+
+        SQLite cannot notify another process: a follower looks at the newest
+        id every few milliseconds, one indexed read."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        con = self._con()
+        seen = con.execute(Q["last_event_id"]).fetchone()[0]
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(EVENTS_POLL, left))
+            if con.execute(Q["last_event_id"]).fetchone()[0] != seen:
+                return
+
+    @_guard
+    def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
+        params = {"keep": max(0, keep), "before": before, "max": -1 if limit is None else max(0, limit)}
         with self._write() as con:
-            return con.execute(Q["trim_events"], {"keep": max(0, keep), "before": before}).rowcount
+            return con.execute(Q["trim_events"], params).rowcount
 
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:

@@ -175,14 +175,23 @@ CREATE TABLE IF NOT EXISTS fleet_control (
     changed_at  REAL
 );
 
--- What changed and why (level changes today), newest by id; trimmed by the
+-- What changed and why (the event stream: tasks' states and progress, breakers, levels), newest by id; trimmed by the
 -- sweeper leader.
+-- A task's state change stores only what changes (task_id, status, prior,
+-- attempt); its JSON is made when the event is read (events_read below),
+-- from the task's row, so the claim and completion pay for little.
+-- AUTOINCREMENT: an id is never handed out twice, even after a trim took the
+-- newest, so a follower's cursor never skips a new event.
 CREATE TABLE IF NOT EXISTS events (
     id      INTEGER PRIMARY KEY AUTOINCREMENT,
     at      REAL NOT NULL,
     kind    TEXT NOT NULL,
     subject TEXT NOT NULL,
-    data    TEXT NOT NULL
+    data    TEXT NOT NULL,
+    task_id INTEGER,
+    status  TEXT,
+    prior   TEXT,
+    attempt INTEGER
 );
 
 -- Batch settings (schema 13): a batch's on_complete callback (a task template,
@@ -262,6 +271,69 @@ ALTER TABLE named_limits ADD COLUMN counted_at REAL;
 ALTER TABLE named_limits ADD COLUMN paused_until REAL;
 ALTER TABLE tasks ADD COLUMN ref TEXT;
 ALTER TABLE tasks ADD COLUMN on_upstream_failure TEXT NOT NULL DEFAULT 'cancel';
+ALTER TABLE events ADD COLUMN task_id INTEGER;
+ALTER TABLE events ADD COLUMN status TEXT;
+ALTER TABLE events ADD COLUMN prior TEXT;
+ALTER TABLE events ADD COLUMN attempt INTEGER;
+
+-- The event stream (schema version 9), after the columns it needs: written by
+-- triggers in the transaction that changed a task, so every path (claim,
+-- completion, cancel, sweep, a dependency's end) is covered, a rolled-back
+-- write leaves no event, and the ids follow commit order (one writer at a
+-- time). The kinds are those of corral.core.events.
+--
+-- An event's time is SQLite's own clock, read in C: a Python function called
+-- from the trigger would wait for the GIL while holding the write lock. A
+-- store on a test's fake clock puts its time in corral_clock at the start of
+-- each write, and the triggers take it from there.
+-- name: event_stream
+CREATE TABLE IF NOT EXISTS corral_clock (now REAL NOT NULL);
+
+CREATE TRIGGER IF NOT EXISTS tasks_event_insert AFTER INSERT ON tasks
+WHEN NEW.status <> 'SUCCESS'
+BEGIN
+    INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0), 'submitted', '', '', NEW.id, NEW.status, NULL, NEW.attempt);
+END;
+
+CREATE TRIGGER IF NOT EXISTS tasks_event_status AFTER UPDATE OF status ON tasks
+WHEN NEW.status IS NOT OLD.status
+BEGIN
+    INSERT INTO events (at, kind, subject, data, task_id, status, prior, attempt)
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0),
+        CASE NEW.status WHEN 'RUNNING' THEN 'started' WHEN 'SUCCESS' THEN 'succeeded'
+            WHEN 'FAILED' THEN 'failed' WHEN 'RETRYING' THEN 'retrying' WHEN 'PENDING' THEN 'queued'
+            WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'CANCELED' THEN 'canceled' WHEN 'WAITING' THEN 'waiting'
+            ELSE lower(NEW.status) END,
+        '', '', NEW.id, NEW.status, OLD.status, NEW.attempt);
+END;
+
+CREATE TRIGGER IF NOT EXISTS tasks_event_progress AFTER UPDATE OF progress, progress_message ON tasks
+WHEN NEW.status = 'RUNNING' AND NEW.status IS OLD.status
+ AND (NEW.progress IS NOT OLD.progress OR NEW.progress_message IS NOT OLD.progress_message)
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (coalesce((SELECT now FROM corral_clock), (julianday('now') - 2440587.5) * 86400.0), 'progress', 'task:' || NEW.id, json_object(
+        'id', NEW.id, 'name', NEW.name, 'fraction', NEW.progress, 'message', NEW.progress_message));
+END;
+
+CREATE TRIGGER IF NOT EXISTS breaker_event_stream AFTER INSERT ON breaker_events
+BEGIN
+    INSERT INTO events (at, kind, subject, data)
+    VALUES (NEW.at, 'breaker', 'breaker:' || NEW.name, json_object(
+        'name', NEW.name, 'from', NEW.before, 'to', NEW.after, 'reason', NEW.reason));
+END;
+
+-- Events as readers see them: a task event's JSON from its row and the task's.
+CREATE VIEW IF NOT EXISTS events_read AS
+SELECT e.id, e.at, e.kind,
+       CASE WHEN e.task_id IS NULL THEN e.subject ELSE 'task:' || e.task_id END AS subject,
+       CASE WHEN e.task_id IS NULL THEN e.data ELSE json_object(
+           'id', e.task_id, 'name', t.name, 'queue', t.queue, 'status', e.status, 'from', e.prior,
+           'attempt', e.attempt, 'group', t.group_key, 'batch', t.batch, 'trace_id', t.trace_id,
+           'error', CASE WHEN e.status IN ('FAILED', 'RETRYING', 'TIMEOUT', 'CANCELED')
+                         THEN substr(t.error, 1, 500) END) END AS data
+FROM events e LEFT JOIN tasks t ON t.id = e.task_id;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -827,14 +899,33 @@ WHERE NOT (:auto AND fleet_control.manual)
 INSERT INTO events (at, kind, subject, data) VALUES (?, ?, ?, ?)
 
 -- name: events
-SELECT id, at, kind, subject, data FROM events
+SELECT id, at, kind, subject, data FROM events_read
 WHERE (:kind IS NULL OR kind = :kind)
 ORDER BY id DESC LIMIT :limit
 
+-- name: read_events
+SELECT id, at, kind, subject, data FROM events_read WHERE id > ? ORDER BY id LIMIT ?
+
+-- name: last_event_id
+SELECT coalesce(max(id), 0) FROM events
+
+-- name: set_clock
+INSERT OR REPLACE INTO corral_clock (rowid, now) VALUES (1, ?)
+
+-- name: clear_clock
+DELETE FROM corral_clock
+
 -- name: trim_events
-DELETE FROM events
-WHERE at < :before
-   OR id <= (SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep)
+-- The oldest events, by id (ids follow time): those before the first one
+-- stamped at or after :before, and all but the newest :keep; at most :max of
+-- them, so one statement never holds the write lock long.
+DELETE FROM events WHERE id IN (
+    SELECT id FROM events
+    WHERE id <= max(
+        coalesce((SELECT id FROM events WHERE at >= :before ORDER BY id LIMIT 1) - 1,
+                 (SELECT max(id) FROM events)),
+        coalesce((SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep), 0))
+    ORDER BY id LIMIT :max)
 
 -- ---- the dashboard's reads --------------------------------------------------------
 
