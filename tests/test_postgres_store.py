@@ -427,8 +427,10 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
         with psycopg.connect(pg_url, autocommit=True) as conn:
             assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION
             assert conn.execute("SELECT to_regclass('corral_batches') IS NOT NULL").fetchone()[0]
-            retry_index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_ready_retry'"
-            assert conn.execute(retry_index).fetchone()[0]
+            ranked = "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'corral_tasks_ready_%%'"
+            defs = dict(conn.execute(ranked).fetchall())
+            for name in ("corral_tasks_ready_free", "corral_tasks_ready_heads", "corral_tasks_ready_retry"):
+                assert "60" in defs[name] and "DESC" not in defs[name], defs[name]  # the ageing rank
             dashboard = "SELECT count(*) FROM pg_indexes WHERE indexname IN ("
             dashboard += "'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_all',"
             dashboard += " 'corral_tasks_batch_status')"

@@ -73,7 +73,7 @@ POSTGRES_ONLY = {
     "migration_0005": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0006": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0007": "numbered migrations (SQLite: one idempotent `schema`)",
-    "migration_0017": "numbered migrations (SQLite: `columns_v4`)",
+    "migration_0019": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0016": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0013": "numbered migrations (SQLite: one idempotent `schema`)",
     "batch_lock_unsettled": "a batch's settle row locked (SQLite: one writer at a time)",
@@ -81,6 +81,7 @@ POSTGRES_ONLY = {
     "migration_0008": "numbered migrations (SQLite: one idempotent `schema`)",
     "schedule_lock": "a schedule's row locked so its ticks are decided one at a time (SQLite: one writer)",
     "migration_0014": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0018": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

@@ -204,7 +204,9 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     con = s._con()
     assert con.execute("SELECT max(version) FROM corral_schema").fetchone()[0] == SCHEMA_VERSION
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_batch_active'").fetchone()[0] == 1
-    assert con.execute("SELECT count(*) FROM sqlite_master WHERE name = 'tasks_retry_ready'").fetchone()[0] == 1
+    indexes = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"tasks_ready_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
+    assert not {"tasks_ready", "tasks_retry_ready"} & indexes  # the strict-priority ones are gone
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
     dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
     assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
@@ -229,13 +231,14 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert s.fleet_level().level == 1 and len(s.events("level")) == 1
 
 
-@pytest.mark.parametrize("version", [3, 4, 5, 6, 13])
+@pytest.mark.parametrize("version", [3, 4, 5, 6, 13, 14])
 def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     """A file as version 3 left it (before flow control), as version 4 left
     it (rates and breakers, no levels), as version 5 left it (no retry path
-    index), as version 6 left it (no periodic schedules, no batch settings)
-    or as version 13 left it (no dashboard indexes); none has the graph
-    columns. Each is brought up to date."""
+    index), as version 6 left it (no periodic schedules, no batch settings),
+    as version 13 left it (no dashboard indexes) or as version 14 left it
+    (claim order by strict priority, as every version before); none has the
+    graph columns. Each is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
@@ -245,13 +248,22 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     if version < 13:
         con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
         con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")
-    if version < 6:
-        con.execute("DROP INDEX tasks_retry_ready")
+    con.executescript(
+        "DROP INDEX tasks_retry_ready_rank; DROP INDEX tasks_ready_rank;"
+        " CREATE INDEX tasks_ready ON tasks (queue, priority DESC, run_at, id)"
+        " WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);"
+    )
+    if version >= 6:
+        con.execute(
+            "CREATE INDEX tasks_retry_ready ON tasks (queue, priority DESC, run_at, id)"
+            " WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)"
+        )
     for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
         con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
     con.execute("DROP VIEW events_read")
-    for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
-        con.execute(f"DROP INDEX {index}")
+    if version < 14:
+        for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
+            con.execute(f"DROP INDEX {index}")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     else:  # the events table as version 5 made it
@@ -396,7 +408,7 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     # backpressure and drain never read history: only partial indexes are scanned
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX)", plan) == [], plan
     plan = _plan(con, Q["claim_candidates"], ("default", now + 10))
-    assert "USING INDEX tasks_ready" in plan and "SCAN" not in plan, plan
+    assert "USING INDEX tasks_ready_rank" in plan and "SCAN" not in plan, plan
     assert "TEMP B-TREE" not in plan, plan  # index order is claim order: no sort
     for name, params in (
         ("head_clear", ("g", "g")),
@@ -412,7 +424,7 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
     assert re.findall(r"SCAN tasks(?! USING (?:COVERING )?INDEX tasks_running_expiry)", plan) == [], plan
     # the ready index holds queued heads and free tasks only
     ready = con.execute(
-        "SELECT count(*) FROM tasks INDEXED BY tasks_ready "
+        "SELECT count(*) FROM tasks INDEXED BY tasks_ready_rank "
         "WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1) AND queue = 'default'"
     ).fetchone()[0]
     assert ready == 51

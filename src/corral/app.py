@@ -944,17 +944,24 @@ class App:
         ``chunk_size``, ``lease_seconds``, ``sweep_interval``, ...); bad ones
         raise ConfigError (concurrency is at most 1000 slots per process).
         Results over this app's ``max_payload_bytes`` fail their task.
+        ``queues`` is a list of queue names sharing the slots, or a mapping
+        of queue name to its own slots (``{"default": 8, "bulk": 2}``), so a
+        flooded queue cannot take every slot; the worker's slots are then
+        their sum and ``concurrency`` is not used.
         ``retry_share`` (default 0.25, a number in (0, 1], or None) keeps
-        retries on a path apart: while fresh work waits, at most that share of
-        each claim (at least one task) goes to retries, so failing tasks
-        cannot delay fresh work.
+        retries on a path apart: while fresh work waits, retries hold at most
+        that share of the slots (at least one), so failing tasks cannot delay
+        fresh work; when none waits they take every slot.
         ``extra_hooks`` watch this worker only, beside the app's own."""
+        from corral.core.slots import check_slots
         from corral.engine.worker import Worker
         from corral.flow.batches import BatchHooks
         from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
         options.setdefault("schedules", tuple(self.schedules.values()))
+        if isinstance(options.get("queues"), Mapping):
+            concurrency = sum(check_slots(options["queues"]).values())
         levels = LevelHooks(
             self.store,
             concurrency,

@@ -21,7 +21,11 @@ def _retrying(store, n: int, name: str = "again", groups: list[str] | None = Non
     got = claim(store, n, names=[name])
     assert sorted(claimed_ids(got)) == sorted(ids)
     outs = [
-        Outcome(t.id, t.lease_token, t.version, State.RETRYING, error="x", run_at=0.0) for c in got for t in c.tasks
+        # due at the store's now (the claim's start): waiting since long ago would
+        # age it past higher priorities
+        Outcome(t.id, t.lease_token, t.version, State.RETRYING, error="x", run_at=c.tasks[0].started_at)
+        for c in got
+        for t in c.tasks
     ]
     assert all(store.complete(outs))
     return ids
@@ -135,3 +139,37 @@ def test_only_retries_ignores_the_share(store):
     got = claim(store, 4, only_retries=True, retry_share=0.25)
     assert _lanes(store, got) == (4, 0)
     assert all(store.get(t).status == State.PENDING for t in fresh)
+
+
+def test_a_worker_may_give_the_retry_bound_outright_even_zero(store):
+    """``retry_cap``: a worker already holding its share of retries passes 0,
+    and fresh work takes the claim; retries still take what fresh work leaves."""
+    _retrying(store, 6)
+    fresh = [submit_one(store, "fresh") for _ in range(5)]
+    got = claim(store, 4, retry_share=0.25, retry_cap=0)
+    assert _lanes(store, got) == (0, 4)
+    assert sorted(claimed_ids(got)) == fresh[:4]
+    got = claim(store, 4, retry_share=0.25, retry_cap=0)  # one fresh task left: retries take the rest
+    assert _lanes(store, got) == (3, 1)
+    got = claim(store, 4, retry_share=0.25, retry_cap=2)  # no fresh work: every unit
+    assert _lanes(store, got) == (3, 0)
+
+
+def test_a_given_retry_bound_above_the_claim_share(store):
+    _retrying(store, 6)
+    [submit_one(store, "fresh") for _ in range(6)]
+    assert _lanes(store, claim(store, 4, retry_share=0.25, retry_cap=3)) == (3, 1)
+
+
+def test_retry_max_bounds_retries_even_when_fresh_work_runs_short(store):
+    """``retry_max``: a worker keeping room for fresh arrivals; the retries
+    past it wait, whatever fresh work there is."""
+    retries = _retrying(store, 6)
+    fresh = submit_one(store, "fresh")
+    got = claim(store, 4, retry_share=0.25, retry_cap=1, retry_max=2)
+    assert _lanes(store, got) == (2, 1) and fresh in claimed_ids(got)
+    got = claim(store, 4, retry_share=0.25, retry_max=3)  # no fresh work left
+    assert _lanes(store, got) == (3, 0)
+    got = claim(store, 4, retry_share=0.25, retry_max=0)
+    assert got == []
+    assert len([t for t in retries if store.get(t).status is State.RETRYING]) == 1

@@ -15,8 +15,9 @@ store's own records, never from the workers' word. Three scenarios:
   seconds from the first call, then recovers; the same workload without and
   with a breaker on the limit;
 - ``retry``: fresh tasks arriving at a steady pace while failing tasks
-  retry, against the same arrivals alone; the fresh tasks' wait (submit to
-  start, from the store's records).
+  retry (arriving alongside them, and, apart, all queued at the start),
+  against the same arrivals alone; the fresh tasks' wait (submit to start,
+  from the store's records).
 
 Each scenario is one child process (``python -m corral.bench.limits
 --scenario S``) printing one JSON object.
@@ -434,9 +435,11 @@ def scenario_breaker(args) -> dict[str, Any]:
     }
 
 
-def retry_run(args, failing: int) -> dict[str, Any]:
-    """Fresh tasks arriving at ``--fresh-rate`` a second, ``failing`` failing
-    tasks queued at the start; the fresh tasks' waits from the store."""
+def retry_run(args, failing: int, arrival: str = "start") -> dict[str, Any]:
+    """Fresh tasks arriving at ``--fresh-rate`` a second beside ``failing``
+    failing tasks, queued at the start (``arrival="start"``) or arriving
+    alongside the fresh ones, spread over the same seconds (``"alongside"``);
+    the fresh tasks' waits from the store."""
     from corral.bench.limits_app import build_app
     from corral.core.model import TaskFilter
 
@@ -447,14 +450,19 @@ def retry_run(args, failing: int) -> dict[str, Any]:
             with Fleet(url, None, args.workers, args.concurrency) as fleet:
                 fleet.wait_ready()
                 t0 = time.monotonic()
-                if failing:
+                if failing and arrival == "start":
                     _submit(app, "limits.flaky", failing, prefix="f")
                 step, per = 0.05, max(1, round(args.fresh_rate * 0.05))
-                sent = 0
+                sent = flaky_sent = 0
                 while sent < n:
                     k = min(per, n - sent)
                     app.submit_many("limits.fresh", [{"args": (sent + j,)} for j in range(k)])
                     sent += k
+                    if failing and arrival == "alongside":
+                        due = failing if sent >= n else failing * sent // n
+                        if due > flaky_sent:
+                            app.submit_many("limits.flaky", [{"args": (f"f-{i}",)} for i in range(flaky_sent, due)])
+                            flaky_sent = due
                     pause = t0 + step * (sent // per) - time.monotonic()
                     if pause > 0:
                         time.sleep(pause)
@@ -462,21 +470,32 @@ def retry_run(args, failing: int) -> dict[str, Any]:
                 elapsed = time.monotonic() - t0
             fresh = app.store.list_tasks(TaskFilter(name="limits.fresh", limit=n + 1))
             waits = [r.started_at - r.created_at for r in fresh if r.started_at is not None]
+            retried = app.store.list_tasks(TaskFilter(name="limits.flaky", limit=failing + 1)) if failing else []
+            attempts = sum(r.attempt for r in retried)
         finally:
             app.store.close()
-    return {"failing": failing, "elapsed_s": round(elapsed, 3), **wait_figures(waits)}
+    return {
+        "failing": failing,
+        "arrival": arrival,
+        "failing_attempts": attempts,
+        "elapsed_s": round(elapsed, 3),
+        **wait_figures(waits),
+    }
 
 
 def scenario_retry(args) -> dict[str, Any]:
     alone = retry_run(args, 0)
-    beside = retry_run(args, args.retry_tasks)
+    alongside = retry_run(args, args.retry_tasks, "alongside")
+    at_start = retry_run(args, args.retry_tasks, "start")
     return {
         "scenario": "retry",
         "fresh": args.retry_tasks,
         "fresh_rate": args.fresh_rate,
         "alone": alone,
-        "beside_retries": beside,
-        "targets": retry_targets(alone, beside),
+        "beside_retries": alongside,
+        "queued_first": at_start,
+        "targets": retry_targets(alone, alongside),
+        "queued_first_ratio": retry_targets(alone, at_start)[0]["value"],
     }
 
 
@@ -618,7 +637,14 @@ def render(report: dict[str, Any]) -> None:
             t = Table(title=f"retry path: {r['fresh']} fresh tasks at {r['fresh_rate']:g}/s ({head})")
             for c in ("run", "failing tasks", "fresh p50 wait ms", "fresh p99 wait ms", "max ms", "elapsed s"):
                 t.add_column(c, justify="left" if c == "run" else "right")
-            for label, key in (("fresh alone", "alone"), ("beside retries", "beside_retries")):
+            rows = (
+                ("fresh alone", "alone"),
+                ("failing ones arriving alongside", "beside_retries"),
+                ("failing ones queued first", "queued_first"),
+            )
+            for label, key in rows:
+                if key not in r:
+                    continue
                 x = r[key]
                 t.add_row(
                     label,

@@ -24,7 +24,9 @@ from corral.cli import (
     store_url_of,
 )
 from corral.core.model import new_holder_id
+from corral.core.slots import parse_queues
 from corral.core.validation import CONCURRENCY_RANGE, DEFAULT_RETRY_SHARE
+from corral.errors import ConfigError
 
 log = logging.getLogger("corral.cli")
 #: Most slots one worker process runs.
@@ -61,7 +63,15 @@ def log_format_option(f):
     help=f"Worker slots (tasks or chunks in flight), 1 to {MAX_SLOTS} per process: each is a thread; "
     "for more, run more processes.",
 )
-@click.option("-q", "--queues", default="default", show_default=True, help="Comma-separated queues to serve.")
+@click.option(
+    "-q",
+    "--queues",
+    default="default",
+    show_default=True,
+    help="Comma-separated queues to serve, sharing the slots; or each with its own slots, "
+    "e.g. default:8,bulk:2 (then the worker has their sum and -c is not used), so a flooded queue "
+    "cannot take every slot.",
+)
 @click.option(
     "--chunk-size",
     type=click.IntRange(min=1),
@@ -161,9 +171,14 @@ def worker(
     sweep_s = duration_arg(sweep_interval, "--sweep-interval")
     if lease_s <= 0 or sweep_s <= 0:
         raise CLIError("--lease and --sweep-interval must be > 0")
-    queue_list = tuple(q.strip() for q in queues.split(",") if q.strip())
-    if not queue_list:
-        raise CLIError("--queues names no queue")
+    try:
+        queue_list, queue_slots = parse_queues(queues)
+    except ConfigError as exc:
+        raise CLIError(f"--queues: {exc}") from None
+    if queue_slots is not None and sum(queue_slots.values()) > CONCURRENCY_RANGE[1]:
+        raise CLIError(
+            f"--queues: {sum(queue_slots.values())} slots in all; at most {CONCURRENCY_RANGE[1]} per process"
+        )
     app = load_app(app_spec, given_store(store_url))
     if not app.registry:
         raise CLIError(f"APP {app_spec!r} registers no task; nothing to run")
@@ -189,7 +204,7 @@ def worker(
         concurrency,
         worker_id=holder,
         extra_hooks=extra,
-        queues=queue_list,
+        queues=queue_slots if queue_slots is not None else queue_list,
         chunk_size=chunk_size,
         lease_seconds=lease_s,
         grace=grace,

@@ -137,13 +137,27 @@ def retry_share(value: Any, option: str = "retry_share") -> float | None:
     return v
 
 
-def retry_cap(max_units: int, share: float | None) -> int | None:
+def retry_cap(max_units: int, share: float | None, cap: int | None = None) -> int | None:
     """The most units of a claim of ``max_units`` that retries take while
-    fresh work waits: ``ceil(max_units * share)``, at least 1 so retries are
-    never starved (None: no share, claim order alone decides)."""
+    fresh work waits: ``cap`` when the caller gives it (a worker bounding the
+    retries it holds; 0 allowed), else ``ceil(max_units * share)``, at least
+    1 so retries are never starved (None: no share, claim order alone decides)."""
     if share is None:
         return None
+    if cap is not None:
+        return max(0, min(int(cap), max_units))
     return max(1, math.ceil(max_units * share - 1e-9))
+
+
+def held_retry_cap(slots: int, share: float | None, retries_held: int) -> int | None:
+    """How many more retry units a worker with ``slots`` may claim while fresh
+    work waits, holding ``retries_held`` already: its share of the slots,
+    ``ceil(slots * share)`` (at least 1, so retries always move), less those.
+    A share of each *claim* would not do: a busy worker claims one unit at a
+    time as slots free, and one unit's share is the whole unit."""
+    if share is None:
+        return None
+    return max(0, max(1, math.ceil(slots * share - 1e-9)) - retries_held)
 
 
 def max_payload_bytes(value: Any) -> int:

@@ -36,11 +36,11 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.core import validation
+from corral.core import slots, validation
 from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
@@ -136,6 +136,15 @@ class _Unit:
     uncounted: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def queue(self) -> str:
+        return self.claim.tasks[0].queue
+
+    @property
+    def retry(self) -> bool:
+        """Headed by a task run again after an attempt that ended (the retry path)."""
+        return self.claim.tasks[0].attempt > 1
+
 
 @dataclass(eq=False)
 class _Run:
@@ -166,7 +175,7 @@ class Worker:
         hooks: Hooks | None = None,
         clock: Clock = SYSTEM_CLOCK,
         concurrency: int = 10,
-        queues: Sequence[str] = ("default",),
+        queues: Sequence[str] | Mapping[str, int] = ("default",),
         chunk_size: int = 1,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         heartbeat_interval: float | None = None,
@@ -201,6 +210,12 @@ class Worker:
         self.registry = registry
         self.hooks = hooks if hooks is not None else Hooks()
         self.clock = clock
+        #: per-queue slots (``{"default": 8, "bulk": 2}``), or None: one pool
+        self.queue_slots: dict[str, int] | None = None
+        if isinstance(queues, Mapping):
+            self.queue_slots = slots.check_slots(queues)
+            concurrency = sum(self.queue_slots.values())
+            validation.integer(concurrency, "concurrency (the queues' slots together)", validation.CONCURRENCY_RANGE)
         self.concurrency = concurrency
         self.queues = tuple(queues)
         self.chunk_size = max(1, chunk_size)
@@ -218,6 +233,12 @@ class Worker:
         self.id = worker_id or new_holder_id()
         self._cond = threading.Condition()
         self._inflight = 0  # units claimed and not settled
+        self._held: dict[str, int] = {}  # of those, by queue (per-queue slots)
+        self._retries_held = 0  # of those, retries (their share of the slots)
+        self._fresh_held = 0  # and fresh units
+        self._fresh_peak = slots.RecentPeak(1.0)  # the most fresh units held in about the last second
+        self._turn = 0  # which queue asks first (per-queue slots)
+        self._full_queues = False  # the last claim left out a queue with no slot free
         self._units: set[_Unit] = set()
         self._runs: dict[int, _Run] = {}
         self._inbox: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
@@ -497,21 +518,50 @@ class Worker:
                 self._stop_claiming.wait(min(2.0, self.poll_interval * 4))
                 continue
             if not claims:
-                self.store.wait_for_work(self._idle_wait())
+                if self._full_queues:
+                    # a queue with no slot free may hold work: a slot freeing
+                    # there is not news to the store, so look again soon
+                    with self._cond:
+                        self._cond.wait(min(self._idle_wait(), 0.05))
+                else:
+                    self.store.wait_for_work(self._idle_wait())
                 continue
             self._hook("on_claims", self.id, claims)
             for c in claims:
                 unit = _Unit(c)
                 with self._cond:
                     self._units.add(unit)
+                    self._count(unit, +1)
                 self._inbox.put(unit)
             time.sleep(0)  # let the woken slots take the GIL before the next claim
 
+    def _count(self, unit: _Unit, step: int) -> None:
+        """Keep the per-queue and retry counts of units in flight (lock held)."""
+        q = unit.queue
+        self._held[q] = self._held.get(q, 0) + step
+        if unit.retry:
+            self._retries_held += step
+        else:
+            self._fresh_held += step
+            if step > 0:
+                self._fresh_peak.note(self._fresh_held, time.monotonic())
+
     def _claim(self, want: int, names: frozenset[str], policy: DispatchPolicy) -> list[Claim]:
-        """One claim, or one per lane of the policy until ``want`` is reached."""
+        """One claim, or one per lane of the policy (and with per-queue slots,
+        one per queue with a slot free) until ``want`` is reached."""
         extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
         if self.retry_share is not None and not policy.only_retries:
+            # the share bounds the retries this worker *holds*, not each claim
+            slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
+            with self._cond:
+                retries_held = self._retries_held
+                fresh_peak = self._fresh_peak.peak(time.monotonic())
             extra["retry_share"] = self.retry_share
+            extra["retry_cap"] = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
+            if fresh_peak:
+                # fresh work came a moment ago: keep room for its next arrivals
+                room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
+                extra["retry_max"] = max(0, room - retries_held)
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:
@@ -523,18 +573,40 @@ class Worker:
                 for lane in policy.lanes
             )
         claims: list[Claim] = []
+        self._full_queues = False
         for queues, lane_names in lanes:
             if not queues or not lane_names or len(claims) >= want:
                 continue
-            claims += self.store.claim(
-                self.id,
-                queues,
-                want - len(claims),
-                names=lane_names,
-                chunk_size=self.chunk_size,
-                lease_seconds=self.lease_seconds,
-                **extra,
-            )
+            if self.queue_slots is None:
+                asks = [(queues, want - len(claims))]
+            else:
+                with self._cond:
+                    held = dict(self._held)
+                    for c in claims:  # claimed in this round, not yet counted
+                        held[c.tasks[0].queue] = held.get(c.tasks[0].queue, 0) + 1
+                self._turn += 1
+                budgets = slots.queue_budgets(
+                    slots.rotate(queues, self._turn), self.queue_slots, held, want - len(claims)
+                )
+                self._full_queues = self._full_queues or any(held.get(q, 0) >= self.queue_slots[q] for q in queues)
+                asks = [((q,), n) for q, n in budgets]
+            for ask_queues, n in asks:
+                if n <= 0 or len(claims) >= want:
+                    continue
+                got = self.store.claim(
+                    self.id,
+                    ask_queues,
+                    min(n, want - len(claims)),
+                    names=lane_names,
+                    chunk_size=self.chunk_size,
+                    lease_seconds=self.lease_seconds,
+                    **extra,
+                )
+                claims += got
+                retried = sum(1 for c in got if c.tasks[0].attempt > 1)
+                for key in ("retry_cap", "retry_max"):
+                    if extra.get(key) is not None:
+                        extra[key] = max(0, extra[key] - retried)
         return claims
 
     def _idle_wait(self) -> float:
@@ -563,6 +635,7 @@ class Worker:
         with self._cond:
             if counted:
                 self._inflight -= 1
+                self._count(unit, -1)
             self._units.discard(unit)
             self._cond.notify_all()
         return True
@@ -1026,6 +1099,7 @@ class Worker:
         self._spawn_slot()
         with self._cond:
             self._inflight -= 1  # the unit stays in _units: the heartbeat keeps its lease
+            self._count(unit, -1)
             self._cond.notify_all()
 
     def _heartbeat_loop(self) -> None:

@@ -19,8 +19,9 @@ Claim rules (the heart; every store implements them the same way):
 3. With ``chunk_size > 1`` the head and the following tasks of its group (up
    to ``chunk_size``, stopping at the first one that is not a ready candidate)
    form one :class:`Claim`, run in order by one worker.
-4. Candidates are taken by ``priority`` (high first), then by the time they
-   became eligible, then by id. For a group head that time is
+4. Candidates are taken by their *rank*, ``eligible time - priority * 60 s``
+   (lowest first; :mod:`corral.core.priorities`: higher priority first, with
+   ageing, one level for each minute waited), then by id. For a group head the eligible time is
    ``max(run_at, group.last_claimed_at)``: a group served just now goes to the
    back, which is round robin between groups. A retry's ``run_at`` is the end
    of its backoff, so it queues behind fresh work submitted before then.
@@ -41,9 +42,10 @@ Claim rules (the heart; every store implements them the same way):
    an attempt.
 7. With a ``retry_share`` the claim keeps retries on a path apart: still in
    the order of rule 4, but while fresh (PENDING) work is claimable at most
-   ``ceil(max_units * retry_share)`` claims (at least one) are headed by a
-   RETRYING task; the retries past that wait for a later claim, unless fresh
-   work runs short: then they take the rest. Rules 2, 3 and 5 hold on both.
+   ``ceil(max_units * retry_share)`` claims (at least one; or ``retry_cap``
+   when given, 0 allowed) are headed by a RETRYING task; the retries past
+   that wait for a later claim, unless fresh work runs short: then they take
+   the rest. Rules 2, 3 and 5 hold on both.
 
 Time: memory and SQLite read "now" from the :class:`~corral.core.clock.Clock`
 they were opened with (tests pass a fake one); PostgreSQL uses the database
@@ -355,6 +357,8 @@ class Store(abc.ABC):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
 
@@ -366,7 +370,17 @@ class Store(abc.ABC):
         fresh (PENDING) work is claimable at most ``ceil(max_units *
         retry_share)`` units (at least one, so retries keep moving) are headed
         by a RETRYING task; units fresh work leaves go to retries. Group
-        order, limits, pauses and breakers apply to both paths."""
+        order, limits, pauses and breakers apply to both paths.
+
+        ``retry_cap`` (with ``retry_share``) gives that bound outright, 0
+        allowed: a worker bounds the retries it *holds* to its share of its
+        slots, so it passes what is left of that share (retries still take
+        every unit fresh work leaves).
+
+        ``retry_max`` (with ``retry_share``) bounds the retry units of the
+        claim even when fresh work runs short: a worker that saw fresh work
+        arrive a moment ago keeps room free for the next arrivals instead of
+        filling every idle slot with retries."""
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

@@ -39,9 +39,10 @@ from corral.core.model import (
     loads,
 )
 from corral.core.planning import HISTORY_SCAN, HistoryRow
+from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
-from corral.core.validation import retry_cap
+from corral.core.validation import retry_cap as units_for_retries
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import (
@@ -87,7 +88,7 @@ class MemoryStore(Store):
         self._tasks: dict[int, TaskRecord] = {}
         self._ids = itertools.count(1)
         self._keys: dict[str, int] = {}
-        self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (-prio, eligible, id, stamp)
+        self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (rank, id, stamp)
         self._retry_ready: dict[str, list] = {}  # queue -> heap of RETRYING ones, the retry path
         self._stamp: dict[int, int] = {}
         self._stamps = itertools.count(1)
@@ -131,7 +132,7 @@ class MemoryStore(Store):
             eligible = max(eligible, g.last_claimed_at)
         stamp = self._stamp[t.id] = next(self._stamps)
         ready = self._retry_ready if t.status is State.RETRYING else self._ready
-        heapq.heappush(ready.setdefault(t.queue, []), (-t.priority, eligible, t.id, stamp))
+        heapq.heappush(ready.setdefault(t.queue, []), (claim_rank(t.priority, eligible), t.id, stamp))
 
     def _promote_due(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:
@@ -330,6 +331,8 @@ class MemoryStore(Store):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -339,7 +342,10 @@ class MemoryStore(Store):
             self._promote_due(now)
             retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
             fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
-            cap = retry_cap(max_units, retry_share)
+            cap = units_for_retries(max_units, retry_share, retry_cap)
+            most = max_units if retry_share is None or retry_max is None else max(0, retry_max)
+            if cap is not None:
+                cap = min(cap, most)
             # one pass in claim order, the retry path only up to its share;
             # then, if fresh work ran short, retries take the rest
             if cap is None or not retry or not fresh:
@@ -356,13 +362,13 @@ class MemoryStore(Store):
                 while heaps and len(claims) < max_units:
                     heap = min(heaps, key=lambda h: h[0])
                     entry = heapq.heappop(heap)
-                    if capped and id(heap) in retry_heaps and retries_taken >= cap:
+                    if id(heap) in retry_heaps and retries_taken >= (cap if capped else most):
                         heapq.heappush(heap, entry)  # the share is taken: the rest waits for this pass to end
                         heaps = [h for h in heaps if h is not heap]
                         continue
                     if not heap:
                         heaps.remove(heap)
-                    tid, stamp = entry[2], entry[3]
+                    tid, stamp = entry[1], entry[2]
                     t = self._tasks[tid]
                     if self._stamp.get(tid) != stamp or t.status not in QUEUED:
                         continue

@@ -141,8 +141,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
-#: 17: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 17
+#: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
+SCHEMA_VERSION = 19
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
@@ -484,6 +484,8 @@ class PostgresStore(SqlStore):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -500,6 +502,10 @@ class PostgresStore(SqlStore):
             "only_retries": bool(only_retries),
             # the retry path apart: one statement still (the share is applied in it)
             "share": None if only_retries or retry_share is None else float(retry_share),
+            # a worker's own bound on retries (what is left of its share of its slots)
+            "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
+            # and the most retries a claim takes even when fresh work runs short
+            "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
             "solo": [],
         }
 

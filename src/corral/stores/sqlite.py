@@ -57,8 +57,9 @@ How it is made safe and fast for several processes on one file:
 
 Claim order (rule 4 of :mod:`corral.stores.base`) sorts by an *eligible* time
 that for a group head is ``max(run_at, group.last_claimed_at)``, which no index
-can hold. Candidates are read in index order ``(priority DESC, run_at, id)``;
-since the eligible time is never before ``run_at``, a candidate read so far
+can hold. Candidates are read in index order ``(run_at - priority * 60, id)``
+(the ageing rank of :mod:`corral.core.priorities`); since the eligible time is
+never before ``run_at``, a candidate read so far
 may be taken as soon as its key is not after the index key of the row just
 read (a small heap), so only as many rows are read as the claim needs.
 """
@@ -98,8 +99,9 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition
-from corral.core.validation import retry_cap
+from corral.core.validation import retry_cap as units_for_retries
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import (
     STILL_GOING,
@@ -124,11 +126,13 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 5: the dead-letter index, the fleet_control row and the events log;
 #: 7: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes; 16: the event stream's triggers (task states and progress, breakers);
-#: 17: graph columns (ref, on_upstream_failure).
+#: 14: the dashboard's indexes;
+#: 16: the event stream's triggers (task states and progress, breakers);
+#: 18: the claim-order indexes hold the ageing rank (core/priorities.py);
+#: 19: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 17
+SCHEMA_VERSION = 19
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -695,12 +699,17 @@ class SQLiteStore(SqlStore):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         only_retries: bool = False,
         retry_share: float | None = None,
+        retry_cap: int | None = None,
+        retry_max: int | None = None,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
         known = None if names is None else set(names)
         queues = sorted(set(queues))
-        cap = None if only_retries else retry_cap(max_units, retry_share)
+        cap = None if only_retries else units_for_retries(max_units, retry_share, retry_cap)
+        most = max_units if cap is None or retry_max is None else max(0, min(retry_max, max_units))
+        if cap is not None:
+            cap = min(cap, most)
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
@@ -717,10 +726,10 @@ class SQLiteStore(SqlStore):
                 if cap is None:
                     rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
                 else:
-                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap)).fetchall()
+                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap)
+            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most)
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -750,12 +759,15 @@ class SQLiteStore(SqlStore):
                     claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
         return claims
 
-    def _pick(self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None) -> list[list[tuple]]:
+    def _pick(
+        self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None, most=None
+    ) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
 
         With a retry ``cap``, the retry path is read apart (its own index) and
         merged in claim order with fresh work, taking at most ``cap`` retries;
-        if fresh work runs short, retries take the rest."""
+        if fresh work runs short, retries take the rest (at most ``most``
+        retries in all)."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -763,12 +775,12 @@ class SQLiteStore(SqlStore):
         def eligible_key(row) -> tuple:
             tid, prio, run_at, group = row[0], row[1], row[2], row[3]
             if group is None:
-                return (-prio, run_at, tid)
+                return (claim_rank(prio, run_at), tid)
             lca = last_claimed.get(group)
             if lca is None:
                 hit = con.execute(Q["group_last_claimed"], (group,)).fetchone()
                 lca = last_claimed[group] = hit[0] if hit else 0.0
-            return (-prio, max(run_at, lca), tid)
+            return (claim_rank(prio, max(run_at, lca)), tid)
 
         def the_gates() -> Gates:
             nonlocal gates
@@ -782,13 +794,13 @@ class SQLiteStore(SqlStore):
         picked: list[list[tuple]] = []
 
         def ordered(query: str) -> Iterator[tuple]:
-            """Candidates of ``query`` in claim order: priority, then eligibility."""
+            """Candidates of ``query`` in claim order: rank (priority with ageing), then id."""
             mine = [con.execute(Q[query], (q, now)) for q in queues]
             cursors.extend(mine)
-            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (-r[1], r[2], r[0]))
+            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=lambda r: (claim_rank(r[1], r[2]), r[0]))
             heap: list = []
             for row in stream:
-                index_key = (-row[1], row[2], row[0])
+                index_key = (claim_rank(row[1], row[2]), row[0])
                 heapq.heappush(heap, (eligible_key(row), row))
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
@@ -855,8 +867,9 @@ class SQLiteStore(SqlStore):
                         assert next_f is not None
                         take(next_f)
                         next_f = next(fresh, None)
-                if next_r is not None:  # fresh work ran short: retries take the rest
-                    fill(itertools.chain([next_r], retries), max_units)
+                room = (max_units if most is None else most) - taken
+                if next_r is not None and room > 0:  # fresh work ran short: retries take the rest
+                    fill(itertools.chain([next_r], retries), min(max_units, len(picked) + room))
         finally:
             for c in cursors:
                 c.close()

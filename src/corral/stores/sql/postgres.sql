@@ -294,7 +294,7 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
--- name: migration_0017
+-- name: migration_0019
 -- Task graphs: a task's local name in the graph it was submitted with, and
 -- what an upstream's bad end does to it ('cancel', or 'run' anyway).
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
@@ -445,6 +445,21 @@ CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id
 CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
     WHERE batch IS NOT NULL;
 
+-- name: migration_0018
+-- Priorities with ageing: ready tasks are claimed by their rank, run_at (a
+-- group head: ready_at) less priority x 60 s, so one priority level is worth a
+-- minute of waiting and low priority still moves (core/priorities.py). The
+-- claim-order indexes hold the rank, so a claim still reads them in order.
+DROP INDEX IF EXISTS corral_tasks_ready_free;
+CREATE INDEX corral_tasks_ready_free ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL;
+DROP INDEX IF EXISTS corral_tasks_ready_heads;
+CREATE INDEX corral_tasks_ready_heads ON corral_tasks ((ready_at - priority * 60::float8), id)
+    WHERE status IN ('PENDING', 'RETRYING') AND is_head;
+DROP INDEX IF EXISTS corral_tasks_ready_retry;
+CREATE INDEX corral_tasks_ready_retry ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status = 'RETRYING';
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -592,7 +607,7 @@ free_locked AS MATERIALIZED (
       AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
-    ORDER BY t.priority DESC, t.run_at, t.id
+    ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -623,7 +638,7 @@ heads_locked AS MATERIALIZED (
             SELECT 1 FROM corral_tasks r
             WHERE r.group_key = t.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
             OFFSET 0)
-    ORDER BY t.priority DESC, t.ready_at, t.id
+    ORDER BY (t.ready_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -651,7 +666,7 @@ retry_locked AS MATERIALIZED (
                 SELECT 1 FROM corral_tasks r
                 WHERE r.group_key = t.group_key AND r.status = 'RUNNING' AND r.group_key IS NOT NULL
                 OFFSET 0)))
-    ORDER BY t.priority DESC, t.run_at, t.id
+    ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -659,7 +674,7 @@ retry_locked AS MATERIALIZED (
 -- number on each path
 lanes AS MATERIALIZED (
     SELECT u.*,
-           row_number() OVER (PARTITION BY u.lane ORDER BY u.priority DESC, u.elig, u.id) AS ln,
+           row_number() OVER (PARTITION BY u.lane ORDER BY (u.elig - u.priority * 60::float8), u.id) AS ln,
            count(*) FILTER (WHERE u.lane = 0) OVER () AS nf
     FROM (SELECT *, 0 AS lane FROM free_locked
           UNION ALL SELECT *, 0 FROM heads_locked
@@ -669,10 +684,10 @@ lanes AS MATERIALIZED (
 -- (unless fresh work runs short)
 picked AS MATERIALIZED (
     SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
-           row_number() OVER (ORDER BY u.priority DESC, u.elig, u.id) AS rk
-    FROM lanes u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
-    ORDER BY u.priority DESC, u.elig, u.id
+           row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
+    FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
+    ORDER BY (u.elig - u.priority * 60::float8), u.id
     LIMIT %(n)s
 ),
 followers AS MATERIALIZED (
@@ -745,7 +760,7 @@ fresh AS MATERIALIZED (
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
-    ORDER BY t.priority DESC, t.run_at, t.id
+    ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -758,7 +773,7 @@ retry AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
-    ORDER BY t.priority DESC, t.run_at, t.id
+    ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
@@ -766,12 +781,12 @@ retry AS MATERIALIZED (
 -- (unless fresh work runs short)
 picked AS (
     SELECT u.id FROM (
-        SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY l.priority DESC, l.run_at, l.id) AS ln,
+        SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY (l.run_at - l.priority * 60::float8), l.id) AS ln,
                count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
         FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
-    ) u, (SELECT greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= greatest(c.cap, %(n)s - u.nf)
-    ORDER BY u.priority DESC, u.run_at, u.id
+    ) u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
+    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
+    ORDER BY (u.run_at - u.priority * 60::float8), u.id
     LIMIT %(n)s
 )
 UPDATE corral_tasks t

@@ -46,14 +46,16 @@ CREATE TABLE IF NOT EXISTS tasks (
 -- Claim candidates: queued rows that are ungrouped or their group's head.
 -- Its size follows the claimable backlog, never the number of finished
 -- tasks, nor the length of a group's line.
-CREATE INDEX IF NOT EXISTS tasks_ready
-    ON tasks (queue, priority DESC, run_at, id)
+DROP INDEX IF EXISTS tasks_ready;
+CREATE INDEX IF NOT EXISTS tasks_ready_rank
+    ON tasks (queue, (run_at - priority * 60.0), id)
     WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1);
 
 -- The retry path: claim candidates waiting to be retried, in claim order. A
 -- claim with a retry share looks here first; it stays empty while nothing fails.
-CREATE INDEX IF NOT EXISTS tasks_retry_ready
-    ON tasks (queue, priority DESC, run_at, id)
+DROP INDEX IF EXISTS tasks_retry_ready;
+CREATE INDEX IF NOT EXISTS tasks_retry_ready_rank
+    ON tasks (queue, (run_at - priority * 60.0), id)
     WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1);
 
 -- Every queued row by run_at (the sweeper's stale-PENDING rule).
@@ -423,22 +425,22 @@ SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
 -- is its group's head (nothing ACTIVE or halting-FAILED before it).
 -- name: claim_candidates
 SELECT id, priority, run_at, group_key, name, limits, queue, status
-FROM tasks INDEXED BY tasks_ready
+FROM tasks INDEXED BY tasks_ready_rank
 WHERE status IN ('PENDING', 'RETRYING')
   AND (group_key IS NULL OR is_head = 1)
   AND queue = ?
   AND run_at <= ?
-ORDER BY priority DESC, run_at, id
+ORDER BY (run_at - priority * 60.0), id
 
 -- The retry path's claim candidates (a claim with a retry share).
 -- name: claim_retry_candidates
 SELECT id, priority, run_at, group_key, name, limits, queue, status
-FROM tasks INDEXED BY tasks_retry_ready
+FROM tasks INDEXED BY tasks_retry_ready_rank
 WHERE status = 'RETRYING'
   AND (group_key IS NULL OR is_head = 1)
   AND queue = ?
   AND run_at <= ?
-ORDER BY priority DESC, run_at, id
+ORDER BY (run_at - priority * 60.0), id
 
 -- Keep is_head right for one group after its line changed: the head is the
 -- smallest id still ACTIVE or halting-FAILED.
@@ -506,13 +508,13 @@ UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?,
     worker_id = ?, started_at = ?, attempt = attempt + 1, version = version + 1
 WHERE id IN (
-    SELECT id FROM tasks INDEXED BY tasks_ready
+    SELECT id FROM tasks INDEXED BY tasks_ready_rank
     WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1)
       AND group_key IS NULL AND limits IS NULL
       AND queue = ? AND run_at <= ?
       AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
       AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
-    ORDER BY priority DESC, run_at, id
+    ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
@@ -522,7 +524,8 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 
 -- claim_plain with a retry share: up to n fresh and up to n retry candidates,
 -- taken in claim order, but retries past ?8 (the share of n) are left for a
--- later claim unless fresh work runs short. Parameters as claim_plain, then ?8.
+-- later claim unless fresh work runs short, and never more than ?9 of them.
+-- Parameters as claim_plain, then ?8, ?9.
 -- name: claim_plain_shared
 UPDATE tasks
 SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
@@ -530,31 +533,31 @@ SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_
 WHERE id IN (
     SELECT id FROM (
         SELECT id, lane, priority, run_at,
-               row_number() OVER (PARTITION BY lane ORDER BY priority DESC, run_at, id) AS rn,
+               row_number() OVER (PARTITION BY lane ORDER BY (run_at - priority * 60.0), id) AS rn,
                count(*) OVER () - sum(lane) OVER () AS nf
         FROM (
             SELECT * FROM (
-                SELECT id, 1 AS lane, priority, run_at FROM tasks INDEXED BY tasks_retry_ready
+                SELECT id, 1 AS lane, priority, run_at FROM tasks INDEXED BY tasks_retry_ready_rank
                 WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)
                   AND group_key IS NULL AND limits IS NULL
                   AND queue = ?4 AND run_at <= ?5
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
-                ORDER BY priority DESC, run_at, id
+                ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)
             UNION ALL
             SELECT * FROM (
-                SELECT id, 0 AS lane, priority, run_at FROM tasks INDEXED BY tasks_ready
+                SELECT id, 0 AS lane, priority, run_at FROM tasks INDEXED BY tasks_ready_rank
                 WHERE status IN ('PENDING', 'RETRYING') AND (group_key IS NULL OR is_head = 1)
                   AND status = 'PENDING'
                   AND group_key IS NULL AND limits IS NULL
                   AND queue = ?4 AND run_at <= ?5
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
-                ORDER BY priority DESC, run_at, id
+                ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)))
-    WHERE lane = 0 OR rn <= max(?8, ?7 - nf)
-    ORDER BY priority DESC, run_at, id
+    WHERE lane = 0 OR rn <= min(?9, max(?8, ?7 - nf))
+    ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
