@@ -160,3 +160,29 @@ def test_bad_variant_is_a_usage_error():
 )
 def test_bad_numbers(args):
     assert CliRunner().invoke(bench, args).exit_code != 0
+
+
+def test_dag_memory_and_sqlite():
+    report = _run(
+        "dag", "--nodes", "60", "--layers", "6", "--slots", "4", "--duration", "0.001", "--json", "--no-progress"
+    )
+    assert report["scenario"] == "dag"
+    assert [r["store"] for r in report["runs"]] == ["memory", "sqlite"]
+    for r in report["runs"]:
+        assert r["nodes"] == 60 and r["layers"] == 6 and r["slots"] == 4
+        assert r["ideal_makespan_s"] == pytest.approx(max(r["critical_path_s"], r["total_work_s"] / 4), abs=1e-3)
+        assert 0 < r["ratio"] and r["makespan_s"] > 0
+        assert r["parallelism"] == pytest.approx(r["parallelism_bound"] * r["ratio"], rel=0.02, abs=0.02)
+
+
+def test_dag_graph_is_the_same_for_a_seed():
+    from corral.bench.dag import layered_graph
+
+    g = layered_graph(1000, 20, 3, seed=7)
+    assert g == layered_graph(1000, 20, 3, seed=7)
+    assert len(g) == 1000 and all(not deps for deps in g[:50])
+    assert all(
+        1 <= len(deps) <= 3 and all(50 * (i // 50 - 1) <= j < 50 * (i // 50) for j in deps)
+        for i, deps in enumerate(g)
+        if i >= 50
+    )

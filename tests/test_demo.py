@@ -55,11 +55,13 @@ def test_main_scenario_in_process_holds_the_rate_and_the_order(tmp_path):
     )
     text = out.getvalue()
     assert rep.finished and rep.tasks == 180
-    # one SKU carries bad data: its detail fails for good, its images and notification follow it
+    # one SKU carries bad data: its detail fails for good (a dead letter); its
+    # images and notification are canceled after it, and are no dead letters
     assert rep.synced == 59
-    assert {ph: f.dead for ph, f in rep.phases.items()} == {"detail": 1, "images": 1, "notify": 1}
+    assert {ph: f.dead for ph, f in rep.phases.items()} == {"detail": 1, "images": 0, "notify": 0}
+    assert {ph: f.counts.get("CANCELED", 0) for ph, f in rep.phases.items()} == {"detail": 0, "images": 1, "notify": 1}
     assert "negative price" in (rep.phases["detail"].first_dead_error or "")
-    assert rep.dead_letters == 3
+    assert rep.dead_letters == 1
     # the partner's own counts: never over its cap, and its flaky answers were retried
     assert rep.over_cap_429 == 0 and rep.busiest_second <= rep.cap and rep.rate_held
     assert rep.flaky and rep.retries == sum(rep.flaky.values()), "each flaky answer cost one retry, nothing more"

@@ -58,6 +58,7 @@ class M:
     token: str | None = None
     lease_exp: float = 0.0
     cancel: bool = False
+    policy: str = "cancel"  # on_upstream_failure
     version: int = 0
 
 
@@ -130,11 +131,12 @@ class StoreModel(RuleBasedStateMachine):
         for d in sorted(self.tasks.values(), key=lambda x: x.id):
             if m.id not in d.deps or d.status is not State.WAITING:
                 continue
-            if m.status is State.SUCCESS:
-                if all(self.tasks[x].status is State.SUCCESS for x in d.deps):
-                    d.status = State.PENDING  # keeps its submit time as run_at
-            else:
-                self.set_status(d, State.FAILED)
+            if m.status is not State.SUCCESS and d.policy == "cancel":
+                self.set_status(d, State.CANCELED)
+            elif all(self.tasks[x].status is State.SUCCESS for x in d.deps) or (
+                d.policy == "run" and all(self.tasks[x].status in FINAL for x in d.deps)
+            ):
+                d.status = State.PENDING  # keeps its submit time as run_at
 
     # ---- steps ---------------------------------------------------------------------------
     @rule(
@@ -145,6 +147,7 @@ class StoreModel(RuleBasedStateMachine):
                 st.booleans(),
                 st.sampled_from([None, TIMEOUT]),
                 st.integers(0, 2),
+                st.sampled_from(["cancel", "run"]),
             ),
             min_size=1,
             max_size=4,
@@ -153,7 +156,7 @@ class StoreModel(RuleBasedStateMachine):
     )
     def submit(self, specs, data) -> None:
         batch = []
-        for group, retries, halt, timeout, ndeps in specs:
+        for group, retries, halt, timeout, ndeps, policy in specs:
             deps: tuple[int, ...] = ()
             if self.tasks and ndeps:
                 picked = data.draw(st.lists(st.sampled_from(sorted(self.tasks)), max_size=ndeps, unique=True))
@@ -168,6 +171,7 @@ class StoreModel(RuleBasedStateMachine):
                     halt_group_on_failure=halt,
                     timeout=timeout,
                     depends_on=deps,
+                    on_upstream_failure=policy,
                 )
             )
         results = self.store.submit(batch)
@@ -176,10 +180,13 @@ class StoreModel(RuleBasedStateMachine):
         assert ids == sorted(ids) and (not self.tasks or ids[0] > max(self.tasks)), "ids increase with submit"
         for r, nt in zip(results, batch):
             m = M(r.id, nt.group, nt.depends_on, nt.max_retries, nt.halt_group_on_failure, nt.timeout, run_at=self.t)
+            m.policy = nt.on_upstream_failure
             dep_states = [self.tasks[d].status for d in nt.depends_on]
-            if any(s in FINAL and s is not State.SUCCESS for s in dep_states):
-                m.status = State.FAILED
-            elif all(s is State.SUCCESS for s in dep_states):
+            if nt.on_upstream_failure == "cancel" and any(s in FINAL and s is not State.SUCCESS for s in dep_states):
+                m.status = State.CANCELED
+            elif all(s is State.SUCCESS for s in dep_states) or (
+                nt.on_upstream_failure == "run" and all(s in FINAL for s in dep_states)
+            ):
                 m.status = State.PENDING
             else:
                 m.status = State.WAITING

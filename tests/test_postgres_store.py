@@ -404,7 +404,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     """A database at version 4 (before flow control) takes migrations 0005
     (rates, snoozes, breakers), 0006 (dead letters, fleet level, events),
     0007 (the retry path's index) and every later one (periodic schedules,
-    batch settings, ...) in order; a newer one the rest."""
+    batch settings, graph columns, ...) in order; a newer one the rest."""
     import psycopg
 
     from corral.core.breaker import BreakerConfig, BreakerState
@@ -441,6 +441,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
             assert conn.execute("SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_dead'").fetchone()[0]
         (rec,) = s.list_tasks(TaskFilter())
         assert rec.snoozes == 0
+        assert (rec.ref, rec.on_upstream_failure) == (None, "cancel")
         s.set_limit(LimitSpec("api", rate="1/m", burst=1))
         s.set_breaker("t", BreakerConfig())
         s.force_breaker("t", BreakerState.OPEN, "test")

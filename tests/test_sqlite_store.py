@@ -212,12 +212,13 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
     assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
-    assert "snoozes" in columns
+    assert {"snoozes", "ref", "on_upstream_failure"} <= columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
     assert {"burst", "tokens", "counted_at", "paused_until"} <= columns
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
     assert {"breakers", "breaker_events", "fleet_control", "events", "tasks_dead", "batches"} <= names
     assert s.get(task_id).snoozes == 0
+    assert (s.get(task_id).ref, s.get(task_id).on_upstream_failure) == (None, "cancel")
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
     s.set_breaker("t", BreakerConfig())
     assert s.force_breaker("t", BreakerState.OPEN, "test").after == "OPEN"
@@ -237,13 +238,14 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     it (rates and breakers, no levels), as version 5 left it (no retry path
     index), as version 6 left it (no periodic schedules, no batch settings),
     as version 13 left it (no dashboard indexes) or as version 14 left it
-    (claim order by strict priority, as every version before) is brought up
-    to date."""
+    (claim order by strict priority, as every version before); none has the
+    graph columns. Each is brought up to date."""
     url = f"sqlite:///{tmp_path}/old.db"
     s = SQLiteStore(url)
     (kept,) = s.submit([new("t")])
     s.close()
     con = sqlite3.connect(f"{tmp_path}/old.db")
+    con.executescript("ALTER TABLE tasks DROP COLUMN ref; ALTER TABLE tasks DROP COLUMN on_upstream_failure;")
     if version < 13:
         con.executescript("DROP TABLE batches; DROP INDEX tasks_batch_active;")
         con.executescript("DROP TABLE schedules; DROP TABLE schedule_ticks;")

@@ -231,3 +231,22 @@ def test_sqlite_connection_outside_a_transaction_gets_one(sqlite_url):
         assert app.get(h.id).status is State.PENDING
     finally:
         app.close()
+
+
+def test_a_graph_commits_or_rolls_back_with_the_business_write(app):
+    ship, label = app.registry["ship"], app.registry["label"]
+    with business(app) as con:
+        insert_order(con, 21)
+        app.submit_many([ship.node(21, ref="ship"), label.node(21, depends_on=["ship"])], connection=con)
+        con.rollback()
+    assert app.tasks() == []
+    with business(app) as con:
+        insert_order(con, 22)
+        h_ship, h_label = app.submit_many(
+            [ship.node(22, ref="ship"), label.node(22, ref="label", depends_on=["ship"])], connection=con
+        )
+        con.commit()
+    assert app.get(h_label.id).depends_on == (h_ship.id,)
+    assert app.get(h_label.id).status is State.WAITING
+    app.start(workers=2)
+    assert h_label.result(timeout=20) == 22

@@ -4,7 +4,7 @@ Decides who runs, how many run, in what order, and what happens when a run
 dies half-way. See README.md for a tour and docs/architecture.md for the map.
 """
 
-from corral.app import App, Handle, TaskDef
+from corral.app import App, Handle, Node, TaskDef
 from corral.core.groups import subgroup
 from corral.core.levels import Level
 from corral.core.retries import Backoff
@@ -41,6 +41,7 @@ __version__ = "0.1.0"
 __all__ = [
     "App",
     "Handle",
+    "Node",
     "TaskDef",
     "State",
     "Context",

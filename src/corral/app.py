@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from corral.core import dag
 from corral.core import validation as check
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.cron import Schedule, check_expression
+from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.levels import Level
 from corral.core.model import (
     BreakerEvent,
@@ -92,9 +94,34 @@ ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
     {"group", "batch", "depends_on", "key", "trace_id", "delay", "priority", "timeout", "retries", "queue"}
 )
-_ITEM_KEYS = _SUBMIT_OPTIONS | {"args", "kwargs"}
 #: How long a submitter trusts "this batch has no limit" before it asks the store again.
 BATCH_LIMIT_RECHECK = 5.0
+_ITEM_KEYS = _SUBMIT_OPTIONS | {"args", "kwargs", "ref"}
+#: the keys of an item of a graph (``submit_many`` given items only): each names its task
+_GRAPH_KEYS = _ITEM_KEYS | {"task"}
+
+
+class Node:
+    """One task of a graph submitted by ``App.submit_many(nodes)``.
+
+    ``Node(fetch, url, ref="fetch")`` and ``Node(parse, ref="parse",
+    depends_on=["fetch"])``: positional arguments and keyword arguments that
+    are not submit options go to the function, as with ``TaskDef.submit``.
+    ``ref`` is the task's local name in the graph; ``depends_on`` lists refs
+    of the same graph, task ids, or handles."""
+
+    __slots__ = ("task", "ref", "item")
+
+    def __init__(self, task: TaskDef | str, *args: Any, ref: str | None = None, **options: Any):
+        self.task = task
+        self.ref = ref
+        opts = {k: options.pop(k) for k in list(options) if k in _SUBMIT_OPTIONS}
+        #: the submit item: ``args``, ``kwargs`` and the submit options
+        self.item: dict[str, Any] = dict(opts, args=args, kwargs=options, ref=ref)
+
+    def __repr__(self) -> str:
+        name = self.task.name if isinstance(self.task, TaskDef) else self.task
+        return f"<Node {name} ref={self.ref!r}>"
 
 
 def _new_trace_id() -> str:
@@ -130,6 +157,8 @@ class TaskDef:
     overlap_on_timeout: bool = False
     #: runs at the DEGRADED level, when only critical work does
     critical: bool = False
+    #: "cancel" or "run": what an upstream task's FAILED, TIMEOUT or CANCELED does to a run of it
+    on_upstream_failure: str = "cancel"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -141,6 +170,10 @@ class TaskDef:
         opts = {k: options.pop(k) for k in list(options) if k in _SUBMIT_OPTIONS}
         connection = options.pop("connection", None)
         return self.app.submit(self, args=args, kwargs=options, connection=connection, **opts)
+
+    def node(self, *args: Any, **options: Any) -> Node:
+        """A node of a graph for ``App.submit_many``: ``fetch.node(url, ref="fetch")``."""
+        return Node(self, *args, **options)
 
     def submit_many(self, calls: Iterable[Mapping[str, Any] | Sequence[Any]], **common: Any) -> list[Handle]:
         """Queue many runs in one store write. Each call is a tuple of
@@ -160,13 +193,15 @@ class TaskDef:
 class Handle:
     """A submitted task: its id, its status, and a way to wait for its result."""
 
-    __slots__ = ("app", "id", "group", "created")
+    __slots__ = ("app", "id", "group", "created", "ref")
 
-    def __init__(self, app: App, task_id: int, group: str | None = None, created: bool = True):
+    def __init__(self, app: App, task_id: int, group: str | None = None, created: bool = True, ref: str | None = None):
         self.app = app
         self.id = task_id
         self.group = group
         self.created = created
+        #: the task's local name in the graph it was submitted with
+        self.ref = ref
 
     def __repr__(self) -> str:
         return f"<Handle {self.id}>"
@@ -259,6 +294,7 @@ class App:
         overlap_on_timeout: bool = False,
         critical: bool = False,
         cron: str | None = None,
+        on_upstream_failure: str = "cancel",
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -274,7 +310,12 @@ class App:
         next task run beside the abandoned thread. ``critical=True`` keeps the
         task running at the DEGRADED level, when the fleet runs only critical
         work. ``cron="*/5 * * * *"`` also runs it periodically, as
-        :meth:`periodic` with its defaults does.
+        :meth:`periodic` with its defaults does. ``on_upstream_failure``
+        says what happens to a run submitted with ``depends_on`` when an
+        upstream task ends FAILED, TIMEOUT or CANCELED: ``"cancel"`` (the
+        default) cancels it, and its own dependents, with the upstream named
+        in its error; ``"run"`` runs it anyway once every upstream has ended
+        (``ctx.upstream()`` shows None for those without a result).
         """
         if cron is not None:
             check.text(cron, "cron")
@@ -293,6 +334,9 @@ class App:
                 raise ConfigError(f"halt_group_on_failure must be True or False, not {shown}")
             if not isinstance(critical, bool):
                 raise ConfigError(f"critical must be True or False, not {check.shown(critical)}")
+            if not isinstance(on_upstream_failure, str) or on_upstream_failure not in UPSTREAM_POLICIES:
+                shown = check.shown(on_upstream_failure)
+                raise ConfigError(f"on_upstream_failure must be 'cancel' or 'run', not {shown}")
             if task_name in self.registry:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
@@ -317,6 +361,7 @@ class App:
                 takes_ctx=bool(params) and params[0] == "ctx",
                 overlap_on_timeout=overlap_on_timeout,
                 critical=critical,
+                on_upstream_failure=on_upstream_failure,
             )
             if cron is not None:
                 _needs_no_arguments(f)
@@ -586,8 +631,8 @@ class App:
         A delay is left relative in ``run_at``: the caller adds the store's now."""
         if not isinstance(item, Mapping):
             raise BadArguments(f"each submit item must be a mapping of options, not {check.shown(item)}")
-        if not _ITEM_KEYS.issuperset(item):  # the common case costs no set built per item
-            unknown = set(item) - _ITEM_KEYS
+        if not _GRAPH_KEYS.issuperset(item):  # the common case costs no set built per item
+            unknown = set(item) - _GRAPH_KEYS
             raise BadArguments(f"unknown submit option(s): {', '.join(sorted(map(str, unknown)))}")
         args = item.get("args")
         kwargs = item.get("kwargs")
@@ -619,10 +664,13 @@ class App:
         dep_ids: tuple[int, ...] = ()
         if deps:
             if isinstance(deps, str | bytes | Mapping | Handle | int) or not hasattr(deps, "__iter__"):
-                raise bad(f"depends_on must be a list of task ids or handles, not {check.shown(deps)}")
+                raise bad(
+                    f"depends_on must be a list of task ids, handles or refs of the same call, not {check.shown(deps)}"
+                )
             dep_ids = tuple(
                 check.integer(d.id if isinstance(d, Handle) else d, "each of depends_on", check.TASK_ID_RANGE, bad)
                 for d in deps
+                if not isinstance(d, str)  # refs of the same call: resolved by submit_many
             )
         retries, timeout, queue, priority = tdef.retries, tdef.timeout, tdef.queue, tdef.priority
         if "retries" in item:
@@ -654,6 +702,8 @@ class App:
             depends_on=dep_ids,
             limits=tdef.limits,
             halt_group_on_failure=tdef.halt_group_on_failure,
+            ref=None if item.get("ref") is None else check.text(item["ref"], "ref", bad),
+            on_upstream_failure=tdef.on_upstream_failure,
         )
 
     def submit(
@@ -675,33 +725,92 @@ class App:
         return self.submit_many(task, [dict(options, args=args, kwargs=kwargs or {})], connection=connection)[0]
 
     def submit_many(
-        self, task: TaskDef | str, items: Sequence[Mapping[str, Any]], *, connection: Any = None
+        self,
+        task: TaskDef | str | Sequence[Node | Mapping[str, Any]],
+        items: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        connection: Any = None,
     ) -> list[Handle]:
         """Queue many runs in one atomic store write: all are stored, or none
-        (with ``connection``, in your own transaction: see :meth:`submit`)."""
+        (with ``connection``, in your own transaction: see :meth:`submit`).
+
+        ``submit_many(task, items)`` runs one task with each item's options.
+        ``submit_many(nodes)`` submits a graph of any tasks: each node is a
+        :class:`Node` (or a mapping with ``task`` and the item keys). In both
+        forms an item may have a ``ref`` (its local name in this call), and
+        its ``depends_on`` may name refs of the same call beside task ids and
+        handles. A cycle, a repeated ref or an unknown one raises
+        BadArguments naming it, and nothing is stored. Handles come back in
+        the order given, each with its ``ref``."""
         if self._closed:
             raise AppClosed("this app is closed; it accepts no new tasks")
-        tdef = self._resolve(task)
-        if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
-            raise BadArguments(f"submit_many takes a list of items, not {check.shown(items)}")
-        items = list(items)
+        if items is None:
+            pairs = self._graph_items(task)
+        else:
+            tdef = self._resolve(task)  # type: ignore[arg-type]
+            if isinstance(items, str | bytes | Mapping) or not hasattr(items, "__iter__"):
+                raise BadArguments(f"submit_many takes a list of items, not {check.shown(items)}")
+            pairs = []
+            for item in items:
+                if isinstance(item, Mapping) and "task" in item:
+                    raise BadArguments("an item names its task only in a graph: app.submit_many([Node(...), ...])")
+                pairs.append((tdef, item))
         # every item is checked before anything is stored: one bad item stores none
-        new = [self._new_task(tdef, item) for item in items]
+        new = [self._new_task(t, item) for t, item in pairs]
+        order = self._wire(new, [item for _, item in pairs])
         if any(nt.run_at is not None for nt in new):
             # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
             now = self.store.now()
             for nt in new:
                 if nt.run_at is not None:
                     nt.run_at += now
-        if tdef.limits:
+        for tdef in {id(t): t for t, _ in pairs if t.limits}.values():
             self._check_limits(tdef)
         if any(nt.batch is not None for nt in new):
             self._batch_limits(new)
+        stored = new if order is None else [new[i] for i in order]
         if connection is not None:
-            results = self.store.submit_in(connection, new, max_queued=self.max_queued)
+            results = self.store.submit_in(connection, stored, max_queued=self.max_queued)
         else:
-            results = self._store_bounded(new)
-        return [Handle(self, r.id, nt.group, r.created) for r, nt in zip(results, new)]
+            results = self._store_bounded(stored)
+        if order is not None:
+            at = dict(zip(order, results))
+            results = [at[i] for i in range(len(new))]
+        return [Handle(self, r.id, nt.group, r.created, nt.ref) for r, nt in zip(results, new)]
+
+    def _graph_items(self, nodes: Any) -> list[tuple[TaskDef, Mapping[str, Any]]]:
+        if isinstance(nodes, TaskDef | str | bytes | Mapping) or not hasattr(nodes, "__iter__"):
+            raise BadArguments(f"submit_many takes a task and its items, or a list of nodes, not {check.shown(nodes)}")
+        pairs: list[tuple[TaskDef, Mapping[str, Any]]] = []
+        for node in nodes:
+            if isinstance(node, Node):
+                pairs.append((self._resolve(node.task), node.item))
+            elif isinstance(node, Mapping) and "task" in node:
+                pairs.append((self._resolve(node["task"]), node))
+            else:
+                raise BadArguments(
+                    f"each node of a graph is a corral.Node or a mapping with 'task', not {check.shown(node)}"
+                )
+        return pairs
+
+    @staticmethod
+    def _wire(new: list[NewTask], items: Sequence[Mapping[str, Any]]) -> list[int] | None:
+        """Resolve refs named in ``depends_on`` to positions: sets each task's
+        ``after`` (positions in the returned submit order, where every task
+        comes after those it depends on). None when no item names a ref."""
+        local = [[d for d in (item.get("depends_on") or ()) if isinstance(d, str)] for item in items]
+        if not any(local):
+            return None
+        try:
+            order = dag.order_refs([nt.ref for nt in new], local)
+        except dag.CycleError as exc:
+            raise BadArguments(f"{exc}; nothing was stored") from None
+        except ValueError as exc:
+            raise BadArguments(str(exc)) from None
+        where = {new[i].ref: pos for pos, i in enumerate(order)}
+        for nt, refs in zip(new, local):
+            nt.after = tuple(where[r] for r in dict.fromkeys(refs))
+        return order
 
     def _store_bounded(self, new: list[NewTask]) -> list[SubmitResult]:
         """Store ``new``, within ``max_queued`` when set (backpressure).

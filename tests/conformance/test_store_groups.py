@@ -256,17 +256,16 @@ def test_operator_retry_of_an_old_failed_task_never_runs_beside_its_group(store)
     assert [t.id for t in c3.tasks] == [first]
 
 
-def test_a_halting_task_failed_at_submit_holds_its_group(store):
-    # found by the model-based test: the memory store let the group run on
+def test_a_halting_task_canceled_at_submit_leaves_its_group_like_any_cancel(store):
+    # its upstream ended CANCELED, so it never runs: canceled, it holds no place
+    # in its group's line (as a task canceled by an operator)
     dep = submit_one(store, "dep")
     store.cancel(dep)
     halting = submit_one(store, "halts", group="g", depends_on=(dep,), halt_group_on_failure=True)
     later = submit_one(store, "later", group="g")
-    assert status_of(store, halting) is State.FAILED  # its dependency ended CANCELED
-    assert claim(store, 5) == []
-    assert store.retry(halting)  # an operator lets the group go on, in order
-    assert claimed_ids(claim(store, 5)) == [halting]
-    assert status_of(store, later) is State.PENDING
+    assert status_of(store, halting) is State.CANCELED
+    assert store.get(halting).error == f"upstream {dep} ended CANCELED"
+    assert claimed_ids(claim(store, 5)) == [later]
 
 
 def test_a_chunk_passes_over_tasks_that_ended_in_the_middle_of_the_line(store):

@@ -211,7 +211,7 @@ def test_complete_batch_frees_group_heads_and_settles_dependents(store):
     assert (store.get(g1).result, store.get(up).result, store.get(failing).error) == ("1", "2", "boom")
     assert claimed_ids(claim(store, 10)) == [g2]
     assert status_of(store, after_up) == State.PENDING
-    assert status_of(store, after_bad) == State.FAILED
+    assert status_of(store, after_bad) == State.CANCELED
 
 
 def test_second_complete_of_same_claim_is_stale(store):

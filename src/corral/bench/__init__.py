@@ -10,7 +10,8 @@
 ``scale``       a million queued tasks: submit rate, claim time and worker
                 memory from the first slice to the last;
 ``processes``   claims per second with 1, 2, 4, 8 worker processes, and
-                what each costs the PostgreSQL server.
+                what each costs the PostgreSQL server;
+``dag``         a 1 000-node graph against the most parallelism its slots allow.
 
 Each measured run happens in a child process; progress goes to stderr and
 ``--json`` keeps stdout to one JSON object.
@@ -31,7 +32,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 @click.group()
 def bench() -> None:
     """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits`, `dashboard`,
-    `scale` and `processes`."""
+    `scale`, `processes` and `dag`."""
 
 
 class StoreParam(click.ParamType):
@@ -592,6 +593,71 @@ def processes_cmd(
         click.echo(common.dumps(report))
         return
     render_processes(report)
+
+
+@bench.command("dag")
+@click.option(
+    "--stores",
+    default="memory,sqlite",
+    show_default=True,
+    help="Stores to run on, comma-separated (postgres is added when --pg-url is given).",
+)
+@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@click.option("--nodes", default=1000, show_default=True, help="Tasks in the graph.")
+@click.option("--layers", default=20, show_default=True, help="Layers of the graph (equal widths).")
+@click.option("--fan-in", default=3, show_default=True, help="Most upstream tasks per node (from the layer before).")
+@click.option("--slots", default=16, show_default=True, help="Worker slots.")
+@click.option("--duration", default=0.02, show_default=True, help="Seconds each task sleeps.")
+@click.option("--seed", default=7, show_default=True, help="Seed of the random graph.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+def dag_cmd(
+    stores: str,
+    pg_url: str | None,
+    nodes: int,
+    layers: int,
+    fan_in: int,
+    slots: int,
+    duration: float,
+    seed: int,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """A layered random graph submitted in one call: makespan against
+    ideal = max(critical path, total work / slots)."""
+    from corral.bench.dag import child_argv, render
+
+    kinds = [k.strip() for k in stores.split(",") if k.strip()]
+    if pg_url and "postgres" not in kinds:
+        kinds.append("postgres")
+    bad = [k for k in kinds if k not in STORES]
+    if bad or not kinds:
+        raise click.BadParameter(
+            f"choose from {', '.join(STORES)}, not {', '.join(bad) or 'nothing'}", param_hint="--stores"
+        )
+    if min(nodes, layers, fan_in, slots) < 1 or duration < 0:
+        raise click.UsageError("--nodes, --layers, --fan-in and --slots must be >= 1, --duration >= 0")
+    reports = []
+    for kind in kinds:
+        argv = child_argv(
+            store=kind,
+            nodes=nodes,
+            layers=layers,
+            fan_in=fan_in,
+            slots=slots,
+            duration=duration,
+            seed=seed,
+            pg_url=pg_url if kind == "postgres" else None,
+            progress=not no_progress,
+        )
+        try:
+            reports.append(common.run_child(argv, f"dag ({kind})", show_progress=not no_progress))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps({"scenario": "dag", "runs": reports}))
+        return
+    render(reports)
 
 
 def main() -> None:  # pragma: no cover - `python -m corral.bench`

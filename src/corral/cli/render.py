@@ -341,7 +341,12 @@ def print_task(rec: TaskRecord) -> None:
         ("attempt", f"{rec.attempt} of {rec.max_retries + 1}"),
         ("timeout", secs(rec.timeout) or "none"),
         ("limits", ", ".join(rec.limits)),
-        ("depends_on", ", ".join(map(str, rec.depends_on))),
+        (
+            "depends_on",
+            ", ".join(map(str, rec.depends_on))
+            + (" (runs even if one fails)" if rec.depends_on and rec.on_upstream_failure == "run" else ""),
+        ),
+        ("ref", rec.ref or ""),
         ("created", when(rec.created_at)),
         ("run_at", when(rec.run_at)),
         ("started", when(rec.started_at)),

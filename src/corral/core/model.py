@@ -39,6 +39,13 @@ class NewTask:
     depends_on: tuple[int, ...] = ()
     limits: tuple[str, ...] = ()
     halt_group_on_failure: bool = False
+    #: positions of earlier tasks of the same submit this one depends on (a graph
+    #: submitted in one call: their ids exist only once the store assigns them)
+    after: tuple[int, ...] = ()
+    #: the task's local name in the graph it was submitted with
+    ref: str | None = None
+    #: "cancel" (default) or "run": what an upstream's FAILED, TIMEOUT or CANCELED does
+    on_upstream_failure: str = "cancel"
 
 
 @dataclass(slots=True)
@@ -76,6 +83,8 @@ class TaskRecord:
     checkpoint: str | None = None  # JSON object {stage: data}, last stage last
     cancel_requested: bool = False
     snoozes: int = 0  # times the task asked to run later (Retry), attempts given back
+    ref: str | None = None  # local name in the graph it was submitted with
+    on_upstream_failure: str = "cancel"
 
     @property
     def result_value(self) -> Any:

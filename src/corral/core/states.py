@@ -5,7 +5,9 @@ whether a task may move. Each state says who moves a task out of it:
 
 ========== ================================================================
 WAITING    waits on ``depends_on``; the store moves it to PENDING when every
-           upstream task succeeded, or to FAILED when one of them ended badly.
+           upstream task succeeded (or, for a task declared
+           ``on_upstream_failure="run"``, ended), or to CANCELED when one of
+           them ended FAILED, TIMEOUT or CANCELED (the error names it).
 PENDING    queued, runnable from ``run_at`` on (``delay=`` sets ``run_at``);
            a worker's claim moves it to RUNNING, ``cancel`` to CANCELED.
 RETRYING   queued again after a retryable failure, runnable from ``run_at``
@@ -61,8 +63,7 @@ FINAL: frozenset[State] = frozenset({SUCCESS, FAILED, TIMEOUT, CANCELED})
 #: (from, to) -> why. The only legal moves; everything else is refused.
 TRANSITIONS: dict[tuple[State, State], str] = {
     (WAITING, PENDING): "every dependency succeeded",
-    (WAITING, FAILED): "a dependency ended without success",
-    (WAITING, CANCELED): "canceled while waiting",
+    (WAITING, CANCELED): "canceled while waiting, or an upstream task ended FAILED, TIMEOUT or CANCELED",
     (PENDING, RUNNING): "claimed by a worker",
     (PENDING, CANCELED): "canceled before it ran",
     (RETRYING, RUNNING): "claimed by a worker for another attempt",

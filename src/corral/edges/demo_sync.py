@@ -541,11 +541,13 @@ def render_report(rep: MainDemoReport, con: Any, hint_store: str | None) -> None
             f"(wall time {rep.elapsed:.1f}s)",
         )
     for ph, f in rep.phases.items():
-        failed = sum(f.counts.get(s, 0) for s in ("FAILED", "TIMEOUT", "CANCELED"))
+        failed = sum(f.counts.get(s, 0) for s in ("FAILED", "TIMEOUT"))
+        canceled = f.counts.get("CANCELED", 0)
         t.add_row(
             f"  {ph}",
-            f"{f.counts.get('SUCCESS', 0)} ok, {failed} failed; duration avg {format_duration(f.avg or 0)}, "
-            f"p99 {format_duration(f.p99 or 0)}",
+            f"{f.counts.get('SUCCESS', 0)} ok, {failed} failed"
+            + (f", {canceled} canceled after an upstream failure" if canceled else "")
+            + f"; duration avg {format_duration(f.avg or 0)}, p99 {format_duration(f.p99 or 0)}",
         )
     flaky = ", ".join(f"{code} x{n}" for code, n in sorted(rep.flaky.items())) or "none"
     t.add_row("retries", f"{rep.retries} (the partner's flaky answers: {flaky}; backoff with jitter)")

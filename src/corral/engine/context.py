@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from corral.core.model import dumps, loads
+from corral.core.states import State
 from corral.errors import Canceled, Retry
 
 _current = threading.local()
@@ -32,14 +34,44 @@ class _TraceAdapter(logging.LoggerAdapter):  # type: ignore[type-arg,unused-igno
         return msg, kwargs
 
 
+#: What ctx.upstream reads of each upstream task: id, ref, task name, result
+#: (JSON text; None unless it succeeded).
+Upstream = tuple[int, "str | None", str, "str | None"]
+
+
+def upstream_results(ups: Sequence[Upstream], by: str) -> dict[Any, Any]:
+    """The fan-in map of :meth:`CheckpointView.upstream`, keyed as ``by`` says."""
+    if by not in ("id", "ref", "name"):
+        raise ValueError(f"ctx.upstream(by=...) takes 'id', 'ref' or 'name', not {by!r}")
+    out: dict[Any, Any] = {}
+    for tid, ref, name, result in ups:
+        key: Any = tid if by == "id" else name if by == "name" else (ref if ref is not None else tid)
+        if key in out:
+            raise ValueError(f"two upstream tasks are named {key!r}: use ctx.upstream() (by id) or refs")
+        out[key] = loads(result)
+    return out
+
+
 class CheckpointView:
-    """Reading checkpoints, asking for a retry, trace headers: the same for
-    every kind of ctx."""
+    """Reading checkpoints and upstream results, asking for a retry, trace
+    headers: the same for every kind of ctx."""
 
     _checkpoint: dict
     task_id: int
     trace_id: str | None
     attempt: int
+
+    def _upstream(self) -> Sequence[Upstream]:
+        raise NotImplementedError
+
+    def upstream(self, by: str = "id") -> dict[Any, Any]:
+        """The results of the tasks this one depends on (fan-in), decoded from
+        their stored JSON: ``{upstream task id: result}``. An upstream that
+        did not succeed (a task declared ``on_upstream_failure="run"``) maps
+        to None. ``by="ref"`` keys them by their local name in the graph they
+        were submitted with (an upstream without one keeps its id);
+        ``by="name"`` by task name (refused if two upstream tasks share one)."""
+        return upstream_results(self._upstream(), by)
 
     @property
     def checkpoints(self) -> dict[str, Any]:
@@ -86,6 +118,7 @@ class Context(CheckpointView):
         # a context is made for every task, so it stays cheap
         self._cancel_requested: bool = bool(record.cancel_requested)
         self._log: logging.LoggerAdapter | None = None
+        self._ups: Sequence[Upstream] | None = None
         self._span_id: str | None = None  # this attempt's OpenTelemetry span, when one was made
 
     @property
@@ -97,6 +130,15 @@ class Context(CheckpointView):
 
             self._log = _TraceAdapter(logger, task_fields(self))
         return self._log
+
+    def _upstream(self) -> Sequence[Upstream]:
+        self.check_canceled()
+        if self._ups is None:  # read once: upstream tasks have ended and do not change
+            self._ups = [
+                (u.id, u.ref, u.name, u.result if u.status is State.SUCCESS else None)
+                for u in self._store.upstream(self.task_id)
+            ]
+        return self._ups
 
     # ---- cancel -----------------------------------------------------------
     @property

@@ -67,8 +67,9 @@ def run_async(coro, on_future=None) -> Any:
 class _ChildContext(CheckpointView):
     """The ``ctx`` a child process sees: calls travel to the parent over a pipe."""
 
-    def __init__(self, conn, task_id, trace_id, attempt, checkpoints, span_id=None):
+    def __init__(self, conn, task_id, trace_id, attempt, checkpoints, span_id=None, upstream=()):
         self._conn = conn
+        self._ups = upstream  # read by the worker before the fork
         self.task_id = task_id
         self.trace_id = trace_id
         self.attempt = attempt
@@ -84,6 +85,9 @@ class _ChildContext(CheckpointView):
 
     def check_canceled(self) -> None:  # the parent kills us on cancel
         return None
+
+    def _upstream(self):
+        return self._ups
 
     check_cancelled = check_canceled
 

@@ -288,6 +288,7 @@ class Worker:
         # drain: claims begun, the last one that found nothing with nothing in flight
         self._claim_seq = 0
         self._quiet_seq = 0
+        self._writes = 0  # outcome batches written (a drain looks again after one)
         self._draining = 0
         self.stray_check_interval = stray_check_interval
         self._strays_seen: set[tuple[str, str]] = set()
@@ -398,6 +399,7 @@ class Worker:
         with self._cond:
             self._draining += 1
             since = [self._claim_seq]  # a claim begun after this found nothing
+            writes = self._writes
             self._cond.notify_all()
         try:
             while True:
@@ -406,6 +408,15 @@ class Worker:
                     since[0] = self._claim_seq
                 if not ok or not self._flush(left()):
                     return False
+                if self._writes != writes and not self._claims_over():
+                    # outcomes written since may have freed work (a task whose
+                    # last upstream just succeeded): a claim begun after them
+                    # must find nothing too
+                    with self._cond:
+                        writes = self._writes
+                        since[0] = self._claim_seq
+                        self._cond.notify_all()
+                    continue
                 due = self._retries_due(horizon)
                 if due is None:
                     return True
@@ -767,7 +778,8 @@ class Worker:
                 raise Canceled("canceled before start")
             if tdef.isolation == "process":
                 run.deadline = None  # the process run times itself out and kills the child
-                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id)
+                ups = ctx._upstream() if tdef.takes_ctx else ()  # the child cannot reach the store
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id, ups)
                 run.proc = ProcessRun(
                     tdef.fn,
                     tdef.takes_ctx,
@@ -1047,6 +1059,7 @@ class Worker:
         for attempt in range(_COMPLETE_TRIES):
             try:
                 applied = self.store.complete(outcomes)
+                self._writes += 1
                 break
             except StoreError as exc:  # retry through an outage; a bug surfaces
                 log.warning("completing %d outcome(s) failed (%s); retrying", len(outcomes), exc)

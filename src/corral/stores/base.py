@@ -318,10 +318,13 @@ class Store(abc.ABC):
 
         A task whose ``key`` already exists is not inserted; its result names
         the existing id with ``created=False``. A task with ``depends_on``
-        starts WAITING unless every dependency already SUCCEEDED (then
-        PENDING), or one ended without success (then FAILED at once). An
-        unknown dependency id raises :class:`~corral.errors.SubmitError` and
-        nothing is stored.
+        (ids) or ``after`` (positions of earlier tasks of this call, whose ids
+        this call assigns: a graph in one write) starts as
+        :func:`corral.core.dag.initial_state` says: WAITING while an upstream
+        is unfinished, PENDING once they all succeeded (or all ended, under
+        ``on_upstream_failure="run"``), CANCELED at once when one ended badly
+        under ``"cancel"``. An unknown dependency id raises
+        :class:`~corral.errors.SubmitError` and nothing is stored.
 
         With ``max_queued``, the tasks queued (WAITING, PENDING, RETRYING)
         plus these must not exceed it, counted inside the same write, so
@@ -411,9 +414,12 @@ class Store(abc.ABC):
         none (a chunk member; a start the claim recorded is kept), ``attempt``
         when given (a chunk member records its start with its outcome, so
         running a chunk costs no extra write per task), else ``attempt - 1``
-        when ``burn_attempt`` is False; a SUCCESS promotes WAITING dependents whose dependencies have
-        all succeeded; a final non-success fails its WAITING dependents (and
-        theirs) with "dependency <id> ended <STATE>".
+        when ``burn_attempt`` is False. A final state settles WAITING
+        dependents: one that ended FAILED, TIMEOUT or CANCELED cancels those
+        under ``on_upstream_failure="cancel"`` (and theirs, down the graph)
+        with the error "upstream <id> ended <STATE>"; a dependent runs
+        (PENDING) once every upstream succeeded, or under ``"run"`` once every
+        upstream ended.
         """
 
     def wait_for_work(self, timeout: float) -> None:
@@ -480,12 +486,20 @@ class Store(abc.ABC):
         """WAITING/PENDING/RETRYING -> CANCELED at once; RUNNING -> cancel flag set.
 
         Returns the task as it is afterwards (None if unknown). WAITING
-        dependents of a task canceled here fail like after any bad end.
+        dependents of a task canceled here are settled like after any bad end.
         """
 
     @abc.abstractmethod
     def retry(self, task_id: int) -> bool:
         """FAILED/TIMEOUT/CANCELED -> PENDING now, attempts reset. False otherwise."""
+
+    def upstream(self, task_id: int) -> list[TaskRecord]:
+        """The tasks ``task_id`` depends on, in its ``depends_on`` order (fan-in)."""
+        rec = self.get(task_id)
+        if rec is None:
+            return []
+        ups = (self.get(d) for d in rec.depends_on)
+        return [u for u in ups if u is not None]
 
     @abc.abstractmethod
     def batch_summary(self, batch: str) -> BatchSummary: ...

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corral.core import breaker as brk
+from corral.core import dag
 from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
@@ -174,28 +175,40 @@ class MemoryStore(Store):
             self._enqueue(t, now)
 
     def _finish_effects(self, t: TaskRecord, now: float) -> None:
-        """After ``t`` reached a final state: dependents and group."""
-        deps = self._dependents.pop(t.id, ())
-        for did in deps:
-            d = self._tasks[did]
-            if d.status is not State.WAITING:
-                continue
-            if t.status is State.SUCCESS:
+        """After ``t`` reached a final state: dependents (transitively, without
+        recursion: a long chain must not overflow the stack) and groups."""
+        ended = [t]
+        while ended:
+            u = ended.pop()
+            # a success is for good; after a bad end an operator may retry the
+            # upstream, so its dependents are kept to be settled again
+            deps = self._dependents.pop(u.id, ()) if u.status is State.SUCCESS else self._dependents.get(u.id, ())
+            for did in deps:
+                d = self._tasks[did]
+                if d.status is not State.WAITING:
+                    continue
                 waiting = self._waiting_on.get(did)
                 if waiting is not None:
-                    waiting.discard(t.id)
-                    if not waiting:
-                        del self._waiting_on[did]
-                        self._set(d, State.PENDING)
-                        self._enqueue(d, now)
-            else:
-                self._waiting_on.pop(did, None)
-                self._set(d, State.FAILED, error=f"dependency {t.id} ended {t.status.value}", finished_at=now)
-                self._finish_effects(d, now)
-        if t.status is State.SUCCESS:
-            self._dependents.pop(t.id, None)
-        if t.group is not None and t.group in self._groups:
-            self._group_advance(t.group, now)
+                    waiting.discard(u.id)
+                if u.status is not State.SUCCESS and d.on_upstream_failure == "cancel":
+                    self._waiting_on.pop(did, None)
+                    reason = dag.upstream_reason(u.id, u.status.value)
+                    self._set(d, State.CANCELED, error=reason, finished_at=now)
+                    ended.append(d)
+                elif not waiting:
+                    # every upstream ended once; one retried since is running again
+                    active = {x for x in d.depends_on if self._tasks[x].status not in FINAL}
+                    if active:
+                        self._waiting_on[did] = active
+                        for x in active:
+                            if did not in self._dependents.setdefault(x, []):
+                                self._dependents[x].append(did)
+                        continue
+                    self._waiting_on.pop(did, None)
+                    self._set(d, State.PENDING)
+                    self._enqueue(d, now)
+            if u.group is not None and u.group in self._groups:
+                self._group_advance(u.group, now)
 
     def _set(self, t: TaskRecord, status: State, **fields) -> None:
         before = t.status
@@ -245,6 +258,7 @@ class MemoryStore(Store):
         # leaves nothing behind
         results: list[SubmitResult] = []
         made: list[tuple[TaskRecord, set[int]]] = []
+        fresh: dict[int, TaskRecord] = {}
         for nt in tasks:
             if nt.key is not None:
                 existing = self._keys.get(nt.key)
@@ -254,19 +268,10 @@ class MemoryStore(Store):
                     results.append(SubmitResult(existing, False))
                     continue
             tid = next(self._ids)
-            status = State.PENDING
-            error = None
-            waiting = set()
-            for dep in nt.depends_on:
-                ds = self._tasks[dep].status
-                if ds is State.SUCCESS:
-                    continue
-                if ds in FINAL:
-                    status, error = State.FAILED, f"dependency {dep} ended {ds.value}"
-                    break
-                waiting.add(dep)
-            if status is State.PENDING and waiting:
-                status = State.WAITING
+            deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
+            states = [(d, (fresh.get(d) or self._tasks[d]).status) for d in deps]
+            status, error = dag.initial_state(states, nt.on_upstream_failure)
+            waiting = {d for d, st in states if st not in FINAL} if status is State.WAITING else set()
             t = TaskRecord(
                 id=tid,
                 name=nt.name,
@@ -281,14 +286,17 @@ class MemoryStore(Store):
                 key=nt.key,
                 trace_id=nt.trace_id,
                 limits=tuple(nt.limits),
-                depends_on=tuple(nt.depends_on),
+                depends_on=deps,
                 halt_group_on_failure=nt.halt_group_on_failure,
                 created_at=now,
                 run_at=nt.run_at if nt.run_at is not None else now,
                 error=error,
-                finished_at=now if status is State.FAILED else None,
+                finished_at=now if status in FINAL else None,
+                ref=nt.ref,
+                on_upstream_failure=nt.on_upstream_failure,
             )
             made.append((t, waiting))
+            fresh[tid] = t
             if nt.key is not None:
                 batch_keys[nt.key] = tid
             results.append(SubmitResult(tid, True))
@@ -302,8 +310,8 @@ class MemoryStore(Store):
                 self._waiting_on[tid] = waiting
                 for dep in waiting:
                     self._dependents.setdefault(dep, []).append(tid)
-            if t.group is not None and (status is not State.FAILED or t.halt_group_on_failure):
-                self._group_insert(t)  # a halting failure holds its group's line, as the SQL stores read it
+            if t.group is not None and status in ACTIVE:
+                self._group_insert(t)
             if status is State.PENDING:
                 self._enqueue(t, now)
             self._task_event(t, None, now)

@@ -47,10 +47,12 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import breaker as brk
+from corral.core import dag
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
@@ -159,12 +161,11 @@ MIGRATE_LOCK_KEY = 7429000
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
-#: 18: claim-order indexes hold the ageing rank.
-SCHEMA_VERSION = 18
+#: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
+SCHEMA_VERSION = 19
 #: How long a process trusts its list of breaker names (a completion under
 #: one feeds it); a breaker declared in this process is seen at once.
 BREAKER_NAMES_TTL = 1.0
-_BAD_FINAL = frozenset({State.FAILED, State.TIMEOUT, State.CANCELED})
 
 
 def _is_outage(exc: Exception) -> bool:
@@ -429,6 +430,13 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
+        if any(t.after for t in tasks):
+
+            def graph(conn):
+                with conn.transaction():
+                    return self._submit_graph(conn, tasks, max_queued)
+
+            return self._run(graph)
         plan = _SubmitPlan(tasks)
 
         def go(conn):
@@ -438,6 +446,27 @@ class PostgresStore(SqlStore):
                 return self._submit_on(conn, plan, max_queued)
 
         return plan.results(self._run(go))
+
+    def _submit_graph(self, conn, tasks: list[NewTask], max_queued: int | None) -> list[SubmitResult]:
+        """A graph (tasks naming earlier ones of the call by position): one
+        insert per layer, each naming the ids the layers before it were given,
+        all on ``conn`` inside its transaction."""
+        if max_queued is not None:
+            conn.execute(self._q["lock_queue_bound"])
+            check_bound(dict(conn.execute(self._q["active_counts"]).fetchall()), len(tasks), max_queued)
+        depth = dag.depths([t.after for t in tasks])
+        out: list[SubmitResult | None] = [None] * len(tasks)
+        for layer in range(max(depth) + 1):
+            pos = [i for i, d in enumerate(depth) if d == layer]
+            rows = []
+            for i in pos:
+                t = tasks[i]
+                ids = (out[j].id for j in t.after)  # type: ignore[union-attr]
+                rows.append(replace(t, depends_on=tuple(dict.fromkeys((*t.depends_on, *ids))), after=()))
+            plan = _SubmitPlan(rows)
+            for i, r in zip(pos, plan.results(self._submit_on(conn, plan, None))):
+                out[i] = r
+        return out  # type: ignore[return-value]
 
     def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None) -> tuple:
         """The submit's statements on ``conn``, inside whatever transaction it is in."""
@@ -457,13 +486,7 @@ class PostgresStore(SqlStore):
         status_col: list[str] = []
         error_col: list[str | None] = []
         for t in rows:
-            status, error = State.PENDING, None
-            for d in t.depends_on:
-                if states[d] in _BAD_FINAL:
-                    status, error = State.FAILED, f"dependency {d} ended {states[d].value}"
-                    break
-                if states[d] is not State.SUCCESS:
-                    status = State.WAITING
+            status, error = dag.initial_state([(d, states[d]) for d in t.depends_on], t.on_upstream_failure)
             status_col.append(status.value)
             error_col.append(error)
         params = {"rows": _submit_rows(rows, status_col, error_col)}
@@ -517,11 +540,22 @@ class PostgresStore(SqlStore):
                 raise ConfigError("connection= does not see corral's tables (another schema search path?)")
             if any(t.group is not None or t.limits for t in tasks):
                 self._plain_until = 0.0
+            if any(t.after for t in tasks):
+                return self._submit_graph(_Rows(cur), tasks, max_queued)
             return plan.results(self._submit_on(_Rows(cur), plan, max_queued))
         except CorralError:
             raise
         except psycopg.Error as exc:
             raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
+
+    def _settle(self, conn, ids: list[int]) -> None:
+        """Settle the dependents of ended tasks; the ones canceled on the way
+        are settled in turn, so a dependent that runs anyway sees them ended."""
+        while ids:
+            ids = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()[0] or []
+
+    def upstream(self, task_id: int) -> list[TaskRecord]:
+        return [_record(r) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
 
     # ---- workers ----------------------------------------------------------------
     def claim(
@@ -744,7 +778,7 @@ class PostgresStore(SqlStore):
                 # its own statement (fresh snapshot), after the rows above
                 # committed; if it fails, sweep() settles those dependents later
                 try:
-                    conn.execute(self._q["settle_dependents"], {"ids": settle})
+                    self._settle(conn, settle)
                 except psycopg.Error:
                     pass
             return rows
@@ -1025,7 +1059,7 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["cancel_queued"], {"id": task_id}).fetchone()
                 if row is not None:
-                    conn.execute(self._q["settle_dependents"], {"ids": [task_id]})
+                    self._settle(conn, [task_id])
                     if row[2] is not None:  # the next task of its group may start
                         conn.execute(self._q["notify"], {"queue": row[1]})
                 else:
@@ -1265,7 +1299,7 @@ class PostgresStore(SqlStore):
                 rows = conn.execute(self._q["rescue"], params).fetchall()
                 ended = [tid for tid, status, _ in rows if State(status) in FINAL]
                 if ended:
-                    conn.execute(self._q["settle_dependents"], {"ids": ended})
+                    self._settle(conn, ended)
                 for queue in sorted({q for _, _, q in rows}):
                     conn.execute(self._q["notify"], {"queue": queue})
             return rows
@@ -1279,7 +1313,7 @@ class PostgresStore(SqlStore):
         def go(conn):
             ids = [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": limit})]
             if ids:
-                conn.execute(self._q["settle_dependents"], {"ids": ids})
+                self._settle(conn, ids)
 
         self._run(go, retry=False)
 
@@ -1399,6 +1433,8 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
                 "deps": list(t.depends_on) if t.depends_on else None,
                 "halt": bool(t.halt_group_on_failure),
                 "error": err,
+                "ref": t.ref,
+                "policy": t.on_upstream_failure,
             }
             for t, st, err in zip(rows, status, error)
         ]

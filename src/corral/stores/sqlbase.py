@@ -78,7 +78,17 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         checkpoint=row["checkpoint"],
         cancel_requested=bool(row["cancel_requested"]),
         snoozes=row["snoozes"] or 0,
+        ref=_optional(row, "ref"),
+        on_upstream_failure=_optional(row, "on_upstream_failure") or "cancel",
     )
+
+
+def _optional(row: Mapping[str, Any], column: str) -> Any:
+    """A column that hot reads (claims) leave out of their row."""
+    try:
+        return row[column]
+    except (LookupError, IndexError):
+        return None
 
 
 def first_line(exc: BaseException) -> str:

@@ -82,6 +82,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
+from corral.core import dag
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
@@ -130,10 +131,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 16: the event stream's triggers (task states and progress, breakers);
 #: 18: the claim-order indexes hold the ageing rank (core/priorities.py);
 #: 19: ready_at, a group head's place in the round robin, and an index of
-#: ready heads in that order (a claim no longer reads every queued head).
+#: ready heads in that order (a claim no longer reads every queued head);
+#: 20: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 19
+SCHEMA_VERSION = 20
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -567,22 +569,17 @@ class SQLiteStore(SqlStore):
         with_dependents = {r[0] for r in con.execute(Q["has_dependents"], (dumps([i for i, _ in ended]),))}
         if not with_dependents:
             return
-        frontier = []
-        for tid, status in ended:
-            if tid not in with_dependents:
-                continue
-            if status is State.SUCCESS:
-                con.execute(Q["promote_dependents"], (tid,))
-            else:
-                frontier.append((tid, status))
-        while frontier:  # fail WAITING dependents, and theirs
+        frontier = [(tid, status) for tid, status in ended if tid in with_dependents]
+        while frontier:  # cancel WAITING dependents, and theirs, down the graph
             nxt = []
             for tid, status in frontier:
-                for did, group in con.execute(
-                    Q["fail_dependents"], (f"dependency {tid} ended {status.value}", now, tid)
-                ).fetchall():
-                    nxt.append((did, State.FAILED))
-                    groups.add(group)
+                if status is not State.SUCCESS:
+                    for did, group in con.execute(
+                        Q["cancel_dependents"], (dag.upstream_reason(tid, status.value), now, tid)
+                    ).fetchall():
+                        nxt.append((did, State.CANCELED))
+                        groups.add(group)
+                con.execute(Q["promote_dependents"], (tid,))
             frontier = nxt
 
     # ---- producers --------------------------------------------------------
@@ -613,7 +610,8 @@ class SQLiteStore(SqlStore):
                 )
         next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
         results: list[SubmitResult] = []
-        rows, edges = [], []
+        rows: list[tuple] = []
+        edges: list[tuple[int, int, int]] = []
         batch_keys: dict[str, int] = {}
         for nt in tasks:
             if nt.key is not None:
@@ -621,25 +619,18 @@ class SQLiteStore(SqlStore):
                 if existing is None:
                     hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
                     existing = hit[0] if hit else None
+                    if existing is not None and existing not in dep_state:
+                        # a later task of this call may depend on it
+                        dep_state[existing] = State(con.execute(Q["status_of"], (existing,)).fetchone()[0])
                 if existing is not None:
                     results.append(SubmitResult(existing, False))
                     continue
             tid = next_id
             next_id += 1
-            status, error, finished_at = State.PENDING, None, None
-            seen: set[int] = set()
-            for dep in nt.depends_on:
-                if dep in seen:
-                    continue
-                seen.add(dep)
-                edges.append((tid, len(seen) - 1, dep))
-                ds = dep_state[dep]
-                if status is State.FAILED or ds is State.SUCCESS:
-                    continue
-                if ds in FINAL:
-                    status, error, finished_at = State.FAILED, f"dependency {dep} ended {ds.value}", now
-                else:
-                    status = State.WAITING
+            deps = tuple(dict.fromkeys((*nt.depends_on, *(results[j].id for j in nt.after))))
+            edges.extend((tid, pos, dep) for pos, dep in enumerate(deps))
+            status, error = dag.initial_state([(d, dep_state[d]) for d in deps], nt.on_upstream_failure)
+            dep_state[tid] = status
             rows.append(
                 (
                     tid,
@@ -658,8 +649,10 @@ class SQLiteStore(SqlStore):
                     1 if nt.halt_group_on_failure else 0,
                     now,
                     nt.run_at if nt.run_at is not None else now,
-                    finished_at,
+                    now if status.final else None,
                     error,
+                    nt.ref,
+                    nt.on_upstream_failure,
                 )
             )
             if nt.key is not None:
@@ -1196,6 +1189,12 @@ class SQLiteStore(SqlStore):
                 con.execute(Q["cancel_queued"], (now, task_id))
                 self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
             return self._records(con, [_task_cursor(con).execute(Q["get"], (task_id,)).fetchone()])[0]
+
+    @_guard
+    def upstream(self, task_id: int) -> list[TaskRecord]:
+        with self._read() as con:
+            rows = _task_cursor(con).execute(Q["upstream"], (task_id,)).fetchall()
+            return self._records(con, rows)
 
     @_guard
     def retry(self, task_id: int) -> bool:

@@ -294,6 +294,12 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
+-- name: migration_0019
+-- Task graphs: a task's local name in the graph it was submitted with, and
+-- what an upstream's bad end does to it ('cancel', or 'run' anyway).
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS on_upstream_failure text NOT NULL DEFAULT 'cancel';
+
 -- name: migration_0016
 -- The event stream. Task events are written by statement triggers in the
 -- statement that changed the tasks (one multi-row insert per claim or batch of
@@ -477,14 +483,15 @@ src AS (
     SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
         AS (name text, args text, status text, queue text, priority int, max_retries int,
             timeout float8, grp text, batch text, key text, trace_id text, run_at float8,
-            limits json, deps json, halt bool, error text))
+            limits json, deps json, halt bool, error text, ref text, policy text))
     WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
-                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ord)
+                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, ord)
 ),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
                               group_key, batch, idem_key, trace_id, limits, depends_on,
-                              halt_group_on_failure, created_at, run_at, error, finished_at)
+                              halt_group_on_failure, created_at, run_at, error, finished_at,
+                              ref, on_upstream_failure)
     SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
@@ -492,7 +499,8 @@ ins AS (
            CASE WHEN s.deps IS NULL THEN '{}'::bigint[]
                 ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
-           CASE WHEN s.status = 'FAILED' THEN clk.now END
+           CASE WHEN s.status IN ('FAILED', 'CANCELED') THEN clk.now END,
+           s.ref, coalesce(s.policy, 'cancel')
     FROM src s, clk
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
@@ -886,27 +894,31 @@ SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCE
 FROM upd;
 
 -- name: settle_dependents
--- After tasks in %(ids)s ended: fail the WAITING tasks that (transitively)
--- depend on one that ended badly, and promote WAITING tasks whose
--- dependencies all succeeded. Runs as its own statement, so it sees tasks
--- submitted while the completion waited for their dependency locks.
+-- After tasks in %(ids)s ended: cancel the WAITING tasks that (transitively)
+-- depend on one that ended badly, unless they run anyway
+-- (on_upstream_failure = 'run'), and promote WAITING dependents of %(ids)s
+-- whose upstream tasks all succeeded (under 'run': all ended). Returns the ids
+-- it canceled: the caller settles them in turn (their dependents that run
+-- anyway), in a statement that sees them ended. Runs as its own statement, so
+-- it sees tasks submitted while the completion waited for their dependency
+-- locks.
 WITH RECURSIVE
 clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 bad(id, via, via_status) AS (
     SELECT d.task_id, t.id, t.status
     FROM corral_tasks t
     JOIN corral_deps d ON d.dep_id = t.id
-    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING'
+    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING' AND w.on_upstream_failure = 'cancel'
     WHERE t.id = ANY(%(ids)s::bigint[]) AND t.status IN ('FAILED', 'TIMEOUT', 'CANCELED')
     UNION
-    SELECT d.task_id, b.id, 'FAILED'
+    SELECT d.task_id, b.id, 'CANCELED'
     FROM bad b
     JOIN corral_deps d ON d.dep_id = b.id
-    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING'
+    JOIN corral_tasks w ON w.id = d.task_id AND w.status = 'WAITING' AND w.on_upstream_failure = 'cancel'
 ),
-failed AS (
+canceled AS (
     UPDATE corral_tasks w
-    SET status = 'FAILED', error = 'dependency ' || b.via || ' ended ' || b.via_status,
+    SET status = 'CANCELED', error = 'upstream ' || b.via || ' ended ' || b.via_status,
         finished_at = clk.now, version = w.version + 1
     FROM (SELECT DISTINCT ON (id) id, via, via_status FROM bad ORDER BY id, via) b, clk
     WHERE w.id = b.id AND w.status = 'WAITING'
@@ -916,19 +928,28 @@ promoted AS (
     UPDATE corral_tasks w
     SET status = 'PENDING', version = w.version + 1
     WHERE w.status = 'WAITING'
-      AND w.id IN (SELECT d.task_id FROM corral_deps d JOIN corral_tasks s ON s.id = d.dep_id
-                   WHERE d.dep_id = ANY(%(ids)s::bigint[]) AND s.status = 'SUCCESS')
+      AND w.id IN (SELECT d.task_id FROM corral_deps d WHERE d.dep_id = ANY(%(ids)s::bigint[]))
       AND NOT EXISTS (SELECT 1 FROM corral_deps d2 JOIN corral_tasks u ON u.id = d2.dep_id
-                      WHERE d2.task_id = w.id AND u.status <> 'SUCCESS')
+                      WHERE d2.task_id = w.id AND u.status <> 'SUCCESS'
+                        AND (w.on_upstream_failure <> 'run'
+                             OR u.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
     RETURNING w.id, w.queue
 ),
 note AS (
     SELECT pg_notify('corral_work', q.queue || ':g')
     FROM (SELECT queue FROM promoted
-          UNION SELECT queue FROM failed WHERE group_key IS NOT NULL) q
+          UNION SELECT queue FROM canceled WHERE group_key IS NOT NULL) q
 )
-SELECT (SELECT count(*) FROM failed) AS failed, (SELECT count(*) FROM promoted) AS promoted,
+SELECT ARRAY(SELECT id FROM canceled) AS canceled, (SELECT count(*) FROM promoted) AS promoted,
        (SELECT count(*) FROM note) AS notified;
+
+-- name: upstream
+-- The tasks one task depends on, in its depends_on order (ctx.upstream).
+SELECT u.* FROM corral_tasks t
+CROSS JOIN LATERAL unnest(t.depends_on) WITH ORDINALITY AS d(id, pos)
+JOIN corral_tasks u ON u.id = d.id
+WHERE t.id = %(id)s
+ORDER BY d.pos;
 
 -- name: set_progress
 UPDATE corral_tasks SET progress = %(fraction)s, progress_message = %(message)s
@@ -1146,11 +1167,16 @@ WHERE t.id = d.id AND t.version = d.version
 RETURNING t.id, t.status, t.queue;
 
 -- name: unsettled
+-- Ended tasks whose settling a crash left undone: a WAITING dependent that
+-- should have been canceled, or whose upstream tasks have all ended.
 SELECT DISTINCT d.dep_id
 FROM corral_tasks w
 JOIN corral_deps d ON d.task_id = w.id
 JOIN corral_tasks u ON u.id = d.dep_id
 WHERE w.status = 'WAITING' AND u.status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+  AND ((u.status <> 'SUCCESS' AND w.on_upstream_failure = 'cancel')
+       OR NOT EXISTS (SELECT 1 FROM corral_deps d2 JOIN corral_tasks u2 ON u2.id = d2.dep_id
+                      WHERE d2.task_id = w.id AND u2.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
 LIMIT %(max_rows)s;
 
 -- name: try_lead

@@ -277,6 +277,8 @@ ALTER TABLE named_limits ADD COLUMN burst INTEGER;
 ALTER TABLE named_limits ADD COLUMN tokens REAL;
 ALTER TABLE named_limits ADD COLUMN counted_at REAL;
 ALTER TABLE named_limits ADD COLUMN paused_until REAL;
+ALTER TABLE tasks ADD COLUMN ref TEXT;
+ALTER TABLE tasks ADD COLUMN on_upstream_failure TEXT NOT NULL DEFAULT 'cancel';
 ALTER TABLE events ADD COLUMN task_id INTEGER;
 ALTER TABLE events ADD COLUMN status TEXT;
 ALTER TABLE events ADD COLUMN prior TEXT;
@@ -385,8 +387,8 @@ SELECT id, status FROM tasks WHERE id IN (SELECT value FROM json_each(?))
 INSERT INTO tasks (
     id, name, args, status, queue, priority, max_retries, timeout, group_key,
     batch, idem_key, trace_id, limits, halt_group_on_failure, created_at,
-    run_at, finished_at, error)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    run_at, finished_at, error, ref, on_upstream_failure)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: insert_dep
 INSERT INTO task_deps (task_id, pos, depends_on) VALUES (?, ?, ?)
@@ -398,7 +400,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure
 FROM tasks
 
 -- name: get
@@ -406,8 +408,19 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure
 FROM tasks WHERE id = ?
+
+-- The tasks one task depends on, in its depends_on order (ctx.upstream).
+-- name: upstream
+SELECT t.id, t.name, t.args, t.status, t.queue, t.priority, t.attempt, t.max_retries, t.timeout,
+       t.group_key, t.batch, t.idem_key, t.trace_id, t.limits, t.halt_group_on_failure,
+       t.created_at, t.run_at, t.started_at, t.finished_at, t.result, t.error, t.version,
+       t.lease_token, t.lease_expires_at, t.worker_id, t.progress, t.progress_message,
+       t.checkpoint, t.cancel_requested, t.snoozes, t.ref, t.on_upstream_failure
+FROM task_deps AS d JOIN tasks AS t ON t.id = d.depends_on
+WHERE d.task_id = ?
+ORDER BY d.pos
 
 -- name: deps_of
 SELECT task_id, depends_on FROM task_deps
@@ -738,17 +751,22 @@ RETURNING name, limits
 SELECT DISTINCT depends_on FROM task_deps
 WHERE depends_on IN (SELECT value FROM json_each(?))
 
+-- WAITING dependents of task ? that may run now: every upstream succeeded,
+-- or, under on_upstream_failure = 'run', every upstream ended.
 -- name: promote_dependents
 UPDATE tasks SET status = 'PENDING', version = version + 1
 WHERE status = 'WAITING'
   AND id IN (SELECT task_id FROM task_deps WHERE depends_on = ?)
   AND NOT EXISTS (
         SELECT 1 FROM task_deps AS d JOIN tasks AS u ON u.id = d.depends_on
-        WHERE d.task_id = tasks.id AND u.status <> 'SUCCESS')
+        WHERE d.task_id = tasks.id AND u.status <> 'SUCCESS'
+          AND (tasks.on_upstream_failure <> 'run'
+               OR u.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
 
--- name: fail_dependents
-UPDATE tasks SET status = 'FAILED', error = ?, finished_at = ?, version = version + 1
-WHERE status = 'WAITING'
+-- WAITING dependents of task ? (which ended badly) that cancel on an upstream's failure.
+-- name: cancel_dependents
+UPDATE tasks SET status = 'CANCELED', error = ?, finished_at = ?, version = version + 1
+WHERE status = 'WAITING' AND on_upstream_failure = 'cancel'
   AND id IN (SELECT task_id FROM task_deps WHERE depends_on = ?)
 RETURNING id, group_key
 
