@@ -102,7 +102,9 @@ def test_prefetch_never_holds_a_unit_under_a_limit(url):
     try:
         wait_for(lambda: app.get(b.id).status is State.RUNNING)
         lim = [limited.submit(i) for i in range(3)]
-        pl = [plain.submit(i) for i in range(2)]
+        # in one write: a worker running limited tasks takes one prefetch
+        # between two claims into a free slot, and it must see both
+        pl = plain.submit_many([(0,), (1,)])
         wait_for(lambda: all(app.get(h.id).status is State.RUNNING for h in pl), message="plain work prefetched")
         wait_for(lambda: log.prefetch_calls() >= 1)
         # the only slot is busy: limited work stays queued, holding no place of its limit
