@@ -27,11 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +38,7 @@ from corral.core.model import BreakerEvent
 from corral.core.planning import concurrency_limit, limit_advice
 from corral.core.states import FINAL
 from corral.core.stats import percentile
+from corral.edges.fleet import WorkerFleet
 from corral.edges.partner import Call, max_in_window
 
 SCENARIOS = ("rate", "breaker", "retry")
@@ -243,65 +239,13 @@ def retry_targets(alone: dict[str, Any], beside: dict[str, Any]) -> list[dict[st
 
 
 # ---- running: the fleet --------------------------------------------------------------------
-class Fleet:
+def _fleet(url: str, partner_url: str | None, n: int, concurrency: int) -> WorkerFleet:
     """``n`` ``corral worker`` processes on ``url``, started as a user would."""
-
-    def __init__(self, url: str, partner_url: str | None, n: int, concurrency: int):
-        self.url, self.partner_url, self.n, self.concurrency = url, partner_url, n, concurrency
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list[Any] = []
-
-    def __enter__(self) -> Fleet:
-        env = dict(os.environ)
-        if self.partner_url:
-            env["CORRAL_BENCH_PARTNER_URL"] = self.partner_url
-        for _ in range(self.n):
-            log = tempfile.TemporaryFile(mode="w+")
-            self.logs.append(log)
-            cmd = [sys.executable, "-m", "corral", "worker", APP_SPEC, "--store", self.url]
-            cmd += ["-c", str(self.concurrency), "--grace", "10"]
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env))
-        return self
-
-    def _text(self, k: int) -> str:
-        log = self.logs[k]
-        log.flush()
-        log.seek(0)
-        return log.read()
-
-    def check(self) -> None:
-        """Raise if a worker has exited (with the end of its log)."""
-        for k, p in enumerate(self.procs):
-            if p.poll() is not None:
-                tail = "\n".join(self._text(k).strip().splitlines()[-10:])
-                raise RuntimeError(f"worker {k} exited with {p.returncode}: {tail}")
-
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until every worker has logged that it started."""
-        end = time.monotonic() + timeout
-        waiting = set(range(self.n))
-        while waiting:
-            self.check()
-            waiting = {k for k in waiting if " started: " not in self._text(k)}
-            if waiting and time.monotonic() > end:
-                raise RuntimeError(f"{len(waiting)} worker(s) did not start in {timeout:g}s")
-            time.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for log in self.logs:
-            log.close()
+    env = {"CORRAL_BENCH_PARTNER_URL": partner_url} if partner_url else {}
+    return WorkerFleet(APP_SPEC, url, n, concurrency, env)
 
 
-def _wait_final(app, n: int, fleet: Fleet, timeout: float, progress: bool) -> None:
+def _wait_final(app, n: int, fleet: WorkerFleet, timeout: float, progress: bool) -> None:
     end = time.monotonic() + timeout
     while True:
         counts = app.counts()
@@ -354,7 +298,7 @@ def partner_run(
             with PartnerServer(cap=args.cap, latency=args.latency_ms / 1000.0) as partner:
                 if outage:
                     partner.state.arm_outage(outage)
-                with Fleet(url, partner.url, args.workers, args.concurrency) as fleet:
+                with _fleet(url, partner.url, args.workers, args.concurrency) as fleet:
                     # every process is up before the work arrives, so none starts late
                     fleet.wait_ready()
                     t0 = time.monotonic()
@@ -447,7 +391,7 @@ def retry_run(args, failing: int, arrival: str = "start") -> dict[str, Any]:
     with common.temp_store_url(args.store, args.pg_url) as url:
         app = build_app(url)
         try:
-            with Fleet(url, None, args.workers, args.concurrency) as fleet:
+            with _fleet(url, None, args.workers, args.concurrency) as fleet:
                 fleet.wait_ready()
                 t0 = time.monotonic()
                 if failing and arrival == "start":

@@ -20,9 +20,6 @@ and the store's own records, never from the workers' word.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import deque
@@ -36,6 +33,7 @@ from corral.core.model import TaskFilter, loads
 from corral.core.planning import LimitAdvice, format_duration, limit_advice
 from corral.core.states import FINAL, State
 from corral.edges import demo_app
+from corral.edges.fleet import WorkerFleet
 from corral.edges.partner import PartnerServer
 from corral.testing.history import History
 
@@ -136,62 +134,6 @@ class MainDemoReport:
 
 
 # ---- worker processes -----------------------------------------------------------------------
-class Fleet:
-    """``n`` ``corral worker`` processes of the demo's app, as a user starts them."""
-
-    def __init__(self, url: str, env: Mapping[str, str], n: int, slots: int):
-        self.url, self.env, self.n, self.slots = url, dict(env), n, slots
-        self.procs: list[subprocess.Popen] = []
-        self.logs: list[Any] = []
-
-    def __enter__(self) -> Fleet:
-        env = {**os.environ, **self.env}
-        for _ in range(self.n):
-            log = tempfile.TemporaryFile(mode="w+")
-            self.logs.append(log)
-            cmd = [sys.executable, "-m", "corral", "worker", APP_SPEC, "--store", self.url]
-            cmd += ["-c", str(self.slots), "--grace", "10"]
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL))
-        return self
-
-    def _text(self, k: int) -> str:
-        log = self.logs[k]
-        log.flush()
-        log.seek(0)
-        return log.read()
-
-    def check(self) -> None:
-        """Raise if a worker has exited (with the end of its log)."""
-        for k, p in enumerate(self.procs):
-            if p.poll() is not None:
-                tail = " | ".join(self._text(k).strip().splitlines()[-3:])
-                raise RuntimeError(f"worker process {k + 1} exited with status {p.returncode}: {tail}")
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        """Until every worker has logged that it started."""
-        end = time.monotonic() + timeout
-        waiting = set(range(self.n))
-        while waiting:
-            self.check()
-            waiting = {k for k in waiting if " started: " not in self._text(k)}
-            if waiting and time.monotonic() > end:
-                raise RuntimeError(f"{len(waiting)} worker process(es) did not start within {timeout:g}s")
-            time.sleep(0.05)
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for log in self.logs:
-            log.close()
-
-
 @contextmanager
 def _env(values: Mapping[str, str]) -> Iterator[None]:
     """Set environment variables for in-process workers, and put them back."""
@@ -334,7 +276,7 @@ def run_main_demo(
             }
             with _env(env):
                 if processes:
-                    with Fleet(store_url, env, processes, slots) as fleet:
+                    with WorkerFleet(APP_SPEC, store_url, processes, slots, env) as fleet:
                         fleet.wait_ready()
                         finished, elapsed, total = _drive(
                             app, run, sku_ids, merchants, p, advice, con, timeout, fleet, dash_url
@@ -374,7 +316,7 @@ def _drive(
     advice: LimitAdvice,
     con: Any,
     timeout: float,
-    fleet: Fleet | None,
+    fleet: WorkerFleet | None,
     dashboard_url: str | None = None,
 ) -> tuple[bool, float, int]:
     """Submit everything and show the run live until every task is final (or ``timeout``)."""
