@@ -593,11 +593,14 @@ class Worker:
     def _may_prefetch(self, policy: DispatchPolicy) -> bool:
         """Claim ahead of a free slot now? Only with nothing restricting the
         claim (a degradation level's policy or per-queue slots restrict it),
-        and, for a worker running limited tasks, only once between two claims
-        into free slots."""
+        with no retry in flight here, and, for a worker running limited
+        tasks, only once between two claims into free slots."""
         return (
             self.prefetch > 0
             and self.queue_slots is None
+            # while retries run here, fresh arrivals must find a free slot, not
+            # a line of units held ahead (the retry path's promise)
+            and self._retries_held == 0
             and self._prefetch_turn
             and time.monotonic() >= self._prefetch_after
             and policy.slots is None
@@ -627,6 +630,10 @@ class Worker:
                 # fresh work came a moment ago: keep room for its next arrivals
                 room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
                 extra["retry_max"] = max(0, room - retries_held)
+            if prefetch:
+                # retries are claimed into free slots only: a retry held ahead
+                # would take a turn fresh arrivals need
+                extra["retry_cap"] = extra["retry_max"] = 0
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:
