@@ -130,3 +130,26 @@ def test_the_alert_rules_name_only_metrics_corral_exports():
 def test_the_alert_rules_pass_promtool():
     out = subprocess.run(["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_store_gauges_show_rate_tokens_breaker_states_and_the_level(kind, tmp_path):
+    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path}/g.db"
+    app = corral.App(url)
+    app.limit("api", concurrency=4, rate="10/s", burst=5)
+    app.breaker("api", failure_ratio=0.5, min_calls=5)
+    try:
+        registry = CollectorRegistry()
+        registry.register(metrics.StoreCollector(app.store))
+        got = _samples(registry)
+        assert got[("corral_limit_tokens", (("limit", "api"),))] == pytest.approx(5.0, abs=0.5)  # a full bucket
+        assert got[("corral_breaker_state", (("breaker", "api"), ("state", "CLOSED")))] == 1
+        assert got[("corral_breaker_state", (("breaker", "api"), ("state", "OPEN")))] == 0
+        assert got[("corral_degradation_level", ())] == 0
+        app.breaker_force("api", "open", reason="test")
+        app.set_level("DEGRADED", reason="test")
+        got = _samples(registry)
+        assert got[("corral_breaker_state", (("breaker", "api"), ("state", "OPEN")))] == 1
+        assert got[("corral_degradation_level", ())] == 2
+    finally:
+        app.close(timeout=5)

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from corral.core.breaker import BreakerState
 from corral.core.model import Claim, Outcome
 from corral.core.states import ACTIVE, State
 from corral.engine.hooks import Hooks
@@ -126,6 +127,21 @@ class StoreCollector(Collector):
                 capacity.add_metric([name], spec.concurrency)
         yield running
         yield capacity
+        tokens = GaugeMetricFamily("corral_limit_tokens", "Tokens now in a rate limit's bucket", labels=["limit"])
+        for name, left in sorted(self.store.limit_tokens().items()):
+            tokens.add_metric([name], left)
+        yield tokens
+        breaker = GaugeMetricFamily(
+            "corral_breaker_state", "A circuit breaker's state (1 for the state it is in)", labels=["breaker", "state"]
+        )
+        for name, (_config, state) in sorted(self.store.breakers().items()):
+            for bs in BreakerState:
+                breaker.add_metric([name, bs.value], 1.0 if state.state is bs else 0.0)
+        yield breaker
+        level = self.store.fleet_level()
+        gauge = GaugeMetricFamily("corral_degradation_level", "The fleet's degradation level: 0 NORMAL ... 4 EMERGENCY")
+        gauge.add_metric([], level.level)
+        yield gauge
 
 
 def worker_registry(store: Store, holder: str) -> tuple[CollectorRegistry, WorkerMetrics]:

@@ -645,6 +645,10 @@ class Store(abc.ABC):
     def limits(self) -> dict[str, LimitSpec]: ...
 
     @abc.abstractmethod
+    def limit_tokens(self) -> dict[str, float]:
+        """Tokens now in the bucket of each limit that has a rate."""
+
+    @abc.abstractmethod
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name; limits with none are absent."""
 

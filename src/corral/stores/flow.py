@@ -44,6 +44,11 @@ class LimitState:
             return Bucket.full(rate, now)
         return Bucket(self.tokens, self.counted_at)
 
+    def tokens_now(self, now: float) -> float | None:
+        """Tokens in the bucket at ``now``, refilled since last counted (None: no rate)."""
+        rate = self.rate()
+        return None if rate is None else self.bucket(rate, now).level(rate, now)
+
 
 @dataclass(slots=True)
 class BreakerRow:

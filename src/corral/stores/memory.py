@@ -921,6 +921,12 @@ class MemoryStore(Store):
         with self._lock:
             return {k: replace(v.spec) for k, v in self._limits.items()}
 
+    def limit_tokens(self) -> dict[str, float]:
+        with self._lock:
+            now = self.now()
+            levels = {k: v.tokens_now(now) for k, v in self._limits.items()}
+        return {k: t for k, t in levels.items() if t is not None}
+
     # ---- circuit breakers -------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:
         with self._lock:

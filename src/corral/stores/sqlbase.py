@@ -20,6 +20,7 @@ from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
+from corral.stores.flow import LimitState
 
 #: A named query and its (named) parameters.
 Read = tuple[str, Mapping[str, Any]]
@@ -152,6 +153,16 @@ class SqlStore(Store):
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])
         return {r[0]: LimitSpec(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+
+    def limit_tokens(self) -> dict[str, float]:
+        (rows,) = self._read_all([("limits", {})])
+        now = self.now()
+        out = {}
+        for r in rows:
+            tokens = LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6]).tokens_now(now)
+            if tokens is not None:
+                out[r[0]] = tokens
+        return out
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])
