@@ -330,14 +330,7 @@ def throughput_cmd(
         pg_url=pg_url,
         progress=not no_progress,
     )
-    try:
-        report = common.run_child(argv, f"throughput ({kind})", show_progress=not no_progress)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(common.dumps(report))
-        return
-    render(report)
+    _run_and_show(argv, f"throughput ({kind})", render, as_json=as_json, progress=not no_progress)
 
 
 @bench.command("limits")
@@ -523,14 +516,7 @@ def scale_cmd(
         timeout=timeout,
         progress=not no_progress,
     )
-    try:
-        report = common.run_child(argv, f"scale ({kind})", show_progress=not no_progress)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(common.dumps(report))
-        return
-    render_scale(report)
+    _run_and_show(argv, f"scale ({kind})", render_scale, as_json=as_json, progress=not no_progress)
 
 
 @bench.command("processes")
@@ -585,14 +571,7 @@ def processes_cmd(
         timeout=timeout,
         progress=not no_progress,
     )
-    try:
-        report = common.run_child(argv, f"processes ({kind})", show_progress=not no_progress)
-    except RuntimeError as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(common.dumps(report))
-        return
-    render_processes(report)
+    _run_and_show(argv, f"processes ({kind})", render_processes, as_json=as_json, progress=not no_progress)
 
 
 @bench.command("dag")
@@ -710,3 +689,15 @@ def dashboard_cmd(store: tuple[str, str | None], pg_url: str | None, tasks: int,
     click.echo(f"{'page':<{width}}  {'p50 ms':>8}  {'max ms':>8}")
     for p in report["pages"]:
         click.echo(f"{p['page']:<{width}}  {p['p50_ms']:>8.1f}  {p['max_ms']:>8.1f}")
+
+
+def _run_and_show(argv: list[str], label: str, render: Any, *, as_json: bool, progress: bool) -> None:
+    """Run one measured child and print its report (a table, or one JSON object)."""
+    try:
+        report = common.run_child(argv, label, show_progress=progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    render(report)

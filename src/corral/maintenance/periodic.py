@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Sequence
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import MAX_TICKS_PER_CHECK, SKIPPED, Schedule, TickResult, due_ticks
 from corral.errors import ConfigError
+from corral.maintenance.loop import Loop
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.periodic")
@@ -30,7 +30,7 @@ log = logging.getLogger("corral.periodic")
 DEFAULT_INTERVAL = 1.0
 
 
-class Scheduler:
+class Scheduler(Loop):
     """Enqueue the ticks of ``schedules`` into ``store`` as they come."""
 
     def __init__(
@@ -56,8 +56,14 @@ class Scheduler:
         self._last_check: float | None = None
         self._cursor: dict[str, float] = {}  # newest tick decided here, per schedule
         self._next: dict[str, float] = {}  # when to look at the store again, per schedule
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "corral-periodic"
+    what = "periodic check"
+    log = log
+
+    def step(self) -> list[tuple[str, int, TickResult]]:
+        return self.check()
 
     def check(self) -> list[tuple[str, int, TickResult]]:
         """One check: enqueue what is due now; returns (schedule, tick, result) per tick tried."""
@@ -104,24 +110,3 @@ class Scheduler:
             self.store.add_event("periodic", name, json.dumps({"tick": tick, "outcome": SKIPPED}))
         except Exception as exc:  # noqa: BLE001 - the skip is stored; the event is a courtesy
             log.debug("periodic %s: could not log the skip: %s", name, exc)
-
-    def run(self) -> None:
-        """Check until :meth:`stop` (a store error skips one check)."""
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception as exc:  # noqa: BLE001 - an outage must not end the loop
-                log.warning("periodic check failed, will try again: %s", exc)
-            self._stop.wait(self.interval)
-
-    def start(self) -> Scheduler:
-        """Run the loop in a daemon thread; returns at once."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name="corral-periodic", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)

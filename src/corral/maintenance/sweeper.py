@@ -18,12 +18,12 @@ killed with the workers it cleans up after.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from corral.core.model import SweepReport, new_holder_id
 from corral.errors import ConfigError
+from corral.maintenance.loop import Loop
 from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
 from corral.stores.base import Store
 
@@ -35,7 +35,7 @@ log = logging.getLogger("corral.sweeper")
 ROLE = "sweeper"
 
 
-class Sweeper:
+class Sweeper(Loop):
     """Sweep ``store`` every ``interval`` seconds while this process leads."""
 
     def __init__(
@@ -66,8 +66,14 @@ class Sweeper:
         self.lead_ttl = self.interval * 3
         self.is_leader = False
         self.ticks = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
+
+    thread_name = "corral-sweeper"
+    what = "sweep"
+    log = log
+
+    def step(self) -> SweepReport | None:
+        return self.tick()
 
     def tick(self) -> SweepReport | None:
         """One pass: take or renew the lead, then one bounded sweep.
@@ -94,31 +100,6 @@ class Sweeper:
         if self.levels is not None:
             self.levels.tick(report)
         return report
-
-    def run(self) -> None:
-        """Tick until :meth:`stop` is called (a store error skips one tick)."""
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception as exc:  # noqa: BLE001 - an outage must not end the loop
-                log.warning("sweep failed, will try again: %s", exc)
-            self._stop.wait(self.interval)
-
-    def start(self) -> Sweeper:
-        """Run the loop in a daemon thread; returns at once."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name="corral-sweeper", daemon=True)
-            self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
 
 
 _LABELS = {
