@@ -132,9 +132,13 @@ def test_the_alert_rules_pass_promtool():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-def test_the_store_gauges_show_rate_tokens_breaker_states_and_the_level(kind, tmp_path):
-    url = "memory://" if kind == "memory" else f"sqlite:///{tmp_path}/g.db"
+@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_the_store_gauges_show_rate_tokens_breaker_states_and_the_level(kind, tmp_path, request):
+    url = {
+        "memory": lambda: "memory://",
+        "sqlite": lambda: f"sqlite:///{tmp_path}/g.db",
+        "postgres": lambda: request.getfixturevalue("pg_url"),
+    }[kind]()
     app = corral.App(url)
     app.limit("api", concurrency=4, rate="10/s", burst=5)
     app.breaker("api", failure_ratio=0.5, min_calls=5)
