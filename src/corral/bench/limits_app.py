@@ -24,6 +24,7 @@ import time
 
 from corral.app import App
 from corral.core.retries import Backoff
+from corral.edges.fleet import lazy_app
 from corral.edges.partner import call
 from corral.engine.context import Context
 
@@ -55,7 +56,7 @@ def sync_sku_outage(ctx: Context, sku: str) -> dict:
     The call carries the store's own claim time of this attempt, which the
     benchmark lines up with the breaker's recorded changes (same clock): a
     task handed out while the breaker was OPEN is an attempt burned."""
-    claimed = _the_app().get(ctx.task_id).started_at
+    claimed = __getattr__("app").get(ctx.task_id).started_at
     return call(_partner_url(), sku, worker=str(os.getpid()), claimed=claimed)
 
 
@@ -85,18 +86,5 @@ def build_app(store: str | None = None) -> App:
     return app
 
 
-_app: App | None = None
-
-
-def _the_app() -> App:
-    global _app
-    if _app is None:
-        _app = build_app()
-    return _app
-
-
-def __getattr__(name: str) -> App:
-    """``app`` is built on first access, so importing this module opens no store."""
-    if name == "app":
-        return _the_app()
-    raise AttributeError(name)
+#: ``app`` is built on first access, so importing this module opens no store.
+__getattr__ = lazy_app(build_app)

@@ -24,6 +24,7 @@ import os
 
 from corral.app import App
 from corral.core.retries import Backoff
+from corral.edges.fleet import lazy_app
 from corral.edges.partner import call, notify
 from corral.engine.context import Context
 from corral.testing.history import HistoryLog
@@ -87,18 +88,5 @@ def build_app(store: str | None = None) -> App:
     return app
 
 
-_app: App | None = None
-
-
-def _the_app() -> App:
-    global _app
-    if _app is None:
-        _app = build_app()
-    return _app
-
-
-def __getattr__(name: str) -> App:
-    """``app`` is built on first access, so importing this module opens no store."""
-    if name == "app":
-        return _the_app()
-    raise AttributeError(name)
+#: ``app`` is built on first access, so importing this module opens no store.
+__getattr__ = lazy_app(build_app)

@@ -12,8 +12,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+
+def lazy_app(build: Callable[[], Any]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` whose ``app`` is built on first access, so
+    importing the module (``corral worker module:app``) opens no store until
+    the worker asks for the app."""
+    built: list[Any] = []
+
+    def __getattr__(name: str) -> Any:
+        if name != "app":
+            raise AttributeError(name)
+        if not built:
+            built.append(build())
+        return built[0]
+
+    return __getattr__
 
 
 class WorkerFleet:
