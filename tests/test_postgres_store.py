@@ -429,8 +429,9 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
             assert conn.execute("SELECT to_regclass('corral_batches') IS NOT NULL").fetchone()[0]
             ranked = "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'corral_tasks_ready_%%'"
             defs = dict(conn.execute(ranked).fetchall())
-            for name in ("corral_tasks_ready_free", "corral_tasks_ready_heads", "corral_tasks_ready_retry"):
+            for name in ("corral_tasks_ready_fresh", "corral_tasks_ready_heads", "corral_tasks_ready_retry"):
                 assert "60" in defs[name] and "DESC" not in defs[name], defs[name]  # the ageing rank
+            assert "corral_tasks_ready_free" not in defs  # one index per claim path, by exact status
             dashboard = "SELECT count(*) FROM pg_indexes WHERE indexname IN ("
             dashboard += "'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_all',"
             dashboard += " 'corral_tasks_batch_status')"
@@ -453,5 +454,49 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
         assert [d.id for d in s.dead_letters()] == [rec.id]
         assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
         assert s.fleet_level().level == 1 and len(s.events("level")) == 1
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("share", [None, 0.25])
+def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_url, share):
+    """A queue just filled has no planner statistics yet. A plain claim, with
+    or without a retry share, must still read fresh work and retries from
+    their own indexes: touching a few rows, not every queued one."""
+    import json
+
+    import psycopg
+
+    s = open_store(pg_url)
+    try:
+        s.migrate()
+        s.submit([task() for _ in range(3000)])
+        params = dict(
+            queues=["default"],
+            all_names=True,
+            names=[],
+            chunk=1,
+            lease=30.0,
+            worker="w",
+            only_retries=False,
+            share=share,
+            cap=None,
+            most=2**31 - 1,
+            solo=[],
+            prefetch=False,
+            n=8,
+        )
+        with psycopg.connect(pg_url) as conn:
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + s._q["claim_plain"], params).fetchone()[0]
+            conn.rollback()
+        removed = []
+
+        def walk(node):
+            removed.append(node.get("Rows Removed by Filter", 0))
+            for child in node.get("Plans", ()):
+                walk(child)
+
+        walk((plan if isinstance(plan, list) else json.loads(plan))[0]["Plan"])
+        assert sum(removed) < 100, removed
     finally:
         s.close()

@@ -460,6 +460,18 @@ DROP INDEX IF EXISTS corral_tasks_ready_retry;
 CREATE INDEX corral_tasks_ready_retry ON corral_tasks ((run_at - priority * 60::float8), id)
     WHERE status = 'RETRYING';
 
+-- name: migration_0020
+-- One claim path, one index, by exact status: fresh ungrouped work (PENDING)
+-- and retries (RETRYING) each have their own. An index holding both made the
+-- planner read the retry path from the fresh one when the table had no
+-- statistics yet (a queue just filled), walking every queued row per claim.
+DROP INDEX IF EXISTS corral_tasks_ready_free;
+CREATE INDEX IF NOT EXISTS corral_tasks_ready_fresh ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status = 'PENDING' AND group_key IS NULL;
+DROP INDEX IF EXISTS corral_tasks_ready_unlimited;
+CREATE INDEX corral_tasks_ready_unlimited ON corral_tasks (queue, run_at)
+    WHERE status = 'PENDING' AND cardinality(limits) = 0;
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -559,7 +571,12 @@ SELECT coalesce(array_agg(g.name ORDER BY g.name), '{}') FROM (
 -- this decides whether a claim can find anything at all.
 SELECT EXISTS (
     SELECT 1 FROM corral_tasks
-    WHERE status IN ('PENDING', 'RETRYING') AND cardinality(limits) = 0
+    WHERE status = 'PENDING' AND cardinality(limits) = 0
+      AND queue = ANY(%(queues)s::text[])
+      AND run_at <= extract(epoch FROM now())::float8
+) OR EXISTS (
+    SELECT 1 FROM corral_tasks
+    WHERE status = 'RETRYING' AND cardinality(limits) = 0
       AND queue = ANY(%(queues)s::text[])
       AND run_at <= extract(epoch FROM now())::float8
 );
@@ -600,12 +617,10 @@ barred AS MATERIALIZED (
 free_locked AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at AS elig, t.group_key, t.limits, t.name
     FROM corral_tasks t
-    WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
+    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
-      AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
@@ -645,13 +660,14 @@ heads_locked AS MATERIALIZED (
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
--- With a retry share, the retry path read apart from its own
--- index: ungrouped retries and retrying group heads (the same head rule).
+-- The retry path, read apart from its own index: ungrouped retries, and with
+-- a retry share retrying group heads too (the same head rule; without one
+-- they come with the other heads).
 retry_locked AS MATERIALIZED (
     SELECT t.id, t.priority, CASE WHEN t.group_key IS NULL THEN t.run_at ELSE t.ready_at END AS elig,
            t.group_key, t.limits, t.name
     FROM corral_tasks t
-    WHERE %(share)s::float8 IS NOT NULL AND t.status = 'RETRYING'
+    WHERE t.status = 'RETRYING'
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
@@ -659,7 +675,7 @@ retry_locked AS MATERIALIZED (
       AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
       AND (t.group_key IS NULL OR (
-            t.is_head AND t.ready_at <= (SELECT now FROM clk)
+            %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
                 SELECT 1 FROM corral_tasks x
                 WHERE x.group_key = t.group_key AND x.id < t.id
@@ -758,22 +774,20 @@ WITH -- A claim commits durably, like submits and completions: a claim the
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
-    WHERE t.status IN ('PENDING', 'RETRYING') AND t.group_key IS NULL
+    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
       AND cardinality(t.limits) = 0
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
-      AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
--- with a retry share: the retry path, read apart from its own index
+-- the retry path, read apart from its own index
 retry AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
-    WHERE %(share)s::float8 IS NOT NULL AND t.status = 'RETRYING' AND t.group_key IS NULL
+    WHERE t.status = 'RETRYING' AND t.group_key IS NULL
       AND cardinality(t.limits) = 0
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
@@ -981,15 +995,17 @@ SELECT pg_advisory_xact_lock(7302318442001);
 -- name: active_counts
 -- Unfinished tasks per state; each part matches a partial index, so the
 -- cost follows the live work, never the finished rows.
-SELECT status, count(*) FROM corral_tasks
-WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL GROUP BY status
-UNION ALL
-SELECT status, count(*) FROM corral_tasks
-WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL GROUP BY status
-UNION ALL
-SELECT 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING'
-UNION ALL
-SELECT 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING';
+SELECT status, sum(n)::bigint FROM (
+    SELECT 'PENDING' AS status, count(*) AS n FROM corral_tasks WHERE status = 'PENDING' AND group_key IS NULL
+    UNION ALL
+    SELECT 'PENDING', count(*) FROM corral_tasks WHERE status = 'PENDING' AND group_key IS NOT NULL
+    UNION ALL
+    SELECT 'RETRYING', count(*) FROM corral_tasks WHERE status = 'RETRYING'
+    UNION ALL
+    SELECT 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING'
+    UNION ALL
+    SELECT 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING'
+) c GROUP BY status;
 
 -- name: counts_queue
 SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status;
