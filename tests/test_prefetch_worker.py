@@ -222,3 +222,45 @@ def test_auto_chunk_follows_task_durations():
     quick = AutoChunk(target=0.25, maximum=200, warmup=1)
     quick.observe(0.0)
     assert quick.size() == 200
+
+
+def test_prefetch_goes_on_after_prefetched_units_ran(url):
+    """A prefetched unit must leave the fresh-work count it entered when it
+    ends: counted as a retry (its attempt is raised when it starts), it once
+    drove the retry count below zero, and a worker with retries held never
+    prefetches again."""
+    app = corral.App(url)
+    gate = threading.Event()
+    release = threading.Event()
+    started = []
+
+    @app.task(retries=0)
+    def job(i):
+        started.append(i)
+        (gate if i < 2 else release).wait(30)
+
+    def prefetched() -> int:
+        return sum(1 for ahead, got in log.calls if ahead and got)
+
+    for i in range(2):
+        job.submit(i)
+    worker = app.worker(1, prefetch=1, chunk_size=1)
+    log = _ClaimLog(app.store)
+    worker.start()
+    try:
+        # task 0 runs, task 1 is held ahead; both end
+        wait_for(lambda: prefetched() >= 1, message="task 1 held ahead")
+        gate.set()
+        wait_for(lambda: worker.busy == 0 and len(started) == 2)
+        # the next round: the slot busy again, and again a unit held ahead
+        before = prefetched()
+        hs = [job.submit(i) for i in (2, 3, 4)]
+        wait_for(lambda: prefetched() > before, message="a prefetch claim after the first prefetched units ended")
+        release.set()
+        for h in hs:
+            assert h.result(timeout=30) is None
+    finally:
+        gate.set()
+        release.set()
+        worker.stop(grace=10)
+    app.close(10)

@@ -140,16 +140,18 @@ class _Unit:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
     uncounted: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: headed by a task run again after an attempt that ended (the retry path).
+    #: Fixed at the claim: a prefetched head's attempt is raised when it
+    #: starts, and the unit must leave the count it entered.
+    retry: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        # a prefetched unit's attempt is not raised until it starts
+        self.retry = self.claim.tasks[0].attempt + (1 if self.prefetched else 0) > 1
 
     @property
     def queue(self) -> str:
         return self.claim.tasks[0].queue
-
-    @property
-    def retry(self) -> bool:
-        """Headed by a task run again after an attempt that ended (the retry path)."""
-        # a prefetched unit's attempt is not raised until it starts
-        return self.claim.tasks[0].attempt + (1 if self.prefetched else 0) > 1
 
 
 @dataclass(eq=False)
