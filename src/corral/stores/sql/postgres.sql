@@ -614,6 +614,9 @@ barred AS MATERIALIZED (
         SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED') g
     WHERE NOT (g.name = ANY(%(allowed)s::text[]))
 ),
+-- the same names as rows, for an anti-join: with few task names the planner
+-- takes "name <> ALL(array)" for "no row" and sorts every candidate
+barred_names AS MATERIALIZED (SELECT unnest(names) AS name FROM barred),
 free_locked AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at AS elig, t.group_key, t.limits, t.name
     FROM corral_tasks t
@@ -622,7 +625,7 @@ free_locked AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT (t.limits && (SELECT names FROM barred))
-      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
@@ -643,7 +646,7 @@ heads_locked AS MATERIALIZED (
       AND (NOT %(only_retries)s::bool OR t.status = 'RETRYING')
       AND (%(share)s::float8 IS NULL OR t.status = 'PENDING')
       AND NOT (t.limits && (SELECT names FROM barred))
-      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
@@ -672,7 +675,7 @@ retry_locked AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT (t.limits && (SELECT names FROM barred))
-      AND NOT (t.name = ANY((SELECT names FROM barred)::text[]))
+      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
       AND (t.group_key IS NULL OR (
             %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
@@ -775,11 +778,16 @@ clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
-      AND cardinality(t.limits) = 0
+      -- written so, not as cardinality(...) = 0: that would let the planner
+      -- read (and sort) the unordered ready_unlimited index instead, and the
+      -- column's statistics estimate this form well
+      AND t.limits = '{}'::text[]
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
+      -- an anti-join, not NOT (name = ANY(ARRAY(...))): with one task name
+      -- the planner takes "name <> x" for "no row" and sorts the whole queue
+      AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = t.name AND b.state_name <> 'CLOSED')
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -792,7 +800,9 @@ retry AS MATERIALIZED (
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      AND NOT (t.name = ANY(ARRAY(SELECT b.name FROM corral_breakers b WHERE b.state_name <> 'CLOSED')))
+      -- an anti-join, not NOT (name = ANY(ARRAY(...))): with one task name
+      -- the planner takes "name <> x" for "no row" and sorts the whole queue
+      AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = t.name AND b.state_name <> 'CLOSED')
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -844,20 +854,20 @@ WHERE t.id = locked.id AND t.status = 'RUNNING'
 RETURNING t.id, t.lease_token, t.cancel_requested;
 
 -- name: complete
+-- The outcomes come as one JSON array of rows (cheap to send: a driver
+-- dumps thirteen arrays element by element, which cost more than the update).
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 o AS (
-    SELECT * FROM unnest(
-        %(id)s::bigint[], %(token)s::text[], %(version)s::int[], %(status)s::text[],
-        %(result)s::text[], %(error)s::text[], %(run_at)s::float8[], %(burn)s::bool[],
-        %(started_at)s::float8[], %(finished_at)s::float8[], %(attempt)s::int[],
-        %(snooze)s::bool[], %(pause)s::float8[]
-    ) WITH ORDINALITY AS o(id, token, version, status, result, error, run_at, burn,
-                           started_at, finished_at, attempt, snooze, pause, ord)
+    SELECT (r.v->>0)::bigint AS id, r.v->>1 AS token, (r.v->>2)::int AS version, r.v->>3 AS status,
+           r.v->>4 AS result, r.v->>5 AS error, (r.v->>6)::float8 AS run_at, (r.v->>7)::bool AS burn,
+           (r.v->>8)::float8 AS started_at, (r.v->>9)::float8 AS finished_at, (r.v->>10)::int AS attempt,
+           (r.v->>11)::bool AS snooze, (r.v->>12)::float8 AS pause, r.ord
+    FROM json_array_elements(%(rows)s::json) WITH ORDINALITY AS r(v, ord)
 ),
 locked AS (
     -- lock in id order, as heartbeat does, so the two never deadlock
     SELECT t.id FROM corral_tasks t
-    WHERE t.id = ANY(%(id)s::bigint[])
+    WHERE t.id = ANY(%(ids)s::bigint[])
     ORDER BY t.id
     FOR UPDATE
 ),
@@ -901,7 +911,7 @@ note AS (
                  AND NOT EXISTS (
                      SELECT 1 FROM corral_tasks r
                      WHERE r.lease_token = u.token AND r.status = 'RUNNING'
-                       AND NOT (r.id = ANY(%(id)s::bigint[]))))) q
+                       AND NOT (r.id = ANY(%(ids)s::bigint[]))))) q
 )
 SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'),
        (SELECT count(*) FROM note) AS notified, name, limits
