@@ -500,3 +500,33 @@ def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_url, share)
         assert sum(removed) < 100, removed
     finally:
         s.close()
+
+
+def test_a_retry_after_a_backoff_wakes_no_worker_but_one_due_now_does(pg_url):
+    """Workers are woken when something became claimable. A retry due in a
+    minute is not: a notification for it only has every worker claim nothing.
+    Notifications arrive in commit order, so a marker sent after the write
+    shows whether the write sent one."""
+    import psycopg
+
+    s = open_store(pg_url)
+    try:
+        s.migrate()
+        s.submit([task(), task()])
+        claims = s.claim("w", ["default"], 2)
+        later, now = [t for c in claims for t in c.tasks]
+        tokens = {t.id: c.token for c in claims for t in c.tasks}
+        with psycopg.connect(pg_url, autocommit=True) as listener:
+            listener.execute("LISTEN corral_work")
+
+            def first_after(outcome):
+                s.complete([outcome])
+                listener.execute("SELECT pg_notify('corral_work', 'marker')")
+                return next(listener.notifies(timeout=10)).payload
+
+            far = Outcome(later.id, tokens[later.id], later.version, State.RETRYING, run_at=time.time() + 60)
+            assert first_after(far) == "marker"
+            due = Outcome(now.id, tokens[now.id], now.version, State.RETRYING, run_at=time.time() - 1)
+            assert first_after(due) == "default:g"
+    finally:
+        s.close()

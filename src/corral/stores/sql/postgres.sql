@@ -890,7 +890,8 @@ upd AS (
     FROM o, clk, locked
     WHERE t.id = o.id AND locked.id = o.id
       AND t.status = 'RUNNING' AND t.lease_token = o.token AND t.version = o.version
-    RETURNING o.ord, o.token, o.pause, t.queue, t.group_key, t.limits, t.name, t.status, t.has_dependents
+    RETURNING o.ord, o.token, o.pause, t.queue, t.group_key, t.limits, t.name, t.status, t.has_dependents,
+              t.run_at
 ),
 paused AS (
     -- a 429 with Retry-After pauses every limit of its task until then
@@ -900,13 +901,15 @@ paused AS (
     WHERE l.name = p.n
 ),
 note AS (
-    -- Wake workers only when something became claimable: a task queued again,
-    -- or the last running task of a claim under a group or a limit finished
-    -- (its group's next task and its limit slot are free now). The subquery
-    -- reads the rows as they were before this statement.
+    -- Wake workers only when something became claimable: a task queued again
+    -- and due now (a retry after a backoff is found by the workers' polls;
+    -- waking every worker for it only has them claim nothing), or the last
+    -- running task of a claim under a group or a limit finished (its group's
+    -- next task and its limit slot are free now). The subquery reads the
+    -- rows as they were before this statement.
     SELECT pg_notify('corral_work', q.queue || ':g')
     FROM (SELECT DISTINCT u.queue FROM upd u
-          WHERE u.status IN ('PENDING', 'RETRYING')
+          WHERE (u.status IN ('PENDING', 'RETRYING') AND u.run_at <= (SELECT now FROM clk))
              OR ((u.group_key IS NOT NULL OR cardinality(u.limits) > 0)
                  AND NOT EXISTS (
                      SELECT 1 FROM corral_tasks r
