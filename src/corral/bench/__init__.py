@@ -54,6 +54,16 @@ class StoreParam(click.ParamType):
         return kind, value if kind == "postgres" else None
 
 
+def store_option(default: str, help: str):
+    """``--store``: a store kind or URL (see :class:`StoreParam`)."""
+    return click.option("--store", type=StoreParam(), default=default, show_default=True, help=help)
+
+
+pg_url_option = click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table(s).")
+no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+
+
 def _store(store: tuple[str, str | None], pg_url: str | None) -> tuple[str, str | None]:
     kind, url = store
     return kind, pg_url or url
@@ -93,13 +103,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 )
 @click.option("--concurrency", default=20, show_default=True, help="Pool threads (A, B) / worker slots (C).")
 @click.option("--limit", default=20, show_default=True, help="Downstream cap on concurrent calls.")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="memory",
-    show_default=True,
-    help="corral's store (C): memory, sqlite, postgres, or a store URL.",
-)
+@store_option("memory", "corral's store (C): memory, sqlite, postgres, or a store URL.")
 @click.option("--workers", default=1, show_default=True, help="Worker processes for a durable store (C).")
 @click.option(
     "--pg-url",
@@ -109,8 +113,8 @@ def _fmt(v: Any, digits: int = 3) -> str:
 )
 @click.option("--poll-interval", default=0.5, show_default=True, help="corral worker poll interval (s).")
 @click.option("--seed", default=3, show_default=True, help="Seed of the workload plan.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+@json_option
+@no_progress_option
 def groups_cmd(
     tasks: int,
     n_groups: int,
@@ -205,13 +209,7 @@ def groups_cmd(
 
 
 @bench.command("throughput")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="sqlite",
-    show_default=True,
-    help="memory, sqlite, postgres, or a store URL (a fresh store is used either way).",
-)
+@store_option("sqlite", "memory, sqlite, postgres, or a store URL (a fresh store is used either way).")
 @click.option("--tasks", default=20_000, show_default=True, help="No-op tasks per enqueue/processing run.")
 @click.option("--io-tasks", default=2_000, show_default=True, help="10 ms tasks for the I/O efficiency run.")
 @click.option("--latency-tasks", default=200, show_default=True, help="Tasks for the idle latency run.")
@@ -258,9 +256,9 @@ def groups_cmd(
     help="memory only: repeat the I/O run with this simulated round trip added to every claim "
     "(the efficiency ceiling against a store of that claim latency).",
 )
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--no-progress", is_flag=True)
+@pg_url_option
+@json_option
+@no_progress_option
 def throughput_cmd(
     store: tuple[str, str | None],
     tasks: int,
@@ -334,14 +332,8 @@ def throughput_cmd(
 
 
 @bench.command("limits")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="sqlite",
-    show_default=True,
-    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
-)
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
+@pg_url_option
 @click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
 @click.option("--concurrency", default=20, show_default=True, help="Slots per worker process.")
 @click.option("--tasks", default=3000, show_default=True, help="SKU syncs of the rate scenario (advised limit).")
@@ -367,8 +359,8 @@ def throughput_cmd(
     help="Which to run (comma-separated): rate, breaker, retry.",
 )
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take before it is abandoned.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+@json_option
+@no_progress_option
 def limits_cmd(
     store: tuple[str, str | None],
     pg_url: str | None,
@@ -443,14 +435,8 @@ def limits_cmd(
 
 
 @bench.command("scale")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="sqlite",
-    show_default=True,
-    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
-)
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
+@pg_url_option
 @click.option("--tasks", default=1_000_000, show_default=True, help="No-op tasks queued before the workers start.")
 @click.option("--groups", "n_groups", default=10_000, show_default=True, help="Groups (task i in group i mod N).")
 @click.option("--slice", "slice_size", default=10_000, show_default=True, help="Tasks per measured slice.")
@@ -470,8 +456,8 @@ def limits_cmd(
     help="Idle-latency tasks, on the fresh store and after the drain (0 skips both).",
 )
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds the drain may take.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@json_option
+@no_progress_option
 def scale_cmd(
     store: tuple[str, str | None],
     pg_url: str | None,
@@ -520,20 +506,14 @@ def scale_cmd(
 
 
 @bench.command("processes")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="postgres",
-    show_default=True,
-    help="postgres (or sqlite), or a store URL (a fresh store is used either way).",
-)
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@store_option("postgres", "postgres (or sqlite), or a store URL (a fresh store is used either way).")
+@pg_url_option
 @click.option("--processes", default="1,2,4,8", show_default=True, help="Worker process counts to measure.")
 @click.option("--tasks", default=20_000, show_default=True, help="No-op tasks queued before each run.")
 @click.option("--concurrency", default=8, show_default=True, help="Slots per worker process.")
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@json_option
+@no_progress_option
 def processes_cmd(
     store: tuple[str, str | None],
     pg_url: str | None,
@@ -581,15 +561,15 @@ def processes_cmd(
     show_default=True,
     help="Stores to run on, comma-separated (postgres is added when --pg-url is given).",
 )
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@pg_url_option
 @click.option("--nodes", default=1000, show_default=True, help="Tasks in the graph.")
 @click.option("--layers", default=20, show_default=True, help="Layers of the graph (equal widths).")
 @click.option("--fan-in", default=3, show_default=True, help="Most upstream tasks per node (from the layer before).")
 @click.option("--slots", default=16, show_default=True, help="Worker slots.")
 @click.option("--duration", default=0.02, show_default=True, help="Seconds each task sleeps.")
 @click.option("--seed", default=7, show_default=True, help="Seed of the random graph.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
-@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+@json_option
+@no_progress_option
 def dag_cmd(
     stores: str,
     pg_url: str | None,
@@ -650,17 +630,11 @@ if __name__ == "__main__":  # pragma: no cover
 
 
 @bench.command("dashboard")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    default="sqlite",
-    show_default=True,
-    help="sqlite, postgres, or a store URL (a fresh store is used either way).",
-)
-@click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
+@store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
+@pg_url_option
 @click.option("--tasks", default=1_000_000, show_default=True, help="Finished tasks seeded before timing.")
 @click.option("--repeat", default=20, show_default=True, help="Fetches of each page.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@json_option
 def dashboard_cmd(store: tuple[str, str | None], pg_url: str | None, tasks: int, repeat: int, as_json: bool) -> None:
     """Dashboard pages on a store of N finished tasks: p50 and max per page."""
     from corral.bench import dashboard as dash_bench

@@ -7,6 +7,7 @@ a :func:`console` that keeps whole rows when the output is piped.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import sys
@@ -395,22 +396,27 @@ def rate_text(qps: float) -> str:
     return f"{max(1, int(qps * 3600))}/h"
 
 
+def _section(con, title: str, rows: list[tuple[str, str]]) -> None:
+    """One titled part of a plan: a two-column table of names and values."""
+    from rich.table import Table
+
+    con.print(f"[bold]{escape(title)}[/]")
+    t = Table(show_header=False)
+    t.add_column(style="bold")
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    con.print(t)
+
+
 def print_plan(plan, example: bool) -> None:
     """A :class:`corral.core.planning.CapacityPlan`, part by part, and what to do with it."""
-    from rich.table import Table
 
     con = console()
     if example:
         con.print("[dim]No inputs given: worked examples. Pass your own numbers (see corral plan --help).[/]")
 
-    def section(title: str, rows: list[tuple[str, str]]) -> None:
-        con.print(f"[bold]{title}[/]")
-        t = Table(show_header=False)
-        t.add_column(style="bold")
-        t.add_column()
-        for k, v in rows:
-            t.add_row(k, v)
-        con.print(t)
+    section = functools.partial(_section, con)
 
     def hours(seconds: float) -> str:
         return f"{seconds / 3600:g} h"
@@ -511,19 +517,11 @@ def print_plan(plan, example: bool) -> None:
 def print_history_plan(hp, limit_name: str, batch: str | None = None) -> None:
     """A :class:`corral.core.planning.HistoryPlan`: every measured value, then
     each formula with those values, then the ``app.limit`` line to paste."""
-    from rich.table import Table
 
     con = console()
     h = hp.history
 
-    def section(title: str, rows: list[tuple[str, str]]) -> None:
-        con.print(f"[bold]{escape(title)}[/]")
-        t = Table(show_header=False)
-        t.add_column(style="bold")
-        t.add_column()
-        for k, v in rows:
-            t.add_row(k, v)
-        con.print(t)
+    section = functools.partial(_section, con)
 
     def g(x: float | None, unit: str = "") -> str:
         return "-" if x is None else f"{x:.4g}{unit}"

@@ -45,7 +45,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -172,9 +172,18 @@ def text_array(items: Collection[str]) -> str:
     return "{" + ",".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "}"
 
 
-def int_array(items: Iterator[int] | Collection[int]) -> str:
+def int_array(items: Iterable[int]) -> str:
     """A PostgreSQL array literal of integers (see :func:`text_array`)."""
     return "{" + ",".join(str(int(i)) for i in items) + "}"
+
+
+def _close_quietly(conn: psycopg.Connection | None) -> None:
+    """Close a connection that may be broken already: best effort."""
+    if conn is not None:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
 
 
 #: How long a process trusts its list of breaker names (a completion under
@@ -428,9 +437,7 @@ class PostgresStore(SqlStore):
                 self._listen_lock.release()
         got = self._events_lock.acquire(timeout=2)
         try:
-            conn, self._events_conn = self._events_conn, None
-            if conn is not None:
-                conn.close()
+            self._drop_events_conn()
         finally:
             if got:
                 self._events_lock.release()
@@ -881,11 +888,11 @@ class PostgresStore(SqlStore):
 
     def _drop_listen_conn(self) -> None:
         conn, self._listen_conn = self._listen_conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
+        _close_quietly(conn)
+
+    def _drop_events_conn(self) -> None:
+        conn, self._events_conn = self._events_conn, None
+        _close_quietly(conn)
 
     def _run_hot(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn`` on the listening connection if this thread was just woken
@@ -1213,12 +1220,7 @@ class PostgresStore(SqlStore):
                     pass
                 return
             except psycopg.Error:
-                conn, self._events_conn = self._events_conn, None
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # noqa: BLE001 - closing is best effort
-                        pass
+                self._drop_events_conn()
         time.sleep(timeout)  # the server is away: poll meanwhile
 
     def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:

@@ -775,19 +775,21 @@ WITH -- A claim commits durably, like submits and completions: a claim the
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+-- task names under a breaker not CLOSED, as rows for an anti-join: with one
+-- task name the planner takes "name <> ALL(array)" for "no row" and sorts the
+-- whole queue instead of walking its index in claim order
+barred AS MATERIALIZED (SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED'),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
-      -- written so, not as cardinality(...) = 0: that would let the planner
-      -- read (and sort) the unordered ready_unlimited index instead, and the
-      -- column's statistics estimate this form well
+      -- "no limit" written so, not as cardinality(...) = 0: that form would
+      -- let the planner read (and sort) the unordered ready_unlimited index,
+      -- and the column's statistics estimate this one well
       AND t.limits = '{}'::text[]
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      -- an anti-join, not NOT (name = ANY(ARRAY(...))): with one task name
-      -- the planner takes "name <> x" for "no row" and sorts the whole queue
-      AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = t.name AND b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -796,13 +798,11 @@ fresh AS MATERIALIZED (
 retry AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'RETRYING' AND t.group_key IS NULL
-      AND cardinality(t.limits) = 0
+      AND t.limits = '{}'::text[]
       AND t.run_at <= (SELECT now FROM clk)
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
-      -- an anti-join, not NOT (name = ANY(ARRAY(...))): with one task name
-      -- the planner takes "name <> x" for "no row" and sorts the whole queue
-      AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = t.name AND b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
