@@ -361,6 +361,29 @@ def test_a_group_fed_while_its_last_task_finishes_never_sticks(pg, stores):
     assert sorted(c.group for c in again) == sorted(groups)
 
 
+def test_a_claim_never_waits_for_a_group_lock_while_holding_its_tasks(pg, pg_url):
+    """A head refresh locks a group's row and then its tasks; a claim holds
+    the tasks when it marks the group's turn. Had the claim waited for the
+    row, the two would deadlock (two workers each stalled a second until the
+    server broke the cycle): the claim must finish while the row is held."""
+    import psycopg
+
+    pg.submit([task(group="g"), task(group="g")])
+    holder = psycopg.connect(pg_url)
+    try:
+        holder.execute("SELECT 1 FROM corral_groups WHERE group_key = 'g' FOR UPDATE")
+        got: list = []
+        t = threading.Thread(target=lambda: got.append(pg.claim("w", ["default"], 1)), daemon=True)
+        t.start()
+        t.join(10)
+        assert got, "the claim waited for the group row a refresher holds"
+        assert [c.group for c in got[0]] == ["g"]
+    finally:
+        holder.rollback()
+        holder.close()
+        t.join(10)
+
+
 def test_claims_find_heads_among_many_groups_in_round_robin_order(pg):
     pg.submit([task(group=f"user{i}") for i in range(2000)] + [task(group="user0") for _ in range(3)])
     first = pg.claim("w", ["default"], 2000)

@@ -762,9 +762,16 @@ upd AS (
     WHERE t.id = m.id AND (t.status || '') IN ('PENDING', 'RETRYING')
     RETURNING t.*, m.rk
 ),
+-- The round-robin mark. A head refresh locks the group row and then its tasks;
+-- a claim holds the tasks already, so waiting here for a refresher could
+-- deadlock the two (seen with two workers: each stalled a second until
+-- PostgreSQL broke the cycle). A locked group keeps its old mark instead: its
+-- next head may come round a turn early, never a second task in flight.
 touch AS (
     UPDATE corral_groups g SET last_claimed_at = (SELECT now FROM clk)
-    WHERE g.group_key IN (SELECT group_key FROM upd WHERE group_key IS NOT NULL)
+    WHERE g.group_key IN (SELECT k.group_key FROM corral_groups k
+                          WHERE k.group_key IN (SELECT group_key FROM upd WHERE group_key IS NOT NULL)
+                          FOR UPDATE SKIP LOCKED)
 )
 SELECT * FROM upd ORDER BY rk, id;
 
