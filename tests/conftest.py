@@ -76,6 +76,14 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/corral.db"
 
 
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def url(request) -> str:
+    """URL of a fresh store, once per kind: memory, SQLite and PostgreSQL."""
+    if request.param == "memory":
+        return "memory://"
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
 @pytest.fixture
 def wait_for():
     """The ``helpers.wait_for`` function, for tests that prefer a fixture."""

@@ -11,15 +11,6 @@ from corral.errors import StoreUnavailable
 from helpers import wait_for
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def url(request):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return request.getfixturevalue("sqlite_url")
-    return request.getfixturevalue("pg_url")
-
-
 def test_undecodable_args_fail_that_task_and_the_worker_goes_on(url):
     app = corral.App(url)
 

@@ -17,13 +17,6 @@ from corral.errors import ConfigError
 from helpers import wait_for
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def url(request):
-    if request.param == "memory":
-        return "memory://"
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-
-
 class Tally:
     """How many tasks of the batch run at once, at most, and the summaries the callback got."""
 

@@ -10,18 +10,9 @@ from corral import Node, State
 from corral.errors import BadArguments, ConfigError
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store_url(request, tmp_path):
-    if request.param == "memory":
-        return "memory://"
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/corral.db"
-    return request.getfixturevalue("pg_url")
-
-
 @pytest.fixture
-def app(store_url):
-    a = corral.App(store_url)
+def app(url):
+    a = corral.App(url)
     yield a
     a.close(timeout=10)
 

@@ -7,19 +7,10 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 import corral
 from corral import State
 from corral.core.pacing import AutoChunk, default_prefetch
 from helpers import wait_for
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def url(request):
-    if request.param == "memory":
-        return "memory://"
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 class _ClaimLog:

@@ -69,6 +69,14 @@ def _store(store: tuple[str, str | None], pg_url: str | None) -> tuple[str, str 
     return kind, pg_url or url
 
 
+def _shared_store(store: tuple[str, str | None], pg_url: str | None) -> tuple[str, str | None]:
+    """The store of a benchmark that runs worker processes: not memory://."""
+    kind, pg_url = _store(store, pg_url)
+    if kind == "memory":
+        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    return kind, pg_url
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     if v is None:
         return "—"
@@ -387,9 +395,7 @@ def limits_cmd(
     partner's call log and the store's records."""
     from corral.bench.limits import SCENARIOS, child_argv, render
 
-    kind, pg_url = _store(store, pg_url)
-    if kind == "memory":
-        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    kind, pg_url = _shared_store(store, pg_url)
     chosen = [s.strip() for s in scenarios.split(",") if s.strip()]
     bad = [s for s in chosen if s not in SCENARIOS]
     if bad or not chosen:
@@ -481,9 +487,7 @@ def scale_cmd(
     again after the drain."""
     from corral.bench.scale import child_argv, render_scale
 
-    kind, pg_url = _store(store, pg_url)
-    if kind == "memory":
-        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    kind, pg_url = _shared_store(store, pg_url)
     if min(tasks, n_groups, slice_size, workers, concurrency) < 1 or drain < 0 or latency_tasks < 0:
         raise click.UsageError("--tasks, --groups, --slice, --workers and --concurrency must be >= 1")
     if timeout <= 0:
@@ -532,9 +536,7 @@ def processes_cmd(
     server the run has to itself)."""
     from corral.bench.scale import child_argv, render_processes
 
-    kind, pg_url = _store(store, pg_url)
-    if kind == "memory":
-        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    kind, pg_url = _shared_store(store, pg_url)
     try:
         counts = [int(x) for x in processes.split(",") if x.strip()]
     except ValueError:

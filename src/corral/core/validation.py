@@ -149,6 +149,19 @@ def retry_cap(max_units: int, share: float | None, cap: int | None = None) -> in
     return max(1, math.ceil(max_units * share - 1e-9))
 
 
+def retry_bounds(
+    max_units: int, share: float | None, cap: int | None = None, most: int | None = None
+) -> tuple[int | None, int]:
+    """A claim's bounds on retries: (the most they take while fresh work
+    waits, as :func:`retry_cap`; the most they take even when fresh work runs
+    short, ``most`` if the caller gives one). No share: (None, max_units)."""
+    share_cap = retry_cap(max_units, share, cap)
+    if share_cap is None:
+        return None, max_units
+    top = max_units if most is None else max(0, min(most, max_units))
+    return min(share_cap, top), top
+
+
 def held_retry_cap(slots: int, share: float | None, retries_held: int) -> int | None:
     """How many more retry units a worker with ``slots`` may claim while fresh
     work waits, holding ``retries_held`` already: its share of the slots,

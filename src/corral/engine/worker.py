@@ -127,6 +127,12 @@ class DrainReport:
         return head + left + extra
 
 
+def _is_retry(claim: Claim, prefetched: bool) -> bool:
+    """Is the claim headed by a task run again after an attempt that ended?
+    (A prefetched head's attempt is not raised until it starts.)"""
+    return claim.tasks[0].attempt + (1 if prefetched else 0) > 1
+
+
 @dataclass(eq=False)
 class _Unit:
     claim: Claim
@@ -146,8 +152,7 @@ class _Unit:
     retry: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        # a prefetched unit's attempt is not raised until it starts
-        self.retry = self.claim.tasks[0].attempt + (1 if self.prefetched else 0) > 1
+        self.retry = _is_retry(self.claim, self.prefetched)
 
     @property
     def queue(self) -> str:
@@ -677,8 +682,7 @@ class Worker:
                     **extra,
                 )
                 claims += got
-                # a prefetched unit's attempt is not raised at claim time
-                retried = sum(1 for c in got if c.tasks[0].attempt + (1 if prefetch else 0) > 1)
+                retried = sum(1 for c in got if _is_retry(c, prefetch))
                 for key in ("retry_cap", "retry_max"):
                     if extra.get(key) is not None:
                         extra[key] = max(0, extra[key] - retried)

@@ -42,7 +42,7 @@ from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
-from corral.core.validation import retry_cap as units_for_retries
+from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import (
@@ -343,10 +343,7 @@ class MemoryStore(Store):
             self._promote_due(now)
             retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
             fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
-            cap = units_for_retries(max_units, retry_share, retry_cap)
-            most = max_units if retry_share is None or retry_max is None else max(0, retry_max)
-            if cap is not None:
-                cap = min(cap, most)
+            cap, most = retry_bounds(max_units, retry_share, retry_cap, retry_max)
             # one pass in claim order, the retry path only up to its share;
             # then, if fresh work ran short, retries take the rest
             if cap is None or not retry or not fresh:

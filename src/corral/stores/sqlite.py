@@ -102,7 +102,7 @@ from corral.core.model import (
 )
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition
-from corral.core.validation import retry_cap as units_for_retries
+from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import (
     STILL_GOING,
@@ -718,10 +718,7 @@ class SQLiteStore(SqlStore):
             return []
         known = None if names is None else set(names)
         queues = sorted(set(queues))
-        cap = None if only_retries else units_for_retries(max_units, retry_share, retry_cap)
-        most = max_units if cap is None or retry_max is None else max(0, min(retry_max, max_units))
-        if cap is not None:
-            cap = min(cap, most)
+        cap, most = retry_bounds(max_units, None if only_retries else retry_share, retry_cap, retry_max)
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
