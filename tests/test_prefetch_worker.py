@@ -9,7 +9,7 @@ import threading
 
 import corral
 from corral import State
-from corral.core.pacing import AutoChunk, default_prefetch
+from corral.core.pacing import AutoChunk, chunk_reach, default_prefetch
 from helpers import wait_for
 
 
@@ -193,6 +193,10 @@ def test_prefetch_zero_claims_only_into_free_slots(url):
         worker.stop(10)
         app.close(10)
     assert log.prefetch_calls() == 0
+
+
+def test_a_chunk_reaches_a_quarter_further_and_small_chunks_not_at_all():
+    assert [chunk_reach(n) for n in (1, 3, 4, 8, 100, 200)] == [1, 3, 5, 10, 125, 250]
 
 
 def test_default_prefetch_is_small_and_bounded():

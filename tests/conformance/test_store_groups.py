@@ -164,6 +164,32 @@ def test_chunk_is_limited_by_group_length(store):
     assert [t.id for t in c.tasks] == ids
 
 
+def test_a_group_that_fits_in_a_quarter_more_goes_in_one_chunk(store):
+    # chunks of 8 reach 10: a group of 10 runs as one unit, not as 8 and then 2
+    ids = submit(store, *[new(group="g") for _ in range(10)])
+    (c,) = claim(store, 1, chunk_size=8)
+    assert [t.id for t in c.tasks] == ids
+    assert all(store.get(i).lease_token == c.token for i in ids)
+
+
+def test_a_group_longer_than_the_reach_is_cut_at_the_chunk_size(store):
+    ids = submit(store, *[new(group="g") for _ in range(11)])
+    (c,) = claim(store, 1, chunk_size=8)
+    assert [t.id for t in c.tasks] == ids[:8]
+    for t in c.tasks:
+        assert finish(store, t)
+    (rest,) = claim(store, 1, chunk_size=8)
+    assert [t.id for t in rest.tasks] == ids[8:]
+
+
+def test_the_reach_stops_at_a_task_that_is_not_ready(store):
+    # the line fits in the reach, but a delayed task ends the chunk as ever
+    ids = submit(store, *[new(group="g") for _ in range(9)])
+    submit_one(store, "t", group="g", run_at=store.now() + 3600)
+    (c,) = claim(store, 1, chunk_size=8)
+    assert [t.id for t in c.tasks] == ids
+
+
 def test_chunk_per_group_with_several_units(store):
     a = submit(store, *[new(group="a") for _ in range(3)])
     b = submit(store, *[new(group="b") for _ in range(2)])

@@ -9,7 +9,8 @@ cost, both pure arithmetic here so they test without threads or a database:
   group's work. A group runs its tasks one after another anyway, so a chunk
   costs the group nothing; it bounds how long a unit holds its slot (and a
   limit's place), which keeps round robin between groups fair. Long tasks get
-  chunks of one, today's behaviour.
+  chunks of one, today's behaviour. :func:`chunk_reach` lets a group's last
+  chunk take a small rest of the group with it.
 - :func:`default_prefetch` is how many units a worker may hold beyond its
   free slots, so a freed slot starts its next unit without waiting a claim.
 """
@@ -61,6 +62,15 @@ class AutoChunk:
         if mean <= 0:
             return self.maximum
         return max(1, min(self.maximum, math.floor(self.target / mean)))
+
+
+def chunk_reach(chunk: int) -> int:
+    """How far a chunk of ``chunk`` tasks may stretch to take the rest of its
+    group: a quarter more. A group of 110 tasks under chunks of 100 runs as
+    one unit, not as 100 and then 10 (a second turn through the claim and
+    through the round robin for a tenth of the work), and a unit still holds
+    its slot at most a quarter longer than the chunk target."""
+    return chunk + chunk // 4
 
 
 def default_prefetch(concurrency: int) -> int:

@@ -39,6 +39,7 @@ from corral.core.model import (
     loads,
 )
 from corral.core.planning import HISTORY_SCAN, HistoryRow
+from corral.core.pacing import chunk_reach
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
@@ -391,8 +392,10 @@ class MemoryStore(Store):
                         solo = gates.solo(t.limits, t.name)
                     members = [t]
                     if g is not None and chunk_size > 1 and not solo:
+                        # a group whose whole line fits in the reach goes in one chunk
+                        most = chunk_reach(chunk_size) if len(g.ids) <= chunk_reach(chunk_size) else chunk_size
                         for nid in itertools.islice(g.ids, 1, None):
-                            if len(members) >= chunk_size:
+                            if len(members) >= most:
                                 break
                             n = self._tasks[nid]
                             if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):

@@ -68,6 +68,7 @@ from corral.core.model import (
     TaskRecord,
     dumps,
 )
+from corral.core.pacing import chunk_reach
 from corral.core.states import FINAL, State, check_transition
 from corral.errors import (
     ConfigError,
@@ -607,6 +608,7 @@ class PostgresStore(SqlStore):
             "all_names": names is None,
             "names": text_array(names or ()),
             "chunk": max(1, int(chunk_size)),
+            "reach": chunk_reach(max(1, int(chunk_size))),
             "lease": float(lease_seconds),
             "worker": worker_id,
             "only_retries": bool(only_retries),

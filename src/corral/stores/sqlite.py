@@ -100,6 +100,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.pacing import chunk_reach
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition
 from corral.core.validation import retry_bounds
@@ -847,7 +848,10 @@ class SQLiteStore(SqlStore):
                 return False
             members = [row]
             if row[3] is not None and chunk_size > 1 and not (g is not None and g.solo(lims, row[4])):
-                for f in con.execute(Q["group_followers"], (row[3], row[0], chunk_size - 1)).fetchall():
+                # a group whose whole line fits in the reach goes in one chunk
+                reach = chunk_reach(chunk_size)
+                line = con.execute(Q["group_followers"], (row[3], row[0], reach)).fetchall()
+                for f in line[: chunk_size - 1] if len(line) >= reach else line:
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
                     if (known is not None and f[4] not in known) or f[4] in breakers or (prefetch and f[5]):

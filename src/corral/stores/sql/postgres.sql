@@ -717,7 +717,8 @@ followers AS MATERIALIZED (
     SELECT f.id, p.token, p.rk
     FROM picked p
     CROSS JOIN LATERAL (
-        SELECT z.id, bool_and(z.ok) OVER (ORDER BY z.id) AS run_ok
+        SELECT z.id, bool_and(z.ok) OVER (ORDER BY z.id) AS run_ok,
+               row_number() OVER (ORDER BY z.id) AS pos, count(*) OVER () AS line
         FROM (
             SELECT x.id,
                    (x.status IN ('PENDING', 'RETRYING')
@@ -735,11 +736,12 @@ followers AS MATERIALIZED (
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                    OR (x.status = 'FAILED' AND x.halt_group_on_failure))
             ORDER BY x.id
-            LIMIT %(chunk)s - 1
+            LIMIT %(reach)s
         ) z
     ) f
     -- a unit under a rate or a probing breaker is one task: each start is charged
-    WHERE p.group_key IS NOT NULL AND f.run_ok
+    -- (a group whose whole line fits in the reach goes in one chunk)
+    WHERE p.group_key IS NOT NULL AND f.run_ok AND (f.pos < %(chunk)s OR f.line < %(reach)s)
       AND NOT (p.limits && %(solo)s::text[]) AND NOT (p.name = ANY(%(solo)s::text[]))
 ),
 members AS (
