@@ -38,8 +38,8 @@ from corral.core.model import (
     dumps,
     loads,
 )
-from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.pacing import chunk_reach
+from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
 from corral.core.stats import percentile
