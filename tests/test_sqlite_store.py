@@ -545,8 +545,9 @@ def test_a_claim_reads_few_heads_however_many_groups_were_claimed_before(store):
 # ---- wait_for_work ---------------------------------------------------------------------
 
 
-def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url, monkeypatch):
-    """One commit elsewhere wakes a 30 s wait within seconds (a sleeping wait would not)."""
+def _wait_while(store, sqlite_url, monkeypatch, timeout, writes, **kw) -> float:
+    """How long ``store.wait_for_work(timeout, **kw)`` waits while another
+    connection makes ``writes(other)`` once the wait has begun."""
     other = SQLiteStore(sqlite_url)
     snapshot = threading.Event()
     real_con = store._con
@@ -566,18 +567,47 @@ def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url, mo
 
     def waiter():
         t0 = time.monotonic()
-        store.wait_for_work(30.0)
+        store.wait_for_work(timeout, **kw)
         elapsed.append(time.monotonic() - t0)
 
     t = threading.Thread(target=waiter)
     t.start()
     try:
         assert snapshot.wait(10), "the waiter never started waiting"
-        other.submit([new()])  # once
+        writes(other)
     finally:
-        t.join(40)
+        t.join(timeout + 10)
         other.close()
-    assert elapsed and elapsed[0] < 5.0, elapsed
+    assert elapsed, "the waiter did not return"
+    return elapsed[0]
+
+
+def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url, monkeypatch):
+    """One commit elsewhere wakes a 30 s wait within seconds (a sleeping wait would not)."""
+    assert _wait_while(store, sqlite_url, monkeypatch, 30.0, lambda other: other.submit([new()])) < 5.0
+
+
+def test_a_wait_for_queues_sleeps_through_commits_that_leave_nothing_due_there(store, sqlite_url, monkeypatch):
+    """Each early return costs a worker a claim under the write lock: commits
+    that bring nothing due in its queues (a delayed task, another queue's
+    task, a claim, a completion) do not end its wait."""
+
+    def writes(other):
+        later = other.now() + 3600
+        other.submit([new(run_at=later)])
+        other.submit([new(queue="other")])
+        (c,) = other.claim("w", ["other"], 1)
+        other.complete([Outcome(c.tasks[0].id, c.token, c.tasks[0].version, State.SUCCESS)])
+
+    assert _wait_while(store, sqlite_url, monkeypatch, 0.5, writes, queues=["default"]) >= 0.5
+
+
+def test_a_wait_for_queues_wakes_when_work_is_due_there(store, sqlite_url, monkeypatch):
+    def writes(other):
+        other.submit([new(queue="other")])
+        other.submit([new(group="g")])  # a group's head is due work too
+
+    assert _wait_while(store, sqlite_url, monkeypatch, 30.0, writes, queues=["default"]) < 5.0
 
 
 def test_wait_for_work_times_out_without_commits(store):

@@ -570,7 +570,7 @@ class Worker:
                     with self._cond:
                         self._cond.wait(min(self._idle_wait(), 0.05))
                 else:
-                    self.store.wait_for_work(self._idle_wait())
+                    self.store.wait_for_work(self._idle_wait(), self.queues)
                 continue
             self._hook("on_claims", self.id, claims)
             units = [_Unit(c, prefetched=ahead) for c in claims]

@@ -422,9 +422,13 @@ class Store(abc.ABC):
         upstream ended.
         """
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         """Block up to ``timeout`` seconds, returning early when new work may
-        have arrived (a submit, a completion freeing a group or limit)."""
+        have arrived (a submit, a completion freeing a group or limit).
+
+        ``queues`` (the caller's) lets a store that hears of every change,
+        not only of new work, wait on through changes after which nothing in
+        them is due: each early return costs the caller a claim."""
         import time
 
         time.sleep(timeout)

@@ -524,7 +524,7 @@ class MemoryStore(Store):
             self._wake.notify_all()
         return applied
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         with self._lock:
             seen = self._changes
             self._wake.wait_for(lambda: self._changes != seen, self._gate_timeout(timeout))

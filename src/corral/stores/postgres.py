@@ -918,7 +918,7 @@ class PostgresStore(SqlStore):
             self._listen_lock.release()
         return self._run(fn)
 
-    def wait_for_work(self, timeout: float) -> None:
+    def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         if self._closed:
             return
         timeout = self._gate_timeout(timeout)

@@ -53,7 +53,10 @@ How it is made safe and fast for several processes on one file:
   limits never depend on it.
 * :meth:`SQLiteStore.wait_for_work` polls ``PRAGMA data_version`` (which
   changes when another connection, in any process, commits) about every
-  millisecond, so an idle worker starts a new task within a few ms.
+  millisecond, so an idle worker starts a new task within a few ms. A
+  worker's wait ends only on a commit after which something in its queues is
+  due (one indexed read, no lock): completions and claims elsewhere do not
+  send it to the write lock for a claim that finds nothing.
 
 Claim order (rule 4 of :mod:`corral.stores.base`) sorts by an *eligible* time
 that for a group head is ``max(run_at, group.last_claimed_at)``, which no index
@@ -1062,8 +1065,15 @@ class SQLiteStore(SqlStore):
             self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
-    def wait_for_work(self, timeout: float) -> None:
-        """Return when another connection (any process) commits, or after ``timeout``."""
+    def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
+        """Return when another connection (any process) commits, or after ``timeout``.
+
+        With ``queues``, only a commit after which a task in them is due (a
+        queued one, or a group's head) ends the wait: most commits in a busy
+        fleet are completions and claims, and each idle worker woken by one
+        would take the write lock for a claim that finds nothing, in the way
+        of the claims that do find work. Gates are not looked at: a task a
+        limit holds back still wakes (the claim decides, as before)."""
         deadline = time.monotonic() + self._gate_timeout(max(0.0, timeout))
         try:
             con = self._con()
@@ -1074,10 +1084,18 @@ class SQLiteStore(SqlStore):
                 if remaining <= 0:
                     return
                 time.sleep(min(0.001, remaining))
-                if con.execute(pragma).fetchone()[0] != seen:
-                    return
+                version = con.execute(pragma).fetchone()[0]
+                if version != seen:
+                    if queues is None or self._due_in(con, queues):
+                        return
+                    seen = version
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from exc
+
+    def _due_in(self, con: sqlite3.Connection, queues: Collection[str]) -> bool:
+        """Is a task in ``queues`` due now (read only, no lock)?"""
+        now = self._clock.time()
+        return any(con.execute(Q["due_probe"], (q, now)).fetchone()[0] for q in queues)
 
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
