@@ -250,6 +250,36 @@ def test_two_waiting_threads_of_one_process_both_wake(pg, pg_url):
         producer.close()
 
 
+def test_claims_between_waits_run_on_the_listening_connection(pg):
+    """The pool (two connections) is left to the completer and the heartbeat:
+    a claim made after a wait that timed out does not ask it for a connection."""
+    pg.wait_for_work(5)  # LISTEN in place
+    pg.wait_for_work(0.05)  # nothing came
+    before = pg._pool.get_stats().get("requests_num", 0)
+    assert pg.claim("w", ["default"], 1) == []
+    assert pg._pool.get_stats().get("requests_num", 0) == before
+
+
+def test_a_notification_that_arrives_during_a_claim_wakes_the_next_wait(pg, pg_url):
+    """Work submitted while the listening connection runs a claim is not lost."""
+    producer = open_store(pg_url)
+    try:
+        pg.wait_for_work(5)  # LISTEN in place
+        pg.wait_for_work(0.05)
+
+        def claim_after_a_submit(conn):
+            producer.submit([task()])  # its NOTIFY reaches this connection during the next statement
+            conn.execute("SELECT 1")
+            return []
+
+        pg._run_listening(claim_after_a_submit)
+        start = time.monotonic()
+        pg.wait_for_work(30)
+        assert time.monotonic() - start < 10
+    finally:
+        producer.close()
+
+
 def test_wait_for_work_times_out_without_work(pg):
     pg.wait_for_work(5)  # start listening
     pg.claim("w", ["default"], 1)
