@@ -103,3 +103,14 @@ def test_a_log_shared_by_processes_reads_back(tmp_path):
     assert all(r.end is not None for r in h.runs)
     assert rules(h) == ["group-order", "group-overlap"]  # 3 started while 2 ran
     assert History.load(tmp_path / "missing").check() == []
+
+
+def test_a_line_being_appended_while_the_log_is_read_is_left_for_later(tmp_path):
+    path = tmp_path / "runs.log"
+    log = HistoryLog(path, worker="w1")
+    log.start(1, "g")
+    log.end(1)
+    with open(path, "a") as f:
+        f.write('{"e":"S","t":2,"g":"g","w":"w1"')  # a writer is mid-way through this line
+    history = History.load(path)
+    assert [(r.key, r.end is not None) for r in history.runs] == [(1, True)]

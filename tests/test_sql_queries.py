@@ -16,6 +16,7 @@ SQLITE_ONLY = {
     "claim_head": "the claim writes its head, then each member",
     "claim_member": "the claim writes its head, then each member",
     "group_followers": "chunk members read by the Python claim",
+    "due_probe": "an idle worker hears of every commit and looks whether work is due (PostgreSQL: notifications)",
     "group_last_claimed": "round-robin order computed by the Python claim",
     "group_running": "head rule checked by the Python claim",
     "touch_group": "the claim records a group's last claim (PostgreSQL: inside `claim`)",

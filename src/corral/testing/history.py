@@ -154,7 +154,10 @@ class History:
         p = Path(path)
         if not p.exists():
             return history
-        for line in p.read_text().splitlines():
+        lines = p.read_text().split("\n")
+        # the last piece is what follows the final newline: empty, or a line
+        # a writer is appending right now (a reader may see part of it)
+        for line in lines[:-1]:
             if not line.strip():
                 continue
             ev = json.loads(line)
