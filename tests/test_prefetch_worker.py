@@ -6,6 +6,7 @@ moving beside a big one."""
 from __future__ import annotations
 
 import threading
+import time
 
 import corral
 from corral import State
@@ -259,3 +260,49 @@ def test_prefetch_goes_on_after_prefetched_units_ran(url):
         release.set()
         worker.stop(grace=10)
     app.close(10)
+
+
+def test_a_unit_given_back_before_it_started_is_in_flight_until_the_hand_back_is_written(sqlite_url):
+    """What a halt does (its prefetched units go back at once): a slot that
+    then picks such a unit leaves its accounting to the hand-back, so "nothing
+    in flight" means the task is back in the queue, not still RUNNING."""
+    app = corral.App(sqlite_url)
+    release = threading.Event()
+    ran = []
+
+    @app.task(retries=0)
+    def job(i):
+        ran.append(i)
+        if i == 0:
+            release.wait(30)
+
+    job.submit(0)
+    second = job.submit(1)
+    worker = app.worker(1, prefetch=1, chunk_size=1).start()
+    writes = threading.Event()
+    try:
+        wait_for(lambda: ran == [0])
+        wait_for(lambda: app.get(second.id).status is State.RUNNING, message="the second unit is prefetched")
+        real_complete = worker.store.complete
+
+        def held_complete(outcomes):
+            writes.wait(30)  # the completer's writes wait until the end of the check
+            return real_complete(outcomes)
+
+        worker.store.complete = held_complete
+        worker._stop_claiming.set()  # as a halt does, then its prefetched units go back
+        assert worker._hand_back_prefetched() == 1
+        release.set()  # the slot ends task 0, then picks the unit given back
+        wait_for(lambda: worker._inbox.empty(), message="the slot took the unit given back")
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:  # the hand-back is not written yet: still in flight
+            assert worker.busy >= 1
+        writes.set()
+        wait_for(lambda: worker.busy == 0)
+        assert app.get(second.id).status is State.PENDING
+        assert ran == [0]
+    finally:
+        release.set()
+        writes.set()
+        worker.stop(10)
+        app.close(10)

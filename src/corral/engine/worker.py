@@ -138,6 +138,8 @@ class _Unit:
     claim: Claim
     done: bool = False  # accounting settled (by its slot or by the watchdog)
     lost: bool = False  # lease gone, or handed back at shutdown: start nothing more
+    #: handed back before it started: the hand-back frees its slot once written
+    given_back: bool = False
     slot_freed: bool = False  # its slot was replaced (a timed-out thread): not counted in flight
     begun: int = -1  # index of the last task this unit's slot committed to run
     #: claimed ahead of a free slot: the store recorded no start, not even the head's
@@ -748,6 +750,8 @@ class Worker:
                 if unit.done:
                     return True
                 if unit.lost:
+                    if unit.given_back:
+                        return True  # not ours to free: in flight until the hand-back is written
                     break  # the sweeper (or a shutdown) owns the rest
                 unit.begun = i
                 if i > 0 or unit.prefetched:  # the store recorded no start: the outcome does
@@ -1030,6 +1034,7 @@ class Worker:
                 if unit.done or unit.lost or unit.begun >= 0:
                     continue
                 unit.lost = True  # a slot that picks it up starts nothing
+                unit.given_back = True
             self._hand_back(unit, unit.claim.tasks, unit.claim.token)
             given += len(unit.claim.tasks)
             if self._completer_q is None:
