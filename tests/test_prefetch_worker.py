@@ -31,16 +31,23 @@ class _ClaimLog:
         return sum(1 for ahead, _ in self.calls if ahead)
 
 
-def test_stop_hands_back_prefetched_units_with_attempts_intact(url):
-    app = corral.App(url)
+def _first_one_hangs(app):
+    """A task whose run with argument 0 waits for ``release``; ``ran`` lists the runs."""
     release = threading.Event()
-    ran = []
+    ran: list[int] = []
 
     @app.task(retries=0)
     def job(i):
         ran.append(i)
         if i == 0:
             release.wait(30)
+
+    return job, release, ran
+
+
+def test_stop_hands_back_prefetched_units_with_attempts_intact(url):
+    app = corral.App(url)
+    job, release, ran = _first_one_hangs(app)
 
     first = job.submit(0)
     rest = [job.submit(i) for i in (1, 2, 3)]
@@ -267,14 +274,7 @@ def test_a_unit_given_back_before_it_started_is_in_flight_until_the_hand_back_is
     then picks such a unit leaves its accounting to the hand-back, so "nothing
     in flight" means the task is back in the queue, not still RUNNING."""
     app = corral.App(sqlite_url)
-    release = threading.Event()
-    ran = []
-
-    @app.task(retries=0)
-    def job(i):
-        ran.append(i)
-        if i == 0:
-            release.wait(30)
+    job, release, ran = _first_one_hangs(app)
 
     job.submit(0)
     second = job.submit(1)
