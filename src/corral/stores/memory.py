@@ -393,9 +393,10 @@ class MemoryStore(Store):
                     members = [t]
                     if g is not None and chunk_size > 1 and not solo:
                         # a group whose whole line fits in the reach goes in one chunk
-                        most = chunk_reach(chunk_size) if len(g.ids) <= chunk_reach(chunk_size) else chunk_size
+                        reach = chunk_reach(chunk_size)
+                        take = reach if len(g.ids) <= reach else chunk_size
                         for nid in itertools.islice(g.ids, 1, None):
-                            if len(members) >= most:
+                            if len(members) >= take:
                                 break
                             n = self._tasks[nid]
                             if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):

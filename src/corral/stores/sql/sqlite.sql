@@ -607,7 +607,6 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        lease_token, lease_expires_at, worker_id, progress, progress_message,
        checkpoint, cancel_requested, snoozes
 
--- Is grouped or limited work queued? (decides whether claim_plain may be used)
 -- name: due_probe
 -- Is anything in queue ?1 due at ?2: a queued ungrouped task or a group's
 -- head (the rows the claim's candidates come from)?
@@ -618,6 +617,7 @@ SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_plain_rank
                WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL
                  AND queue = ?1 AND run_at <= ?2)
 
+-- Is grouped or limited work queued? (decides whether claim_plain may be used)
 -- name: special_ready
 SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                WHERE status IN ('PENDING', 'RETRYING')
