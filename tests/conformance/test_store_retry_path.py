@@ -173,3 +173,13 @@ def test_retry_max_bounds_retries_even_when_fresh_work_runs_short(store):
     got = claim(store, 4, retry_share=0.25, retry_max=0)
     assert got == []
     assert len([t for t in retries if store.get(t).status is State.RETRYING]) == 1
+
+
+def test_a_fresh_group_chunked_in_the_claim_leaves_the_retry_bound_as_given(store):
+    """A chunk taken in the same claim (its reach is a count of its own) does
+    not change how many retries the claim may take."""
+    _retrying(store, 6)
+    group = [submit_one(store, "g", group="G") for _ in range(3)]
+    got = claim(store, 6, retry_share=0.25, retry_cap=1, retry_max=2, chunk_size=4)
+    assert [[t.id for t in c.tasks] for c in got if c.group == "G"] == [group]
+    assert _lanes(store, got) == (2, 1)
