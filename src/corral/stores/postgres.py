@@ -461,7 +461,7 @@ class PostgresStore(SqlStore):
                 with conn.transaction():
                     return self._submit_graph(conn, tasks, max_queued)
 
-            return self._run(graph)
+            return self._end_plain_hint(tasks, self._run(graph))
         plan = _SubmitPlan(tasks)
 
         def go(conn):
@@ -470,7 +470,15 @@ class PostgresStore(SqlStore):
             with conn.transaction() if plan.all_deps or max_queued is not None else _nothing():
                 return self._submit_on(conn, plan, max_queued)
 
-        return plan.results(self._run(go))
+        return self._end_plain_hint(tasks, plan.results(self._run(go)))
+
+    def _end_plain_hint(self, tasks: Sequence[NewTask], out: T) -> T:
+        """Grouped or limited work submitted here ends this store's plain fast
+        path at once, once it is stored (other stores learn of it from the
+        ":g" notification); returns ``out``."""
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0
+        return out
 
     def _submit_graph(self, conn, tasks: list[NewTask], max_queued: int | None) -> list[SubmitResult]:
         """A graph (tasks naming earlier ones of the call by position): one
@@ -563,8 +571,7 @@ class PostgresStore(SqlStore):
                 )
             if where[1] is None:
                 raise ConfigError("connection= does not see corral's tables (another schema search path?)")
-            if any(t.group is not None or t.limits for t in tasks):
-                self._plain_until = 0.0
+            self._end_plain_hint(tasks, None)
             if any(t.after for t in tasks):
                 return self._submit_graph(_Rows(cur), tasks, max_queued)
             return plan.results(self._submit_on(_Rows(cur), plan, max_queued))
