@@ -383,7 +383,13 @@ def retry_run(args, failing: int, arrival: str = "start") -> dict[str, Any]:
     """Fresh tasks arriving at ``--fresh-rate`` a second beside ``failing``
     failing tasks, queued at the start (``arrival="start"``) or arriving
     alongside the fresh ones, spread over the same seconds (``"alongside"``);
-    the fresh tasks' waits from the store."""
+    the fresh tasks' waits from the store.
+
+    Each stream comes as one submit every 50 ms; alongside, the failing
+    tasks' submit comes half a step after the fresh one. Submitted in the
+    same instant, the fresh tasks' claims waited for the second submit's
+    write (SQLite has one writer): a delay of the benchmark's own making,
+    which the same tasks arriving a moment apart do not have."""
     from corral.bench.limits_app import build_app
     from corral.core.model import TaskFilter
 
@@ -403,6 +409,10 @@ def retry_run(args, failing: int, arrival: str = "start") -> dict[str, Any]:
                     app.submit_many("limits.fresh", [{"args": (sent + j,)} for j in range(k)])
                     sent += k
                     if failing and arrival == "alongside":
+                        # half a step later: the two streams take turns
+                        pause = t0 + step * (sent // per - 0.5) - time.monotonic()
+                        if pause > 0:
+                            time.sleep(pause)
                         due = failing if sent >= n else failing * sent // n
                         if due > flaky_sent:
                             app.submit_many("limits.flaky", [{"args": (f"f-{i}",)} for i in range(flaky_sent, due)])
