@@ -10,7 +10,7 @@ import time
 
 import corral
 from corral import State
-from corral.core.pacing import AutoChunk, chunk_reach, default_prefetch
+from corral.core.pacing import AUTO_PREFETCH_MAX, AutoChunk, auto_prefetch, chunk_reach, default_prefetch
 from helpers import wait_for
 
 
@@ -211,6 +211,37 @@ def test_default_prefetch_is_small_and_bounded():
     assert default_prefetch(1) == 2
     assert default_prefetch(10) == 20
     assert default_prefetch(500) == 64
+
+
+def test_auto_prefetch_holds_more_of_quick_units_only():
+    assert auto_prefetch(8, None) == default_prefetch(8) == 16  # nothing measured yet
+    assert auto_prefetch(8, 2.0) == 16  # long units: never fewer than the default
+    assert auto_prefetch(8, 0.010) == 16  # 20 ms of each slot's work
+    assert auto_prefetch(8, 0.001) == 160
+    assert auto_prefetch(8, 1e-5) == auto_prefetch(8, 0.0) == AUTO_PREFETCH_MAX
+    assert auto_prefetch(500, 1e-5) == AUTO_PREFETCH_MAX
+    assert auto_prefetch(500, 1.0) == default_prefetch(500) == 64
+
+
+def test_a_worker_holds_more_ahead_once_its_units_prove_quick(url):
+    app = corral.App(url)
+
+    @app.task
+    def noop(i):
+        return i
+
+    handles = [noop.submit(i) for i in range(40)]
+    auto = app.worker(2)
+    fixed = app.worker(2, prefetch=3)
+    assert auto.prefetch == default_prefetch(2) and fixed.prefetch == 3
+    auto.start()
+    try:
+        wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in handles))
+        assert auto.prefetch > 4 * default_prefetch(2)
+        assert fixed.prefetch == 3  # a prefetch given is kept
+    finally:
+        auto.stop(10)
+        app.close(10)
 
 
 def test_auto_chunk_follows_task_durations():

@@ -123,12 +123,12 @@ def run_until_signal(
         if sweeper is not None:
             sweeper.start()
         log.info(
-            "worker %s started: store=%s concurrency=%d prefetch=%d queues=%s chunk_size=%s grace=%gs"
+            "worker %s started: store=%s concurrency=%d prefetch=%s queues=%s chunk_size=%s grace=%gs"
             " sweep=%s tasks=%s periodic=%s",
             worker.id,
             getattr(worker.store, "url", "?"),
             worker.concurrency,
-            worker.prefetch,
+            "auto" if worker.prefetch_given is None else worker.prefetch_given,
             ",".join(worker.queues),
             "auto" if worker.chunk_size is None else worker.chunk_size,
             grace,

@@ -47,7 +47,7 @@ from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
-from corral.core.pacing import AutoChunk, default_prefetch
+from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
@@ -239,8 +239,10 @@ class Worker:
         #: None: sized by itself from the tasks' durations (see core.pacing.AutoChunk)
         self.chunk_size = None if chunk_size is None else max(1, chunk_size)
         self._auto_chunk = AutoChunk()
-        #: units held beyond the free slots (0: claim only into free slots)
-        self.prefetch = default_prefetch(concurrency) if prefetch is None else prefetch
+        #: units held beyond the free slots (0: claim only into free slots;
+        #: None: sized by itself from the units' durations, see :attr:`prefetch`)
+        self.prefetch_given = prefetch
+        self._unit_time = RunningMean()
         # A worker running limited tasks lets its prefetch run dry before the
         # next claim into a free slot, which alone may take limited work: so
         # limited work is never starved by a steady flow of unlimited work.
@@ -690,6 +692,15 @@ class Worker:
                         extra[key] = max(0, extra[key] - retried)
         return claims
 
+    @property
+    def prefetch(self) -> int:
+        """Units this worker may hold beyond its free slots now: the number
+        given, or one sized from how long its units take (see
+        :func:`corral.core.pacing.auto_prefetch`)."""
+        if self.prefetch_given is not None:
+            return self.prefetch_given
+        return auto_prefetch(self.concurrency, self._unit_time.known())
+
     def current_chunk_size(self) -> int:
         """The chunk size the next claim asks for: the one given, or one
         sized from the durations of the tasks run here so far."""
@@ -743,6 +754,7 @@ class Worker:
         """Run a unit's tasks in order; False when the watchdog took this slot's task."""
         tasks = unit.claim.tasks
         token = unit.claim.token
+        began = time.monotonic()
         for i, rec in enumerate(tasks):
             # Commit to the next task under the unit's lock, so a shutdown
             # handing the unit back sees exactly which task is under way.
@@ -766,6 +778,7 @@ class Worker:
             if status in (State.RETRYING, State.PENDING) or (status is State.FAILED and rec.halt_group_on_failure):
                 self._hand_back(unit, tasks[i + 1 :], token)
                 break
+        self._unit_time.observe(time.monotonic() - began)
         self._release(unit)
         return True
 
