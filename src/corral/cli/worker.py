@@ -84,7 +84,8 @@ def log_format_option(f):
     type=click.IntRange(min=0, max=10_000),
     default=None,
     help="Units held beyond the free slots, so a freed slot need not wait for a claim; never tasks"
-    " under a limit. Default: twice the slots, at most 64. 0: claim only into free slots.",
+    " under a limit. Default: twice the slots, at most 64; for quick tasks about 20 ms of each"
+    " slot's work, at most 256. 0: claim only into free slots.",
 )
 @click.option(
     "--grace",
