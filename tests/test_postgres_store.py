@@ -592,3 +592,12 @@ def test_sessions_never_compile_statements_with_jit(pg):
     with pg._pool.connection() as conn:
         assert conn.execute("SHOW jit").fetchone()[0] == "off"
         assert conn.execute("SHOW plan_cache_mode").fetchone()[0] == "force_generic_plan"
+
+
+def test_the_task_table_is_vacuumed_after_a_small_share_of_changes(pg):
+    """Each claim and completion leaves a dead row version that claims step
+    over until a vacuum; PostgreSQL's default waits for a fifth of the table."""
+    with pg._pool.connection() as conn:
+        (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'corral_tasks'").fetchone()
+    assert "autovacuum_vacuum_scale_factor=0.01" in options
+    assert "autovacuum_analyze_scale_factor=0.02" in options

@@ -166,7 +166,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
 #: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 
 
 def text_array(items: Collection[str]) -> str:
