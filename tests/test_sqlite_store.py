@@ -645,3 +645,54 @@ def test_plain_fast_path_still_sees_grouped_work_from_another_process(store, sql
         assert len(claimed) < 1990  # found long before the plain backlog ran out
     finally:
         other.close()
+
+
+# ---- claims behind a full limit ------------------------------------------------------
+
+
+def _limit_full(store: SQLiteStore, sqlite_url: str):
+    """A limit of one place held by another process's claim; ``store`` has
+    claimed once and found its work only behind that full limit."""
+    from corral.core.model import LimitSpec
+
+    store.set_limit(LimitSpec("api", concurrency=1))
+    store.submit([new(limits=["api"]), new(limits=["api"])])
+    other = SQLiteStore(sqlite_url)
+    (held,) = other.claim("w1", ["default"], 1)
+    assert store.claim("w2", ["default"], 1) == []
+    return other, held
+
+
+def test_a_claim_behind_a_full_limit_looks_without_the_write_lock(store, sqlite_url):
+    """With two processes on one file, a freed place woke both and the one
+    that lost took the write lock for nothing, in the way of the other's
+    claims and completions. A claim that found only limited work now looks
+    read-only first, so it returns even while another process writes."""
+    other, _ = _limit_full(store, sqlite_url)
+    writer = raw(store)
+    store.busy_timeout_ms = 200
+    try:
+        writer.execute("BEGIN IMMEDIATE")  # another process mid-write
+        assert store.claim("w2", ["default"], 1) == []
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+        other.close()
+
+
+def test_a_place_freed_after_a_read_only_look_is_claimed(store, sqlite_url):
+    """The look finds nothing, the place frees before the worker waits: its
+    wait ends at once (it counts commits since the look), and the claim
+    takes the task."""
+    other, held = _limit_full(store, sqlite_url)
+    try:
+        assert store.claim("w2", ["default"], 1) == []  # a read-only look
+        t = held.tasks[0]
+        other.complete([Outcome(t.id, held.token, t.version, State.SUCCESS)])
+        t0 = time.monotonic()
+        store.wait_for_work(30.0)
+        assert time.monotonic() - t0 < 20.0, "the commit before the wait went unnoticed"
+        (c,) = store.claim("w2", ["default"], 1)
+        assert tuple(c.tasks[0].limits) == ("api",) and c.tasks[0].id != t.id
+    finally:
+        other.close()

@@ -72,7 +72,9 @@ def build_app(url: str):
 def _time_claims(store, slice_size: int, keep: set[int], out: dict[int, array]) -> None:
     """Time every claim of ``store``: the ones that brought work go to the
     bucket of the tasks claimed before them (fleet-wide, // slice_size), kept
-    only for the buckets in ``keep`` (memory of the worker stays flat)."""
+    only for the buckets in ``keep`` (memory of the worker stays flat), as
+    pairs (seconds, tasks claimed): a worker sizes its claims by itself, so
+    a claim's time is compared per task it brought."""
     inner = store.claim
 
     def claim(*args, **kwargs):
@@ -90,7 +92,7 @@ def _time_claims(store, slice_size: int, keep: set[int], out: dict[int, array]) 
         if k:
             b = before // slice_size
             if b in keep:
-                out.setdefault(b, array("d")).append(dt)
+                out.setdefault(b, array("d")).extend((dt, k))
         return got
 
     store.claim = claim
@@ -241,6 +243,10 @@ def checkpoints(total: int, slice_size: int) -> list[int]:
     return out
 
 
+def _us(v: float | None) -> float | None:
+    return None if v is None else round(v * 1e6, 1)
+
+
 def ratio(first: float | None, last: float | None) -> float | None:
     if not first or last is None:
         return None
@@ -343,7 +349,9 @@ def run_scale(args) -> dict[str, Any]:
             times = fleet.claim_times
             slices: list[dict[str, Any]] = []
             for c in drain_cps:
-                ts = times.get((c - 1) // sl, [])
+                pairs = times.get((c - 1) // sl, [])
+                ts, ks = list(pairs[0::2]), list(pairs[1::2])
+                per_task = [t / k for t, k in zip(ts, ks)]
                 rss = [r for r in drain_rss.get(c, []) if r is not None]
                 slices.append(
                     {
@@ -351,6 +359,8 @@ def run_scale(args) -> dict[str, Any]:
                         "claims": len(ts),
                         "claim_p50_ms": common.ms(percentile(ts, 0.50)),
                         "claim_p99_ms": common.ms(percentile(ts, 0.99)),
+                        "tasks_per_claim": round(sum(ks) / len(ks), 1) if ks else None,
+                        "claim_us_per_task_p50": _us(percentile(per_task, 0.50)),
                         "worker_rss_mb": [round(r, 1) for r in rss],
                         "worker_rss_max_mb": round(max(rss), 1) if rss else None,
                         "elapsed_s": round(drain_at.get(c, 0.0), 2),
@@ -366,6 +376,7 @@ def run_scale(args) -> dict[str, Any]:
                 "slices": slices,
                 "ratio_claim_p50": ratio(first["claim_p50_ms"], last["claim_p50_ms"]),
                 "ratio_claim_p99": ratio(first["claim_p99_ms"], last["claim_p99_ms"]),
+                "ratio_claim_per_task": ratio(first["claim_us_per_task_p50"], last["claim_us_per_task_p50"]),
                 "ratio_rss": ratio(first["worker_rss_max_mb"], last["worker_rss_max_mb"]),
             }
         finally:
@@ -525,7 +536,8 @@ def render_scale(r: dict[str, Any]) -> None:
         title=f"scale: {r['tasks']:,} tasks in {r['groups']:,} groups on {r['store']}, "
         f"{r['workers']} worker processes x {r['concurrency']} slots; slices of {r['slice']:,}"
     )
-    for col in ("slice ending at", "submit tasks/s", "claim p50 ms", "claim p99 ms", "worker RSS MB (max)"):
+    cols = ("slice ending at", "submit tasks/s", "claim p50 ms", "claim p99 ms", "tasks a claim", "claim us a task")
+    for col in (*cols, "worker RSS MB (max)"):
         t.add_column(col, justify="right")
     claims = {s["at"]: s for s in dr["slices"]}
     rows = sorted({s["at"] for s in sub["slices"]} | set(claims))
@@ -537,6 +549,8 @@ def render_scale(r: dict[str, Any]) -> None:
             _f(s.get("rate"), "{:,.0f}"),
             _f(c.get("claim_p50_ms")),
             _f(c.get("claim_p99_ms")),
+            _f(c.get("tasks_per_claim"), "{:,.1f}"),
+            _f(c.get("claim_us_per_task_p50"), "{:,.1f}"),
             _f(c.get("worker_rss_max_mb"), "{:,.1f}"),
         )
     t.add_row(
@@ -544,6 +558,8 @@ def render_scale(r: dict[str, Any]) -> None:
         _f(sub.get("ratio_last_first")),
         _f(dr.get("ratio_claim_p50")),
         _f(dr.get("ratio_claim_p99")),
+        "",
+        _f(dr.get("ratio_claim_per_task")),
         _f(dr.get("ratio_rss")),
     )
     console.print(t)

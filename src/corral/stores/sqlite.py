@@ -139,7 +139,7 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 20: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 20
+SCHEMA_VERSION = 21
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -727,6 +727,19 @@ class SQLiteStore(SqlStore):
         known = None if names is None else set(names)
         queues = sorted(set(queues))
         cap, most = retry_bounds(max_units, None if only_retries else retry_share, retry_cap, retry_max)
+        local = self._local
+        if getattr(local, "gated_empty", False):
+            # The last claim here found work only behind a full limit (or an
+            # open breaker). Look again read-only first: a reader does not
+            # wait for the write lock nor keep the other processes' claims
+            # and completions from it, and most such looks find nothing.
+            con = self._con()
+            local.probe_version = con.execute("PRAGMA data_version").fetchone()[0]
+            with self._read() as con:
+                look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, most)
+                if not self._pick(*look, prefetch, dry=True):
+                    return []
+            del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
             now = self._clock.time()
             if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
@@ -747,6 +760,7 @@ class SQLiteStore(SqlStore):
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
             picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch)
+            local.gated_empty = not picked and local.gated
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -778,14 +792,27 @@ class SQLiteStore(SqlStore):
         return claims
 
     def _pick(
-        self, con, queues, max_units, known, chunk_size, now, only_retries=False, cap=None, most=None, prefetch=False
+        self,
+        con,
+        queues,
+        max_units,
+        known,
+        chunk_size,
+        now,
+        only_retries=False,
+        cap=None,
+        most=None,
+        prefetch=False,
+        *,
+        dry=False,
     ) -> list[list[tuple]]:
-        """Choose the claims (lists of candidate rows) by the claim rules; writes nothing.
+        """Choose the claims (lists of candidate rows) by the claim rules.
 
-        With a retry ``cap``, the retry path is read apart (its own index) and
-        merged in claim order with fresh work, taking at most ``cap`` retries;
-        if fresh work runs short, retries take the rest (at most ``most``
-        retries in all)."""
+        It writes only the token buckets and breakers the gates changed, and
+        nothing when ``dry`` (a read-only look). With a retry ``cap``, the
+        retry path is read apart (its own index) and merged in claim order
+        with fresh work, taking at most ``cap`` retries; if fresh work runs
+        short, retries take the rest (at most ``most`` retries in all)."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -847,12 +874,12 @@ class SQLiteStore(SqlStore):
             shut = row[4] in breakers and breakers[row[4]].state.state is not brk.BreakerState.CLOSED
             if prefetch and (row[5] or shut):
                 return False  # an idle unit must not hold a limit's place, a token or a probe
-            if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
-                return False  # an operator retried an old task while its group runs on
             lims = set(json.loads(row[5])) if row[5] else set()
             g = the_gates() if lims or row[4] in breakers else None
             if g is not None and not g.fits(lims, row[4]):
                 return False
+            if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
+                return False  # an operator retried an old task while its group runs on
             members = [row]
             if row[3] is not None and chunk_size > 1 and not (g is not None and g.solo(lims, row[4])):
                 # a group whose whole line fits in the reach goes in one chunk
@@ -905,7 +932,8 @@ class SQLiteStore(SqlStore):
             for c in cursors:
                 c.close()
         self._note_gate_wait(gates.wait if gates is not None else None)
-        if gates is not None:
+        self._local.gated = gates is not None
+        if gates is not None and not dry:
             for name, b in gates.bucket_writes().items():
                 con.execute(Q["limit_charge"], (b.tokens, b.at, name))
             for name, (state, ev) in gates.breaker_writes().items():
@@ -1082,7 +1110,11 @@ class SQLiteStore(SqlStore):
         try:
             con = self._con()
             pragma = "PRAGMA data_version"
-            seen = con.execute(pragma).fetchone()[0]
+            # a read-only claim that just found nothing took its snapshot
+            # before now: a commit since then is news
+            seen = self._local.__dict__.pop("probe_version", None)
+            if seen is None:
+                seen = con.execute(pragma).fetchone()[0]
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -88,6 +88,12 @@ CREATE INDEX IF NOT EXISTS tasks_running_token
     ON tasks (lease_token)
     WHERE status = 'RUNNING';
 
+-- A group's running task, if any (schema 21): a claim asks for each head it
+-- takes; the line's index would read every queued task of the group.
+CREATE INDEX IF NOT EXISTS tasks_group_running
+    ON tasks (group_key)
+    WHERE status = 'RUNNING' AND group_key IS NOT NULL;
+
 CREATE INDEX IF NOT EXISTS tasks_running_expiry
     ON tasks (lease_expires_at)
     WHERE status = 'RUNNING';
@@ -480,10 +486,12 @@ ORDER BY (run_at - priority * 60.0), id
 
 -- Keep is_head right for one group after its line changed: the head is the
 -- smallest id still ACTIVE or halting-FAILED.
+-- The indexes are named: with no statistics the planner took the index of
+-- every grouped task, reading the group's finished tasks too.
 -- name: head_clear
-UPDATE tasks SET is_head = 0
+UPDATE tasks INDEXED BY tasks_group_head SET is_head = 0
 WHERE group_key = ? AND is_head = 1
-  AND id IS NOT (SELECT min(id) FROM tasks
+  AND id IS NOT (SELECT min(id) FROM tasks INDEXED BY tasks_group_line
                  WHERE group_key = ?
                    AND group_key IS NOT NULL
                    AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -493,7 +501,7 @@ WHERE group_key = ? AND is_head = 1
 UPDATE tasks
 SET is_head = 1,
     ready_at = max(run_at, coalesce((SELECT g.last_claimed_at FROM task_groups AS g WHERE g.group_key = ?1), 0))
-WHERE id = (SELECT min(id) FROM tasks
+WHERE id = (SELECT min(id) FROM tasks INDEXED BY tasks_group_line
             WHERE group_key = ?1
               AND group_key IS NOT NULL
               AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -503,17 +511,14 @@ WHERE id = (SELECT min(id) FROM tasks
                                                  WHERE g.group_key = ?1), 0)))
 
 -- name: group_running
-SELECT 1 FROM tasks INDEXED BY tasks_group_line
-WHERE group_key = ? AND group_key IS NOT NULL
-  AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
-       OR (status = 'FAILED' AND halt_group_on_failure = 1))
-  AND status = 'RUNNING'
+SELECT 1 FROM tasks INDEXED BY tasks_group_running
+WHERE group_key = ? AND group_key IS NOT NULL AND status = 'RUNNING'
 LIMIT 1
 
 -- The tasks after a head that still occupy its group, in id order (chunks).
 -- name: group_followers
 SELECT id, priority, run_at, group_key, name, limits, queue, status
-FROM tasks
+FROM tasks INDEXED BY tasks_group_line
 WHERE group_key = ?
   AND id > ?
   AND group_key IS NOT NULL
@@ -678,8 +683,9 @@ WHERE (?1 IS NULL OR name = ?1) ORDER BY id DESC LIMIT ?2
 -- Distinct lease tokens among RUNNING tasks, per limit name.
 -- name: limit_usage
 SELECT j.value, count(DISTINCT t.lease_token)
-FROM tasks AS t INDEXED BY tasks_running_token, json_each(t.limits) AS j
-WHERE t.status = 'RUNNING' AND t.limits IS NOT NULL
+FROM (SELECT DISTINCT lease_token, limits FROM tasks INDEXED BY tasks_running_token
+      WHERE status = 'RUNNING' AND limits IS NOT NULL) AS t,
+     json_each(t.limits) AS j
 GROUP BY j.value
 
 -- ---- workers -------------------------------------------------------------------
