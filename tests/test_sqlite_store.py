@@ -696,3 +696,27 @@ def test_a_place_freed_after_a_read_only_look_is_claimed(store, sqlite_url):
         assert tuple(c.tasks[0].limits) == ("api",) and c.tasks[0].id != t.id
     finally:
         other.close()
+
+
+def test_a_claim_behind_a_full_limit_looks_again_only_when_something_changed(store, sqlite_url, monkeypatch):
+    """Every commit of another process wakes an idle worker; behind a full
+    limit most wake-ups change nothing it could take, and a look costs a
+    read of every ready head. It looks again when a place frees, a task is
+    added or the ready heads change (and at least every few hundredths of a
+    second, which the test stretches)."""
+    import corral.stores.sqlite as mod
+
+    monkeypatch.setattr(mod, "GATED_LOOK_EVERY", 3600.0)
+    other, held = _limit_full(store, sqlite_url)
+    looks = []
+    pick = store._pick
+    monkeypatch.setattr(store, "_pick", lambda *a, **k: looks.append(k.get("dry")) or pick(*a, **k))
+    try:
+        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        other.heartbeat([held.token], 60)  # a commit that changes nothing claimable
+        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        (plain,) = other.submit([new()])  # a task the limit does not hold back
+        (c,) = store.claim("w2", ["default"], 1)
+        assert c.tasks[0].id == plain.id
+    finally:
+        other.close()

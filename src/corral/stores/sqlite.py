@@ -140,6 +140,9 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
 SCHEMA_VERSION = 21
+#: How long a claim behind a full limit may answer "nothing changed" without
+#: looking (work that became due with no commit waits at most this long).
+GATED_LOOK_EVERY = 0.05
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -736,8 +739,20 @@ class SQLiteStore(SqlStore):
             con = self._con()
             local.probe_version = con.execute("PRAGMA data_version").fetchone()[0]
             with self._read() as con:
+                # Nor does it look when nothing it depends on changed since
+                # its last look (the limits' places, new tasks, the ready
+                # heads), for a moment: work that only became due is found
+                # by the next look.
+                seen = self._gated_signature(con, queues)
+                if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
+                    return []
                 look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, most)
                 if not self._pick(*look, prefetch, dry=True):
+                    # a gate that opens with time (a rate, a pause, a breaker's
+                    # cool-down) changes nothing in the store: look each time
+                    timed = self._gate_wake is not None
+                    local.gated_seen = None if timed else seen
+                    local.gated_until = self._clock.monotonic() + GATED_LOOK_EVERY
                     return []
             del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
@@ -761,6 +776,7 @@ class SQLiteStore(SqlStore):
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
             picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch)
             local.gated_empty = not picked and local.gated
+            local.gated_seen = None
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
             if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
                 self._plain_until = time.monotonic() + PLAIN_HINT_TTL
@@ -939,6 +955,14 @@ class SQLiteStore(SqlStore):
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return picked
+
+    @staticmethod
+    def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
+        """What a claim behind a full limit depends on, read cheaply."""
+        return (
+            *con.execute(Q["gated_signature"], (dumps(list(queues)),)).fetchone(),
+            tuple(con.execute(Q["limit_usage"]).fetchall()),
+        )
 
     @staticmethod
     def _breaker_rows(con: sqlite3.Connection) -> dict[str, BreakerRow]:

@@ -686,6 +686,18 @@ INSERT INTO breaker_events (at, name, before, after, reason, calls, failures) VA
 SELECT at, name, before, after, reason, calls, failures FROM breaker_events
 WHERE (?1 IS NULL OR name = ?1) ORDER BY id DESC LIMIT ?2
 
+-- What a claim that found its work only behind a full limit depends on,
+-- besides the limits' usage: the newest task, and the ready heads of its
+-- queues (their number and the sum of their ids).
+-- name: gated_signature
+SELECT (SELECT max(id) FROM tasks),
+       (SELECT count(*) FROM tasks INDEXED BY tasks_ready_heads_rank
+        WHERE queue IN (SELECT value FROM json_each(?1))
+          AND status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL),
+       (SELECT total(id) FROM tasks INDEXED BY tasks_ready_heads_rank
+        WHERE queue IN (SELECT value FROM json_each(?1))
+          AND status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL)
+
 -- Distinct lease tokens among RUNNING tasks, per limit name.
 -- name: limit_usage
 SELECT j.value, count(DISTINCT t.lease_token)
