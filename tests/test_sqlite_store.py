@@ -720,3 +720,24 @@ def test_a_claim_behind_a_full_limit_looks_again_only_when_something_changed(sto
         assert c.tasks[0].id == plain.id
     finally:
         other.close()
+
+
+def test_a_skipped_look_is_per_kind_of_claim(store, sqlite_url, monkeypatch):
+    """A worker with slots per queue claims for one queue, then another: a
+    look that found nothing for the first says nothing about the second."""
+    import corral.stores.sqlite as mod
+    from corral.core.model import LimitSpec
+
+    monkeypatch.setattr(mod, "GATED_LOOK_EVERY", 3600.0)
+    store.set_limit(LimitSpec("api", concurrency=1))
+    store.submit([new(queue="a", limits=["api"]), new(queue="a", limits=["api"])])
+    (plain,) = store.submit([new(queue="b")])
+    other = SQLiteStore(sqlite_url)
+    try:
+        assert len(other.claim("w1", ["a"], 1)) == 1  # the limit is full now
+        assert store.claim("w2", ["a"], 1) == []
+        assert store.claim("w2", ["a"], 1) == []  # a read-only look, remembered
+        (c,) = store.claim("w2", ["b"], 1)
+        assert c.tasks[0].id == plain.id
+    finally:
+        other.close()

@@ -743,7 +743,10 @@ class SQLiteStore(SqlStore):
                 # its last look (the limits' places, new tasks, the ready
                 # heads), for a moment: work that only became due is found
                 # by the next look.
-                seen = self._gated_signature(con, queues)
+                # (per kind of claim: a worker with slots per queue claims
+                # for different queues in turn)
+                kind = (tuple(queues), None if known is None else frozenset(known), only_retries, cap, prefetch)
+                seen = (kind, *self._gated_signature(con, queues))
                 if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
                     return []
                 look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, most)
