@@ -740,11 +740,10 @@ class SQLiteStore(SqlStore):
             local.probe_version = con.execute("PRAGMA data_version").fetchone()[0]
             with self._read() as con:
                 # Nor does it look when nothing it depends on changed since
-                # its last look (the limits' places, new tasks, the ready
-                # heads), for a moment: work that only became due is found
-                # by the next look.
-                # (per kind of claim: a worker with slots per queue claims
-                # for different queues in turn)
+                # its last look of the same kind (the limits' places, new
+                # tasks, the ready heads), for a moment: work that only became
+                # due is found by the next look. A worker with slots per
+                # queue claims for its queues in turn: each is its own kind.
                 kind = (tuple(queues), None if known is None else frozenset(known), only_retries, cap, prefetch)
                 seen = (kind, *self._gated_signature(con, queues))
                 if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
