@@ -17,8 +17,9 @@ Threads, each with one job:
 - the *heartbeat* renews leases every third of the lease and, in between,
   looks for cancel requests of the tasks running here every second; about
   once a minute it also warns of queued tasks no worker here can claim;
-- the *completer* (durable stores) writes outcomes in batches; a unit of a
-  group or under a limit frees its slot only once its outcomes are written;
+- the *completer* writes outcomes in batches, off the slot threads (a slot
+  never waits for a write between the tasks of its unit); a unit of a group
+  or under a limit frees its slot only once its outcomes are written;
 - an optional *sweeper* loop, one leader at a time across the fleet.
 
 The worker knows a store, a registry of task definitions and one
@@ -198,7 +199,7 @@ class Worker:
         poll_interval: float = 0.5,
         sweep_interval: float | None = None,
         worker_id: str | None = None,
-        completer_window: float = 0.005,
+        completer_window: float | None = None,
         cancel_poll_interval: float = 1.0,
         max_payload_bytes: int = validation.DEFAULT_MAX_PAYLOAD_BYTES,
         max_abandoned_threads: int = DEFAULT_MAX_ABANDONED_THREADS,
@@ -214,7 +215,7 @@ class Worker:
             heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval,
             cancel_poll_interval=cancel_poll_interval,
-            completer_window=completer_window,
+            completer_window=0.0 if completer_window is None else completer_window,
             sweep_interval=sweep_interval,
         )
         validation.integer(max_abandoned_threads, "max_abandoned_threads", (1, 10_000))
@@ -276,11 +277,17 @@ class Worker:
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
         self._slots = 0
-        self._completer_q: queue.SimpleQueue[Outcome | _Unit] | None = (
-            queue.SimpleQueue() if self.store.shared else None
+        # Outcomes go through the completer for every store: a slot never
+        # waits on the store's lock between the tasks of its unit (the memory
+        # store's lock is held by a submit of a thousand tasks for tens of
+        # milliseconds, and slots completing in step with it stood idle).
+        self._completer_q: queue.SimpleQueue[Outcome | _Unit] = queue.SimpleQueue()
+        #: how long the completer gathers outcomes into one write: a few
+        #: milliseconds for a store in another process or on a disk (one write
+        #: per batch), none for the in-process memory store
+        self.completer_window = (
+            (0.005 if self.store.shared else 0.0) if completer_window is None else completer_window
         )
-        #: how long the completer gathers outcomes into one write
-        self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
@@ -315,8 +322,7 @@ class Worker:
         self._thread(self._dispatch_loop, "dispatcher")
         self._thread(self._watchdog_loop, "watchdog")
         self._thread(self._heartbeat_loop, "heartbeat")
-        if self._completer_q is not None:
-            self._thread(self._completer_loop, "completer")
+        self._thread(self._completer_loop, "completer")
         if self.sweep_interval:
             from corral.maintenance.sweeper import Sweeper
 
@@ -716,7 +722,7 @@ class Worker:
         are in the store, so the next claim already sees them free (no empty
         claims). Other units free their slot at once."""
         first = unit.claim.tasks[0]
-        if self._completer_q is None or (unit.claim.group is None and not first.limits):
+        if unit.claim.group is None and not first.limits:
             self._settle(unit)
         else:
             self._completer_idle.clear()
@@ -1050,11 +1056,9 @@ class Worker:
                 unit.given_back = True
             self._hand_back(unit, unit.claim.tasks, unit.claim.token)
             given += len(unit.claim.tasks)
-            if self._completer_q is None:
-                self._settle(unit)
-            else:  # free it once the hand-back is written: not in flight means back in the queue
-                self._completer_idle.clear()
-                self._completer_q.put(unit)
+            # free it once the hand-back is written: not in flight means back in the queue
+            self._completer_idle.clear()
+            self._completer_q.put(unit)
         return given
 
     def _let_go_abandoned(self) -> None:
@@ -1080,11 +1084,8 @@ class Worker:
 
     # ---- writing outcomes ------------------------------------------------------
     def _write(self, outcome: Outcome) -> None:
-        if self._completer_q is None:
-            self._apply([outcome])
-        else:
-            self._completer_idle.clear()
-            self._completer_q.put(outcome)
+        self._completer_idle.clear()
+        self._completer_q.put(outcome)
 
     def _apply(self, outcomes: list[Outcome]) -> None:
         for attempt in range(_COMPLETE_TRIES):
@@ -1110,7 +1111,6 @@ class Worker:
 
     def _completer_loop(self) -> None:
         q = self._completer_q
-        assert q is not None  # the completer runs only for a shared store
         window = self.completer_window
         while True:
             items: list[Outcome | _Unit] = [q.get()]
@@ -1139,8 +1139,6 @@ class Worker:
                 self._completer_idle.set()
 
     def _flush(self, timeout: float | None) -> bool:
-        if self._completer_q is None:
-            return True
         end = None if timeout is None else time.monotonic() + timeout
         while not (self._completer_q.empty() and self._completer_idle.is_set()):
             if end is not None and time.monotonic() > end:
