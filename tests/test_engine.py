@@ -350,6 +350,33 @@ def test_order_holds_in_every_group_under_8_workers_with_random_failures(app):
     assert len(fail_plan) > 10  # the failures really happened
 
 
+def test_a_slot_runs_its_units_next_task_while_the_store_is_busy(app):
+    """The outcome of a unit's task is written off the slot: while another
+    thread holds the store (a large submit does, for tens of milliseconds),
+    the slot goes on to the unit's next task instead of waiting."""
+    go = threading.Event()
+    first_started = threading.Event()
+    second_started = threading.Event()
+
+    @app.task
+    def step(i):
+        if i == 0:
+            first_started.set()
+            assert go.wait(10)
+        else:
+            second_started.set()
+
+    step.submit_many([{"args": (i,), "group": "g"} for i in range(3)])
+    app.start(workers=1, chunk_size=3)
+    assert first_started.wait(10)
+    with app.store._lock:  # the store busy: no write gets through meanwhile
+        go.set()
+        ran_on = second_started.wait(10)
+    assert ran_on, "the slot waited for the store before its unit's next task"
+    assert app.drain(30)
+    assert app.counts() == {"SUCCESS": 3}
+
+
 def test_round_robin_keeps_small_group_latency_low(app):
     order = []
 
