@@ -124,16 +124,19 @@ class Node:
         return f"<Node {name} ref={self.ref!r}>"
 
 
-def _new_trace_id() -> str:
-    """A task's trace id when the submitter gave none: the W3C traceparent of
-    the submitter's current OpenTelemetry span (its attempts' spans are then
-    children of it), else 32 random hex digits (as uuid4().hex, without
-    building a UUID per task)."""
-    if tracing.ENABLED:
-        parent = tracing.current_traceparent()
-        if parent is not None:
-            return parent
-    return os.urandom(16).hex()
+def _submitter_traceparent() -> str | None:
+    """The W3C traceparent of the submitter's current OpenTelemetry span, if
+    any: a task submitted without a trace id takes it (its attempts' spans
+    are then children of that span). Read once per submit call, since every
+    task of one call shares the caller's context."""
+    return tracing.current_traceparent() if tracing.ENABLED else None
+
+
+def _new_trace_id(parent: str | None) -> str:
+    """A task's trace id when the submitter gave none: ``parent`` (see
+    :func:`_submitter_traceparent`), else 32 random hex digits (as
+    uuid4().hex, without building a UUID per task)."""
+    return parent if parent is not None else os.urandom(16).hex()
 
 
 @dataclass(frozen=True)
@@ -625,7 +628,7 @@ class App:
                 f"declare it with app.limit({missing[0]!r}, concurrency=N)"
             )
 
-    def _new_task(self, tdef: TaskDef, item: Mapping[str, Any]) -> NewTask:
+    def _new_task(self, tdef: TaskDef, item: Mapping[str, Any], parent: str | None = None) -> NewTask:
         """One submit item as a NewTask; every option checked against the
         bounds of core.validation, so every store is given only what it holds.
         A delay is left relative in ``run_at``: the caller adds the store's now."""
@@ -697,7 +700,7 @@ class App:
             group=group,
             batch=None if batch is None else check.text(batch, "batch", bad),
             key=None if key is None else check.text(key, "key", bad),
-            trace_id=_new_trace_id() if trace_id is None else check.text(trace_id, "trace_id", bad),
+            trace_id=_new_trace_id(parent) if trace_id is None else check.text(trace_id, "trace_id", bad),
             run_at=run_at,
             depends_on=dep_ids,
             limits=tdef.limits,
@@ -756,7 +759,8 @@ class App:
                     raise BadArguments("an item names its task only in a graph: app.submit_many([Node(...), ...])")
                 pairs.append((tdef, item))
         # every item is checked before anything is stored: one bad item stores none
-        new = [self._new_task(t, item) for t, item in pairs]
+        parent = _submitter_traceparent()
+        new = [self._new_task(t, item, parent) for t, item in pairs]
         order = self._wire(new, [item for _, item in pairs])
         if any(nt.run_at is not None for nt in new):
             # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)

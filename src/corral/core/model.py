@@ -12,9 +12,12 @@ from typing import Any
 
 from corral.core.states import State
 
+#: One encoder for every call: ``json.dumps`` with any option builds a new one each time.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
 def loads(text: str | None) -> Any:

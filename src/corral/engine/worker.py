@@ -285,9 +285,7 @@ class Worker:
         #: how long the completer gathers outcomes into one write: a few
         #: milliseconds for a store in another process or on a disk (one write
         #: per batch), none for the in-process memory store
-        self.completer_window = (
-            (0.005 if self.store.shared else 0.0) if completer_window is None else completer_window
-        )
+        self.completer_window = (0.005 if self.store.shared else 0.0) if completer_window is None else completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
