@@ -899,7 +899,7 @@ class SQLiteStore(SqlStore):
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
                 return False  # an operator retried an old task while its group runs on
             members = [row]
-            if row[3] is not None and chunk_size > 1 and not (g is not None and g.solo(lims, row[4])):
+            if row[3] is not None and chunk_size > 1 and not dry and not (g is not None and g.solo(lims, row[4])):
                 # a group whose whole line fits in the reach goes in one chunk
                 reach = chunk_reach(chunk_size)
                 line = con.execute(Q["group_followers"], (row[3], row[0], reach)).fetchall()
@@ -922,6 +922,13 @@ class SQLiteStore(SqlStore):
             picked.append(members)
             return True
 
+        if dry:
+            # a look only asks whether anything can be claimed: the first
+            # claim found answers it (reading on would read every other
+            # head, each behind the limit its place just went to)
+            max_units = 1
+            cap = None if cap is None else min(cap, 1)
+            most = None if most is None else min(most, 1)
         try:
             if cap is None:
                 fill(ordered("claim_candidates", "claim_head_candidates"), max_units)
