@@ -377,6 +377,29 @@ def test_a_slot_runs_its_units_next_task_while_the_store_is_busy(app):
     assert app.counts() == {"SUCCESS": 3}
 
 
+def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
+    """A bug in a worker's own thread ends the run with one line naming it
+    (``corral worker`` exits 1 with it), not a worker that takes no work."""
+    from corral.engine.runner import run_until_signal
+
+    @app.task
+    def t():
+        pass
+
+    def broken_claim(*args, **kwargs):
+        raise RuntimeError("a bug in claim\nsecond line")
+
+    app.store.claim = broken_claim
+    worker = app.worker(concurrency=2, poll_interval=0.05)
+    deadline = time.monotonic() + 10
+    with caplog.at_level(logging.ERROR, logger="corral"):
+        with pytest.raises(corral.WorkerFailed) as info:
+            run_until_signal(worker, grace=1.0, until=lambda: time.monotonic() > deadline, check_every=0.02)
+    assert str(info.value) == "the worker's dispatcher thread failed: RuntimeError: a bug in claim"
+    assert time.monotonic() < deadline, "the run went on after its dispatcher failed"
+    assert "dispatcher thread failed" in caplog.text
+
+
 def test_round_robin_keeps_small_group_latency_low(app):
     order = []
 

@@ -33,6 +33,7 @@ from corral.errors import (
     TaskNotFound,
     TaskSignal,
     UnknownTask,
+    WorkerFailed,
 )
 from corral.stores.base import Event
 
@@ -58,6 +59,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "StoreCorrupt",
+    "WorkerFailed",
     "IllegalTransition",
     "TaskNotFound",
     "ResultTimeout",

@@ -79,6 +79,13 @@ class StoreCorrupt(StoreError):
     this one is not, since every retry would fail the same way."""
 
 
+class WorkerFailed(CorralError):
+    """One of a worker's own threads (dispatcher, completer, heartbeat,
+    watchdog) ended on an unexpected error. The worker stops claiming and
+    ``corral worker`` exits 1, so that its supervisor starts a fresh process
+    rather than keeping one that takes no work."""
+
+
 class IllegalTransition(CorralError):
     pass
 

@@ -156,7 +156,8 @@ def run_until_signal(
             "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
         )
         if worker.fatal is not None:
-            raise worker.fatal  # the store cannot be used: `corral worker` exits 1 with this line
+            # the store cannot be used, or a worker thread failed: `corral worker` exits 1 with this line
+            raise worker.fatal
     if worker.halted.is_set():
         log.error(
             "worker %s: exiting with code %d so that its supervisor restarts it and its timed-out threads end",

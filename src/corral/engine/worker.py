@@ -58,7 +58,16 @@ from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
 from corral.engine.logs import task_fields
 from corral.engine.registry import Registry, TaskSpec
-from corral.errors import Canceled, ChildFailed, ConfigError, PermanentError, Retry, StoreCorrupt, StoreError
+from corral.errors import (
+    Canceled,
+    ChildFailed,
+    ConfigError,
+    PermanentError,
+    Retry,
+    StoreCorrupt,
+    StoreError,
+    WorkerFailed,
+)
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
@@ -292,7 +301,7 @@ class Worker:
         self._sweeper: Any = None
         self._periodic: Any = None
         #: Set when the store failed for good (damaged, foreign, too new): the worker stopped claiming.
-        self.fatal: StoreCorrupt | None = None
+        self.fatal: StoreCorrupt | WorkerFailed | None = None
         #: timed-out task threads still running here; at this many the worker stops claiming
         self.max_abandoned_threads = max_abandoned_threads
         self._abandoned: dict[int, _Run] = {}
@@ -334,7 +343,20 @@ class Worker:
         return self
 
     def _thread(self, target: Callable[[], None], name: str) -> threading.Thread:
-        t = threading.Thread(target=target, name=f"corral-{name}", daemon=True)
+        def run() -> None:
+            try:
+                target()
+            except Exception as exc:  # noqa: BLE001 - a bug here must not leave a worker that takes no work
+                if self._stop_claiming.is_set():
+                    log.warning("worker %s: its %s thread failed while stopping: %s", self.id, name, exc)
+                    return
+                log.exception("worker %s: its %s thread failed; the worker stops", self.id, name)
+                if self.fatal is None:
+                    said = (str(exc).splitlines() or [""])[0]
+                    self.fatal = WorkerFailed(f"the worker's {name} thread failed: {type(exc).__name__}: {said}")
+                self._stop_claiming.set()
+
+        t = threading.Thread(target=run, name=f"corral-{name}", daemon=True)
         t.start()
         self._threads.append(t)
         return t
