@@ -853,6 +853,29 @@ class SQLiteStore(SqlStore):
                 gates = Gates(now, limits, usage, breakers)
             return gates
 
+        def shut_out(row) -> bool:
+            """True when ``row`` cannot be taken by this claim whatever comes
+            before it: a name or state it does not ask for, or gates that
+            are closed (they only close further as the claim takes places
+            and tokens; its time is fixed). Such a row's place in the order
+            is not worked out (that reads its group's last claim): behind a
+            full limit, every head is passed over this way."""
+            if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
+                return True
+            if not row[5] and row[4] not in breakers:
+                return False
+            if prefetch and (row[5] or breakers[row[4]].state.state is not brk.BreakerState.CLOSED):
+                return True
+            gate = (row[5], row[4])
+            if gate in closed:  # most heads behind a full limit name the same limits
+                return True
+            if the_gates().fits(set(json.loads(row[5])) if row[5] else set(), row[4]):
+                return False
+            closed.add(gate)
+            return True
+
+        closed: set[tuple[str | None, str]] = set()
+
         cursors: list[sqlite3.Cursor] = []
         picked: list[list[tuple]] = []
 
@@ -870,6 +893,8 @@ class SQLiteStore(SqlStore):
             stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_index_key)
             heap: list = []
             for row in stream:
+                if shut_out(row):
+                    continue
                 index_key = _index_key(row)
                 heapq.heappush(heap, (eligible_key(row), row))
                 while heap and heap[0][0] <= index_key:
