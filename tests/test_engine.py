@@ -400,6 +400,34 @@ def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
     assert "dispatcher thread failed" in caplog.text
 
 
+def test_a_drain_ends_with_the_error_when_the_dispatcher_fails(app):
+    """An app running its worker in the background: a drain (with no
+    timeout) ends with the worker's failure instead of waiting for ever."""
+
+    @app.task
+    def t():
+        pass
+
+    def broken_claim(*args, **kwargs):
+        raise RuntimeError("a bug in claim")
+
+    app.store.claim = broken_claim
+    t.submit()
+    app.start(workers=2)
+    outcome = {}
+
+    def drain():
+        try:
+            outcome["drained"] = app.drain()
+        except corral.WorkerFailed as exc:
+            outcome["error"] = str(exc)
+
+    waiter = threading.Thread(target=drain, daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert outcome == {"error": "the worker's dispatcher thread failed: RuntimeError: a bug in claim"}
+
+
 def test_round_robin_keeps_small_group_latency_low(app):
     order = []
 

@@ -39,6 +39,7 @@ from corral.errors import (
     AppClosed,
     BadArguments,
     ConfigError,
+    CorralError,
     GroupDeadlock,
     QueueFull,
     ResultTimeout,
@@ -1065,7 +1066,13 @@ class App:
         worker = self._worker
         if worker is not None:
             end = None if timeout is None else time.monotonic() + timeout
-            drained = worker.drain(timeout)
+            try:
+                drained = worker.drain(timeout)
+            except CorralError as exc:
+                if exc is not worker.fatal:
+                    raise
+                log.error("close: the worker here had stopped: %s", exc)  # a close still ends, and stops it
+                drained = False
             grace = 0.0 if not drained else 30.0 if end is None else max(0.0, end - time.monotonic())
             clean = worker.stop(grace=grace)
             try:

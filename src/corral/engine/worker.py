@@ -355,6 +355,8 @@ class Worker:
                     said = (str(exc).splitlines() or [""])[0]
                     self.fatal = WorkerFailed(f"the worker's {name} thread failed: {type(exc).__name__}: {said}")
                 self._stop_claiming.set()
+                with self._cond:
+                    self._cond.notify_all()  # a drain under way ends with the error
 
         t = threading.Thread(target=run, name=f"corral-{name}", daemon=True)
         t.start()
@@ -426,7 +428,9 @@ class Worker:
         Tasks of other names or queues, delayed ones and those held behind
         their group or a limit are not waited for; :meth:`leftovers` counts
         them. A timed-out thread still running is not waited for either.
-        Claiming goes on: :meth:`stop` ends it."""
+        Claiming goes on: :meth:`stop` ends it. Raises :attr:`fatal` once the
+        worker has stopped for good (a damaged store, a failed thread of its
+        own), since nothing more will be done here."""
         end = None if timeout is None else time.monotonic() + timeout
         horizon = None if timeout is None else self.store.now() + timeout
 
@@ -441,8 +445,12 @@ class Worker:
         try:
             while True:
                 with self._cond:
-                    ok = self._cond.wait_for(lambda: self._quiet_seq > since[0] or self._claims_over(), left())
+                    ok = self._cond.wait_for(
+                        lambda: self._quiet_seq > since[0] or self._claims_over() or self.fatal is not None, left()
+                    )
                     since[0] = self._claim_seq
+                if self.fatal is not None:
+                    raise self.fatal  # nothing more will be claimed or written here
                 if not ok or not self._flush(left()):
                     return False
                 if self._writes != writes and not self._claims_over():
