@@ -377,10 +377,8 @@ def test_a_slot_runs_its_units_next_task_while_the_store_is_busy(app):
     assert app.counts() == {"SUCCESS": 3}
 
 
-def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
-    """A bug in a worker's own thread ends the run with one line naming it
-    (``corral worker`` exits 1 with it), not a worker that takes no work."""
-    from corral.engine.runner import run_until_signal
+def _with_a_broken_claim(app):
+    """A task to claim, and a store whose claim has a bug (not a store outage)."""
 
     @app.task
     def t():
@@ -390,6 +388,15 @@ def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
         raise RuntimeError("a bug in claim\nsecond line")
 
     app.store.claim = broken_claim
+    return t
+
+
+def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
+    """A bug in a worker's own thread ends the run with one line naming it
+    (``corral worker`` exits 1 with it), not a worker that takes no work."""
+    from corral.engine.runner import run_until_signal
+
+    _with_a_broken_claim(app)
     worker = app.worker(concurrency=2, poll_interval=0.05)
     deadline = time.monotonic() + 10
     with caplog.at_level(logging.ERROR, logger="corral"):
@@ -403,15 +410,7 @@ def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
 def test_a_drain_ends_with_the_error_when_the_dispatcher_fails(app):
     """An app running its worker in the background: a drain (with no
     timeout) ends with the worker's failure instead of waiting for ever."""
-
-    @app.task
-    def t():
-        pass
-
-    def broken_claim(*args, **kwargs):
-        raise RuntimeError("a bug in claim")
-
-    app.store.claim = broken_claim
+    t = _with_a_broken_claim(app)
     t.submit()
     app.start(workers=2)
     outcome = {}
