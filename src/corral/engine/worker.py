@@ -300,7 +300,8 @@ class Worker:
         self.started = False
         self._sweeper: Any = None
         self._periodic: Any = None
-        #: Set when the store failed for good (damaged, foreign, too new): the worker stopped claiming.
+        #: Set when the store failed for good (damaged, foreign, too new) or a
+        #: thread of this worker failed: the worker stopped claiming.
         self.fatal: StoreCorrupt | WorkerFailed | None = None
         #: timed-out task threads still running here; at this many the worker stops claiming
         self.max_abandoned_threads = max_abandoned_threads
@@ -580,9 +581,14 @@ class Worker:
                 claims = None
                 log.error("claim failed, stopping: %s", exc)
                 self._stop_claiming.set()
-            except StoreError as exc:  # an outage must not end the worker; a bug may
+            except StoreError as exc:  # an outage must not end the worker; a bug ends it (see _thread)
                 claims = None
                 log.warning("claim failed, will retry: %s", exc)
+            except BaseException:
+                with self._cond:  # the slots reserved for this claim are free: the stop need not wait for them
+                    self._inflight -= want
+                    self._cond.notify_all()
+                raise
             with self._cond:
                 self._inflight -= want - len(claims or ())
                 if claims == [] and quiet:
