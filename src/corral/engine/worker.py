@@ -94,6 +94,9 @@ HEALTH_EVENT = "worker.health"
 _CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError)
 #: Writing outcomes through a store outage: tries, and the longest pause between them.
 _COMPLETE_TRIES = 5
+#: How long the completer gathers outcomes into one write for a store in
+#: another process or on a disk (none for the in-process memory store).
+COMPLETER_WINDOW = 0.005
 _COMPLETE_MAX_PAUSE = 5.0
 #: Timed-out task threads still running before a worker stops claiming.
 DEFAULT_MAX_ABANDONED_THREADS = 10
@@ -217,6 +220,8 @@ class Worker:
         schedules: Sequence[Schedule] = (),
         periodic_interval: float = 1.0,
     ):
+        if completer_window is None:
+            completer_window = COMPLETER_WINDOW if store.shared else 0.0
         validation.worker_options(
             concurrency=concurrency,
             chunk_size=1 if chunk_size is None else chunk_size,
@@ -224,7 +229,7 @@ class Worker:
             heartbeat_interval=heartbeat_interval,
             poll_interval=poll_interval,
             cancel_poll_interval=cancel_poll_interval,
-            completer_window=0.0 if completer_window is None else completer_window,
+            completer_window=completer_window,
             sweep_interval=sweep_interval,
         )
         validation.integer(max_abandoned_threads, "max_abandoned_threads", (1, 10_000))
@@ -291,10 +296,8 @@ class Worker:
         # store's lock is held by a submit of a thousand tasks for tens of
         # milliseconds, and slots completing in step with it stood idle).
         self._completer_q: queue.SimpleQueue[Outcome | _Unit] = queue.SimpleQueue()
-        #: how long the completer gathers outcomes into one write: a few
-        #: milliseconds for a store in another process or on a disk (one write
-        #: per batch), none for the in-process memory store
-        self.completer_window = (0.005 if self.store.shared else 0.0) if completer_window is None else completer_window
+        #: how long the completer gathers outcomes into one write (see COMPLETER_WINDOW)
+        self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
         self.started = False
@@ -759,8 +762,7 @@ class Worker:
         if unit.claim.group is None and not first.limits:
             self._settle(unit)
         else:
-            self._completer_idle.clear()
-            self._completer_q.put(unit)
+            self._to_completer(unit)
 
     def _settle(self, unit: _Unit) -> bool:
         """Mark a unit's slot free exactly once."""
@@ -909,11 +911,11 @@ class Worker:
                     rec.name,
                     extra=task_fields(rec),
                 )
-                self._write(late)
+                self._to_completer(late)
                 self._release(unit)
             return None
         self._log_outcome(rec, outcome)
-        self._write(outcome)
+        self._to_completer(outcome)
         return outcome.status
 
     def _log_outcome(self, rec: TaskRecord, outcome: Outcome) -> None:
@@ -1034,7 +1036,7 @@ class Worker:
     def _hand_back(self, unit: _Unit, rest: list[TaskRecord], token: str) -> None:
         """Give unstarted tasks of a chunk back to the queue, attempts intact."""
         for rec in rest:
-            self._write(Outcome(rec.id, token, rec.version, State.PENDING, attempt=rec.attempt))
+            self._to_completer(Outcome(rec.id, token, rec.version, State.PENDING, attempt=rec.attempt))
 
     def _hand_back_all(self) -> None:
         """After the grace period: give every unfinished task back, attempts intact.
@@ -1054,7 +1056,7 @@ class Worker:
                 if unit.begun < 0:  # claimed, never started: the claim counted task 0's attempt (unless prefetched)
                     first = tasks[0]
                     given = first.attempt if unit.prefetched else first.attempt - 1
-                    self._write(Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=given))
+                    self._to_completer(Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=given))
                     self.handed_back += 1
                     rest = tasks[1:]
                 else:
@@ -1064,7 +1066,7 @@ class Worker:
                         if run.proc is not None:
                             run.proc.kill("shutdown")
                         rec = run.record
-                        self._write(
+                        self._to_completer(
                             Outcome(rec.id, unit.claim.token, rec.version, State.PENDING, attempt=rec.attempt - 1)
                         )
                         self.handed_back += 1
@@ -1091,8 +1093,7 @@ class Worker:
             self._hand_back(unit, unit.claim.tasks, unit.claim.token)
             given += len(unit.claim.tasks)
             # free it once the hand-back is written: not in flight means back in the queue
-            self._completer_idle.clear()
-            self._completer_q.put(unit)
+            self._to_completer(unit)
         return given
 
     def _let_go_abandoned(self) -> None:
@@ -1117,9 +1118,10 @@ class Worker:
             )
 
     # ---- writing outcomes ------------------------------------------------------
-    def _write(self, outcome: Outcome) -> None:
+    def _to_completer(self, item: Outcome | _Unit) -> None:
+        """An outcome to write, or a unit whose slot frees once what came before it is written."""
         self._completer_idle.clear()
-        self._completer_q.put(outcome)
+        self._completer_q.put(item)
 
     def _apply(self, outcomes: list[Outcome]) -> None:
         for attempt in range(_COMPLETE_TRIES):
@@ -1228,7 +1230,7 @@ class Worker:
                 extra=task_fields(rec),
             )
             self._runs.pop(rec.id, None)
-            self._write(outcome)
+            self._to_completer(outcome)
             self._spawn_slot()
             self._release(unit)
             return

@@ -853,13 +853,17 @@ class SQLiteStore(SqlStore):
                 gates = Gates(now, limits, usage, breakers)
             return gates
 
+        closed: set[tuple[str | None, str]] = set()
+
         def shut_out(row) -> bool:
             """True when ``row`` cannot be taken by this claim whatever comes
-            before it: a name or state it does not ask for, or gates that
-            are closed (they only close further as the claim takes places
-            and tokens; its time is fixed). Such a row's place in the order
-            is not worked out (that reads its group's last claim): behind a
-            full limit, every head is passed over this way."""
+            before it: a name or state it does not ask for, a limit or an
+            open breaker under prefetch (an idle unit must not hold a limit's
+            place, a token or a probe), or gates that are closed (they only
+            close further as the claim takes places and tokens; its time is
+            fixed). Such a row's place in the order is not worked out (that
+            reads its group's last claim): behind a full limit, every head is
+            passed over this way."""
             if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
                 return True
             if not row[5] and row[4] not in breakers:
@@ -873,8 +877,6 @@ class SQLiteStore(SqlStore):
                 return False
             closed.add(gate)
             return True
-
-        closed: set[tuple[str | None, str]] = set()
 
         cursors: list[sqlite3.Cursor] = []
         picked: list[list[tuple]] = []
@@ -911,16 +913,12 @@ class SQLiteStore(SqlStore):
                     return
 
         def take(row) -> bool:
-            """Try to make a claim headed by ``row``; True when it was taken."""
-            if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
-                return False
-            shut = row[4] in breakers and breakers[row[4]].state.state is not brk.BreakerState.CLOSED
-            if prefetch and (row[5] or shut):
-                return False  # an idle unit must not hold a limit's place, a token or a probe
+            """Try to make a claim headed by ``row`` (one :func:`shut_out` let
+            through); True when it was taken."""
             lims = set(json.loads(row[5])) if row[5] else set()
             g = the_gates() if lims or row[4] in breakers else None
             if g is not None and not g.fits(lims, row[4]):
-                return False
+                return False  # the places this claim took since the row was read
             if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
                 return False  # an operator retried an old task while its group runs on
             members = [row]
