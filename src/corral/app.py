@@ -135,9 +135,16 @@ def _submitter_traceparent() -> str | None:
 
 def _new_trace_id(parent: str | None) -> str:
     """A task's trace id when the submitter gave none: ``parent`` (see
-    :func:`_submitter_traceparent`), else 32 random hex digits (as
-    uuid4().hex, without building a UUID per task)."""
-    return parent if parent is not None else os.urandom(16).hex()
+    :func:`_submitter_traceparent`), else 32 hex digits that begin with the
+    time in milliseconds and end in 80 random bits, as a UUIDv7 does.
+
+    Ids in time order land at the end of the trace-id index: wholly random
+    ones land all over it, and at a million tasks every batch of a thousand
+    rewrote a thousand of its pages, which slowed submits as the table grew.
+    """
+    if parent is not None:
+        return parent
+    return f"{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}{os.urandom(10).hex()}"
 
 
 @dataclass(frozen=True)

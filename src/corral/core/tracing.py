@@ -1,6 +1,6 @@
 """W3C trace context from a task's trace id (pure functions).
 
-A task's ``trace_id`` is any text the submitter chose (32 random hex digits by
+A task's ``trace_id`` is any text the submitter chose (32 hex digits by
 default). Outgoing calls need a W3C ``traceparent``
 (``00-<32 hex trace id>-<16 hex span id>-<2 hex flags>``):
 
