@@ -10,7 +10,15 @@ import time
 
 import corral
 from corral import State
-from corral.core.pacing import AUTO_PREFETCH_MAX, AutoChunk, auto_prefetch, chunk_reach, default_prefetch
+from corral.core.pacing import (
+    AUTO_PREFETCH_MAX,
+    AutoChunk,
+    auto_prefetch,
+    chunk_reach,
+    default_prefetch,
+    tail_bound,
+    tail_split,
+)
 from helpers import wait_for
 
 
@@ -205,6 +213,49 @@ def test_prefetch_zero_claims_only_into_free_slots(url):
 
 def test_a_chunk_reaches_a_quarter_further_and_small_chunks_not_at_all():
     assert [chunk_reach(n) for n in (1, 3, 4, 8, 100, 200)] == [1, 3, 5, 10, 125, 250]
+
+
+def test_chunks_shorten_near_the_end_of_the_queued_work():
+    # far from the end (a chunk is at most a quarter of each slot's share): as usual
+    assert tail_split(100, 8000, 20) is None
+    assert tail_split(100, tail_bound(100, 20), 20) is None
+    # nearer: chunks of a quarter of each slot's share; lines of a whole share keep the chunk
+    assert tail_split(100, 4000, 20) == (50, 200)
+    assert tail_split(100, 300, 20) == (4, 15)
+    assert tail_split(100, 1, 20) == (1, 1)
+    assert tail_split(100, 0, 20) == (1, 0)
+    # chunks of one task, or nothing known: nothing to shorten
+    assert tail_split(1, 10, 20) is None
+    assert tail_split(100, 10, 0) is None
+
+
+def test_a_worker_shortens_its_chunks_near_the_end_of_grouped_work(monkeypatch):
+    app = corral.App("memory://")
+
+    @app.task
+    def step(i):
+        return i
+
+    seen: list[tuple[int, tuple[int, int] | None]] = []
+    inner = app.store.claim
+
+    def claim(*args, **kwargs):
+        seen.append((kwargs.get("chunk_size", 1), kwargs.get("tail")))
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(app.store, "claim", claim)
+    # quick tasks: chunks of 200 once measured, usual while 4 000 are queued (4 slots)
+    handles = step.submit_many([{"args": (i,), "group": f"g{i % 10}"} for i in range(4000)])
+    worker = app.worker(4, poll_interval=0.01)
+    worker.start()
+    try:
+        wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in handles), timeout=60)
+    finally:
+        worker.stop(10)
+        app.close(10)
+    assert any(chunk > 1 and tail is None for chunk, tail in seen)  # chunks as usual at first
+    near_end = [(chunk, tail) for chunk, tail in seen if tail is not None]
+    assert near_end and all(tail[0] < chunk for chunk, tail in near_end)
 
 
 def test_default_prefetch_is_small_and_bounded():

@@ -182,6 +182,31 @@ def test_a_group_longer_than_the_reach_is_cut_at_the_chunk_size(store):
     assert [t.id for t in rest.tasks] == ids[8:]
 
 
+def test_near_the_end_a_short_line_takes_a_short_chunk_and_a_long_one_keeps_the_chunk(store):
+    # tail=(3, 10): lines shorter than 10 tasks are chunked at 3 (the reach
+    # follows: a line of at most 3 + 3 // 4 = 3 goes whole); longer ones keep 8
+    short = submit(store, *[new(group="short") for _ in range(9)])
+    long_ = submit(store, *[new(group="long") for _ in range(12)])
+    tiny = submit(store, *[new(group="tiny") for _ in range(3)])
+    got = {c.group: [t.id for t in c.tasks] for c in claim(store, 3, chunk_size=8, tail=(3, 10))}
+    assert got == {"short": short[:3], "long": long_[:8], "tiny": tiny}
+    # without it, the same chunk size for every line
+    rest = submit(store, *[new(group="other") for _ in range(11)])
+    (c,) = claim(store, 1, chunk_size=8)
+    assert [t.id for t in c.tasks] == rest[:8]
+
+
+def test_the_backlog_is_counted_up_to_a_bound(store):
+    assert store.backlog(100) in (0, None)
+    submit(store, *[new(group="g") for _ in range(5)], *[new() for _ in range(4)])
+    if store.backlog(100) is None:
+        pytest.skip("this store does not count its backlog")
+    assert store.backlog(100) == 9
+    assert store.backlog(6) == 6
+    claim(store, 2)
+    assert store.backlog(100) == 7  # a running task is no longer queued
+
+
 def test_the_reach_stops_at_a_task_that_is_not_ready(store):
     # the line fits in the reach, but a delayed task ends the chunk as ever
     ids = submit(store, *[new(group="g") for _ in range(9)])

@@ -10,7 +10,8 @@ cost, both pure arithmetic here so they test without threads or a database:
   costs the group nothing; it bounds how long a unit holds its slot (and a
   limit's place), which keeps round robin between groups fair. Long tasks get
   chunks of one, today's behaviour. :func:`chunk_reach` lets a group's last
-  chunk take a small rest of the group with it.
+  chunk take a small rest of the group with it, and :func:`tail_split`
+  shortens the chunks as the queued work runs out, so the run ends evenly.
 - :func:`default_prefetch` is how many units a worker may hold beyond its
   free slots, so a freed slot starts its next unit without waiting a claim;
   :func:`auto_prefetch` raises it for quick units, so that one claim brings
@@ -84,6 +85,39 @@ def chunk_reach(chunk: int) -> int:
     through the round robin for a tenth of the work), and a unit still holds
     its slot at most a quarter longer than the chunk target."""
     return chunk + chunk // 4
+
+
+#: Near the end of the queued work a unit is at most this fraction of each
+#: slot's share of the work left (see :func:`tail_split`).
+TAIL_SHARE = 4
+
+
+def tail_split(chunk: int, backlog: int, slots: int) -> tuple[int, int] | None:
+    """Chunks for the end of the queued work, or None while it is far.
+
+    A unit is a group's turn: the group runs it on one slot while the other
+    groups wait for theirs. Near the end of the queue, units of ``chunk``
+    tasks leave the run to end unevenly: the last units start at different
+    moments and some slots stand idle for most of a unit while others
+    finish theirs. So when a chunk is more than a quarter of each slot's
+    share of the ``backlog`` (queued tasks, ``slots`` running them), groups
+    are claimed in chunks of ``short`` (that quarter), as in guided
+    self-scheduling; a group whose line has at least ``long`` tasks (a
+    slot's whole share) keeps ``chunk``: the end of the run waits for it,
+    and short units would send it round the rotation between each.
+    Returns ``(short, long)``. Simulated and measured: ``docs/benchmarks.md``."""
+    if chunk <= 1 or slots <= 0 or backlog < 0:
+        return None
+    short = -(-backlog // (TAIL_SHARE * slots))
+    if short >= chunk:
+        return None
+    return max(1, short), -(-backlog // slots)
+
+
+def tail_bound(chunk: int, slots: int) -> int:
+    """How far a worker needs to count the backlog for :func:`tail_split`:
+    at or beyond this many queued tasks, chunks are as usual."""
+    return TAIL_SHARE * max(1, slots) * max(1, chunk)
 
 
 def default_prefetch(concurrency: int) -> int:

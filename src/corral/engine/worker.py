@@ -48,7 +48,7 @@ from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
-from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch
+from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch, tail_bound, tail_split
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
@@ -104,6 +104,10 @@ DEFAULT_MAX_ABANDONED_THREADS = 10
 _STRAY_SCAN = 200
 #: Rows read per state when a drain reports what it left in the store.
 _LEFT_SCAN = 1000
+#: How often a worker reads the backlog for the chunks of the end of the
+#: queued work (a bounded count), and for how long after a grouped claim.
+TAIL_LOOK_EVERY = 0.05
+TAIL_GROUPED_WITHIN = 1.0
 
 
 @dataclass
@@ -254,6 +258,8 @@ class Worker:
         #: None: sized by itself from the tasks' durations (see core.pacing.AutoChunk)
         self.chunk_size = None if chunk_size is None else max(1, chunk_size)
         self._auto_chunk = AutoChunk()
+        self._backlog: tuple[float, int | None] = (-1.0, None)  # (read at, queued tasks) for tail_split
+        self._grouped_at = -1.0  # when a claim last brought a group's unit
         #: units held beyond the free slots (0: claim only into free slots;
         #: None: sized by itself from the units' durations, see :attr:`prefetch`)
         self.prefetch_given = prefetch
@@ -698,6 +704,8 @@ class Worker:
                 )
                 for lane in policy.lanes
             )
+        chunk = self.current_chunk_size()
+        tail = self._tail(chunk)
         claims: list[Claim] = []
         self._full_queues = False
         for queues, lane_names in lanes:
@@ -724,11 +732,14 @@ class Worker:
                     ask_queues,
                     min(n, want - len(claims)),
                     names=lane_names,
-                    chunk_size=self.current_chunk_size(),
+                    chunk_size=chunk,
+                    tail=tail,
                     lease_seconds=self.lease_seconds,
                     **extra,
                 )
                 claims += got
+                if any(c.group is not None for c in got):
+                    self._grouped_at = time.monotonic()
                 retried = sum(1 for c in got if _is_retry(c, prefetch))
                 for key in ("retry_cap", "retry_max"):
                     if extra.get(key) is not None:
@@ -743,6 +754,23 @@ class Worker:
         if self.prefetch_given is not None:
             return self.prefetch_given
         return auto_prefetch(self.concurrency, self._unit_time.known())
+
+    def _tail(self, chunk: int) -> tuple[int, int] | None:
+        """Chunks for the end of the queued work (:func:`tail_split`), for a
+        worker that sizes its chunks itself and ran grouped work a moment
+        ago (plain work has no chunks: no count is read for it)."""
+        now = time.monotonic()
+        if chunk <= 1 or self.chunk_size is not None or now - self._grouped_at > TAIL_GROUPED_WITHIN:
+            return None
+        read_at, backlog = self._backlog
+        if now - read_at > TAIL_LOOK_EVERY:
+            try:
+                backlog = self.store.backlog(tail_bound(chunk, self.concurrency))
+            except StoreError as exc:
+                log.debug("reading the backlog failed: %s", exc)
+                backlog = None
+            self._backlog = (now, backlog)
+        return None if backlog is None else tail_split(chunk, backlog, self.concurrency)
 
     def current_chunk_size(self) -> int:
         """The chunk size the next claim asks for: the one given, or one

@@ -361,6 +361,7 @@ class Store(abc.ABC):
         retry_cap: int | None = None,
         retry_max: int | None = None,
         prefetch: bool = False,
+        tail: tuple[int, int] | None = None,
     ) -> list[Claim]:
         """Take up to ``max_units`` claims by the module's claim rules.
 
@@ -389,7 +390,21 @@ class Store(abc.ABC):
         ``retry_max`` (with ``retry_share``) bounds the retry units of the
         claim even when fresh work runs short: a worker that saw fresh work
         arrive a moment ago keeps room free for the next arrivals instead of
-        filling every idle slot with retries."""
+        filling every idle slot with retries.
+
+        ``tail`` (``(short, long)``, see :func:`corral.core.pacing.tail_split`)
+        shortens chunks near the end of the queued work: a group whose line
+        (its head included) has fewer than ``long`` tasks is chunked at most
+        ``short`` (the reach then follows ``short``); a longer one keeps
+        ``chunk_size``."""
+
+    def backlog(self, at_most: int) -> int | None:
+        """Queued tasks (PENDING or RETRYING, of any queue), counted up to
+        ``at_most``: how near the end of the queued work a worker is, for
+        sizing its chunks (:func:`corral.core.pacing.tail_split`). A hint,
+        read often: a store answers from an index or a counter, never by
+        reading every task. None: not known (chunks stay as they are)."""
+        return None
 
     @abc.abstractmethod
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

@@ -335,6 +335,7 @@ class MemoryStore(Store):
         retry_cap: int | None = None,
         retry_max: int | None = None,
         prefetch: bool = False,
+        tail: tuple[int, int] | None = None,
     ) -> list[Claim]:
         claims: list[Claim] = []
         if max_units <= 0:
@@ -391,10 +392,13 @@ class MemoryStore(Store):
                         gates.take(t.limits, t.name)
                         solo = gates.solo(t.limits, t.name)
                     members = [t]
-                    if g is not None and chunk_size > 1 and not solo:
+                    size = chunk_size
+                    if tail is not None and g is not None and len(g.ids) < tail[1]:
+                        size = min(chunk_size, tail[0])  # near the end, a group the end does not wait for
+                    if g is not None and size > 1 and not solo:
                         # a group whose whole line fits in the reach goes in one chunk
-                        reach = chunk_reach(chunk_size)
-                        take = reach if len(g.ids) <= reach else chunk_size
+                        reach = chunk_reach(size)
+                        take = reach if len(g.ids) <= reach else size
                         for nid in itertools.islice(g.ids, 1, None):
                             if len(members) >= take:
                                 break
@@ -455,6 +459,10 @@ class MemoryStore(Store):
             if claims:
                 self._changes += 1
         return claims
+
+    def backlog(self, at_most: int) -> int | None:
+        with self._lock:
+            return min(at_most, self._count[State.PENDING] + self._count[State.RETRYING])
 
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         reply = HeartbeatReply()

@@ -604,6 +604,7 @@ class PostgresStore(SqlStore):
         retry_cap: int | None = None,
         retry_max: int | None = None,
         prefetch: bool = False,
+        tail: tuple[int, int] | None = None,
     ) -> list[Claim]:
         if max_units <= 0:
             return []
@@ -616,6 +617,9 @@ class PostgresStore(SqlStore):
             "names": text_array(names or ()),
             "chunk": max(1, int(chunk_size)),
             "reach": chunk_reach(max(1, int(chunk_size))),
+            # near the end of the queued work: lines shorter than "long" take chunks of "short"
+            "short": max(1, int(chunk_size)) if tail is None else max(1, int(tail[0])),
+            "long": 0 if tail is None else int(tail[1]),
             "lease": float(lease_seconds),
             "worker": worker_id,
             "only_retries": bool(only_retries),
@@ -1062,6 +1066,9 @@ class PostgresStore(SqlStore):
         else:
             rows = self._fetchall("counts_queue", {"queue": queue})
         return {status: n for status, n in rows}
+
+    def backlog(self, at_most: int) -> int | None:
+        return self._fetchall("backlog", {"n": max(0, at_most)})[0][0]
 
     def queue_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}

@@ -724,6 +724,7 @@ class SQLiteStore(SqlStore):
         retry_cap: int | None = None,
         retry_max: int | None = None,
         prefetch: bool = False,
+        tail: tuple[int, int] | None = None,
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
@@ -776,7 +777,9 @@ class SQLiteStore(SqlStore):
                     rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
                 if rows:
                     return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch)
+            picked = self._pick(
+                con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
+            )
             local.gated_empty = not picked and local.gated
             local.gated_seen = None
             plain = all(m[0][3] is None and not m[0][5] for m in picked)
@@ -823,6 +826,7 @@ class SQLiteStore(SqlStore):
         prefetch=False,
         *,
         dry=False,
+        tail: tuple[int, int] | None = None,
     ) -> list[list[tuple]]:
         """Choose the claims (lists of candidate rows) by the claim rules.
 
@@ -925,8 +929,15 @@ class SQLiteStore(SqlStore):
             if row[3] is not None and chunk_size > 1 and not dry and not (g is not None and g.solo(lims, row[4])):
                 # a group whose whole line fits in the reach goes in one chunk
                 reach = chunk_reach(chunk_size)
-                line = con.execute(Q["group_followers"], (row[3], row[0], reach)).fetchall()
-                for f in line[: chunk_size - 1] if len(line) >= reach else line:
+                size = chunk_size
+                if tail is None:
+                    line = con.execute(Q["group_followers"], (row[3], row[0], reach)).fetchall()
+                else:  # near the end: read far enough to tell a long line from a short one
+                    line = con.execute(Q["group_followers"], (row[3], row[0], max(reach, tail[1]))).fetchall()
+                    if len(line) + 1 < tail[1]:
+                        size = min(size, tail[0])
+                        reach = chunk_reach(size)
+                for f in line[: size - 1] if len(line) >= reach else line:
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
                     if (known is not None and f[4] not in known) or f[4] in breakers or (prefetch and f[5]):
@@ -1007,6 +1018,10 @@ class SQLiteStore(SqlStore):
         con.execute(Q["breaker_save"], (state.state.value, brk.state_to_json(state), name))
         if ev is not None:
             con.execute(Q["breaker_event"], (ev.at, ev.name, ev.before, ev.after, ev.reason, ev.calls, ev.failures))
+
+    @_guard
+    def backlog(self, at_most: int) -> int | None:
+        return self._con().execute(Q["backlog"], (max(0, at_most),)).fetchone()[0]
 
     @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:

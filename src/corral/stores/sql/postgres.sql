@@ -748,12 +748,17 @@ followers AS MATERIALIZED (
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                    OR (x.status = 'FAILED' AND x.halt_group_on_failure))
             ORDER BY x.id
-            LIMIT %(reach)s
+            LIMIT greatest(%(reach)s::int, %(long)s::int)
         ) z
     ) f
+    -- near the end of the queued work a line shorter than "long" takes a chunk of "short"
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN f.line + 1 < %(long)s::int THEN least(%(chunk)s::int, %(short)s::int)
+                    ELSE %(chunk)s::int END AS chunk
+    ) c
     -- a unit under a rate or a probing breaker is one task: each start is charged
     -- (a group whose whole line fits in the reach goes in one chunk)
-    WHERE p.group_key IS NOT NULL AND f.run_ok AND (f.pos < %(chunk)s OR f.line < %(reach)s)
+    WHERE p.group_key IS NOT NULL AND f.run_ok AND (f.pos < c.chunk OR f.line < c.chunk + c.chunk / 4)
       AND NOT (p.limits && %(solo)s::text[]) AND NOT (p.name = ANY(%(solo)s::text[]))
 ),
 members AS (
@@ -1025,6 +1030,16 @@ SELECT status, count(*) FROM corral_tasks GROUP BY status;
 -- Bounded submits (App(max_queued=...)) take this transaction lock, so that
 -- counting the queue and inserting are one step across every submitter.
 SELECT pg_advisory_xact_lock(7302318442001);
+
+-- name: backlog
+-- Queued tasks up to a bound (chunks near the end of the queued work); each
+-- part matches a partial index, as in active_counts.
+SELECT least(%(n)s::bigint,
+    (SELECT count(*) FROM (SELECT 1 FROM corral_tasks
+                           WHERE status = 'PENDING' AND group_key IS NULL LIMIT %(n)s) a)
+  + (SELECT count(*) FROM (SELECT 1 FROM corral_tasks
+                           WHERE status = 'PENDING' AND group_key IS NOT NULL LIMIT %(n)s) b)
+  + (SELECT count(*) FROM (SELECT 1 FROM corral_tasks WHERE status = 'RETRYING' LIMIT %(n)s) c))
 
 -- name: active_counts
 -- Unfinished tasks per state; each part matches a partial index, so the

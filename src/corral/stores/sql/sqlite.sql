@@ -453,6 +453,12 @@ SELECT 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE stat
 UNION ALL
 SELECT 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING'
 
+-- Queued tasks up to a bound, from the partial index alone (chunks near the
+-- end of the queued work).
+-- name: backlog
+SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
+                      WHERE status IN ('PENDING', 'RETRYING') LIMIT ?)
+
 -- name: counts_queue
 SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
 
