@@ -453,9 +453,9 @@ SELECT 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE stat
 UNION ALL
 SELECT 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING'
 
+-- name: backlog
 -- Queued tasks up to a bound, from the partial index alone (chunks near the
 -- end of the queued work).
--- name: backlog
 SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                       WHERE status IN ('PENDING', 'RETRYING') LIMIT ?)
 
