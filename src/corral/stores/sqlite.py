@@ -673,7 +673,12 @@ class SQLiteStore(SqlStore):
             con.executemany(Q["insert_task"], rows)
         if edges:
             con.executemany(Q["insert_dep"], edges)
-        self._refresh_heads(con, {r[8] for r in rows})
+        groups = {r[8] for r in rows if r[8] is not None}
+        if groups:
+            # New tasks come after every task already in a line: a group that
+            # has a head keeps it, and only the others need one.
+            headed = {r[0] for r in con.execute(Q["groups_with_head"], (dumps(sorted(groups)),))}
+            self._refresh_heads(con, groups - headed)
         return results
 
     def submit_in(

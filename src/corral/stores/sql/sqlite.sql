@@ -510,6 +510,11 @@ WHERE group_key = ? AND is_head = 1
                    AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
                         OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
+-- name: groups_with_head
+-- Which of these groups has a head now (from the heads' partial index).
+SELECT group_key FROM tasks INDEXED BY tasks_group_head
+WHERE is_head = 1 AND group_key IN (SELECT value FROM json_each(?))
+
 -- name: head_set
 UPDATE tasks
 SET is_head = 1,
