@@ -22,12 +22,13 @@ STAMP  := $(VENV)/.corral-installed
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
 
-.PHONY: help venv demo lint test clean
+.PHONY: help venv demo lint test screenshots clean
 
 help:
 	@echo "make demo   set everything up and run the demo (SQLite)"
 	@echo "make test   set everything up, check lint and types, run the whole test suite"
 	@echo "make lint   only the lint, format and type checks"
+	@echo "make screenshots  refresh docs/screenshots/ from the dashboard's browser tests"
 	@echo "make clean  remove the virtualenv and build/test leftovers"
 
 venv: $(STAMP)
@@ -64,6 +65,10 @@ lint: venv
 test: lint
 	scripts/ensure-test-tools.sh
 	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
+screenshots: venv
+	scripts/ensure-test-tools.sh
+	CORRAL_SCREENSHOTS=$(CURDIR)/docs/screenshots $(VENV)/bin/python -m pytest -q tests/test_dashboard_browser.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .pgtest

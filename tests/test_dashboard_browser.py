@@ -3,7 +3,9 @@
 Clicks through every page and every action, checks the live stream changes the
 page without a reload, that script payloads in args, error text and group names
 are shown as text and never run, and that an action without its CSRF token is
-refused. Saves a screenshot of each page under docs/screenshots/.
+refused. Saves a screenshot of each page: in a temporary directory, or under
+``$CORRAL_SCREENSHOTS`` (``make screenshots`` refreshes docs/screenshots/), so a
+test run leaves the tracked images alone.
 
 Playwright drives Debian's Chromium (/usr/bin/chromium); ``make test``
 installs it when missing (as root). Without it these tests skip, saying so.
@@ -12,6 +14,7 @@ installs it when missing (as root). Without it these tests skip, saying so.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from corral.edges.dashboard import serve_background
 from helpers import wait_for
 
 CHROMIUM = os.environ.get("CORRAL_TEST_CHROMIUM", "/usr/bin/chromium")
-SHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
+SHOTS = Path(os.environ.get("CORRAL_SCREENSHOTS") or Path(tempfile.gettempdir()) / "corral-screenshots")
 XSS = "<img src=x onerror=window.__xss=1><script>window.__xss=1</script>"
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
