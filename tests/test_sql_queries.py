@@ -23,6 +23,7 @@ SQLITE_ONLY = {
     "touch_group": "the claim records a group's last claim (PostgreSQL: inside `claim`)",
     "head_clear": "group heads refreshed by the store (PostgreSQL: statement triggers)",
     "head_set": "group heads refreshed by the store (PostgreSQL: statement triggers)",
+    "groups_with_head": "a submit refreshes the heads of groups without one (PostgreSQL: statement triggers)",
     "complete_final": "a final outcome (PostgreSQL: every outcome in one `complete`)",
     "complete_final_many": "a batch of final outcomes (PostgreSQL: one `complete`)",
     "complete_requeue": "an outcome that queues again (PostgreSQL: one `complete`)",
