@@ -258,6 +258,39 @@ def test_a_worker_shortens_its_chunks_near_the_end_of_grouped_work(monkeypatch):
     assert near_end and all(tail[0] < chunk for chunk, tail in near_end)
 
 
+def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
+    import corral.engine.worker as worker_module
+
+    app = corral.App("memory://")
+    worker = app.worker(4)
+    for _ in range(10):
+        worker._auto_chunk.observe(0.010)  # chunks of 100: about a second of work each
+    queued = [10**6]
+    reads: list[float] = []
+    clock = [1000.0]
+
+    def backlog(at_most):
+        reads.append(clock[0])
+        return min(at_most, queued[0])
+
+    monkeypatch.setattr(app.store, "backlog", backlog)
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    for _ in range(20):  # one second of claims, 50 ms apart, grouped work coming
+        worker._grouped_at = clock[0]
+        assert worker._tail(100) is None
+        clock[0] += 0.05
+    assert len(reads) == 4  # far from the end: every 250 ms
+    queued[0] = 100
+    reads.clear()
+    clock[0] += 0.3
+    for _ in range(20):
+        worker._grouped_at = clock[0]
+        assert worker._tail(100) is not None
+        clock[0] += 0.051
+    assert len(reads) == 20  # near it: at every claim 50 ms apart
+    app.close()
+
+
 def test_default_prefetch_is_small_and_bounded():
     assert default_prefetch(1) == 2
     assert default_prefetch(10) == 20

@@ -105,8 +105,11 @@ _STRAY_SCAN = 200
 #: Rows read per state when a drain reports what it left in the store.
 _LEFT_SCAN = 1000
 #: How often a worker reads the backlog for the chunks of the end of the
-#: queued work (a bounded count), and for how long after a grouped claim.
+#: queued work (a bounded count: 2 ms on PostgreSQL at its largest), at
+#: most how seldom while the last count reached its bound, and for how long
+#: after a grouped claim.
 TAIL_LOOK_EVERY = 0.05
+TAIL_FAR_LOOK_EVERY = 0.25
 TAIL_GROUPED_WITHIN = 1.0
 
 
@@ -762,10 +765,16 @@ class Worker:
         now = time.monotonic()
         if chunk <= 1 or self.chunk_size is not None or now - self._grouped_at > TAIL_GROUPED_WITHIN:
             return None
+        bound = tail_bound(chunk, self.concurrency)
         read_at, backlog = self._backlog
-        if now - read_at > TAIL_LOOK_EVERY:
+        every = TAIL_LOOK_EVERY
+        if backlog is not None and backlog >= bound:
+            # far from the end: look again before a quarter of the bound can
+            # have run (about a chunk's time), within these limits
+            every = min(TAIL_FAR_LOOK_EVERY, max(every, chunk * (self._auto_chunk.known() or 0.0)))
+        if now - read_at > every:
             try:
-                backlog = self.store.backlog(tail_bound(chunk, self.concurrency))
+                backlog = self.store.backlog(bound)
             except StoreError as exc:
                 log.debug("reading the backlog failed: %s", exc)
                 backlog = None
