@@ -114,6 +114,15 @@ def tail_split(chunk: int, backlog: int, slots: int) -> tuple[int, int] | None:
     return max(1, short), -(-backlog // slots)
 
 
+def line_chunk(chunk: int, line: int, tail: tuple[int, int] | None) -> int:
+    """The chunk for a group whose line holds ``line`` tasks (its head
+    included), given a claim's ``tail`` (see :func:`tail_split`): ``short``
+    for a line shorter than ``long``, else ``chunk``."""
+    if tail is not None and line < tail[1]:
+        return min(chunk, tail[0])
+    return chunk
+
+
 def tail_bound(chunk: int, slots: int) -> int:
     """How far a worker needs to count the backlog for :func:`tail_split`:
     at or beyond this many queued tasks, chunks are as usual."""

@@ -38,7 +38,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
-from corral.core.pacing import chunk_reach
+from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
@@ -392,9 +392,7 @@ class MemoryStore(Store):
                         gates.take(t.limits, t.name)
                         solo = gates.solo(t.limits, t.name)
                     members = [t]
-                    size = chunk_size
-                    if tail is not None and g is not None and len(g.ids) < tail[1]:
-                        size = min(chunk_size, tail[0])  # near the end, a group the end does not wait for
+                    size = chunk_size if g is None else line_chunk(chunk_size, len(g.ids), tail)
                     if g is not None and size > 1 and not solo:
                         # a group whose whole line fits in the reach goes in one chunk
                         reach = chunk_reach(size)

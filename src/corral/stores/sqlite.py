@@ -103,7 +103,7 @@ from corral.core.model import (
     dumps,
     loads,
 )
-from corral.core.pacing import chunk_reach
+from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition
 from corral.core.validation import retry_bounds
@@ -933,15 +933,11 @@ class SQLiteStore(SqlStore):
             members = [row]
             if row[3] is not None and chunk_size > 1 and not dry and not (g is not None and g.solo(lims, row[4])):
                 # a group whose whole line fits in the reach goes in one chunk
-                reach = chunk_reach(chunk_size)
-                size = chunk_size
-                if tail is None:
-                    line = con.execute(Q["group_followers"], (row[3], row[0], reach)).fetchall()
-                else:  # near the end: read far enough to tell a long line from a short one
-                    line = con.execute(Q["group_followers"], (row[3], row[0], max(reach, tail[1]))).fetchall()
-                    if len(line) + 1 < tail[1]:
-                        size = min(size, tail[0])
-                        reach = chunk_reach(size)
+                # (near the end, read far enough to tell a long line from a short one)
+                far = chunk_reach(chunk_size) if tail is None else max(chunk_reach(chunk_size), tail[1])
+                line = con.execute(Q["group_followers"], (row[3], row[0], far)).fetchall()
+                size = line_chunk(chunk_size, len(line) + 1, tail)
+                reach = chunk_reach(size)
                 for f in line[: size - 1] if len(line) >= reach else line:
                     if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
                         break
