@@ -678,25 +678,7 @@ class Worker:
     ) -> list[Claim]:
         """One claim, or one per lane of the policy (and with per-queue slots,
         one per queue with a slot free) until ``want`` is reached."""
-        extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
-        if prefetch:
-            extra["prefetch"] = True
-        if self.retry_share is not None and not policy.only_retries:
-            # the share bounds the retries this worker *holds*, not each claim
-            slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
-            with self._cond:
-                retries_held = self._retries_held
-                fresh_peak = self._fresh_peak.peak(time.monotonic())
-            extra["retry_share"] = self.retry_share
-            extra["retry_cap"] = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
-            if fresh_peak:
-                # fresh work came a moment ago: keep room for its next arrivals
-                room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
-                extra["retry_max"] = max(0, room - retries_held)
-            if prefetch:
-                # retries are claimed into free slots only: a retry held ahead
-                # would take a turn fresh arrivals need
-                extra["retry_cap"] = extra["retry_max"] = 0
+        extra = self._claim_extra(policy, prefetch)
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:
@@ -748,6 +730,29 @@ class Worker:
                     if extra.get(key) is not None:
                         extra[key] = max(0, extra[key] - retried)
         return claims
+
+    def _claim_extra(self, policy: DispatchPolicy, prefetch: bool) -> dict[str, Any]:
+        """The claim's options that follow from the policy and the retries held here."""
+        extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
+        if prefetch:
+            extra["prefetch"] = True
+        if self.retry_share is not None and not policy.only_retries:
+            # the share bounds the retries this worker *holds*, not each claim
+            slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
+            with self._cond:
+                retries_held = self._retries_held
+                fresh_peak = self._fresh_peak.peak(time.monotonic())
+            extra["retry_share"] = self.retry_share
+            extra["retry_cap"] = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
+            if fresh_peak:
+                # fresh work came a moment ago: keep room for its next arrivals
+                room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
+                extra["retry_max"] = max(0, room - retries_held)
+            if prefetch:
+                # retries are claimed into free slots only: a retry held ahead
+                # would take a turn fresh arrivals need
+                extra["retry_cap"] = extra["retry_max"] = 0
+        return extra
 
     @property
     def prefetch(self) -> int:
@@ -1172,6 +1177,74 @@ class Worker:
         else:
             log.error("gave up writing %d outcome(s); the sweeper will recover them", len(outcomes))
             return
+        self._applied(outcomes, applied)
+
+    def _hand_over(self, outcomes: list[Outcome], ended: list[_Unit]) -> list[Claim] | None:
+        """Write the outcomes and claim the ended units' successors in one
+        transaction: a place under a limit passes from one unit to the next
+        with no moment free, no claim of the dispatcher's and no wait for
+        the limit's lock. None when it cannot be done now (the outcomes are
+        then written as usual, and the dispatcher claims)."""
+        policy: DispatchPolicy = self._hook("dispatch")
+        if (
+            not self.store.hands_over
+            or self.queue_slots is not None
+            or policy.max_units is None
+            or policy.slots is not None
+            or policy.lanes is not None
+            or policy.only_retries
+            or self._stop_claiming.is_set()
+        ):
+            return None
+        ended = ended[: policy.max_units]
+        chunk = self.current_chunk_size()
+        try:
+            applied, claims = self.store.complete_and_claim(
+                outcomes,
+                [u.claim.tasks[0].limits for u in ended],
+                self.id,
+                self.queues,
+                names=frozenset(self.registry),
+                chunk_size=chunk,
+                tail=self._tail(chunk),
+                lease_seconds=self.lease_seconds,
+                **self._claim_extra(policy, False),
+            )
+        except StoreError as exc:
+            log.warning("handing %d place(s) over failed (%s); writing the outcomes alone", len(ended), exc)
+            return None
+        self._writes += 1
+        self._applied(outcomes, applied)
+        if any(c.group is not None for c in claims):
+            self._grouped_at = time.monotonic()
+        return claims
+
+    def _take_over(self, ended: list[_Unit], claims: list[Claim]) -> None:
+        """Free the ended units' slots and fill them with their successors in
+        one step, so the dispatcher never counts them free meanwhile."""
+        if claims:
+            self._hook("on_claims", self.id, claims)
+        units = [_Unit(c) for c in claims]
+        with self._cond:
+            for unit in ended:
+                with unit.lock:
+                    if unit.done:
+                        continue
+                    unit.done = True
+                    counted = not unit.slot_freed
+                if counted:
+                    self._inflight -= 1
+                    self._count(unit, -1)
+                self._units.discard(unit)
+            self._units.update(units)
+            for unit in units:
+                self._count(unit, +1)
+            self._inflight += len(units)
+            self._cond.notify_all()
+        for unit in units:
+            self._inbox.put(unit)
+
+    def _applied(self, outcomes: list[Outcome], applied: list[bool]) -> None:
         for o, ok in zip(outcomes, applied):
             if not ok:
                 log.info(
@@ -1203,8 +1276,13 @@ class Worker:
                 items.append(item)
                 waiting = waiting or isinstance(item, _Unit)
             outcomes = [x for x in items if isinstance(x, Outcome)]
-            if outcomes:
-                self._apply(outcomes)
+            ended = [x for x in items if isinstance(x, _Unit) and not x.lost]
+            successors = self._hand_over(outcomes, ended) if ended else None
+            if successors is None:
+                if outcomes:
+                    self._apply(outcomes)
+            else:
+                self._take_over(ended, successors)
             for x in items:
                 if isinstance(x, _Unit):
                     self._settle(x)

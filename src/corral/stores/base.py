@@ -437,6 +437,34 @@ class Store(abc.ABC):
         upstream ended.
         """
 
+    #: True when :meth:`complete_and_claim` writes and claims in one
+    #: transaction; a worker hands places over only to such a store (two
+    #: transactions on the completer's thread cost it more than they save).
+    hands_over: bool = False
+
+    def complete_and_claim(
+        self,
+        outcomes: Sequence[Outcome],
+        places: Sequence[Collection[str]],
+        worker_id: str,
+        queues: Collection[str],
+        **claim_options: Any,
+    ) -> tuple[list[bool], list[Claim]]:
+        """Apply ``outcomes`` and claim, in the same transaction, at most one
+        unit for each unit that ended with them (``places``: the limits each
+        ended unit named). The place an ended unit held under a capped limit
+        passes to its successor without the limit's lock: the count of
+        running units does not change, so no other claim can see it over the
+        cap. A successor may name only limits its place covers that have no
+        rate, no pause and no breaker, and only while the limit is not over
+        its cap (lowered meanwhile); anything else waits for an ordinary
+        claim. ``claim_options`` are :meth:`claim`'s.
+
+        Returns :meth:`complete`'s answer and the claims. This default
+        writes and claims one after the other."""
+        applied = self.complete(outcomes)
+        return applied, self.claim(worker_id, queues, len(places), **claim_options)
+
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         """Block up to ``timeout`` seconds, returning early when new work may
         have arrived (a submit, a completion freeing a group or limit).

@@ -611,27 +611,19 @@ class PostgresStore(SqlStore):
         # Remember what this thread has seen, so wait_for_work() returns at
         # once if a notification arrived between this claim and the wait.
         self._local.seen = self._gen
-        base = {
-            "queues": text_array(queues),
-            "all_names": names is None,
-            "names": text_array(names or ()),
-            "chunk": max(1, int(chunk_size)),
-            "reach": chunk_reach(max(1, int(chunk_size))),
-            # near the end of the queued work: lines shorter than "long" take chunks of "short"
-            "short": max(1, int(chunk_size)) if tail is None else max(1, int(tail[0])),
-            "long": 0 if tail is None else int(tail[1]),
-            "lease": float(lease_seconds),
-            "worker": worker_id,
-            "only_retries": bool(only_retries),
-            # the retry path apart: one statement still (the share is applied in it)
-            "share": None if only_retries or retry_share is None else float(retry_share),
-            # a worker's own bound on retries (what is left of its share of its slots)
-            "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
-            # and the most retries a claim takes even when fresh work runs short
-            "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
-            "solo": "{}",
-            "prefetch": bool(prefetch),
-        }
+        base = _claim_params(
+            worker_id,
+            queues,
+            names=names,
+            chunk_size=chunk_size,
+            lease_seconds=lease_seconds,
+            only_retries=only_retries,
+            retry_share=retry_share,
+            retry_cap=retry_cap,
+            retry_max=retry_max,
+            prefetch=prefetch,
+            tail=tail,
+        )
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
@@ -672,17 +664,7 @@ class PostgresStore(SqlStore):
                 return cur.fetchall()
             return self._claim_limited(conn, cur, base, max_units, limited)
 
-        rows = self._run_listening(go)
-        claims: dict[str, Claim] = {}
-        for row in rows:
-            rec = _record(row)
-            token = rec.lease_token or ""  # a claimed row always holds its lease token
-            c = claims.get(token)
-            if c is None:
-                claims[token] = Claim(token, [rec], rec.group)
-            else:
-                c.tasks.append(rec)
-        return list(claims.values())
+        return _as_claims(self._run_listening(go))
 
     def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str]) -> list[dict]:
         """Claim while holding the advisory locks of the gates (limits and
@@ -790,45 +772,69 @@ class PostgresStore(SqlStore):
         outcomes = list(outcomes)
         if not outcomes:
             return []
-        for o in outcomes:
-            check_transition(State.RUNNING, o.status)
-        params = {
-            "ids": int_array(o.task_id for o in outcomes),
-            "rows": json.dumps(
-                [
-                    (
-                        o.task_id,
-                        o.token,
-                        o.version,
-                        State(o.status).value,
-                        o.result,
-                        o.error,
-                        o.run_at,
-                        bool(o.burn_attempt),
-                        o.started_at,
-                        o.finished_at,
-                        o.attempt,
-                        bool(o.snooze),
-                        o.pause_limits,
-                    )
-                    for o in outcomes
-                ]
-            ),
-        }
+        params = _complete_params(outcomes, hush=False)
 
         def go(conn):
             rows = conn.execute(self._q["complete"], params).fetchall()
-            settle = [outcomes[r[0] - 1].task_id for r in rows if r[1]]
-            if settle:
-                # its own statement (fresh snapshot), after the rows above
-                # committed; if it fails, sweep() settles those dependents later
-                try:
-                    self._settle(conn, settle)
-                except psycopg.Error:
-                    pass
+            self._settle_after(conn, outcomes, rows)
             return rows
 
         rows = self._run(go)
+        return self._after_complete(outcomes, rows)
+
+    hands_over = True
+
+    def complete_and_claim(
+        self,
+        outcomes: Sequence[Outcome],
+        places: Sequence[Collection[str]],
+        worker_id: str,
+        queues: Collection[str],
+        **claim_options: Any,
+    ) -> tuple[list[bool], list[Claim]]:
+        outcomes = list(outcomes)
+        if not places:
+            return self.complete(outcomes), []
+        params = _complete_params(outcomes, hush=True)
+        base = _claim_params(worker_id, queues, **claim_options)
+        kinds: dict[tuple[str, ...], int] = {}
+        for p in places:  # one claim per set of limits: a successor fits the places of its set
+            key = tuple(sorted(set(p)))
+            kinds[key] = kinds.get(key, 0) + 1
+
+        def go(conn):
+            with conn.transaction():
+                rows = conn.execute(self._q["complete"], params).fetchall() if outcomes else []
+                got: list[dict] = []
+                cur = conn.cursor(row_factory=dict_row)
+                for limits, n in sorted(kinds.items()):
+                    allowed = []
+                    if limits:
+                        allowed = [
+                            r[0] for r in conn.execute(self._q["handoff_allowed"], {"names": list(limits), "n": n})
+                        ]
+                    cur.execute(self._q["claim"], {**base, "n": n, "allowed": allowed})
+                    got += cur.fetchall()
+                if len({r["lease_token"] for r in got}) < len(places):
+                    conn.execute(self._q["wake_queues"], {"queues": base["queues"]})
+            self._settle_after(conn, outcomes, rows)
+            return rows, got
+
+        rows, got = self._run(go)
+        return self._after_complete(outcomes, rows), _as_claims(got)
+
+    def _settle_after(self, conn, outcomes: list[Outcome], rows: list) -> None:
+        """Settle the dependents of the outcomes that ended their task: in a
+        statement of its own (a fresh snapshot), after the rows committed; if
+        it fails, sweep() settles those dependents later."""
+        settle = [outcomes[r[0] - 1].task_id for r in rows if r[1]]
+        if settle:
+            try:
+                self._settle(conn, settle)
+            except psycopg.Error:
+                pass
+
+    def _after_complete(self, outcomes: list[Outcome], rows: list) -> list[bool]:
         self._feed_breakers(outcomes, rows)
         applied = {row[0] for row in rows}
         return [i + 1 in applied for i in range(len(outcomes))]
@@ -1489,3 +1495,88 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
 
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def _complete_params(outcomes: Sequence[Outcome], *, hush: bool) -> dict[str, Any]:
+    """The complete statement's parameters; ``hush``: the ended units' limit
+    places are handed over in the same transaction, so freeing them wakes no
+    worker (a group's next task still does)."""
+    for o in outcomes:
+        check_transition(State.RUNNING, o.status)
+    return {
+        "hush": hush,
+        "ids": int_array(o.task_id for o in outcomes),
+        "rows": json.dumps(
+            [
+                (
+                    o.task_id,
+                    o.token,
+                    o.version,
+                    State(o.status).value,
+                    o.result,
+                    o.error,
+                    o.run_at,
+                    bool(o.burn_attempt),
+                    o.started_at,
+                    o.finished_at,
+                    o.attempt,
+                    bool(o.snooze),
+                    o.pause_limits,
+                )
+                for o in outcomes
+            ]
+        ),
+    }
+
+
+def _claim_params(
+    worker_id: str,
+    queues: Collection[str],
+    *,
+    names: Collection[str] | None = None,
+    chunk_size: int = 1,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    only_retries: bool = False,
+    retry_share: float | None = None,
+    retry_cap: int | None = None,
+    retry_max: int | None = None,
+    prefetch: bool = False,
+    tail: tuple[int, int] | None = None,
+) -> dict[str, Any]:
+    """The claim statement's parameters, but for ``n`` and ``allowed``."""
+    chunk = max(1, int(chunk_size))
+    return {
+        "queues": text_array(queues),
+        "all_names": names is None,
+        "names": text_array(names or ()),
+        "chunk": chunk,
+        "reach": chunk_reach(chunk),
+        # near the end of the queued work: lines shorter than "long" take chunks of "short"
+        "short": chunk if tail is None else max(1, int(tail[0])),
+        "long": 0 if tail is None else int(tail[1]),
+        "lease": float(lease_seconds),
+        "worker": worker_id,
+        "only_retries": bool(only_retries),
+        # the retry path apart: one statement still (the share is applied in it)
+        "share": None if only_retries or retry_share is None else float(retry_share),
+        # a worker's own bound on retries (what is left of its share of its slots)
+        "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
+        # and the most retries a claim takes even when fresh work runs short
+        "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
+        "solo": "{}",
+        "prefetch": bool(prefetch),
+    }
+
+
+def _as_claims(rows: Iterable[dict]) -> list[Claim]:
+    """Claimed rows, one claim per lease token, in the rows' order."""
+    claims: dict[str, Claim] = {}
+    for row in rows:
+        rec = _record(row)
+        token = rec.lease_token or ""  # a claimed row always holds its lease token
+        c = claims.get(token)
+        if c is None:
+            claims[token] = Claim(token, [rec], rec.group)
+        else:
+            c.tasks.append(rec)
+    return list(claims.values())

@@ -764,57 +764,89 @@ class SQLiteStore(SqlStore):
                     return []
             del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
-            now = self._clock.time()
-            if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
-                # Only plain work was queued a moment ago: one statement.
-                args: tuple = (
-                    now + lease_seconds,
-                    worker_id,
-                    None if prefetch else now,
-                    queues[0],
-                    now,
-                    dumps(sorted(known)) if known is not None else None,
-                    max_units,
-                )
-                if cap is None:
-                    rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
-                else:
-                    rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
-                if rows:
-                    return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-            picked = self._pick(
-                con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
+            return self._claim_on(
+                con,
+                worker_id,
+                queues,
+                max_units,
+                known,
+                chunk_size,
+                lease_seconds,
+                only_retries,
+                cap,
+                most,
+                prefetch,
+                tail,
             )
-            local.gated_empty = not picked and local.gated
-            local.gated_seen = None
-            plain = all(m[0][3] is None and not m[0][5] for m in picked)
-            if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
-                self._plain_until = time.monotonic() + PLAIN_HINT_TTL
+
+    def _claim_on(
+        self,
+        con: sqlite3.Connection,
+        worker_id: str,
+        queues: list[str],
+        max_units: int,
+        known: set[str] | None,
+        chunk_size: int,
+        lease_seconds: float,
+        only_retries: bool,
+        cap: int | None,
+        most: int | None,
+        prefetch: bool,
+        tail: tuple[int, int] | None,
+    ) -> list[Claim]:
+        """The claim's writes on ``con``, inside the write transaction its caller holds."""
+        local = self._local
+        now = self._clock.time()
+        if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
+            # Only plain work was queued a moment ago: one statement.
+            args: tuple = (
+                now + lease_seconds,
+                worker_id,
+                None if prefetch else now,
+                queues[0],
+                now,
+                dumps(sorted(known)) if known is not None else None,
+                max_units,
+            )
+            if cap is None:
+                rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
             else:
-                self._plain_until = 0.0
-            if not picked:
-                return []
-            expires = now + lease_seconds
-            claims: list[Claim] = []
-            rows_by_claim: list[tuple[str, str | None, list]] = []
-            touched: dict[str, float] = {}
-            for members in picked:
-                token = uuid.uuid4().hex
-                cur = _task_cursor(con)
-                start = None if prefetch else now
-                rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
-                for m in members[1:]:
-                    rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
-                group = members[0][3]
-                if group is not None:
-                    touched[group] = now
-                rows_by_claim.append((token, group, rows))
-            if touched:
-                con.executemany(Q["touch_group"], list(touched.items()))
-            deps = self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows])
-            for token, group, rows in rows_by_claim:
-                if rows:
-                    claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
+                rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
+            if rows:
+                return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
+        picked = self._pick(
+            con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
+        )
+        local.gated_empty = not picked and local.gated
+        local.gated_seen = None
+        plain = all(m[0][3] is None and not m[0][5] for m in picked)
+        if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
+            self._plain_until = time.monotonic() + PLAIN_HINT_TTL
+        else:
+            self._plain_until = 0.0
+        if not picked:
+            return []
+        expires = now + lease_seconds
+        claims: list[Claim] = []
+        rows_by_claim: list[tuple[str, str | None, list]] = []
+        touched: dict[str, float] = {}
+        for members in picked:
+            token = uuid.uuid4().hex
+            cur = _task_cursor(con)
+            start = None if prefetch else now
+            rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
+            for m in members[1:]:
+                rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
+            group = members[0][3]
+            if group is not None:
+                touched[group] = now
+            rows_by_claim.append((token, group, rows))
+        if touched:
+            con.executemany(Q["touch_group"], list(touched.items()))
+        deps = self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows])
+        for token, group, rows in rows_by_claim:
+            if rows:
+                claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
         return claims
 
     def _pick(
@@ -1054,72 +1086,122 @@ class SQLiteStore(SqlStore):
             check_transition(State.RUNNING, o.status)
         if not outcomes:
             return []
+        with self._write() as con:
+            return self._complete_on(con, outcomes)
+
+    hands_over = True
+
+    def complete_and_claim(
+        self,
+        outcomes: Sequence[Outcome],
+        places: Sequence[Collection[str]],
+        worker_id: str,
+        queues: Collection[str],
+        **claim_options: Any,
+    ) -> tuple[list[bool], list[Claim]]:
+        # Under the write lock every claim counts the places itself: the
+        # successors are an ordinary claim of one unit per ended one, in the
+        # transaction that freed their places.
+        outcomes = list(outcomes)
+        for o in outcomes:
+            check_transition(State.RUNNING, o.status)
+        opts = dict(claim_options)
+        names = opts.pop("names", None)
+        known = None if names is None else set(names)
+        only_retries = bool(opts.pop("only_retries", False))
+        cap, most = retry_bounds(
+            len(places),
+            None if only_retries else opts.pop("retry_share", None),
+            opts.pop("retry_cap", None),
+            opts.pop("retry_max", None),
+        )
+        with self._write() as con:
+            applied = self._complete_on(con, outcomes) if outcomes else []
+            claims = []
+            if places and queues:
+                claims = self._claim_on(
+                    con,
+                    worker_id,
+                    sorted(set(queues)),
+                    len(places),
+                    known,
+                    opts.pop("chunk_size", 1),
+                    opts.pop("lease_seconds", DEFAULT_LEASE_SECONDS),
+                    only_retries,
+                    cap,
+                    most,
+                    bool(opts.pop("prefetch", False)),
+                    opts.pop("tail", None),
+                )
+        return applied, claims
+
+    def _complete_on(self, con: sqlite3.Connection, outcomes: list[Outcome]) -> list[bool]:
+        """The outcomes' writes on ``con``, inside the write transaction its caller holds."""
         statuses = [State(o.status) for o in outcomes]
         if (
             len(outcomes) > 1
             and all(s in FINAL for s in statuses)
             and len({o.task_id for o in outcomes}) == len(outcomes)
         ):
-            return self._complete_finals(outcomes, statuses)
+            return self._complete_finals(con, outcomes, statuses)
         applied: list[bool] = []
         ended: list[tuple[int, State]] = []
         groups: set[str] = set()
         verdicts: list[tuple[Outcome, str, str | None]] = []
-        with self._write() as con:
-            now = self._clock.time()
-            cur = con.cursor()
-            final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
-            for o, status in zip(outcomes, statuses):
-                set_error = o.error is not None or status is State.SUCCESS
-                give_back = 0 if o.burn_attempt else 1
-                if status in FINAL:
-                    rows = cur.execute(
-                        final_sql,
-                        (
-                            status.value,
-                            o.result,
-                            set_error,
-                            o.error,
-                            o.finished_at or now,
-                            o.started_at,
-                            o.attempt,
-                            give_back,
-                            o.task_id,
-                            o.token,
-                            o.version,
-                        ),
-                    ).fetchall()
-                    if rows:
-                        ended.append((o.task_id, status))
-                        if rows[0][0] is not None:
-                            groups.add(rows[0][0])
-                        verdicts.append((o, rows[0][1], rows[0][2]))
-                    applied.append(bool(rows))
-                else:  # back in the queue: the group's line is unchanged
-                    rows = cur.execute(
-                        requeue_sql,
-                        (
-                            status.value,
-                            o.result,
-                            set_error,
-                            o.error,
-                            o.run_at if o.run_at is not None else now,
-                            o.started_at,
-                            o.attempt,
-                            1 if o.snooze else give_back,
-                            1 if o.snooze else 0,
-                            o.task_id,
-                            o.token,
-                            o.version,
-                        ),
-                    ).fetchall()
-                    if rows:
-                        verdicts.append((o, rows[0][0], rows[0][1]))
-                        if o.pause_limits is not None and rows[0][1]:
-                            con.execute(Q["limit_pause"], (now + o.pause_limits, rows[0][1]))
-                    applied.append(bool(rows))
-            self._flow_after_complete(con, verdicts, now)
-            self._after_final(con, ended, now, groups)
+        now = self._clock.time()
+        cur = con.cursor()
+        final_sql, requeue_sql = Q["complete_final"], Q["complete_requeue"]
+        for o, status in zip(outcomes, statuses):
+            set_error = o.error is not None or status is State.SUCCESS
+            give_back = 0 if o.burn_attempt else 1
+            if status in FINAL:
+                rows = cur.execute(
+                    final_sql,
+                    (
+                        status.value,
+                        o.result,
+                        set_error,
+                        o.error,
+                        o.finished_at or now,
+                        o.started_at,
+                        o.attempt,
+                        give_back,
+                        o.task_id,
+                        o.token,
+                        o.version,
+                    ),
+                ).fetchall()
+                if rows:
+                    ended.append((o.task_id, status))
+                    if rows[0][0] is not None:
+                        groups.add(rows[0][0])
+                    verdicts.append((o, rows[0][1], rows[0][2]))
+                applied.append(bool(rows))
+            else:  # back in the queue: the group's line is unchanged
+                rows = cur.execute(
+                    requeue_sql,
+                    (
+                        status.value,
+                        o.result,
+                        set_error,
+                        o.error,
+                        o.run_at if o.run_at is not None else now,
+                        o.started_at,
+                        o.attempt,
+                        1 if o.snooze else give_back,
+                        1 if o.snooze else 0,
+                        o.task_id,
+                        o.token,
+                        o.version,
+                    ),
+                ).fetchall()
+                if rows:
+                    verdicts.append((o, rows[0][0], rows[0][1]))
+                    if o.pause_limits is not None and rows[0][1]:
+                        con.execute(Q["limit_pause"], (now + o.pause_limits, rows[0][1]))
+                applied.append(bool(rows))
+        self._flow_after_complete(con, verdicts, now)
+        self._after_final(con, ended, now, groups)
         return applied
 
     def _flow_after_complete(self, con: sqlite3.Connection, verdicts: list[tuple[Outcome, str, str | None]], now):
@@ -1138,35 +1220,34 @@ class SQLiteStore(SqlStore):
         if any(ev.after != "CLOSED" for ev in events):
             self._plain_until = 0.0
 
-    def _complete_finals(self, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
+    def _complete_finals(self, con: sqlite3.Connection, outcomes: list[Outcome], statuses: list[State]) -> list[bool]:
         """A batch of final outcomes of distinct tasks: one UPDATE for all."""
-        with self._write() as con:
-            now = self._clock.time()
-            rows = dumps(
+        now = self._clock.time()
+        rows = dumps(
+            [
                 [
-                    [
-                        o.task_id,
-                        o.token,
-                        o.version,
-                        s.value,
-                        o.result,
-                        o.error is not None or s is State.SUCCESS,
-                        o.error,
-                        o.finished_at or now,
-                        o.started_at,
-                        o.attempt,
-                        0 if o.burn_attempt else 1,
-                    ]
-                    for o, s in zip(outcomes, statuses)
+                    o.task_id,
+                    o.token,
+                    o.version,
+                    s.value,
+                    o.result,
+                    o.error is not None or s is State.SUCCESS,
+                    o.error,
+                    o.finished_at or now,
+                    o.started_at,
+                    o.attempt,
+                    0 if o.burn_attempt else 1,
                 ]
-            )
-            got = con.execute(Q["complete_final_many"], (rows,)).fetchall()
-            done = {r[0]: r[1] for r in got}
-            status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
-            ended = [(tid, status_of[tid]) for tid in done]
-            by_id = {o.task_id: o for o in outcomes}
-            self._flow_after_complete(con, [(by_id[r[0]], r[2], r[3]) for r in got], now)
-            self._after_final(con, ended, now, {g for g in done.values() if g is not None})
+                for o, s in zip(outcomes, statuses)
+            ]
+        )
+        got = con.execute(Q["complete_final_many"], (rows,)).fetchall()
+        done = {r[0]: r[1] for r in got}
+        status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
+        ended = [(tid, status_of[tid]) for tid in done]
+        by_id = {o.task_id: o for o in outcomes}
+        self._flow_after_complete(con, [(by_id[r[0]], r[2], r[3]) for r in got], now)
+        self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:

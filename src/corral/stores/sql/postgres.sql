@@ -596,6 +596,23 @@ SELECT EXISTS (
 -- name: limit_lock
 SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]) AS n ORDER BY n;
 
+-- name: handoff_allowed
+-- Of the capped limits %(names)s an ended unit held a place of, those that
+-- may pass it to a successor without their lock: no rate (a claim charges a
+-- token), no pause, no breaker (its outcomes are counted after this), and
+-- %(n)s places free once the ended units' outcomes are written (not over a
+-- cap lowered meanwhile).
+SELECT l.name FROM corral_limits l
+WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate IS NULL
+  AND coalesce(l.paused_until, 0) <= extract(epoch FROM now())::float8
+  AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = l.name)
+  AND l.concurrency - (SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
+                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)) >= %(n)s;
+
+-- name: wake_queues
+-- A place handed over found no successor: wake the workers of these queues.
+SELECT pg_notify('corral_work', q || ':g') FROM unnest(%(queues)s::text[]) AS q;
+
 -- name: limit_free
 SELECT l.name, l.concurrency - (
     SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
@@ -931,12 +948,14 @@ note AS (
     -- and due now (a retry after a backoff is found by the workers' polls;
     -- waking every worker for it only has them claim nothing), or the last
     -- running task of a claim under a group or a limit finished (its group's
-    -- next task and its limit slot are free now). The subquery reads the
-    -- rows as they were before this statement.
+    -- next task and its limit slot are free now; with %(hush)s its limit
+    -- slot passes to a successor in this transaction, and only its group's
+    -- next task is news). The subquery reads the rows as they were before
+    -- this statement.
     SELECT pg_notify('corral_work', q.queue || ':g')
     FROM (SELECT DISTINCT u.queue FROM upd u
           WHERE (u.status IN ('PENDING', 'RETRYING') AND u.run_at <= (SELECT now FROM clk))
-             OR ((u.group_key IS NOT NULL OR cardinality(u.limits) > 0)
+             OR ((u.group_key IS NOT NULL OR (cardinality(u.limits) > 0 AND NOT %(hush)s::bool))
                  AND NOT EXISTS (
                      SELECT 1 FROM corral_tasks r
                      WHERE r.lease_token = u.token AND r.status = 'RUNNING'

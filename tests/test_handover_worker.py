@@ -1,0 +1,93 @@
+"""A worker hands a limit's place from a unit that ended to its successor
+in the transaction that writes the outcomes (durable stores): the limit is
+never exceeded, group order holds, and a stopping worker takes nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import corral
+from corral import State
+from helpers import wait_for
+
+
+class _HandOverLog:
+    """Wraps a store's complete_and_claim to count the successors it brought."""
+
+    def __init__(self, store):
+        self.successors = 0
+        self._inner = store.complete_and_claim
+        store.complete_and_claim = self
+
+    def __call__(self, *args, **kwargs):
+        applied, claims = self._inner(*args, **kwargs)
+        self.successors += len(claims)
+        return applied, claims
+
+
+def test_places_pass_from_unit_to_unit_within_the_limit_and_group_order(url):
+    app = corral.App(url)
+    app.limit("downstream", concurrency=2)
+    lock = threading.Lock()
+    state = {"running": 0, "peak": 0}
+    seen: dict[str, list[int]] = {}
+
+    @app.task(limits=["downstream"])
+    def call(group, i):
+        with lock:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+            seen.setdefault(group, []).append(i)
+        threading.Event().wait(0.002)  # the downstream call
+        with lock:
+            state["running"] -= 1
+
+    for i in range(15):
+        for g in ("a", "b", "c", "d"):
+            call.submit(g, i, group=g)
+    worker = app.worker(4, chunk_size=3)
+    log = _HandOverLog(worker.store)
+    worker.start()
+    try:
+        assert worker.drain(60)
+    finally:
+        worker.stop(10)
+        app.close(10)
+    assert state["peak"] <= 2
+    assert {g: seen[g] for g in seen} == {g: list(range(15)) for g in "abcd"}
+    if worker.store.hands_over:
+        assert log.successors > 0  # the places passed over, not through the dispatcher
+    else:
+        assert log.successors == 0  # memory frees and claims as before
+
+
+def test_a_stopping_worker_hands_no_place_over(url):
+    app = corral.App(url)
+    app.limit("downstream", concurrency=1)
+    release = threading.Event()
+    ran: list[int] = []
+
+    @app.task(limits=["downstream"], retries=0)
+    def call(i):
+        ran.append(i)
+        release.wait(30)
+
+    handles = [call.submit(i) for i in range(3)]
+    worker = app.worker(2, chunk_size=1)
+    log = _HandOverLog(worker.store)
+    worker.start()
+    try:
+        wait_for(lambda: ran == [0])
+        stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
+        stopper.start()
+        wait_for(lambda: worker._stop_claiming.is_set())
+        release.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert ran == [0]
+        assert log.successors == 0
+        assert [app.get(h.id).status for h in handles] == [State.SUCCESS, State.PENDING, State.PENDING]
+        assert [app.get(h.id).attempt for h in handles[1:]] == [0, 0]
+    finally:
+        release.set()
+        app.close(10)
