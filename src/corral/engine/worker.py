@@ -808,18 +808,30 @@ class Worker:
 
     def _settle(self, unit: _Unit) -> bool:
         """Mark a unit's slot free exactly once."""
-        with unit.lock:
-            if unit.done:
-                return False
-            unit.done = True
-            counted = not unit.slot_freed
+        counted = self._end(unit)
+        if counted is None:
+            return False
         with self._cond:
-            if counted:
-                self._inflight -= 1
-                self._count(unit, -1)
-            self._units.discard(unit)
+            self._forget(unit, counted)
             self._cond.notify_all()
         return True
+
+    @staticmethod
+    def _end(unit: _Unit) -> bool | None:
+        """Mark a unit done exactly once: whether its slot still counts in
+        flight, or None if it was done already."""
+        with unit.lock:
+            if unit.done:
+                return None
+            unit.done = True
+            return not unit.slot_freed
+
+    def _forget(self, unit: _Unit, counted: bool) -> None:
+        """Take a unit that ended out of the counts (lock held)."""
+        if counted:
+            self._inflight -= 1
+            self._count(unit, -1)
+        self._units.discard(unit)
 
     # ---- slots ---------------------------------------------------------------
     def _slot_loop(self) -> None:
@@ -1225,17 +1237,11 @@ class Worker:
         if claims:
             self._hook("on_claims", self.id, claims)
         units = [_Unit(c) for c in claims]
+        ends = [(unit, self._end(unit)) for unit in ended]
         with self._cond:
-            for unit in ended:
-                with unit.lock:
-                    if unit.done:
-                        continue
-                    unit.done = True
-                    counted = not unit.slot_freed
-                if counted:
-                    self._inflight -= 1
-                    self._count(unit, -1)
-                self._units.discard(unit)
+            for unit, counted in ends:
+                if counted is not None:
+                    self._forget(unit, counted)
             self._units.update(units)
             for unit in units:
                 self._count(unit, +1)
