@@ -755,7 +755,7 @@ class SQLiteStore(SqlStore):
                 if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
                     return []
                 look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, most)
-                if not self._pick(*look, prefetch, dry=True):
+                if not self._pick(*look, prefetch, dry=True)[0]:
                     # a gate that opens with time (a rate, a pause, a breaker's
                     # cool-down) changes nothing in the store: look each time
                     timed = self._gate_wake is not None
@@ -814,10 +814,10 @@ class SQLiteStore(SqlStore):
                 rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
             if rows:
                 return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
-        picked = self._pick(
+        picked, gated = self._pick(
             con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
         )
-        local.gated_empty = not picked and local.gated
+        local.gated_empty = not picked and gated
         local.gated_seen = None
         plain = all(m[0][3] is None and not m[0][5] for m in picked)
         if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
@@ -864,8 +864,10 @@ class SQLiteStore(SqlStore):
         *,
         dry=False,
         tail: tuple[int, int] | None = None,
-    ) -> list[list[tuple]]:
-        """Choose the claims (lists of candidate rows) by the claim rules.
+    ) -> tuple[list[list[tuple]], bool]:
+        """Choose the claims (lists of candidate rows) by the claim rules, and
+        say whether a gate (a limit, a rate, a breaker) stood in the way of
+        a candidate.
 
         It writes only the token buckets and breakers the gates changed, and
         nothing when ``dry`` (a read-only look). With a retry ``cap``, the
@@ -1024,13 +1026,12 @@ class SQLiteStore(SqlStore):
             for c in cursors:
                 c.close()
         self._note_gate_wait(gates.wait if gates is not None else None)
-        self._local.gated = gates is not None
         if gates is not None and not dry:
             for name, b in gates.bucket_writes().items():
                 con.execute(Q["limit_charge"], (b.tokens, b.at, name))
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
-        return picked
+        return picked, gates is not None
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
