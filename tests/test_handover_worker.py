@@ -91,3 +91,31 @@ def test_a_stopping_worker_hands_no_place_over(url):
     finally:
         release.set()
         app.close(10)
+
+
+def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(url):
+    app = corral.App(url)
+    app.limit("api", concurrency=1)
+    lock = threading.Lock()
+    order: list[str] = []
+
+    @app.task(limits=["api"])
+    def call(queue):
+        with lock:
+            order.append(queue)
+        threading.Event().wait(0.002)  # the call under the limit
+
+    for _ in range(50):
+        call.submit("a", queue="a")
+        call.submit("b", queue="b")
+    workers = [app.worker(2, queues=[q]).start() for q in ("a", "b")]
+    try:
+        wait_for(lambda: len(order) == 100, timeout=60)
+    finally:
+        for w in workers:
+            w.stop(10)
+        app.close(10)
+    longest = max(len(run) for run in "".join(order).replace("ab", "a b").replace("ba", "b a").split())
+    # one worker handing its place on to its own queue would run all 50 of
+    # its tasks in a row while the other's, submitted as early, waited
+    assert longest < 25, "".join(order)

@@ -460,10 +460,15 @@ class Store(abc.ABC):
         its cap (lowered meanwhile); anything else waits for an ordinary
         claim. ``claim_options`` are :meth:`claim`'s.
 
+        A place passes over only when the first work waiting under each of
+        its limits is work of ``queues`` (and of the task names claimed);
+        otherwise it is freed for every worker, so a worker of other queues
+        under the same limit is not shut out.
+
         Returns :meth:`complete`'s answer and the claims. This default
-        writes and claims one after the other."""
-        applied = self.complete(outcomes)
-        return applied, self.claim(worker_id, queues, len(places), **claim_options)
+        hands nothing over: it writes the outcomes, and their places are
+        free for the next claim of any worker."""
+        return self.complete(outcomes), []
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         """Block up to ``timeout`` seconds, returning early when new work may

@@ -806,16 +806,28 @@ class PostgresStore(SqlStore):
             with conn.transaction():
                 rows = conn.execute(self._q["complete"], params).fetchall() if outcomes else []
                 got: list[dict] = []
+                left_free = False  # a place not passed over: the workers must hear of it
                 cur = conn.cursor(row_factory=dict_row)
                 for limits, n in sorted(kinds.items()):
                     allowed = []
                     if limits:
                         allowed = [
-                            r[0] for r in conn.execute(self._q["handoff_allowed"], {"names": list(limits), "n": n})
+                            r[0]
+                            for r in conn.execute(
+                                self._q["handoff_allowed"],
+                                {
+                                    "names": list(limits),
+                                    "n": n,
+                                    "queues": base["queues"],
+                                    "all_names": base["all_names"],
+                                    "task_names": base["names"],
+                                },
+                            )
                         ]
+                    left_free = left_free or len(allowed) < len(limits)
                     cur.execute(self._q["claim"], {**base, "n": n, "allowed": allowed})
                     got += cur.fetchall()
-                if len({r["lease_token"] for r in got}) < len(places):
+                if left_free or len({r["lease_token"] for r in got}) < len(places):
                     conn.execute(self._q["wake_queues"], {"queues": base["queues"]})
             self._settle_after(conn, outcomes, rows)
             return rows, got

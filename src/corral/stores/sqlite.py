@@ -1102,7 +1102,8 @@ class SQLiteStore(SqlStore):
     ) -> tuple[list[bool], list[Claim]]:
         # Under the write lock every claim counts the places itself: the
         # successors are an ordinary claim of one unit per ended one, in the
-        # transaction that freed their places.
+        # transaction that freed their places; none at all when the first
+        # work waiting under one of their limits is another worker's.
         outcomes = list(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
@@ -1119,7 +1120,7 @@ class SQLiteStore(SqlStore):
         with self._write() as con:
             applied = self._complete_on(con, outcomes) if outcomes else []
             claims = []
-            if places and queues:
+            if places and queues and self._ours_first(con, places, queues, known):
                 claims = self._claim_on(
                     con,
                     worker_id,
@@ -1135,6 +1136,21 @@ class SQLiteStore(SqlStore):
                     opts.pop("tail", None),
                 )
         return applied, claims
+
+    def _ours_first(
+        self,
+        con: sqlite3.Connection,
+        places: Sequence[Collection[str]],
+        queues: Collection[str],
+        known: set[str] | None,
+    ) -> bool:
+        """Is the first work waiting under each limit of ``places`` work of these queues and names?"""
+        now = self._clock.time()
+        for name in sorted({n for p in places for n in p}):
+            row = con.execute(Q["first_waiter"], (now, name)).fetchone()
+            if row is not None and (row[0] not in queues or (known is not None and row[1] not in known)):
+                return False
+        return True
 
     def _complete_on(self, con: sqlite3.Connection, outcomes: list[Outcome]) -> list[bool]:
         """The outcomes' writes on ``con``, inside the write transaction its caller holds."""

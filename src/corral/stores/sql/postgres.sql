@@ -599,15 +599,22 @@ SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]
 -- name: handoff_allowed
 -- Of the capped limits %(names)s an ended unit held a place of, those that
 -- may pass it to a successor without their lock: no rate (a claim charges a
--- token), no pause, no breaker (its outcomes are counted after this), and
--- %(n)s places free once the ended units' outcomes are written (not over a
--- cap lowered meanwhile).
+-- token), no pause, no breaker (its outcomes are counted after this), %(n)s
+-- places free once the ended units' outcomes are written (not over a cap
+-- lowered meanwhile), and the first work waiting under the limit is work of
+-- this worker's queues and tasks: otherwise the place is freed for every
+-- worker, so one that runs other queues under the same limit is not shut out.
 SELECT l.name FROM corral_limits l
 WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate IS NULL
   AND coalesce(l.paused_until, 0) <= extract(epoch FROM now())::float8
   AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = l.name)
   AND l.concurrency - (SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
-                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)) >= %(n)s;
+                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)) >= %(n)s
+  AND coalesce((SELECT w.queue = ANY(%(queues)s::text[]) AND (%(all_names)s::bool OR w.name = ANY(%(task_names)s::text[]))
+                FROM corral_tasks w
+                WHERE w.status IN ('PENDING', 'RETRYING') AND cardinality(w.limits) > 0
+                  AND l.name = ANY(w.limits) AND w.run_at <= extract(epoch FROM now())::float8
+                ORDER BY w.priority DESC, w.run_at, w.id LIMIT 1), true);
 
 -- name: wake_queues
 -- A place handed over found no successor: wake the workers of these queues.

@@ -1113,3 +1113,13 @@ DELETE FROM schedule_ticks WHERE schedule = ? AND tick < ?
 -- name: schedule_ticks
 SELECT schedule, tick, outcome, task_id, at FROM schedule_ticks
 WHERE schedule = ? ORDER BY tick DESC LIMIT ?
+
+-- name: first_waiter
+-- The queue and task name of the first work waiting under limit ?: a place
+-- of it passes from an ended unit to its successor only when that work is
+-- the handing worker's, so a worker of other queues under the same limit is
+-- not shut out.
+SELECT queue, name FROM tasks INDEXED BY tasks_queued_run_at
+WHERE status IN ('PENDING', 'RETRYING') AND limits IS NOT NULL AND run_at <= ?
+  AND EXISTS (SELECT 1 FROM json_each(tasks.limits) WHERE value = ?)
+ORDER BY run_at, id LIMIT 1;
