@@ -486,9 +486,11 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
                 assert "60" in defs[name] and "DESC" not in defs[name], defs[name]  # the ageing rank
             assert "corral_tasks_ready_free" not in defs  # one index per claim path, by exact status
             dashboard = "SELECT count(*) FROM pg_indexes WHERE indexname IN ("
-            dashboard += "'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_all',"
+            dashboard += "'corral_tasks_finished', 'corral_tasks_trace', 'corral_tasks_group_done',"
             dashboard += " 'corral_tasks_batch_status')"
             assert conn.execute(dashboard).fetchone()[0] == 4
+            gone = "SELECT count(*) FROM pg_indexes WHERE indexname = 'corral_tasks_group_all'"
+            assert conn.execute(gone).fetchone()[0] == 0  # every grouped task's index (versions 14-21)
             tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral_%'")}
             assert {"corral_breakers", "corral_breaker_events", "corral_fleet", "corral_events"} <= tables
             assert {"corral_schedules", "corral_schedule_ticks"} <= tables

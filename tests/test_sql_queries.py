@@ -84,6 +84,7 @@ POSTGRES_ONLY = {
     "migration_0019": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0020": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0021": "PostgreSQL autovacuum settings for the task table (SQLite has no autovacuum of dead rows)",
+    "migration_0022": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0016": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0013": "numbered migrations (SQLite: one idempotent `schema`)",
     "batch_lock_unsettled": "a batch's settle row locked (SQLite: one writer at a time)",

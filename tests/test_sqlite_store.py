@@ -209,8 +209,9 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     assert {"tasks_ready_plain_rank", "tasks_retry_ready_rank"} <= indexes  # claim order with ageing
     assert not {"tasks_ready", "tasks_retry_ready", "tasks_ready_rank"} & indexes  # strict priority, gone
     assert con.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'tasks_event_%'").fetchone()[0] == 3
-    dashboard = {"tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"}
-    assert dashboard <= {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    dashboard = {"tasks_finished", "tasks_trace", "tasks_group_done", "tasks_batch_status"}
+    assert dashboard <= indexes
+    assert "tasks_group_all" not in indexes  # every grouped task's index (versions 14-21): gone
     columns = {r[1] for r in con.execute("PRAGMA table_info(tasks)")}
     assert {"snoozes", "ref", "on_upstream_failure"} <= columns
     columns = {r[1] for r in con.execute("PRAGMA table_info(named_limits)")}
@@ -262,9 +263,12 @@ def test_an_older_file_gains_both_flow_control_schemas(tmp_path, version):
     for trigger in ("tasks_event_insert", "tasks_event_status", "tasks_event_progress", "breaker_event_stream"):
         con.execute(f"DROP TRIGGER {trigger}")  # the event stream came in version 9
     con.execute("DROP VIEW events_read")
+    con.execute("DROP INDEX tasks_group_done")  # versions before 22 had none
     if version < 14:
-        for index in ("tasks_finished", "tasks_trace", "tasks_group_all", "tasks_batch_status"):
+        for index in ("tasks_finished", "tasks_trace", "tasks_batch_status"):
             con.execute(f"DROP INDEX {index}")
+    else:  # versions 14-21 indexed every grouped task
+        con.execute("CREATE INDEX tasks_group_all ON tasks (group_key) WHERE group_key IS NOT NULL")
     if version < 5:
         con.executescript("DROP TABLE fleet_control; DROP TABLE events; DROP INDEX tasks_dead;")
     else:  # the events table as version 5 made it

@@ -196,3 +196,30 @@ def test_batch_summary_empty(store):
     assert s.total == 0
     assert s.status == "EMPTY"
     assert s.avg_duration is None and s.last_finished_at is None
+
+
+def test_a_search_by_group_finds_its_tasks_in_every_state_in_id_order(store):
+    ids = submit(
+        store,
+        *[new("t", group="g") for _ in range(4)],
+        new("t", group="g", halt_group_on_failure=True),
+        *[new("t", group="g") for _ in range(3)],
+    )
+    outcomes = [State.SUCCESS, State.FAILED, State.CANCELED, State.TIMEOUT, State.FAILED]  # the fifth halts the line
+    for status in outcomes:
+        (c,) = store.claim("w", ["default"], 1, names=["t"])
+        assert finish(store, c.tasks[0], status)
+    (other,) = submit(store, new("t", group="other"))
+    running = claim(store, 5)  # the halted line holds the rest back; the other group runs
+    assert claimed_ids(running) == [other]
+    states = [store.get(i).status for i in ids[:8]]
+    assert states[:5] == outcomes and states[5:] == [State.PENDING] * 3
+
+    def found(**kw):
+        return [t.id for t in store.list_tasks(TaskFilter(group="g", **kw))]
+
+    assert found() == list(reversed(ids[:8]))  # in the line and out of it, newest first
+    assert found(newest_first=False, limit=3, offset=3) == ids[3:6]  # pages across both
+    assert found(limit=2, offset=2) == [ids[5], ids[4]]
+    assert found(status=State.FAILED) == [ids[4], ids[1]]  # halted (in the line) and not
+    assert found(newest_first=False, after_id=ids[2], limit=3) == ids[3:6]

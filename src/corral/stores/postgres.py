@@ -166,7 +166,16 @@ MIGRATE_LOCK_KEY = 7429000
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
 #: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
+#: A group's tasks, as the two indexes that hold them say: in its line, or
+#: out of it (their conditions word for word, so a search by group reads
+#: them both).
+_GROUP_PARTS = (
+    "group_key IS NOT NULL AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')"
+    " OR (status = 'FAILED' AND halt_group_on_failure))",
+    "group_key IS NOT NULL AND (status IN ('SUCCESS', 'TIMEOUT', 'CANCELED')"
+    " OR (status = 'FAILED' AND NOT halt_group_on_failure))",
+)
 
 
 def text_array(items: Collection[str]) -> str:
@@ -1065,9 +1074,16 @@ class PostgresStore(SqlStore):
         if flt.after_id is not None:
             where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
             params["after_id"] = flt.after_id
-        sql = "SELECT * FROM corral_tasks"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        if flt.group is not None:
+            # every grouped task is in its line's index or in the finished
+            # ones': one arm each, merged in id order
+            sql = " UNION ALL ".join(
+                "SELECT * FROM corral_tasks WHERE " + " AND ".join([*where, part]) for part in _GROUP_PARTS
+            )
+        else:
+            sql = "SELECT * FROM corral_tasks"
+            if where:
+                sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY id {'DESC' if flt.newest_first else 'ASC'} LIMIT %(limit)s OFFSET %(offset)s"
         params["limit"] = max(0, int(flt.limit))
         params["offset"] = max(0, int(flt.offset))

@@ -139,7 +139,7 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 20: graph columns (ref, on_upstream_failure).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 21
+SCHEMA_VERSION = 22
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -150,6 +150,13 @@ PLAIN_HINT_TTL = 0.2
 EVENTS_POLL = 0.02
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
+#: A group's tasks, as the two indexes that hold them say: in its line, or
+#: out of it (their conditions word for word, so a search by group reads
+#: them both).
+_GROUP_PARTS = (
+    "(status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (status = 'FAILED' AND halt_group_on_failure = 1))",
+    "(status IN ('SUCCESS', 'TIMEOUT', 'CANCELED') OR (status = 'FAILED' AND halt_group_on_failure = 0))",
+)
 CHECKPOINT_INTERVAL = 0.2
 #: A WAL file past this size is reset (a ``TRUNCATE`` checkpoint): under
 #: steady reads and writes from several processes a ``PASSIVE`` checkpoint
@@ -1350,9 +1357,16 @@ class SQLiteStore(SqlStore):
         if flt.after_id is not None:
             where.append("id < ?" if flt.newest_first else "id > ?")
             params.append(flt.after_id)
-        sql = Q["select_tasks"]
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+        if flt.group is not None:
+            # every grouped task is in the line's index or in the finished
+            # ones': one arm each, merged in id order
+            arms = [" AND ".join([*where, part]) for part in _GROUP_PARTS]
+            sql = " UNION ALL ".join(f"{Q['select_tasks']} WHERE {arm}" for arm in arms)
+            params = params * len(arms)
+        else:
+            sql = Q["select_tasks"]
+            if where:
+                sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC" if flt.newest_first else " ORDER BY id"
         sql += " LIMIT ? OFFSET ?"
         params += [max(0, flt.limit), max(0, flt.offset)]

@@ -484,6 +484,18 @@ ALTER TABLE corral_tasks SET (
     autovacuum_analyze_scale_factor = 0.02
 );
 
+-- name: migration_0022
+-- A search by group reads a group's line (corral_tasks_group_block) and the
+-- tasks that left it (this index): between them every grouped task, each in
+-- one. The index of every grouped task took each submit's rows at as many
+-- places as the batch had groups, and every claim's and outcome's new row
+-- version again; these rows come in when a unit's tasks end, side by side.
+DROP INDEX IF EXISTS corral_tasks_group_all;
+CREATE INDEX IF NOT EXISTS corral_tasks_group_done ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL
+      AND (status IN ('SUCCESS', 'TIMEOUT', 'CANCELED')
+           OR (status = 'FAILED' AND NOT halt_group_on_failure));
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
