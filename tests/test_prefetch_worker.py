@@ -321,11 +321,18 @@ def test_a_worker_holds_more_ahead_once_its_units_prove_quick(url):
     auto.start()
     try:
         wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in handles))
-        assert auto.prefetch > default_prefetch(2)  # (how much more depends on the machine's pace)
-        assert fixed.prefetch == 3  # a prefetch given is kept
+        measured = auto._unit_time.known()
+        assert measured is not None  # the worker timed its units
+        # the prefetch follows what it measured (how much that is depends on the machine's pace)
+        assert auto.prefetch == auto_prefetch(2, measured)
     finally:
         auto.stop(10)
         app.close(10)
+    for _ in range(200):
+        fixed._unit_time.observe(0.0005)
+        auto._unit_time.observe(0.0005)
+    assert auto.prefetch > 4 * default_prefetch(2)  # units of half a millisecond: far more held ahead
+    assert fixed.prefetch == 3  # a prefetch given is kept
 
 
 def test_auto_chunk_follows_task_durations():
