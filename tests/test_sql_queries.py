@@ -61,7 +61,6 @@ POSTGRES_ONLY = {
     "limit_lock": "advisory locks serialise capped limits (SQLite: one writer at a time)",
     "limit_free": "free slots read under the limit locks",
     "handoff_allowed": "limits whose place passes to a successor without their lock (SQLite: one writer at a time)",
-    "wake_queues": "a handed-over place left free wakes the workers (SQLite polls data_version)",
     "unlimited_ready": "whether unlimited work waits while every limit is full",
     "lock_group_of": "group row lock against concurrent writers (SQLite: one writer at a time)",
     "complete": "every outcome in one statement (SQLite: `complete_final*`, `complete_requeue`)",

@@ -660,14 +660,22 @@ class Worker:
         tasks, only once between two claims into free slots."""
         return (
             self.prefetch > 0
-            and self.queue_slots is None
+            and self._unrestricted(policy)
             # while retries run here, fresh arrivals must find a free slot, not
             # a line of units held ahead (the retry path's promise)
             and self._retries_held == 0
             and self._prefetch_turn
             and time.monotonic() >= self._prefetch_after
-            and policy.slots is None
             and (policy.max_units or 0) >= self.concurrency
+        )
+
+    def _unrestricted(self, policy: DispatchPolicy) -> bool:
+        """Does nothing restrict what a claim may take now (no per-queue
+        slots, no degradation policy's slots, lanes or retries only) while
+        this worker still claims?"""
+        return (
+            self.queue_slots is None
+            and policy.slots is None
             and policy.lanes is None
             and not policy.only_retries
             and not self._stop_claiming.is_set()
@@ -1191,22 +1199,14 @@ class Worker:
             return
         self._applied(outcomes, applied)
 
-    def _hand_over(self, outcomes: list[Outcome], ended: list[_Unit]) -> list[Claim] | None:
+    def _hand_over(self, outcomes: list[Outcome], ended: list[_Unit], names: frozenset[str]) -> list[Claim] | None:
         """Write the outcomes and claim the ended units' successors in one
         transaction: a place under a limit passes from one unit to the next
         with no moment free, no claim of the dispatcher's and no wait for
         the limit's lock. None when it cannot be done now (the outcomes are
         then written as usual, and the dispatcher claims)."""
         policy: DispatchPolicy = self._hook("dispatch")
-        if (
-            not self.store.hands_over
-            or self.queue_slots is not None
-            or policy.max_units is None
-            or policy.slots is not None
-            or policy.lanes is not None
-            or policy.only_retries
-            or self._stop_claiming.is_set()
-        ):
+        if not self.store.hands_over or policy.max_units is None or not self._unrestricted(policy):
             return None
         ended = ended[: policy.max_units]
         chunk = self.current_chunk_size()
@@ -1216,7 +1216,7 @@ class Worker:
                 [u.claim.tasks[0].limits for u in ended],
                 self.id,
                 self.queues,
-                names=frozenset(self.registry),
+                names=names,
                 chunk_size=chunk,
                 tail=self._tail(chunk),
                 lease_seconds=self.lease_seconds,
@@ -1264,6 +1264,7 @@ class Worker:
     def _completer_loop(self) -> None:
         q = self._completer_q
         window = self.completer_window
+        names = frozenset(self.registry)
         while True:
             items: list[Outcome | _Unit] = [q.get()]
             # Gather for a moment: one write per batch, not per task. A unit
@@ -1283,7 +1284,7 @@ class Worker:
                 waiting = waiting or isinstance(item, _Unit)
             outcomes = [x for x in items if isinstance(x, Outcome)]
             ended = [x for x in items if isinstance(x, _Unit) and not x.lost]
-            successors = self._hand_over(outcomes, ended) if ended else None
+            successors = self._hand_over(outcomes, ended, names) if ended else None
             if successors is None:
                 if outcomes:
                     self._apply(outcomes)

@@ -837,7 +837,7 @@ class PostgresStore(SqlStore):
                     cur.execute(self._q["claim"], {**base, "n": n, "allowed": allowed})
                     got += cur.fetchall()
                 if left_free or len({r["lease_token"] for r in got}) < len(places):
-                    conn.execute(self._q["wake_queues"], {"queues": base["queues"]})
+                    conn.execute(self._q["notify"], {"queue": ""})
             self._settle_after(conn, outcomes, rows)
             return rows, got
 

@@ -81,6 +81,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -148,8 +149,6 @@ GATED_LOOK_EVERY = 0.05
 PLAIN_HINT_TTL = 0.2
 #: How often a follower of the event stream looks for new events.
 EVENTS_POLL = 0.02
-#: How often the background checkpointer copies the WAL into the database
-#: (only after this store instance wrote something).
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -157,6 +156,8 @@ _GROUP_PARTS = (
     "(status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (status = 'FAILED' AND halt_group_on_failure = 1))",
     "(status IN ('SUCCESS', 'TIMEOUT', 'CANCELED') OR (status = 'FAILED' AND halt_group_on_failure = 0))",
 )
+#: How often the background checkpointer copies the WAL into the database
+#: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
 #: A WAL file past this size is reset (a ``TRUNCATE`` checkpoint): under
 #: steady reads and writes from several processes a ``PASSIVE`` checkpoint
@@ -284,6 +285,53 @@ def _split_script(script: str) -> list[str]:
     if buf.strip() and not all(ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()):
         out.append(buf.strip())
     return out
+
+
+@dataclass(frozen=True)
+class _ClaimAsk:
+    """A claim's options as the claim reads them: queues sorted, task names
+    as a set, the retry share turned into bounds."""
+
+    queues: list[str]
+    max_units: int
+    known: set[str] | None
+    chunk_size: int
+    lease_seconds: float
+    only_retries: bool
+    cap: int | None
+    most: int | None
+    prefetch: bool
+    tail: tuple[int, int] | None
+
+    @classmethod
+    def of(
+        cls,
+        queues: Collection[str],
+        max_units: int,
+        *,
+        names: Collection[str] | None = None,
+        chunk_size: int = 1,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        only_retries: bool = False,
+        retry_share: float | None = None,
+        retry_cap: int | None = None,
+        retry_max: int | None = None,
+        prefetch: bool = False,
+        tail: tuple[int, int] | None = None,
+    ) -> _ClaimAsk:
+        cap, most = retry_bounds(max_units, None if only_retries else retry_share, retry_cap, retry_max)
+        return cls(
+            sorted(set(queues)),
+            max_units,
+            None if names is None else set(names),
+            chunk_size,
+            lease_seconds,
+            only_retries,
+            cap,
+            most,
+            prefetch,
+            tail,
+        )
 
 
 class SQLiteStore(SqlStore):
@@ -740,9 +788,20 @@ class SQLiteStore(SqlStore):
     ) -> list[Claim]:
         if max_units <= 0 or not queues:
             return []
-        known = None if names is None else set(names)
-        queues = sorted(set(queues))
-        cap, most = retry_bounds(max_units, None if only_retries else retry_share, retry_cap, retry_max)
+        ask = _ClaimAsk.of(
+            queues,
+            max_units,
+            names=names,
+            chunk_size=chunk_size,
+            lease_seconds=lease_seconds,
+            only_retries=only_retries,
+            retry_share=retry_share,
+            retry_cap=retry_cap,
+            retry_max=retry_max,
+            prefetch=prefetch,
+            tail=tail,
+        )
+        queues, known, cap = ask.queues, ask.known, ask.cap
         local = self._local
         if getattr(local, "gated_empty", False):
             # The last claim here found work only behind a full limit (or an
@@ -761,7 +820,7 @@ class SQLiteStore(SqlStore):
                 seen = (kind, *self._gated_signature(con, queues))
                 if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
                     return []
-                look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, most)
+                look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, ask.most)
                 if not self._pick(*look, prefetch, dry=True)[0]:
                     # a gate that opens with time (a rate, a pause, a breaker's
                     # cool-down) changes nothing in the store: look each time
@@ -771,37 +830,13 @@ class SQLiteStore(SqlStore):
                     return []
             del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
-            return self._claim_on(
-                con,
-                worker_id,
-                queues,
-                max_units,
-                known,
-                chunk_size,
-                lease_seconds,
-                only_retries,
-                cap,
-                most,
-                prefetch,
-                tail,
-            )
+            return self._claim_on(con, worker_id, ask)
 
-    def _claim_on(
-        self,
-        con: sqlite3.Connection,
-        worker_id: str,
-        queues: list[str],
-        max_units: int,
-        known: set[str] | None,
-        chunk_size: int,
-        lease_seconds: float,
-        only_retries: bool,
-        cap: int | None,
-        most: int | None,
-        prefetch: bool,
-        tail: tuple[int, int] | None,
-    ) -> list[Claim]:
+    def _claim_on(self, con: sqlite3.Connection, worker_id: str, ask: _ClaimAsk) -> list[Claim]:
         """The claim's writes on ``con``, inside the write transaction its caller holds."""
+        queues, max_units, known, chunk_size = ask.queues, ask.max_units, ask.known, ask.chunk_size
+        only_retries, cap, most, prefetch, tail = ask.only_retries, ask.cap, ask.most, ask.prefetch, ask.tail
+        lease_seconds = ask.lease_seconds
         local = self._local
         now = self._clock.time()
         if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
@@ -1114,48 +1149,20 @@ class SQLiteStore(SqlStore):
         outcomes = list(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
-        opts = dict(claim_options)
-        names = opts.pop("names", None)
-        known = None if names is None else set(names)
-        only_retries = bool(opts.pop("only_retries", False))
-        cap, most = retry_bounds(
-            len(places),
-            None if only_retries else opts.pop("retry_share", None),
-            opts.pop("retry_cap", None),
-            opts.pop("retry_max", None),
-        )
+        ask = _ClaimAsk.of(queues, len(places), **claim_options)
         with self._write() as con:
             applied = self._complete_on(con, outcomes) if outcomes else []
             claims = []
-            if places and queues and self._ours_first(con, places, queues, known):
-                claims = self._claim_on(
-                    con,
-                    worker_id,
-                    sorted(set(queues)),
-                    len(places),
-                    known,
-                    opts.pop("chunk_size", 1),
-                    opts.pop("lease_seconds", DEFAULT_LEASE_SECONDS),
-                    only_retries,
-                    cap,
-                    most,
-                    bool(opts.pop("prefetch", False)),
-                    opts.pop("tail", None),
-                )
+            if places and queues and self._ours_first(con, places, ask):
+                claims = self._claim_on(con, worker_id, ask)
         return applied, claims
 
-    def _ours_first(
-        self,
-        con: sqlite3.Connection,
-        places: Sequence[Collection[str]],
-        queues: Collection[str],
-        known: set[str] | None,
-    ) -> bool:
-        """Is the first work waiting under each limit of ``places`` work of these queues and names?"""
+    def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], ask: _ClaimAsk) -> bool:
+        """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""
         now = self._clock.time()
         for name in sorted({n for p in places for n in p}):
             row = con.execute(Q["first_waiter"], (now, name)).fetchone()
-            if row is not None and (row[0] not in queues or (known is not None and row[1] not in known)):
+            if row is not None and (row[0] not in ask.queues or (ask.known is not None and row[1] not in ask.known)):
                 return False
         return True
 

@@ -628,10 +628,6 @@ WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate I
                   AND l.name = ANY(w.limits) AND w.run_at <= extract(epoch FROM now())::float8
                 ORDER BY w.priority DESC, w.run_at, w.id LIMIT 1), true);
 
--- name: wake_queues
--- A place handed over found no successor: wake the workers of these queues.
-SELECT pg_notify('corral_work', q || ':g') FROM unnest(%(queues)s::text[]) AS q;
-
 -- name: limit_free
 SELECT l.name, l.concurrency - (
     SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
