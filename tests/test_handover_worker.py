@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import corral
 from corral import State
 from helpers import wait_for
@@ -93,8 +95,16 @@ def test_a_stopping_worker_hands_no_place_over(url):
         app.close(10)
 
 
-def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(url):
-    app = corral.App(url)
+@pytest.fixture(params=["sqlite", "postgres"])
+def handing_url(request) -> str:
+    """A store that hands places over. Memory hands nothing over: there the
+    two workers race for each freed place, and the rule below is not at
+    work (a race can go one way many times in a row)."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(handing_url):
+    app = corral.App(handing_url)
     app.limit("api", concurrency=1)
     lock = threading.Lock()
     order: list[str] = []
@@ -115,7 +125,9 @@ def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(url
         for w in workers:
             w.stop(10)
         app.close(10)
-    longest = max(len(run) for run in "".join(order).replace("ab", "a b").replace("ba", "b a").split())
-    # one worker handing its place on to its own queue would run all 50 of
-    # its tasks in a row while the other's, submitted as early, waited
-    assert longest < 25, "".join(order)
+    first_half = "".join(order[:50])
+    # One worker handing its place on to its own queue would run all 50 of
+    # its tasks first while the other's, submitted as early, waited. Where a
+    # place is freed, the two race for it (a race can go one way a dozen
+    # times in a row), so the bound leaves room for that.
+    assert min(first_half.count("a"), first_half.count("b")) >= 5, "".join(order)

@@ -771,10 +771,12 @@ class Worker:
             return self.prefetch_given
         return auto_prefetch(self.concurrency, self._unit_time.known())
 
-    def _tail(self, chunk: int) -> tuple[int, int] | None:
+    def _tail(self, chunk: int, *, read: bool = True) -> tuple[int, int] | None:
         """Chunks for the end of the queued work (:func:`tail_split`), for a
         worker that sizes its chunks itself and ran grouped work a moment
-        ago (plain work has no chunks: no count is read for it)."""
+        ago (plain work has no chunks: no count is read for it). With
+        ``read`` false the last count stands, however old: a handover must
+        not wait for a count (see :meth:`_completer_loop`)."""
         now = time.monotonic()
         if chunk <= 1 or self.chunk_size is not None or now - self._grouped_at > TAIL_GROUPED_WITHIN:
             return None
@@ -785,7 +787,7 @@ class Worker:
             # far from the end: look again before a quarter of the bound can
             # have run (about a chunk's time), within these limits
             every = min(TAIL_FAR_LOOK_EVERY, max(every, chunk * (self._auto_chunk.known() or 0.0)))
-        if now - read_at > every:
+        if read and now - read_at > every:
             try:
                 backlog = self.store.backlog(bound)
             except StoreError as exc:
@@ -1218,7 +1220,7 @@ class Worker:
                 self.queues,
                 names=names,
                 chunk_size=chunk,
-                tail=self._tail(chunk),
+                tail=self._tail(chunk, read=False),
                 lease_seconds=self.lease_seconds,
                 **self._claim_extra(policy, False),
             )
@@ -1290,6 +1292,10 @@ class Worker:
                     self._apply(outcomes)
             else:
                 self._take_over(ended, successors)
+                # the count the handover used, read again if it is due: after
+                # the places passed over, not while they waited (a count is
+                # a few milliseconds on PostgreSQL)
+                self._tail(self.current_chunk_size())
             for x in items:
                 if isinstance(x, _Unit):
                     self._settle(x)
