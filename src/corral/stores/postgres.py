@@ -658,7 +658,8 @@ class PostgresStore(SqlStore):
                 # no unit naming a limit: gates stay shut, nothing to lock or charge
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
-            if not self._limited_hint:
+            tried = not self._limited_hint
+            if tried:
                 # Last time no capped limit had work waiting: claim unlimited
                 # work in one round trip, and probe only if that found nothing.
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
@@ -669,6 +670,8 @@ class PostgresStore(SqlStore):
             self._limited_hint = bool(limited)
             if not limited:
                 self._note_gate_wait(None)
+                if tried:
+                    return []  # that claim was this one (work since then notifies)
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
             return self._claim_limited(conn, cur, base, max_units, limited)
