@@ -131,3 +131,39 @@ def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(han
     # place is freed, the two race for it (a race can go one way a dozen
     # times in a row), so the bound leaves room for that.
     assert min(first_half.count("a"), first_half.count("b")) >= 5, "".join(order)
+
+
+def test_a_handover_does_not_wait_for_a_count_of_the_queued_work(handing_url):
+    """The count that sizes the end's chunks is read after the places have
+    passed over, never between a unit's end and its successor's claim."""
+    app = corral.App(handing_url)
+    app.limit("downstream", concurrency=4)
+
+    @app.task(limits=["downstream"])
+    def call(i):
+        threading.Event().wait(0.002)
+
+    app.submit_many(call, [{"args": (i,), "group": f"g{i % 20}"} for i in range(600)])
+    worker = app.worker(4)
+    store = worker.store
+    calls: list[str] = []
+    for name in ("backlog", "complete", "complete_and_claim"):
+        inner = getattr(store, name)
+
+        def traced(*args, _inner=inner, _name=name, **kwargs):
+            if threading.current_thread().name == "corral-completer":
+                calls.append(_name)
+            return _inner(*args, **kwargs)
+
+        setattr(store, name, traced)
+    worker.start()
+    try:
+        assert worker.drain(60)
+    finally:
+        worker.stop(10)
+        app.close(10)
+    assert "backlog" in calls and "complete_and_claim" in calls
+    # Every count the completer read came right after a handover, never
+    # between other writes and a handover (that is, while units waited).
+    assert "complete" in calls
+    assert all(calls[i - 1] == "complete_and_claim" for i, c in enumerate(calls) if c == "backlog")

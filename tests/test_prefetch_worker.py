@@ -291,6 +291,33 @@ def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
     app.close()
 
 
+def test_a_handover_uses_the_last_count_and_never_waits_for_one(monkeypatch):
+    import corral.engine.worker as worker_module
+
+    app = corral.App("memory://")
+    worker = app.worker(4)
+    for _ in range(10):
+        worker._auto_chunk.observe(0.010)
+    reads: list[float] = []
+    clock = [1000.0]
+
+    def backlog(at_most):
+        reads.append(clock[0])
+        return 100  # near the end: short chunks
+
+    monkeypatch.setattr(app.store, "backlog", backlog)
+    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    worker._grouped_at = clock[0]
+    assert worker._tail(100, read=False) is None  # nothing counted yet: chunks as usual
+    assert reads == []
+    assert worker._tail(100) is not None  # the completer's read, after a handover
+    clock[0] += 10.0  # long past due
+    worker._grouped_at = clock[0]
+    assert worker._tail(100, read=False) == worker_module.tail_split(100, 100, 4)
+    assert len(reads) == 1  # the handover read nothing
+    app.close()
+
+
 def test_default_prefetch_is_small_and_bounded():
     assert default_prefetch(1) == 2
     assert default_prefetch(10) == 20
