@@ -27,6 +27,16 @@ class _HandOverLog:
         return applied, claims
 
 
+def _run_to_the_end(app, worker) -> None:
+    """Start ``worker``, let it run every task, then stop it and close ``app``."""
+    worker.start()
+    try:
+        assert worker.drain(60)
+    finally:
+        worker.stop(10)
+        app.close(10)
+
+
 def test_places_pass_from_unit_to_unit_within_the_limit_and_group_order(url):
     app = corral.App(url)
     app.limit("downstream", concurrency=2)
@@ -49,12 +59,7 @@ def test_places_pass_from_unit_to_unit_within_the_limit_and_group_order(url):
             call.submit(g, i, group=g)
     worker = app.worker(4, chunk_size=3)
     log = _HandOverLog(worker.store)
-    worker.start()
-    try:
-        assert worker.drain(60)
-    finally:
-        worker.stop(10)
-        app.close(10)
+    _run_to_the_end(app, worker)
     assert state["peak"] <= 2
     assert {g: seen[g] for g in seen} == {g: list(range(15)) for g in "abcd"}
     if worker.store.hands_over:
@@ -156,12 +161,7 @@ def test_a_handover_does_not_wait_for_a_count_of_the_queued_work(handing_url):
             return _inner(*args, **kwargs)
 
         setattr(store, name, traced)
-    worker.start()
-    try:
-        assert worker.drain(60)
-    finally:
-        worker.stop(10)
-        app.close(10)
+    _run_to_the_end(app, worker)
     assert "backlog" in calls and "complete_and_claim" in calls
     # Every count the completer read came right after a handover, never
     # between other writes and a handover (that is, while units waited).
