@@ -167,3 +167,45 @@ def test_a_handover_does_not_wait_for_a_count_of_the_queued_work(handing_url):
     # between other writes and a handover (that is, while units waited).
     assert "complete" in calls
     assert all(calls[i - 1] == "complete_and_claim" for i, c in enumerate(calls) if c == "backlog")
+
+
+def test_places_a_handover_cannot_fill_wake_the_other_workers(pg_url):
+    """Under a level that halves the claim size, units that end together
+    free more places than one claim may fill: the places left over are
+    announced to every worker, not kept quiet until their next poll.
+    (PostgreSQL: SQLite's waiting workers see every commit.)"""
+    apps = [corral.App(pg_url) for _ in range(2)]
+    release, hold = threading.Event(), threading.Event()
+    started: list[str] = []
+    for app in apps:
+        app.limit("api", concurrency=2)
+
+        @app.task(name="call", limits=["api"])
+        def call(tag):
+            started.append(tag)
+            (hold if tag == "a3" else release).wait(30)
+
+    apps[0].set_level("WARNING", reason="test")  # a claim takes half the slots: one here
+    for tag in ("a1", "a2", "a3"):
+        apps[0].submit("call", args=(tag,), queue="a")
+    apps[0].submit("call", args=("b",), queue="b")
+    a = apps[0].worker(2, queues=["a"])
+    b = apps[1].worker(1, queues=["b"], poll_interval=60)  # no poll within the test
+    waits = []
+    inner = b.store.wait_for_work
+    b.store.wait_for_work = lambda *args, **kwargs: waits.append(1) or inner(*args, **kwargs)
+    a.start()
+    try:
+        wait_for(lambda: sorted(started) == ["a1", "a2"], timeout=30)
+        b.start()
+        # b found the limit full and waits (its first wait only starts listening)
+        wait_for(lambda: len(waits) >= 2, timeout=30)
+        release.set()  # a1 and a2 end together; a3 takes one place and keeps it
+        wait_for(lambda: "b" in started, timeout=20)
+    finally:
+        hold.set()
+        release.set()
+        for w in (a, b):
+            w.stop(10)
+        for app in apps:
+            app.close(10)

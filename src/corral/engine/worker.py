@@ -1206,11 +1206,17 @@ class Worker:
         transaction: a place under a limit passes from one unit to the next
         with no moment free, no claim of the dispatcher's and no wait for
         the limit's lock. None when it cannot be done now (the outcomes are
-        then written as usual, and the dispatcher claims)."""
+        then written as usual, and the dispatcher claims): also when more
+        units ended than one claim may take (a level that shrinks claims), as
+        the places left over must be announced to every worker."""
         policy: DispatchPolicy = self._hook("dispatch")
-        if not self.store.hands_over or policy.max_units is None or not self._unrestricted(policy):
+        if (
+            not self.store.hands_over
+            or policy.max_units is None
+            or len(ended) > policy.max_units
+            or not self._unrestricted(policy)
+        ):
             return None
-        ended = ended[: policy.max_units]
         chunk = self.current_chunk_size()
         try:
             applied, claims = self.store.complete_and_claim(
