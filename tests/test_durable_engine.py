@@ -92,6 +92,36 @@ def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(url)
         app.close(10)
 
 
+def test_an_idle_worker_stops_without_waiting_out_its_poll_interval(url):
+    """A long poll interval (a listening PostgreSQL worker needs few polls)
+    must not hold up a stop: the dispatcher's wait for work ends at once."""
+    app = corral.App(url)
+    app.task(lambda: None, name="step")
+    worker = app.worker(2, poll_interval=60)
+    waits = {"in": 0, "out": 0}
+    inner = worker.store.wait_for_work
+
+    def wait_for_work(timeout, *args, **kwargs):
+        waits["in"] += timeout >= 60
+        try:
+            return inner(timeout, *args, **kwargs)
+        finally:
+            waits["out"] += timeout >= 60
+
+    worker.store.wait_for_work = wait_for_work
+    worker.start()
+    try:
+        # the dispatcher found nothing and waits (a first wait on PostgreSQL
+        # only starts listening)
+        done = 1 if url.startswith("postgresql") else 0
+        wait_for(lambda: waits["in"] - waits["out"] == 1 and waits["out"] >= done, timeout=30)
+        stopped = threading.Event()
+        threading.Thread(target=lambda: worker.stop(5) and stopped.set(), daemon=True).start()
+        assert stopped.wait(20), "stop waited for the poll interval"
+    finally:
+        app.close(10)
+
+
 def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
 
     app = corral.App(url)

@@ -410,6 +410,7 @@ class Worker:
         (by then a worker process that exits has ended the thread)."""
         self.handed_back = 0
         self._stop_claiming.set()
+        self.store.wake_waiters()  # an idle dispatcher stops now, not after its poll interval
         if self._periodic is not None:
             self._periodic.stop()
         with self._cond:

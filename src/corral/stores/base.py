@@ -481,6 +481,11 @@ class Store(abc.ABC):
 
         time.sleep(timeout)
 
+    def wake_waiters(self) -> None:
+        """End this store's waits in :meth:`wait_for_work` now (each caller
+        then claims once): a stopping worker must not wait out its poll
+        interval. This default has no wait to end."""
+
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
         """Record progress of a RUNNING task (guarded by its lease token)."""
         raise NotImplementedError

@@ -536,6 +536,11 @@ class MemoryStore(Store):
             seen = self._changes
             self._wake.wait_for(lambda: self._changes != seen, self._gate_timeout(timeout))
 
+    def wake_waiters(self) -> None:
+        with self._lock:
+            self._changes += 1
+            self._wake.notify_all()
+
     def set_progress(self, task_id, token, fraction, message) -> bool:
         with self._lock:
             t = self._tasks.get(task_id)

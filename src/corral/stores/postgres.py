@@ -132,6 +132,8 @@ POLL_WITHOUT_LISTEN = 0.05
 #: How long the first LISTEN waits for its own test notification before the
 #: store concludes that notifications do not reach it.
 LISTEN_CHECK_SECONDS = 2.0
+#: the longest slice of a wait on the listening connection (how soon wake_waiters() ends it)
+WAKE_SLICE = 0.1
 
 log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
@@ -344,6 +346,7 @@ class PostgresStore(SqlStore):
         # LISTEN/NOTIFY: one listener thread per store instance, started lazily.
         self._cond = threading.Condition()
         self._gen = 0
+        self._wakes = 0  # wake_waiters() calls: a change ends the listening thread's wait
         self._listen_lock = threading.Lock()  # held by the thread using the listening connection
         self._listen_conn: Any = None
         self._local = threading.local()
@@ -928,6 +931,10 @@ class PostgresStore(SqlStore):
     # queue for the pool behind the completer. A
     # second thread of the process that waits meanwhile is woken through
     # _cond by the one listening, or by its own timeout.
+    def wake_waiters(self) -> None:
+        self._wakes += 1
+        self._bump()
+
     def _bump(self) -> None:
         with self._cond:
             self._gen += 1
@@ -995,11 +1002,18 @@ class PostgresStore(SqlStore):
                 woken = True  # work may have come before we listened: look now
             else:
                 # notifications that came while no thread waited here are kept
-                # by the connection and returned at once
-                for note in self._listen_conn.notifies(timeout=max(0.0, timeout), stop_after=1):
-                    if note.payload.endswith(":g"):
-                        self._plain_until = 0.0
-                    woken = True
+                # by the connection and returned at once; the wait goes in
+                # slices, so wake_waiters() ends it within one
+                wakes = self._wakes
+                deadline = time.monotonic() + max(0.0, timeout)
+                while not woken and self._wakes == wakes:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    for note in self._listen_conn.notifies(timeout=min(left, WAKE_SLICE), stop_after=1):
+                        if note.payload.endswith(":g"):
+                            self._plain_until = 0.0
+                        woken = True
         except psycopg.Error:
             self._drop_listen_conn()
             woken = None

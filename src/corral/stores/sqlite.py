@@ -342,6 +342,7 @@ class SQLiteStore(SqlStore):
     def __init__(self, url: str, *, clock: Clock = SYSTEM_CLOCK):
         self.url = url
         self._clock = clock
+        self._wakes = 0  # wake_waiters() calls: a change ends every wait_for_work()
         self.path, options = parse_url(url)
         sync = options.get("synchronous", "NORMAL").upper()
         if sync not in _SYNCHRONOUS:
@@ -1281,6 +1282,9 @@ class SQLiteStore(SqlStore):
         self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
+    def wake_waiters(self) -> None:
+        self._wakes += 1  # each waiting loop looks every millisecond
+
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         """Return when another connection (any process) commits, or after ``timeout``.
 
@@ -1291,6 +1295,7 @@ class SQLiteStore(SqlStore):
         of the claims that do find work. Gates are not looked at: a task a
         limit holds back still wakes (the claim decides, as before)."""
         deadline = time.monotonic() + self._gate_timeout(max(0.0, timeout))
+        wakes = self._wakes
         try:
             con = self._con()
             pragma = "PRAGMA data_version"
@@ -1301,7 +1306,7 @@ class SQLiteStore(SqlStore):
                 seen = con.execute(pragma).fetchone()[0]
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._wakes != wakes:
                     return
                 time.sleep(min(0.001, remaining))
                 version = con.execute(pragma).fetchone()[0]
