@@ -440,11 +440,9 @@ class PostgresStore(SqlStore):
         if self._closed:
             return
         self._closed = True
-        with self._cond:
-            self._gen += 1
-            self._cond.notify_all()
+        self.wake_waiters()
         # a dispatcher may still wait on the listening connection: it returns
-        # within its timeout and finds the store closed
+        # within a slice of its wait and finds the store closed
         got = self._listen_lock.acquire(timeout=2)
         try:
             self._drop_listen_conn()
