@@ -484,7 +484,7 @@ class Store(abc.ABC):
     def wake_waiters(self) -> None:
         """End this store's waits in :meth:`wait_for_work` now (each caller
         then claims once): a stopping worker must not wait out its poll
-        interval. This default has no wait to end."""
+        interval. This default cannot: its wait is a plain sleep."""
 
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
         """Record progress of a RUNNING task (guarded by its lease token)."""
