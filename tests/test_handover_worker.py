@@ -192,8 +192,11 @@ def test_places_a_handover_cannot_fill_wake_the_other_workers(pg_url):
     a = apps[0].worker(2, queues=["a"])
     b = apps[1].worker(1, queues=["b"], poll_interval=60)  # no poll within the test
     waits = []
+    # an idle dispatcher waits in wait_offering (PostgreSQL's does not go through wait_for_work)
     inner = b.store.wait_for_work
     b.store.wait_for_work = lambda *args, **kwargs: waits.append(1) or inner(*args, **kwargs)
+    offering = b.store.wait_offering
+    b.store.wait_offering = lambda *args, **kwargs: waits.append(1) or offering(*args, **kwargs)
     a.start()
     try:
         wait_for(lambda: sorted(started) == ["a1", "a2"], timeout=30)

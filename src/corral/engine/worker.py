@@ -68,7 +68,7 @@ from corral.errors import (
     StoreError,
     WorkerFailed,
 )
-from corral.stores.base import Store
+from corral.stores.base import Offer, Store
 
 log = logging.getLogger("corral.worker")
 #: The level of the line a finished attempt writes.
@@ -626,9 +626,11 @@ class Worker:
                     # there is not news to the store, so look again soon
                     with self._cond:
                         self._cond.wait(min(self._idle_wait(), 0.05))
-                else:
-                    self.store.wait_for_work(self._idle_wait(), self.queues)
-                continue
+                    continue
+                claims = self._wait_for_work(policy, want, names)
+                if not claims:
+                    continue
+                ahead = True  # handed over in a submit: no start recorded, as for a prefetch
             self._hook("on_claims", self.id, claims)
             units = [_Unit(c, prefetched=ahead) for c in claims]
             with self._cond:
@@ -642,6 +644,23 @@ class Worker:
             for unit in units:
                 self._inbox.put(unit)  # a unit handed back is skipped by its slot
             time.sleep(0)  # let the woken slots take the GIL before the next claim
+
+    def _wait_for_work(self, policy: DispatchPolicy, free: int, names: frozenset[str]) -> list[Claim]:
+        """Wait for work. With nothing restricting what this worker takes,
+        its ``free`` slots are offered meanwhile: a store that can hands a
+        new plain task over in the submit's own commit (one commit, not a
+        submit's and a claim's), and those tasks come back here, counted in
+        flight."""
+        timeout = self._idle_wait()
+        if policy.lanes is not None or policy.only_retries or self.queue_slots is not None or self._draining:
+            self.store.wait_for_work(timeout, self.queues)
+            return []
+        offer = Offer(self.id, tuple(self.queues), names, free, self.lease_seconds)
+        claims = self.store.wait_offering(timeout, self.queues, offer)
+        if claims:
+            with self._cond:
+                self._inflight += len(claims)
+        return claims
 
     def _count(self, unit: _Unit, step: int) -> None:
         """Keep the per-queue and retry counts of units in flight (lock held)."""

@@ -88,6 +88,21 @@ def check_bound(counts: dict[str, int], adding: int, max_queued: int | None) -> 
         raise QueueFull(f"queue bound reached: {queued} queued, {adding} more asked, bound {max_queued}")
 
 
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """An idle worker's free slots, offered while it waits for work: a store
+    that supports it may hand a new plain task (no group, no limit, due now)
+    straight to the worker in the submit's own commit, instead of the worker
+    claiming it in a second one."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+    #: the task names the worker can run (None: any)
+    names: frozenset[str] | None
+    slots: int
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+
+
 @dataclass(slots=True)
 class HeartbeatReply:
     lost_tokens: set[str] = field(default_factory=set)  # leases this worker no longer holds
@@ -480,6 +495,16 @@ class Store(abc.ABC):
         import time
 
         time.sleep(timeout)
+
+    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
+        """:meth:`wait_for_work`, with ``offer`` open meanwhile: returns the
+        tasks a submit handed to the worker during the wait, claimed for it
+        like a prefetch (RUNNING under a new lease, no start recorded), or []
+        when the wait ended otherwise. Withdrawn before this returns, so
+        nothing is handed to a worker that is not waiting. This default
+        offers nothing."""
+        self.wait_for_work(timeout, queues)
+        return []
 
     def wake_waiters(self) -> None:
         """End this store's waits in :meth:`wait_for_work` now (each caller

@@ -87,6 +87,7 @@ from corral.stores.base import (
     FleetLevel,
     GroupLine,
     HeartbeatReply,
+    Offer,
     Rescue,
     SweepRow,
     check_bound,
@@ -134,12 +135,14 @@ POLL_WITHOUT_LISTEN = 0.05
 LISTEN_CHECK_SECONDS = 2.0
 #: the longest slice of a wait on the listening connection (how soon wake_waiters() ends it)
 WAKE_SLICE = 0.1
+#: An offer outlives the wait it was made for by this long, at most.
+OFFER_GRACE = 1.0
 
 log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
 EVENTS_CHANNEL = "corral_events"
 #: A follower reads again after this long without a notification: claims and
-#: completions notify no one (see migration_0016).
+#: completions notify no one (see migration_0023).
 EVENTS_POLL = 0.1
 #: Missing ids a reader keeps asking for (rolled-back event writes leave
 #: some for good, until the transactions of their time have ended).
@@ -168,7 +171,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
 #: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 24
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -350,6 +353,8 @@ class PostgresStore(SqlStore):
         self._listen_lock = threading.Lock()  # held by the thread using the listening connection
         self._listen_conn: Any = None
         self._local = threading.local()
+        # where a submit tells this store's waiting worker it handed it a task
+        self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
         self._events_lock = threading.Lock()  # held by the thread following the event stream
         self._events_conn: Any = None
 
@@ -474,11 +479,14 @@ class PostgresStore(SqlStore):
             return self._end_plain_hint(tasks, self._run(graph))
         plan = _SubmitPlan(tasks)
 
+        # one plain task due now may go straight to a waiting worker's offer
+        offer = len(plan.rows) == 1 and max_queued is None and _plain_now(plan.rows[0])
+
         def go(conn):
             # Without dependencies the insert is one atomic statement; with
             # them, the dependency rows are locked first in the same transaction.
             with conn.transaction() if plan.all_deps or max_queued is not None else _nothing():
-                return self._submit_on(conn, plan, max_queued)
+                return self._submit_on(conn, plan, max_queued, offer=offer)
 
         return self._end_plain_hint(tasks, plan.results(self._run(go)))
 
@@ -511,8 +519,9 @@ class PostgresStore(SqlStore):
                 out[i] = r
         return out  # type: ignore[return-value]
 
-    def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None) -> tuple:
-        """The submit's statements on ``conn``, inside whatever transaction it is in."""
+    def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None, *, offer: bool = False) -> tuple:
+        """The submit's statements on ``conn``, inside whatever transaction it
+        is in; with ``offer``, its one task may go to a waiting worker."""
         rows = plan.rows
         if max_queued is not None:
             # one bounded submit at a time: the count and the insert are one step
@@ -532,7 +541,7 @@ class PostgresStore(SqlStore):
             status, error = dag.initial_state([(d, states[d]) for d in t.depends_on], t.on_upstream_failure)
             status_col.append(status.value)
             error_col.append(error)
-        params = {"rows": _submit_rows(rows, status_col, error_col)}
+        params = _submit_params(rows, status_col, error_col, offer=offer)
         inserted = conn.execute(self._q["submit"], params).fetchall()
         by_key = {k: i for i, k, _ in inserted if k is not None}
         new_ids = [i for i, _, _ in inserted]
@@ -968,8 +977,17 @@ class PostgresStore(SqlStore):
         return self._run(fn)
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
+        self._wait(timeout, None)
+
+    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
+        return _as_claims(self._wait(timeout, offer))
+
+    def _wait(self, timeout: float, offer: Offer | None) -> list[dict]:
+        """The wait for work; the thread waiting on the listening connection
+        opens ``offer`` for the wait and returns the rows of the tasks handed
+        over under it (other threads offer nothing)."""
         if self._closed:
-            return
+            return []
         timeout = self._gate_timeout(timeout)
         seen = getattr(self._local, "seen", None)
         if not self._listen_lock.acquire(blocking=False):
@@ -983,8 +1001,10 @@ class PostgresStore(SqlStore):
                         break
                     self._cond.wait(left)
                 self._local.seen = self._gen
-            return
+            return []
         woken: bool | None = False
+        offered: str | None = None  # the worker whose offer is open
+        given: list[dict] = []
         try:
             if not self._listening:
                 woken = None
@@ -1004,29 +1024,65 @@ class PostgresStore(SqlStore):
                 # slices, so wake_waiters() ends it within one
                 wakes = self._wakes
                 deadline = time.monotonic() + max(0.0, timeout)
+                if offer is not None and offer.slots > 0 and timeout > 0:
+                    offered = offer.worker_id
+                    self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout))
                 while not woken and self._wakes == wakes:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     for note in self._listen_conn.notifies(timeout=min(left, WAKE_SLICE), stop_after=1):
-                        if note.payload.endswith(":g"):
+                        if note.channel == CHANNEL and note.payload.endswith(":g"):
                             self._plain_until = 0.0
                         woken = True
+                if offered is not None:
+                    given = self._withdraw(self._listen_conn, offered)
+                    offered = None
         except psycopg.Error:
             self._drop_listen_conn()
             woken = None
         finally:
             self._listen_lock.release()
-        if woken is None:
+            if offered is not None:  # the listening connection broke meanwhile
+                try:
+                    given = self._run(lambda conn: self._withdraw(conn, offered))
+                except StoreError:
+                    pass  # the server is away: the offer expires, its tasks' leases too
+        if woken is None and not given:
             # not listening (poll briefly), or the server is away (poll meanwhile);
             # close() ends the wait
             with self._cond:
                 if not self._closed:
                     self._cond.wait(min(max(0.0, timeout), 0.2 if self._listening else POLL_WITHOUT_LISTEN))
-            return
+            return given
         if woken:
             self._bump()
         self._local.seen = self._gen
+        return given
+
+    def _offer_params(self, offer: Offer, timeout: float) -> dict[str, Any]:
+        return {
+            "worker": offer.worker_id,
+            "channel": self._offer_channel,
+            "queues": text_array(offer.queues),
+            "all_names": offer.names is None,
+            "names": text_array(offer.names or ()),
+            "free": int(offer.slots),
+            "lease": float(offer.lease_seconds),
+            # a worker that died waiting is handed nothing for long (what it
+            # was handed comes back when its lease ends)
+            "ttl": timeout + OFFER_GRACE,
+        }
+
+    def _withdraw(self, conn, worker_id: str) -> list[dict]:
+        cur = conn.cursor(row_factory=dict_row)
+        rows = cur.execute(self._q["offer_withdraw"], {"worker": worker_id}).fetchall()
+        given = set(rows[0]["offer_given"]) if rows else set()
+        found = [r for r in rows if r.pop("offer_given") is not None and r["id"] is not None]
+        missing = given - {r["id"] for r in found}
+        if missing:
+            found += cur.execute(self._q["offer_given"], {"ids": sorted(missing), "worker": worker_id}).fetchall()
+        return found
 
     def _start_listening(self, conn) -> str | None:
         """LISTEN on ``conn`` and check that a notification sent from another
@@ -1035,6 +1091,7 @@ class PostgresStore(SqlStore):
         to another client at once, so nothing would ever wake this store."""
         try:
             conn.execute(f"LISTEN {CHANNEL}")
+            conn.execute(f"LISTEN {self._offer_channel}")
             probe = f"corral_check_{uuid.uuid4().hex[:16]}"
             conn.execute(f"LISTEN {probe}")
         except psycopg.OperationalError as exc:
@@ -1441,8 +1498,8 @@ class PostgresStore(SqlStore):
                     return TickResult(TAKEN)
                 task_id = None
                 if outcome == ENQUEUED:
-                    rows = _submit_rows([schedule.new_task(tick)], [State.PENDING.value], [None])
-                    task_id = conn.execute(self._q["submit"], {"rows": rows}).fetchone()[0]
+                    new = _submit_params([schedule.new_task(tick)], [State.PENDING.value], [None])
+                    task_id = conn.execute(self._q["submit"], new).fetchone()[0]
                     conn.execute(self._q["tick_set_task"], dict(params, task_id=task_id))
                 conn.execute(self._q["schedule_ticked"], dict(params, outcome=outcome, task_id=task_id))
                 conn.execute(self._q["trim_ticks"], {"name": name, "before": tick - TICKS_KEPT_SECONDS})
@@ -1534,6 +1591,25 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
             for t, st, err in zip(rows, status, error)
         ]
     )
+
+
+def _submit_params(
+    rows: Sequence[NewTask], status: list[str], error: list[str | None], *, offer: bool = False
+) -> dict[str, Any]:
+    """The submit statement's parameters; with ``offer``, its one row may go
+    to a waiting worker's offer."""
+    return {
+        "rows": _submit_rows(rows, status, error),
+        "offer": offer,
+        "offer_queue": rows[0].queue,
+        "offer_name": rows[0].name,
+    }
+
+
+def _plain_now(t: NewTask) -> bool:
+    """A task a waiting worker could be handed in its submit: queued at once,
+    in no group, under no limit, with nothing to wait for."""
+    return t.group is None and not t.limits and not t.depends_on and not t.after and t.run_at is None
 
 
 def new_token() -> str:

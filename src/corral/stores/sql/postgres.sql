@@ -300,7 +300,7 @@ CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DE
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS on_upstream_failure text NOT NULL DEFAULT 'cancel';
 
--- name: migration_0016
+-- name: migration_0023
 -- The event stream. Task events are written by statement triggers in the
 -- statement that changed the tasks (one multi-row insert per claim or batch of
 -- completions; every path is covered, a rolled-back write leaves no event).
@@ -325,13 +325,25 @@ BEGIN
         RETURN NULL;  -- the group-head refresh's own updates change no state
     END IF;
     IF TG_OP = 'INSERT' THEN
+        -- a task handed to a waiting worker in its submit is inserted RUNNING:
+        -- it was queued and started, as a claimed one is
         INSERT INTO corral_events (at, kind, subject, data)
-        SELECT extract(epoch FROM now())::float8, 'submitted', 'task:' || n.id,
-               json_build_object(
-                   'id', n.id, 'name', n.name, 'queue', n.queue, 'status', n.status, 'from', NULL,
-                   'attempt', n.attempt, 'group', n.group_key, 'batch', n.batch, 'trace_id', n.trace_id,
-                   'error', left(n.error, 500))::text
-        FROM new_rows n WHERE n.status <> 'SUCCESS' ORDER BY n.id;
+        SELECT extract(epoch FROM now())::float8, e.kind, 'task:' || e.id, e.data FROM (
+            SELECT n.id, 0 AS step, 'submitted' AS kind,
+                   json_build_object(
+                       'id', n.id, 'name', n.name, 'queue', n.queue,
+                       'status', CASE WHEN n.status = 'RUNNING' THEN 'PENDING' ELSE n.status END, 'from', NULL,
+                       'attempt', n.attempt, 'group', n.group_key, 'batch', n.batch, 'trace_id', n.trace_id,
+                       'error', left(n.error, 500))::text AS data
+            FROM new_rows n WHERE n.status <> 'SUCCESS'
+            UNION ALL
+            SELECT n.id, 1, 'started',
+                   json_build_object(
+                       'id', n.id, 'name', n.name, 'queue', n.queue, 'status', n.status, 'from', 'PENDING',
+                       'attempt', n.attempt, 'group', n.group_key, 'batch', n.batch, 'trace_id', n.trace_id,
+                       'error', NULL)::text
+            FROM new_rows n WHERE n.status = 'RUNNING'
+        ) e ORDER BY e.id, e.step;
     ELSE
         INSERT INTO corral_events (at, kind, subject, data)
         SELECT extract(epoch FROM now())::float8,
@@ -496,6 +508,56 @@ CREATE INDEX IF NOT EXISTS corral_tasks_group_done ON corral_tasks (group_key, i
       AND (status IN ('SUCCESS', 'TIMEOUT', 'CANCELED')
            OR (status = 'FAILED' AND NOT halt_group_on_failure));
 
+-- name: migration_0024
+-- Offers: an idle worker's free slots while it waits for work on its
+-- listening connection. A submit of one plain task (no group, no limit, due
+-- now) takes an offer that fits and inserts the task already RUNNING under
+-- the worker's new lease, with no start recorded (as a prefetch claim): one
+-- durable commit instead of a submit's and a claim's. The worker withdraws
+-- its offer when its wait ends and picks up the tasks it was given. Unlogged:
+-- an offer lives for one wait, and writing one waits for no WAL flush.
+CREATE UNLOGGED TABLE IF NOT EXISTS corral_offers (
+    worker_id  text PRIMARY KEY,
+    channel    text NOT NULL,
+    queues     text[] NOT NULL,
+    all_names  boolean NOT NULL,
+    names      text[] NOT NULL,
+    free       integer NOT NULL,
+    lease      float8 NOT NULL,
+    made_at    float8 NOT NULL,
+    expires_at float8 NOT NULL,
+    given      bigint[] NOT NULL DEFAULT '{}'
+);
+
+-- name: offer
+-- Open (or renew) a waiting worker's offer; tasks given and not yet picked
+-- up stay given.
+INSERT INTO corral_offers AS o (worker_id, channel, queues, all_names, names, free, lease, made_at, expires_at)
+SELECT %(worker)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
+       %(lease)s, c.now, c.now + %(ttl)s::float8
+FROM (SELECT extract(epoch FROM now())::float8 AS now) c
+ON CONFLICT (worker_id) DO UPDATE
+SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.all_names,
+    names = excluded.names, free = excluded.free - cardinality(o.given), lease = excluded.lease,
+    made_at = excluded.made_at, expires_at = excluded.expires_at;
+
+-- name: offer_withdraw
+-- End the offer (waiting for a submit that is handing a task over under it
+-- right now) and read the tasks given under it: the ids given, with one row
+-- per task found. A task canceled meanwhile is not RUNNING any more and is
+-- left out; one whose submit committed after this statement's snapshot
+-- (the one it waited for) is read again by offer_given.
+WITH gone AS (DELETE FROM corral_offers WHERE worker_id = %(worker)s RETURNING given)
+SELECT g.given AS offer_given, t.*
+FROM gone g LEFT JOIN corral_tasks t
+  ON t.id = ANY(g.given) AND t.worker_id = %(worker)s AND (t.status || '') = 'RUNNING'
+ORDER BY t.id;
+
+-- name: offer_given
+SELECT * FROM corral_tasks
+WHERE id = ANY(%(ids)s::bigint[]) AND worker_id = %(worker)s AND (status || '') = 'RUNNING'
+ORDER BY id;
+
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8;
 
@@ -513,7 +575,10 @@ RETURNING t.id, t.status;
 
 -- name: submit
 -- The new rows arrive as one JSON array (cheap to send: one parameter, no
--- per-column array encoding); their order is kept.
+-- per-column array encoding); their order is kept. With %(offer)s (one plain
+-- task, due now) the task goes to a waiting worker's offer when one fits:
+-- inserted RUNNING under the worker's new lease, no start recorded, and the
+-- worker is told on its own channel instead of every worker on corral_work.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 src AS (
     SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
@@ -523,12 +588,25 @@ src AS (
     WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
                          grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, ord)
 ),
+offer AS MATERIALIZED (
+    SELECT o.worker_id, o.channel, o.lease, replace(gen_random_uuid()::text, '-', '') AS token
+    FROM corral_offers o, clk
+    WHERE %(offer)s::bool AND o.free > 0 AND o.expires_at > clk.now
+      AND %(offer_queue)s::text = ANY(o.queues)
+      AND (o.all_names OR %(offer_name)s::text = ANY(o.names))
+      AND NOT EXISTS (SELECT 1 FROM corral_breakers b
+                      WHERE b.name = %(offer_name)s::text AND b.state_name <> 'CLOSED')
+    ORDER BY o.made_at, o.worker_id
+    LIMIT 1
+    FOR UPDATE OF o SKIP LOCKED
+),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
                               group_key, batch, idem_key, trace_id, limits, depends_on,
                               halt_group_on_failure, created_at, run_at, error, finished_at,
-                              ref, on_upstream_failure)
-    SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
+                              ref, on_upstream_failure, lease_token, lease_expires_at, worker_id)
+    SELECT s.name, s.args, CASE WHEN f.worker_id IS NULL THEN s.status ELSE 'RUNNING' END,
+           s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
                 ELSE ARRAY(SELECT json_array_elements_text(s.limits)) END,
@@ -536,11 +614,12 @@ ins AS (
                 ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
            CASE WHEN s.status IN ('FAILED', 'CANCELED') THEN clk.now END,
-           s.ref, coalesce(s.policy, 'cancel')
-    FROM src s, clk
+           s.ref, coalesce(s.policy, 'cancel'),
+           f.token, clk.now + f.lease, f.worker_id
+    FROM src s CROSS JOIN clk LEFT JOIN offer f ON s.status = 'PENDING'
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING id, idem_key, depends_on, group_key, queue, status, limits
+    RETURNING id, idem_key, depends_on, group_key, queue, status, limits, worker_id
 ),
 edges AS (
     INSERT INTO corral_deps (task_id, dep_id)
@@ -552,6 +631,13 @@ grps AS (
     SELECT DISTINCT group_key FROM ins WHERE group_key IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
+took AS (
+    UPDATE corral_offers o SET free = o.free - 1, given = o.given || i.id
+    FROM ins i WHERE i.status = 'RUNNING' AND o.worker_id = i.worker_id
+),
+handed AS (
+    SELECT pg_notify(f.channel, f.worker_id) FROM offer f, ins i WHERE i.status = 'RUNNING'
+),
 note AS (
     -- payload "queue" or "queue:g" when the new work is grouped or limited
     -- (workers then leave their fast path for plain tasks)
@@ -559,7 +645,8 @@ note AS (
     FROM (SELECT queue, bool_or(group_key IS NOT NULL OR cardinality(limits) > 0) AS special
           FROM ins WHERE status = 'PENDING' GROUP BY queue) q
 )
-SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY id;
+SELECT id, idem_key, (SELECT count(*) FROM note) + (SELECT count(*) FROM handed) AS notified
+FROM ins ORDER BY id;
 
 -- name: ids_by_key
 SELECT idem_key, id FROM corral_tasks WHERE idem_key = ANY(%(keys)s::text[]);

@@ -1,0 +1,205 @@
+"""A waiting worker's offer on PostgreSQL: a submit of one plain task due
+now hands it to an idle worker in the submit's own commit (RUNNING under the
+worker's lease, no start recorded, as a prefetch), and nothing else is ever
+handed over: not grouped, limited, delayed or batched work, not a task the
+worker cannot run, not past the slots offered, not after the wait ended. A
+task handed to a worker that died comes back with its attempts intact."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import psycopg
+import pytest
+
+import corral
+from corral import State
+from corral.maintenance.recovery import sweep_once
+from corral.stores.base import Offer
+from helpers import wait_for
+
+
+def _offers(url: str) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute("SELECT worker_id, free, given FROM corral_offers ORDER BY worker_id").fetchall()
+
+
+class _Waiter:
+    """A thread in ``store.wait_offering``; ``got`` holds what it returned."""
+
+    def __init__(self, app: corral.App, url: str, offer: Offer, timeout: float = 60):
+        self.got: list | None = None
+        self._thread = threading.Thread(target=self._run, args=(app.store, offer, timeout), daemon=True)
+        # the first wait on a store only starts listening: wait until the offer is open
+        app.store.wait_for_work(0.01)
+        self._thread.start()
+        wait_for(lambda: any(row[0] == offer.worker_id for row in _offers(url)), message="the offer is open")
+
+    def _run(self, store, offer, timeout):
+        self.got = store.wait_offering(timeout, offer.queues, offer)
+
+    def result(self, store) -> list:
+        store.wake_waiters()
+        self._thread.join(10)
+        assert not self._thread.is_alive()
+        assert self.got is not None
+        return self.got
+
+
+def test_a_plain_task_is_handed_to_the_waiting_worker_in_its_submit(pg_url):
+    app = corral.App(pg_url)
+
+    @app.task()
+    def job(i):
+        return i
+
+    waiter = _Waiter(app, pg_url, Offer("w-1", ("default",), frozenset({job.name}), 2, 30.0))
+    h = job.submit(7)
+    # handed over by the submit's own commit: no claim came between
+    rec = app.get(h.id)
+    assert rec.status is State.RUNNING and rec.worker_id == "w-1"
+    assert rec.attempt == 0 and rec.started_at is None
+    wait_for(lambda: waiter.got is not None, message="the wait ends with the task")
+    claims = waiter.got
+    assert [c.tasks[0].id for c in claims] == [h.id]
+    assert claims[0].token == rec.lease_token
+    assert _offers(pg_url) == []  # withdrawn when the wait ended
+    kinds = [(json.loads(e.data)["status"], e.kind) for e in app.store.events(limit=50) if e.subject == f"task:{h.id}"]
+    assert sorted(kinds) == sorted([("PENDING", "submitted"), ("RUNNING", "started")])
+    app.close(5)
+
+
+def test_only_plain_work_due_now_and_within_the_offer_is_handed_over(pg_url):
+    app = corral.App(pg_url)
+    app.limit("api", concurrency=5)
+
+    @app.task()
+    def job(i):
+        return i
+
+    @app.task(limits=["api"])
+    def limited(i):
+        return i
+
+    @app.task()
+    def other(i):
+        return i
+
+    offer = Offer("w-1", ("default",), frozenset({job.name, limited.name}), 1, 30.0)
+    for submit in (
+        lambda: [job.submit(1, group="g")],
+        lambda: [limited.submit(2)],
+        lambda: [job.submit(3, delay=60)],
+        lambda: [job.submit(4, queue="elsewhere")],
+        lambda: [other.submit(5)],  # a task the worker cannot run
+        lambda: job.submit_many([(6,), (7,)]),  # more than one task in a submit
+    ):
+        waiter = _Waiter(app, pg_url, offer)
+        kept = submit()
+        assert waiter.result(app.store) == []
+        for h in kept:
+            rec = app.get(h.id)
+            assert rec.status is not State.RUNNING and rec.worker_id is None, rec
+    waiter = _Waiter(app, pg_url, offer)
+    handed = job.submit(8)
+    past = job.submit(9)  # the offer had one slot
+    got = waiter.result(app.store)
+    assert [c.tasks[0].id for c in got] == [handed.id]
+    assert app.get(handed.id).status is State.RUNNING
+    assert app.get(past.id).status is State.PENDING and app.get(past.id).worker_id is None
+    after = job.submit(10)  # the wait ended: nothing is handed over
+    assert app.get(after.id).status is State.PENDING
+    app.close(5)
+
+
+def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url):
+    app = corral.App(pg_url)
+
+    @app.task()
+    def job(i):
+        return i
+
+    # a worker that offered and died before withdrawing (its lease is short)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            app.store._q["offer"],
+            {
+                "worker": "gone",
+                "channel": "corral_offer_nobody",
+                "queues": "{default}",
+                "all_names": True,
+                "names": "{}",
+                "free": 1,
+                "lease": 0.2,
+                "ttl": 60.0,
+            },
+        )
+    h = job.submit(1)
+    assert app.get(h.id).worker_id == "gone"
+    wait_for(lambda: h.id in sweep_once(app.store).lost_leases_retried, timeout=20)
+    rec = app.get(h.id)
+    assert rec.status is State.PENDING and rec.attempt == 0
+    worker = app.worker(1).start()
+    wait_for(lambda: app.get(h.id).status is State.SUCCESS)
+    assert app.get(h.id).attempt == 1
+    worker.stop(10)
+    app.close(5)
+
+
+def test_an_idle_worker_runs_a_task_handed_over_in_its_submit(pg_url):
+    app = corral.App(pg_url)
+
+    @app.task()
+    def job(i):
+        return i * 2
+
+    worker = app.worker(2, poll_interval=60).start()
+    try:
+        wait_for(lambda: [r[0] for r in _offers(pg_url)] == [worker.id], message="the idle worker offers its slots")
+        h = job.submit(21)
+        rec = app.get(h.id)
+        assert rec.status in (State.RUNNING, State.SUCCESS) and rec.worker_id == worker.id
+        wait_for(lambda: app.get(h.id).status is State.SUCCESS, timeout=20)
+        done = app.get(h.id)
+        assert done.attempt == 1 and done.started_at is not None and h.result(timeout=5) == 42
+    finally:
+        worker.stop(10)
+    assert _offers(pg_url) == []
+    app.close(5)
+
+
+def test_a_stopping_worker_gives_back_what_was_handed_to_it(pg_url):
+    app = corral.App(pg_url)
+
+    @app.task()
+    def job(i):
+        return i
+
+    worker = app.worker(2, poll_interval=60)
+    inner = worker.store.wait_offering
+
+    def wait_offering(*args, **kwargs):
+        got = inner(*args, **kwargs)
+        if got:
+            worker._stop_claiming.set()  # the stop comes as the hand-over arrives
+        return got
+
+    worker.store.wait_offering = wait_offering
+    worker.start()
+    try:
+        wait_for(lambda: len(_offers(pg_url)) == 1, message="the idle worker offers its slots")
+        h = job.submit(1)
+        wait_for(lambda: worker.handed_back == 1, timeout=20)
+        rec = app.get(h.id)
+        assert rec.status is State.PENDING and rec.attempt == 0 and rec.started_at is None
+    finally:
+        worker.stop(10)
+    app.close(5)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_stores_without_offers_just_wait(store, sqlite_url):
+    app = corral.App(sqlite_url if store == "sqlite" else "memory://")
+    assert app.store.wait_offering(0.01, ("default",), Offer("w", ("default",), None, 4)) == []
+    app.close(1)
