@@ -25,6 +25,16 @@ def _offers(url: str) -> list[tuple]:
         return conn.execute("SELECT worker_id, free, given FROM corral_offers ORDER BY worker_id").fetchall()
 
 
+def _app_with_job(url: str):
+    app = corral.App(url)
+
+    @app.task()
+    def job(i):
+        return i
+
+    return app, job
+
+
 class _Waiter:
     """A thread in ``store.wait_offering``; ``got`` holds what it returned."""
 
@@ -48,11 +58,7 @@ class _Waiter:
 
 
 def test_a_plain_task_is_handed_to_the_waiting_worker_in_its_submit(pg_url):
-    app = corral.App(pg_url)
-
-    @app.task()
-    def job(i):
-        return i
+    app, job = _app_with_job(pg_url)
 
     waiter = _Waiter(app, pg_url, Offer("w-1", ("default",), frozenset({job.name}), 2, 30.0))
     h = job.submit(7)
@@ -114,11 +120,7 @@ def test_only_plain_work_due_now_and_within_the_offer_is_handed_over(pg_url):
 
 
 def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url):
-    app = corral.App(pg_url)
-
-    @app.task()
-    def job(i):
-        return i
+    app, job = _app_with_job(pg_url)
 
     # a worker that offered and died before withdrawing (its lease is short)
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -170,11 +172,7 @@ def test_an_idle_worker_runs_a_task_handed_over_in_its_submit(pg_url):
 
 
 def test_a_stopping_worker_gives_back_what_was_handed_to_it(pg_url):
-    app = corral.App(pg_url)
-
-    @app.task()
-    def job(i):
-        return i
+    app, job = _app_with_job(pg_url)
 
     worker = app.worker(2, poll_interval=60)
     inner = worker.store.wait_offering
