@@ -201,3 +201,41 @@ def test_stores_without_offers_just_wait(store, sqlite_url):
     app = corral.App(sqlite_url if store == "sqlite" else "memory://")
     assert app.store.wait_offering(0.01, ("default",), Offer("w", ("default",), None, 4)) == []
     app.close(1)
+
+
+def test_racing_submits_and_waits_lose_nothing_and_run_nothing_twice(pg_url):
+    """Single submits from several threads while three idle workers offer,
+    take and withdraw: every task runs once, none waits for a poll or for its
+    lease to end (a task handed over as an offer was withdrawn must still be
+    picked up)."""
+    apps = [corral.App(pg_url) for _ in range(3)]
+    runs: dict[int, int] = {}
+    lock = threading.Lock()
+    for app in apps:
+
+        @app.task(name="count")
+        def count(i):
+            with lock:
+                runs[i] = runs.get(i, 0) + 1
+
+    # no poll and no lease end within the test: only a hand-over or a wake-up starts a task
+    workers = [app.worker(2, poll_interval=60, lease_seconds=120).start() for app in apps]
+    try:
+        wait_for(lambda: len(_offers(pg_url)) == 3, message="three idle workers offer")
+
+        def submit(base: int) -> None:
+            for i in range(base, base + 100):
+                apps[0].submit("count", args=(i,))
+
+        threads = [threading.Thread(target=submit, args=(k * 100,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        wait_for(lambda: len(runs) == 400, timeout=30, message="every task ran")
+        assert set(runs.values()) == {1}
+    finally:
+        for w in workers:
+            w.stop(10)
+        for app in apps:
+            app.close(10)
