@@ -18,6 +18,7 @@ from corral.core.model import NewTask, Outcome, TaskFilter
 from corral.core.states import State
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable
 from corral.stores import open_store
+from corral.stores.filewatch import open_watch
 from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
 from helpers import wait_for
 
@@ -589,6 +590,58 @@ def _wait_while(store, sqlite_url, monkeypatch, timeout, writes, **kw) -> float:
 def test_wait_for_work_wakes_on_another_connections_commit(store, sqlite_url, monkeypatch):
     """One commit elsewhere wakes a 30 s wait within seconds (a sleeping wait would not)."""
     assert _wait_while(store, sqlite_url, monkeypatch, 30.0, lambda other: other.submit([new()])) < 5.0
+
+
+def test_an_idle_wait_looks_at_the_database_only_when_its_files_are_written(store, monkeypatch):
+    """An idle wait sleeps on a watch of the database's files: it reads
+    data_version a few dozen times a second, not a thousand (polling every
+    millisecond cost an idle worker process about 6 % of a core)."""
+    if open_watch(os.path.dirname(store.path), ["x"]) is None:
+        pytest.skip("no inotify here: the wait polls")
+    looks = []
+    real_con = store._con
+
+    class Count:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *a):
+            looks.append(sql == "PRAGMA data_version")
+            return self.con.execute(sql, *a)
+
+    monkeypatch.setattr(store, "_con", lambda: Count(real_con()))
+    t0 = time.monotonic()
+    store.wait_for_work(0.5)
+    elapsed = time.monotonic() - t0
+    # one look per WATCH_SLICE at most, where polling looked every millisecond
+    assert sum(looks) <= elapsed / 0.02 + 5, (sum(looks), elapsed)
+
+
+def test_without_a_watch_a_wait_polls_and_still_wakes_on_a_commit(sqlite_url, monkeypatch):
+    monkeypatch.setattr("corral.stores.sqlite.open_watch", lambda *a: None)
+    store = SQLiteStore(sqlite_url)
+    try:
+        assert _wait_while(store, sqlite_url, monkeypatch, 30.0, lambda other: other.submit([new()])) < 5.0
+    finally:
+        store.close()
+
+
+def test_a_file_watch_wakes_on_writes_to_its_files_and_no_others(tmp_path):
+    watch = open_watch(str(tmp_path), ["corral.db", "corral.db-wal"])
+    if watch is None:
+        pytest.skip("no inotify here")
+    try:
+        assert watch.wait(0.01) is False
+        (tmp_path / "notes.txt").write_text("x")  # another file in the directory
+        assert watch.wait(0.01) is False
+        (tmp_path / "corral.db-wal").write_text("x")  # made again, as SQLite does
+        assert watch.wait(5.0) is True
+        with open(tmp_path / "corral.db-wal", "a") as f:
+            f.write("y")
+        assert watch.wait(5.0) is True
+        assert watch.wait(0.01) is False  # drained
+    finally:
+        watch.close()
 
 
 def test_a_wait_for_queues_sleeps_through_commits_that_leave_nothing_due_there(store, sqlite_url, monkeypatch):

@@ -123,6 +123,7 @@ from corral.stores.base import (
     schedule_params,
     schedule_state,
 )
+from corral.stores.filewatch import FileWatch, open_watch
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
@@ -149,6 +150,11 @@ GATED_LOOK_EVERY = 0.05
 PLAIN_HINT_TTL = 0.2
 #: How often a follower of the event stream looks for new events.
 EVENTS_POLL = 0.02
+#: How often a waiting thread looks at the database's data_version: without
+#: a watch on its files, every millisecond; with one, when they are written,
+#: and at least this often (wake_waiters() is seen within one slice).
+POLL_SLICE = 0.001
+WATCH_SLICE = 0.02
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -361,6 +367,7 @@ class SQLiteStore(SqlStore):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: list[sqlite3.Connection] = []
+        self._watches: list[FileWatch] = []  # the waiting threads' (closed with the store)
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
@@ -404,6 +411,7 @@ class SQLiteStore(SqlStore):
             self._pid = os.getpid()
             self._local = threading.local()
             self._conns = []
+            self._watches = []
             self._write_lock = threading.RLock()
             self._checkpointer = None  # threads do not survive a fork
             self._stopping = threading.Event()
@@ -589,11 +597,14 @@ class SQLiteStore(SqlStore):
             self._checkpointer.join(5.0)
         with self._lock:
             conns, self._conns = self._conns, []
+            watches, self._watches = self._watches, []
         for con in conns:
             try:
                 con.close()
             except sqlite3.Error:  # pragma: no cover - closing is best effort
                 pass
+        for watch in watches:
+            watch.close()
         self._local = threading.local()
 
     def now(self) -> float:
@@ -1283,7 +1294,20 @@ class SQLiteStore(SqlStore):
         return [o.task_id in done for o in outcomes]
 
     def wake_waiters(self) -> None:
-        self._wakes += 1  # each waiting loop looks every millisecond
+        self._wakes += 1  # each waiting loop looks at least every WATCH_SLICE
+
+    def _watch(self) -> FileWatch | None:
+        """This thread's watch on the database's files (None: poll)."""
+        try:
+            watch: FileWatch | None = self._local.watch
+        except AttributeError:
+            name = os.path.basename(self.path)
+            watch = open_watch(os.path.dirname(os.path.abspath(self.path)), (name, name + "-wal"))
+            self._local.watch = watch
+            if watch is not None:
+                with self._lock:
+                    self._watches.append(watch)
+        return watch
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
         """Return when another connection (any process) commits, or after ``timeout``.
@@ -1302,13 +1326,20 @@ class SQLiteStore(SqlStore):
             # a read-only claim that just found nothing took its snapshot
             # before now: a commit since then is news
             seen = self._local.__dict__.pop("probe_version", None)
+            watch = self._watch()
             if seen is None:
                 seen = con.execute(pragma).fetchone()[0]
             while True:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._wakes != wakes:
+                if remaining <= 0 or self._wakes != wakes or self._closed:
                     return
-                time.sleep(min(0.001, remaining))
+                if watch is None:
+                    time.sleep(min(POLL_SLICE, remaining))
+                else:
+                    # a commit writes the WAL file: sleep until one does (and
+                    # look now and then anyway, for wake_waiters() and for a
+                    # write the watch cannot see)
+                    watch.wait(min(WATCH_SLICE, remaining))
                 version = con.execute(pragma).fetchone()[0]
                 if version != seen:
                     if queues is None or self._due_in(con, queues):
