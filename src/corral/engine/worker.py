@@ -426,10 +426,16 @@ class Worker:
             self._sweeper.stop()
         for _ in range(self._slots):
             self._inbox.put(None)
-        # the dispatcher may sit in wait_for_work: let it return before the caller closes the store
+        # the dispatcher may sit in wait_for_work: let it return before the
+        # caller closes the store (waking it again, in case it began its wait
+        # after the wake-up above)
         for t in self._threads:
-            if t.name != "corral-completer":
-                t.join(self.poll_interval + 2.0)
+            if t.name == "corral-completer":
+                continue
+            deadline = time.monotonic() + self.poll_interval + 2.0
+            while t.is_alive() and time.monotonic() < deadline:
+                self.store.wake_waiters()
+                t.join(0.05)
         return clean
 
     def drain(self, timeout: float | None = None) -> bool:
