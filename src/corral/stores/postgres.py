@@ -169,8 +169,10 @@ MIGRATE_LOCK_KEY = 7429000
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
-#: 14: the dashboard's indexes; 16: the event stream (task and breaker events by trigger);
-#: 18: claim-order indexes hold the ageing rank; 19: graph columns (ref, on_upstream_failure).
+#: 14: the dashboard's indexes; 18: claim-order indexes hold the ageing rank;
+#: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
+#: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
+#: 24: offers of waiting workers.
 SCHEMA_VERSION = 24
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
@@ -1078,7 +1080,9 @@ class PostgresStore(SqlStore):
         cur = conn.cursor(row_factory=dict_row)
         rows = cur.execute(self._q["offer_withdraw"], {"worker": worker_id}).fetchall()
         given = set(rows[0]["offer_given"]) if rows else set()
-        found = [r for r in rows if r.pop("offer_given") is not None and r["id"] is not None]
+        for r in rows:
+            del r["offer_given"]
+        found = [r for r in rows if r["id"] is not None]  # (one row of NULLs when none was found)
         missing = given - {r["id"] for r in found}
         if missing:
             found += cur.execute(self._q["offer_given"], {"ids": sorted(missing), "worker": worker_id}).fetchall()
