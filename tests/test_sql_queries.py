@@ -66,7 +66,7 @@ POSTGRES_ONLY = {
     "complete": "every outcome in one statement (SQLite: `complete_final*`, `complete_requeue`)",
     "heartbeat": "one UPDATE ... RETURNING (SQLite: `heartbeat_extend` + `heartbeat_held`)",
     "submit": "one statement inserts a submit (SQLite: `insert_task` + `insert_dep`)",
-    "submit_one": "one plain task in a lighter statement, which may hand it to a waiting worker (SQLite: `insert_task`)",
+    "submit_one": "one plain task, lighter; it may hand the task to a waiting worker (SQLite: `insert_task`)",
     "ids_by_key": "ids of several idempotency keys at once (SQLite: `find_key`)",
     "settle_dependents": "dependents settled in one recursive statement",
     "unsettled": "dependents a crashed completion left WAITING (SQLite settles in the same transaction)",
