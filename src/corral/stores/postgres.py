@@ -172,8 +172,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 14: the dashboard's indexes; 18: claim-order indexes hold the ageing rank;
 #: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
 #: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
-#: 24: offers of waiting workers.
-SCHEMA_VERSION = 24
+#: 24: offers of waiting workers; 25: no statistics on status (claim plans).
+SCHEMA_VERSION = 25
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).

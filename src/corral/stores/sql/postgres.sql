@@ -529,6 +529,18 @@ CREATE UNLOGGED TABLE IF NOT EXISTS corral_offers (
     given      bigint[] NOT NULL DEFAULT '{}'
 );
 
+-- name: migration_0025
+-- No statistics on status. A queue's statuses change all the time, and the
+-- claim statements are generic plans that cannot know their LIMIT (the
+-- planner assumes a tenth of the rows). After autovacuum analyzed a full
+-- queue ("all 20 000 rows PENDING"), claim_plain became a sequential scan of
+-- the whole table and a sort, every claim, where it walks the claim-order
+-- index for n rows: a W1 run went from 2.7 s to 5-8 s. With no statistics
+-- on the column the planner keeps its default estimate and the index walk.
+-- (Statistics an older ANALYZE left for the column stay until the column's
+-- statistics are cleared by a superuser; a new database has none.)
+ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0;
+
 -- name: offer
 -- Open (or renew) a waiting worker's offer; tasks given and not yet picked
 -- up stay given.
