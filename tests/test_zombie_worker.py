@@ -28,7 +28,10 @@ def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(kind, requ
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="slow", retries=3)(lambda ctx, first_run: None)
-    task_id = app.submit("slow", args=[4.0]).id
+    # the first run outlasts the sweep and the re-run even on a loaded
+    # machine (a run that ended while the test let the stopped zombie finish
+    # a write would not overlap the re-run)
+    task_id = app.submit("slow", args=[8.0]).id
     opts = {"concurrency": 1, "lease_seconds": 1.0, "poll_interval": 0.05}
     zombie = AppWorker(url, runs, tmp_path / "zombie.log", **opts)
     second = None
