@@ -646,6 +646,21 @@ def test_a_file_watch_wakes_on_writes_to_its_files_and_no_others(tmp_path):
         watch.close()
 
 
+def test_a_broken_file_watch_sleeps_a_polling_slice_instead_of_spinning(tmp_path, monkeypatch):
+    """A watch whose descriptor failed says "look anyway" but still sleeps,
+    so a waiting loop polls rather than spinning a core until its deadline."""
+    watch = open_watch(str(tmp_path), ["corral.db"])
+    if watch is None:
+        pytest.skip("no inotify here")
+    slept = []
+    monkeypatch.setattr("corral.stores.filewatch.time.sleep", slept.append)
+    watch.close()  # select() on the closed descriptor now fails
+    assert watch.wait(1.0) is True
+    assert watch.wait(1.0) is True
+    assert watch.broken
+    assert slept and all(0 < s <= 0.01 for s in slept) and len(slept) == 2
+
+
 def test_a_wait_for_queues_sleeps_through_commits_that_leave_nothing_due_there(store, sqlite_url, monkeypatch):
     """Each early return costs a worker a claim under the write lock: commits
     that bring nothing due in its queues (a delayed task, another queue's

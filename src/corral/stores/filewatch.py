@@ -18,6 +18,7 @@ import ctypes.util
 import os
 import select
 import struct
+import time
 from collections.abc import Collection
 
 IN_MODIFY = 0x00000002
@@ -26,6 +27,7 @@ IN_MOVED_TO = 0x00000080
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
+BROKEN_SLICE = 0.001  # how long a broken watch sleeps before "look anyway"
 
 _libc: ctypes.CDLL | None | bool = False  # False: not looked up yet
 
@@ -50,17 +52,29 @@ class FileWatch:
     def __init__(self, fd: int, names: frozenset[bytes]):
         self._fd = fd
         self._names = names
+        self.broken = False
 
     def wait(self, timeout: float) -> bool:
         """Sleep until one of the files is written or ``timeout`` passes;
-        True if one was written (or the watch broke: look anyway)."""
-        try:
-            ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
-        except (OSError, ValueError):
-            return True
-        if not ready:
-            return False
-        return self._drain()
+        True if one was written (or the watch broke: look anyway).
+
+        A broken watch (closed descriptor, failed read) still sleeps a
+        polling slice, so a caller looping on it polls instead of spinning
+        a core until its deadline."""
+        if not self.broken:
+            try:
+                ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+            except (OSError, ValueError):
+                self.broken = True
+            else:
+                if not ready:
+                    return False
+                if self._drain():
+                    return True
+                if not self.broken:
+                    return False
+        time.sleep(min(BROKEN_SLICE, max(0.0, timeout)))
+        return True
 
     def _drain(self) -> bool:
         hit = False
@@ -70,9 +84,11 @@ class FileWatch:
             except BlockingIOError:
                 return hit
             except OSError:
-                return True
+                self.broken = True
+                return False
             if not buf:
-                return True
+                self.broken = True
+                return False
             pos = 0
             while pos + _EVENT.size <= len(buf):
                 _, _, _, length = _EVENT.unpack_from(buf, pos)
