@@ -70,9 +70,52 @@ def test_a_plain_task_is_handed_to_the_waiting_worker_in_its_submit(pg_url):
     claims = waiter.got
     assert [c.tasks[0].id for c in claims] == [h.id]
     assert claims[0].token == rec.lease_token
-    assert _offers(pg_url) == []  # withdrawn when the wait ended
+    assert [free for _, free, _ in _offers(pg_url)] == [0]  # spent: nothing more is handed over
+    assert app.get(job.submit(8).id).status is State.PENDING
     kinds = [(json.loads(e.data)["status"], e.kind) for e in app.store.events(limit=50) if e.subject == f"task:{h.id}"]
     assert sorted(kinds) == sorted([("PENDING", "submitted"), ("RUNNING", "started")])
+    app.close(5)
+
+
+def test_a_handed_task_rides_in_its_notification_and_a_big_one_is_read_back(pg_url, monkeypatch):
+    """The worker starts a handed-over task from its notification, with no
+    round trip to read it back; a row too big for a notification is read
+    back. A new offer after either does not hand the same task again."""
+    app, job = _app_with_job(pg_url)
+    store = app.store
+    reads = []
+    real = store._withdraw
+
+    def withdraw(conn, worker_id):
+        got = real(conn, worker_id)
+        reads.append([r["id"] for r in got])
+        return got
+
+    monkeypatch.setattr(store, "_withdraw", withdraw)
+    offer = Offer("w-1", ("default",), frozenset({job.name}), 4, 30.0)
+    for args in ((1,), ("x" * 9000,)):
+        waiter = _Waiter(app, pg_url, offer)
+        h = job.submit(*args)
+        got = waiter.result(store)
+        assert [c.tasks[0].id for c in got] == [h.id]
+        rec = got[0].tasks[0]
+        stored = app.get(h.id)
+        assert (rec.name, rec.args, rec.status, rec.worker_id, rec.version, rec.lease_token) == (
+            stored.name,
+            stored.args,
+            stored.status,
+            stored.worker_id,
+            stored.version,
+            stored.lease_token,
+        )
+        assert rec.arguments == stored.arguments and rec.arguments[0] == list(args)
+    # the small one came in its notification (the wait's end read nothing
+    # back); the big one was read back
+    assert [ids for ids in reads if ids] == [[got[0].tasks[0].id]]
+    # a new offer starts clean: one free slot, the tasks already taken off it
+    waiter = _Waiter(app, pg_url, offer)
+    assert _offers(pg_url) == [("w-1", 1, [])]
+    assert waiter.result(store) == []
     app.close(5)
 
 
@@ -135,6 +178,7 @@ def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url
                 "free": 1,
                 "lease": 0.2,
                 "ttl": 60.0,
+                "taken": [],
             },
         )
     h = job.submit(1)

@@ -45,6 +45,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -137,6 +138,10 @@ LISTEN_CHECK_SECONDS = 2.0
 WAKE_SLICE = 0.1
 #: An offer outlives the wait it was made for by this long, at most.
 OFFER_GRACE = 1.0
+#: A handed-over task rides in its notification when its row (as JSON) is at
+#: most this many bytes (PostgreSQL takes payloads under 8000); a bigger one
+#: is read back by the worker, one round trip more.
+MAX_NOTE_ROW = 7900
 
 log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
@@ -357,6 +362,9 @@ class PostgresStore(SqlStore):
         self._local = threading.local()
         # where a submit tells this store's waiting worker it handed it a task
         self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
+        # ids of tasks handed over lately (their notifications may still be
+        # queued, and their offer row may still list them)
+        self._taken: deque[int] = deque(maxlen=64)
         self._events_lock = threading.Lock()  # held by the thread following the event stream
         self._events_conn: Any = None
 
@@ -1040,6 +1048,14 @@ class PostgresStore(SqlStore):
                     for note in self._listen_conn.notifies(timeout=min(left, WAKE_SLICE), stop_after=1):
                         if note.channel == CHANNEL and note.payload.endswith(":g"):
                             self._plain_until = 0.0
+                        elif offered is not None and note.payload.startswith("{"):
+                            row = self._carried(note.payload, offered)
+                            if row is not None:
+                                # the one task this offer takes came in its
+                                # notification: the offer is spent, and nothing
+                                # is left to read back
+                                given.append(row)
+                                offered = None
                         woken = True
                 if offered is not None:
                     given = self._withdraw(self._listen_conn, offered)
@@ -1073,12 +1089,28 @@ class PostgresStore(SqlStore):
             "queues": text_array(offer.queues),
             "all_names": offer.names is None,
             "names": text_array(offer.names or ()),
-            "free": int(offer.slots),
+            # one task per offer: it rides in its notification, so the
+            # worker need not read back what else was given meanwhile
+            "free": min(1, int(offer.slots)),
+            "taken": list(self._taken),
             "lease": float(offer.lease_seconds),
             # a worker that died waiting is handed nothing for long (what it
             # was handed comes back when its lease ends)
             "ttl": timeout + OFFER_GRACE,
         }
+
+    def _carried(self, payload: str, worker_id: str) -> dict | None:
+        """The task row a handing-over submit sent in its notification, or
+        None when it is not (or no longer) this offer's: one read back by an
+        earlier withdraw still has its notification queued."""
+        try:
+            row = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(row, dict) or row.get("worker_id") != worker_id or row.get("id") in self._taken:
+            return None
+        self._taken.append(row["id"])
+        return row
 
     def _withdraw(self, conn, worker_id: str) -> list[dict]:
         cur = conn.cursor(row_factory=dict_row)
@@ -1090,6 +1122,7 @@ class PostgresStore(SqlStore):
         missing = given - {r["id"] for r in found}
         if missing:
             found += cur.execute(self._q["offer_given"], {"ids": sorted(missing), "worker": worker_id}).fetchall()
+        self._taken.extend(given)
         return found
 
     def _start_listening(self, conn) -> str | None:
@@ -1616,6 +1649,7 @@ def _one_params(t: NewTask) -> dict[str, Any]:
         "halt": bool(t.halt_group_on_failure),
         "ref": t.ref,
         "policy": t.on_upstream_failure,
+        "max_note": MAX_NOTE_ROW,
     }
 
 

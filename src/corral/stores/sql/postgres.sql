@@ -550,8 +550,12 @@ SELECT %(worker)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::te
 FROM (SELECT extract(epoch FROM now())::float8 AS now) c
 ON CONFLICT (worker_id) DO UPDATE
 SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.all_names,
-    names = excluded.names, free = excluded.free - cardinality(o.given), lease = excluded.lease,
-    made_at = excluded.made_at, expires_at = excluded.expires_at;
+    names = excluded.names, lease = excluded.lease,
+    made_at = excluded.made_at, expires_at = excluded.expires_at,
+    -- tasks the worker already has (from their notification) are off the list
+    given = ARRAY(SELECT g FROM unnest(o.given) g WHERE g <> ALL(%(taken)s::bigint[])),
+    free = excluded.free - cardinality(ARRAY(SELECT g FROM unnest(o.given) g
+                                             WHERE g <> ALL(%(taken)s::bigint[])));
 
 -- name: offer_withdraw
 -- End the offer (waiting for a submit that is handing a task over under it
@@ -664,14 +668,18 @@ ins AS (
            f.token, clk.now + f.lease, f.worker_id
     FROM clk LEFT JOIN offer f ON true
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
-    RETURNING id, idem_key, status, worker_id
+    RETURNING id, idem_key, status, worker_id, row_to_json(corral_tasks)::text AS row
 ),
 took AS (
     UPDATE corral_offers o SET free = o.free - 1, given = o.given || i.id
     FROM ins i WHERE i.status = 'RUNNING' AND o.worker_id = i.worker_id
 )
+-- the task itself rides in the worker's notification (the worker starts it
+-- without reading it back); one too big for a notification is read back
 SELECT i.id, i.idem_key,
-       CASE WHEN i.status = 'RUNNING' THEN pg_notify(f.channel, f.worker_id)
+       CASE WHEN i.status = 'RUNNING'
+            THEN pg_notify(f.channel, CASE WHEN octet_length(i.row) <= %(max_note)s THEN i.row
+                                           ELSE f.worker_id END)
             ELSE pg_notify('corral_work', %(queue)s::text) END AS notified
 FROM ins i LEFT JOIN offer f ON true;
 
