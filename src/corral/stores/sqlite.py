@@ -239,6 +239,31 @@ def _guard(fn):
     return wrapper
 
 
+def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tuple:
+    """A new task's row for ``insert_task``, all but its id."""
+    return (
+        nt.name,
+        nt.args,
+        status.value,
+        nt.queue,
+        nt.priority,
+        nt.max_retries,
+        nt.timeout,
+        nt.group,
+        nt.batch,
+        nt.key,
+        nt.trace_id,
+        dumps(list(nt.limits)) if nt.limits else None,
+        1 if nt.halt_group_on_failure else 0,
+        now,
+        nt.run_at if nt.run_at is not None else now,
+        now if status.final else None,
+        error,
+        nt.ref,
+        nt.on_upstream_failure,
+    )
+
+
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
@@ -668,15 +693,36 @@ class SQLiteStore(SqlStore):
             return []
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0  # claims here must see this work at once
+        # Rows that need nothing from the database (no key, no dependency) are
+        # made before the write lock is taken: every other process's claims
+        # and completions wait while a submit holds it.
+        now = self._clock.time()
+        made = None
+        if not any(t.key is not None or t.depends_on or t.after for t in tasks):
+            made = [_row_fields(t, State.PENDING, None, now) for t in tasks]
         with self._write() as con:
-            return self._submit_on(con, tasks, max_queued)
+            return self._submit_on(con, tasks, max_queued, made=made, now=now)
 
-    def _submit_on(self, con: Any, tasks: list[NewTask], max_queued: int | None = None) -> list[SubmitResult]:
+    def _submit_on(
+        self,
+        con: Any,
+        tasks: list[NewTask],
+        max_queued: int | None = None,
+        *,
+        made: list[tuple] | None = None,
+        now: float | None = None,
+    ) -> list[SubmitResult]:
         """The submit's writes on ``con``, inside a transaction its caller
-        holds (this store's own write, or a user's transaction)."""
+        holds (this store's own write, or a user's transaction); ``made``:
+        the rows (without their ids) when no task has a key or a dependency."""
         if max_queued is not None:  # counted under the write lock: no other submit in between
             check_bound(dict(con.execute(Q["active_counts"]).fetchall()), len(tasks), max_queued)
-        now = self._clock.time()
+        if now is None:
+            now = self._clock.time()
+        if made is not None:
+            first = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+            self._insert_rows(con, [(first + i, *fields) for i, fields in enumerate(made)], [])
+            return [SubmitResult(first + i, True) for i in range(len(made))]
         all_deps = {d for t in tasks for d in t.depends_on}
         dep_state: dict[int, State] = {}
         if all_deps:
@@ -709,33 +755,14 @@ class SQLiteStore(SqlStore):
             edges.extend((tid, pos, dep) for pos, dep in enumerate(deps))
             status, error = dag.initial_state([(d, dep_state[d]) for d in deps], nt.on_upstream_failure)
             dep_state[tid] = status
-            rows.append(
-                (
-                    tid,
-                    nt.name,
-                    nt.args,
-                    status.value,
-                    nt.queue,
-                    nt.priority,
-                    nt.max_retries,
-                    nt.timeout,
-                    nt.group,
-                    nt.batch,
-                    nt.key,
-                    nt.trace_id,
-                    dumps(list(nt.limits)) if nt.limits else None,
-                    1 if nt.halt_group_on_failure else 0,
-                    now,
-                    nt.run_at if nt.run_at is not None else now,
-                    now if status.final else None,
-                    error,
-                    nt.ref,
-                    nt.on_upstream_failure,
-                )
-            )
+            rows.append((tid, *_row_fields(nt, status, error, now)))
             if nt.key is not None:
                 batch_keys[nt.key] = tid
             results.append(SubmitResult(tid, True))
+        self._insert_rows(con, rows, edges)
+        return results
+
+    def _insert_rows(self, con: Any, rows: list[tuple], edges: list[tuple[int, int, int]]) -> None:
         if rows:
             con.executemany(Q["insert_task"], rows)
         if edges:
@@ -746,7 +773,6 @@ class SQLiteStore(SqlStore):
             # has a head keeps it, and only the others need one.
             headed = {r[0] for r in con.execute(Q["groups_with_head"], (dumps(sorted(groups)),))}
             self._refresh_heads(con, groups - headed)
-        return results
 
     def submit_in(
         self, connection: Any, tasks: Sequence[NewTask], *, max_queued: int | None = None
