@@ -15,8 +15,8 @@ SQLITE_ONLY = {
     "claim_candidates": "the claim is picked in Python from ordered candidates (PostgreSQL: one `claim`)",
     "claim_retry_candidates": "the retry path's candidates for the Python claim (PostgreSQL: inside `claim`)",
     "claim_plain_shared": "the plain claim with a retry share (PostgreSQL: `claim_plain` takes the share)",
-    "claim_head": "the claim writes its head, then each member",
-    "claim_member": "the claim writes its head, then each member",
+    "claim_head": "the claim writes its head, then its members",
+    "claim_members": "the claim writes its head, then its members",
     "group_followers": "chunk members read by the Python claim",
     "due_probe": "an idle worker hears of every commit and looks whether work is due (PostgreSQL: notifications)",
     "group_last_claimed": "round-robin order computed by the Python claim",
@@ -56,7 +56,7 @@ SQLITE_ONLY = {
 #: PostgreSQL only: what SQLite does not need or does in Python.
 POSTGRES_ONLY = {
     "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
-    "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_member`)",
+    "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_members`)",
     "claim_probe": "capped limits with ready work (SQLite: checked by the Python claim)",
     "limit_lock": "advisory locks serialise capped limits (SQLite: one writer at a time)",
     "limit_free": "free slots read under the limit locks",

@@ -915,8 +915,11 @@ class SQLiteStore(SqlStore):
             cur = _task_cursor(con)
             start = None if prefetch else now
             rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
-            for m in members[1:]:
-                rows += cur.execute(Q["claim_member"], (token, expires, worker_id, m[0])).fetchall()
+            if len(members) > 1:
+                rest = [m[0] for m in members[1:]]
+                got = cur.execute(Q["claim_members"], (token, expires, worker_id, dumps(rest))).fetchall()
+                place = {tid: k for k, tid in enumerate(rest)}
+                rows += sorted(got, key=lambda r: place[r[0]])
             group = members[0][3]
             if group is not None:
                 touched[group] = now
