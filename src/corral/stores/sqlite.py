@@ -82,7 +82,7 @@ import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
@@ -316,6 +316,21 @@ def _split_script(script: str) -> list[str]:
     if buf.strip() and not all(ln.strip().startswith("--") or not ln.strip() for ln in buf.splitlines()):
         out.append(buf.strip())
     return out
+
+
+class _Claimed(NamedTuple):
+    """A claim's rows, per lease token, and their dependencies: read under
+    the write lock, made records after it (every other writer waits meanwhile)."""
+
+    parts: list[tuple[str, str | None, list]]
+    deps: dict[int, tuple[int, ...]]
+
+    def claims(self) -> list[Claim]:
+        return [
+            Claim(token, [_record(r, self.deps.get(r[0], ())) for r in rows], group)
+            for token, group, rows in self.parts
+            if rows
+        ]
 
 
 @dataclass(frozen=True)
@@ -651,10 +666,10 @@ class SQLiteStore(SqlStore):
     @staticmethod
     def _refresh_heads(con: sqlite3.Connection, groups: Collection[str | None]) -> None:
         """Recompute ``is_head`` of groups whose line may have changed."""
-        for g in groups:
-            if g is not None:
-                con.execute(Q["head_clear"], (g, g))
-                con.execute(Q["head_set"], (g,))
+        named = [g for g in groups if g is not None]
+        if named:  # (groups are apart: all clears, then all sets)
+            con.executemany(Q["head_clear"], [(g, g) for g in named])
+            con.executemany(Q["head_set"], [(g,) for g in named])
 
     def _after_final(
         self, con: sqlite3.Connection, ended: Sequence[tuple[int, State]], now: float, groups: set | None = None
@@ -868,10 +883,12 @@ class SQLiteStore(SqlStore):
                     return []
             del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
-            return self._claim_on(con, worker_id, ask)
+            claimed = self._claim_on(con, worker_id, ask)
+        return claimed.claims()
 
-    def _claim_on(self, con: sqlite3.Connection, worker_id: str, ask: _ClaimAsk) -> list[Claim]:
-        """The claim's writes on ``con``, inside the write transaction its caller holds."""
+    def _claim_on(self, con: sqlite3.Connection, worker_id: str, ask: _ClaimAsk) -> _Claimed:
+        """The claim's writes on ``con``, inside the write transaction its
+        caller holds; the rows become records once the lock is let go."""
         queues, max_units, known, chunk_size = ask.queues, ask.max_units, ask.known, ask.chunk_size
         only_retries, cap, most, prefetch, tail = ask.only_retries, ask.cap, ask.most, ask.prefetch, ask.tail
         lease_seconds = ask.lease_seconds
@@ -893,7 +910,8 @@ class SQLiteStore(SqlStore):
             else:
                 rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
             if rows:
-                return [Claim(r.lease_token or "", [r]) for r in self._records(con, rows)]
+                deps = self._deps(con, [r["id"] for r in rows])
+                return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
         picked, gated = self._pick(
             con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
         )
@@ -905,9 +923,8 @@ class SQLiteStore(SqlStore):
         else:
             self._plain_until = 0.0
         if not picked:
-            return []
+            return _Claimed([], {})
         expires = now + lease_seconds
-        claims: list[Claim] = []
         rows_by_claim: list[tuple[str, str | None, list]] = []
         touched: dict[str, float] = {}
         for members in picked:
@@ -926,11 +943,7 @@ class SQLiteStore(SqlStore):
             rows_by_claim.append((token, group, rows))
         if touched:
             con.executemany(Q["touch_group"], list(touched.items()))
-        deps = self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows])
-        for token, group, rows in rows_by_claim:
-            if rows:
-                claims.append(Claim(token, [_record(r, deps.get(r[0], ())) for r in rows], group))
-        return claims
+        return _Claimed(rows_by_claim, self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows]))
 
     def _pick(
         self,
@@ -1193,10 +1206,10 @@ class SQLiteStore(SqlStore):
         ask = _ClaimAsk.of(queues, len(places), **claim_options)
         with self._write() as con:
             applied = self._complete_on(con, outcomes) if outcomes else []
-            claims = []
+            claimed = None
             if places and queues and self._ours_first(con, places, ask):
-                claims = self._claim_on(con, worker_id, ask)
-        return applied, claims
+                claimed = self._claim_on(con, worker_id, ask)
+        return applied, ([] if claimed is None else claimed.claims())
 
     def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], ask: _ClaimAsk) -> bool:
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""
