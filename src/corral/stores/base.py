@@ -500,9 +500,10 @@ class Store(abc.ABC):
         """:meth:`wait_for_work`, with ``offer`` open meanwhile: returns the
         tasks a submit handed to the worker during the wait, claimed for it
         like a prefetch (RUNNING under a new lease, no start recorded), or []
-        when the wait ended otherwise. Withdrawn before this returns, so
-        nothing is handed to a worker that is not waiting. This default
-        offers nothing."""
+        when the wait ended otherwise. Withdrawn (or spent) before this
+        returns, so nothing is handed to a worker that is not waiting. A
+        store may hand over fewer tasks than the slots offered (PostgreSQL
+        hands one). This default offers nothing."""
         self.wait_for_work(timeout, queues)
         return []
 
