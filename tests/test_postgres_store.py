@@ -603,3 +603,32 @@ def test_the_task_table_is_vacuumed_after_a_small_share_of_changes(pg):
         (options,) = conn.execute("SELECT reloptions FROM pg_class WHERE relname = 'corral_tasks'").fetchone()
     assert "autovacuum_vacuum_scale_factor=0.01" in options
     assert "autovacuum_analyze_scale_factor=0.02" in options
+
+
+def test_a_store_warns_of_old_planner_statistics_on_status(pg, pg_url, caplog):
+    """Statistics an ANALYZE took on the status column before the column
+    stopped taking them can make a claim read the whole table: opening the
+    store says so, and says nothing once they are gone (or were never taken)."""
+    import logging
+
+    import psycopg
+
+    caplog.set_level(logging.WARNING, logger="corral.store")
+    pg.submit([task() for _ in range(50)])
+    pg.migrate()
+    assert "planner statistics" not in caplog.text  # a new database has none
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        # as an older corral left it: statistics taken, then the column stopped
+        conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 100")
+        conn.execute("ANALYZE corral_tasks")
+        conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0")
+    pg.migrate()
+    assert "corral_tasks.status still has planner statistics" in caplog.text
+    caplog.clear()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(
+            "DELETE FROM pg_statistic WHERE starelid = 'corral_tasks'::regclass AND staattnum = "
+            "(SELECT attnum FROM pg_attribute WHERE attrelid = 'corral_tasks'::regclass AND attname = 'status')"
+        )
+    pg.migrate()
+    assert "planner statistics" not in caplog.text

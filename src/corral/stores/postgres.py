@@ -450,6 +450,13 @@ class PostgresStore(SqlStore):
                     conn.execute(self._q["set_schema_version"], {"v": version})
 
         self._run(go)
+        if self._run(lambda conn: conn.execute(self._q["status_statistics"]).fetchone()[0]):
+            log.warning(
+                "%s: corral_tasks.status still has planner statistics from an older corral, with which "
+                "claims may read the whole table; a superuser can delete them (docs/scaling.md, "
+                '"Statistics and claim plans")',
+                self._shown,
+            )
 
     def close(self) -> None:
         if self._closed:

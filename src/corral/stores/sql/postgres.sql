@@ -541,6 +541,14 @@ CREATE UNLOGGED TABLE IF NOT EXISTS corral_offers (
 -- statistics are cleared by a superuser; a new database has none.)
 ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0;
 
+-- name: status_statistics
+-- Planner statistics on corral_tasks.status that an ANALYZE took before
+-- migration_0025 (which stops new ones): with them a claim may read the whole
+-- table. Only a superuser can remove them.
+SELECT EXISTS (SELECT 1 FROM pg_stats
+               WHERE schemaname = current_schema() AND tablename = 'corral_tasks'
+                 AND attname = 'status');
+
 -- name: offer
 -- Open (or renew) a waiting worker's offer; tasks given and not yet picked
 -- up stay given.
