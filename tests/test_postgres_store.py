@@ -632,3 +632,37 @@ def test_a_store_warns_of_old_planner_statistics_on_status(pg, pg_url, caplog):
         )
     pg.migrate()
     assert "planner statistics" not in caplog.text
+
+
+def test_a_claim_walks_the_claim_order_index_after_the_table_is_analyzed(pg_url):
+    """Once ANALYZE has sized a full table (autovacuum does it in a busy
+    run), the claim's generic plan must still walk fresh work in claim order
+    and stop after the rows it takes, not read and sort every queued task on
+    each claim (the claim of four took 9 ms before an ANALYZE and 45 ms
+    after, with 20 000 queued)."""
+    import psycopg
+
+    from corral.stores.postgres import SESSION_OPTIONS, _claim_params
+
+    s = open_store(pg_url)
+    try:
+        s.migrate()
+        s.submit([task() for _ in range(3000)])
+        s.submit([task(group=f"g{i % 30}") for i in range(300)])
+        params = {**_claim_params("w", ["default"]), "n": 4, "allowed": []}
+        with psycopg.connect(pg_url, autocommit=True, options=SESSION_OPTIONS) as conn:
+            conn.execute("ANALYZE corral_tasks")
+
+            def fresh_rows_read() -> int:
+                conn.execute("SELECT pg_stat_force_next_flush()")
+                return conn.execute(
+                    "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'corral_tasks_ready_fresh'"
+                ).fetchone()[0]
+
+            before = fresh_rows_read()
+            with conn.transaction(force_rollback=True):
+                got = conn.execute(s._q["claim"], params, prepare=True).fetchall()
+            assert len(got) == 4
+            assert fresh_rows_read() - before < 100
+    finally:
+        s.close()

@@ -799,7 +799,11 @@ free_locked AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT (t.limits && (SELECT names FROM barred))
-      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
+      -- a filter (OFFSET 0 keeps it from becoming a join): the walk of the
+      -- claim-order index stops after n rows. As a hash anti-join, chosen
+      -- once ANALYZE had sized the table, every queued row was read and
+      -- sorted on each claim (9 -> 45 ms at 20 000 queued)
+      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name OFFSET 0)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
