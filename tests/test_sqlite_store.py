@@ -796,6 +796,32 @@ def test_a_claim_behind_a_full_limit_looks_again_only_when_something_changed(sto
         other.close()
 
 
+def test_a_claim_behind_a_full_limit_looks_again_when_a_place_changed_hands(store, sqlite_url, monkeypatch):
+    """A place freed and taken again at once by the other worker of the
+    limit leaves every count as it was; a worker that took that for
+    "nothing changed" sat out the race for the places that followed (in one
+    run a worker of another queue ran 45 tasks in a row under the shared
+    limit while this one waited)."""
+    import corral.stores.sqlite as mod
+
+    monkeypatch.setattr(mod, "GATED_LOOK_EVERY", 3600.0)
+    other, held = _limit_full(store, sqlite_url)
+    other.submit([new(limits=["api"])])
+    looks = []
+    pick = store._pick
+    monkeypatch.setattr(store, "_pick", lambda *a, **k: looks.append(k.get("dry")) or pick(*a, **k))
+    try:
+        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        t = held.tasks[0]
+        (again,) = other.complete_and_claim(
+            [Outcome(t.id, held.token, t.version, State.SUCCESS)], [("api",)], "w1", ["default"]
+        )[1]
+        assert again.tasks[0].id != t.id  # the place went straight to the other worker's next task
+        assert store.claim("w2", ["default"], 1) == [] and looks == [True, True]  # looked again
+    finally:
+        other.close()
+
+
 def test_a_skipped_look_is_per_kind_of_claim(store, sqlite_url, monkeypatch):
     """A worker with slots per queue claims for one queue, then another: a
     look that found nothing for the first says nothing about the second."""
