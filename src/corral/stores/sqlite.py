@@ -239,6 +239,12 @@ def _guard(fn):
     return wrapper
 
 
+@functools.lru_cache(maxsize=256)
+def _limits_json(limits: tuple[str, ...]) -> str:
+    """A task's limits as stored: every task of a name has the same few."""
+    return dumps(list(limits))
+
+
 def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tuple:
     """A new task's row for ``insert_task``, all but its id."""
     return (
@@ -253,7 +259,7 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         nt.batch,
         nt.key,
         nt.trace_id,
-        dumps(list(nt.limits)) if nt.limits else None,
+        _limits_json(nt.limits) if nt.limits else None,
         1 if nt.halt_group_on_failure else 0,
         now,
         nt.run_at if nt.run_at is not None else now,
