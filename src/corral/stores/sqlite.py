@@ -259,7 +259,7 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         nt.batch,
         nt.key,
         nt.trace_id,
-        _limits_json(nt.limits) if nt.limits else None,
+        _limits_json(tuple(nt.limits)) if nt.limits else None,
         1 if nt.halt_group_on_failure else 0,
         now,
         nt.run_at if nt.run_at is not None else now,
