@@ -69,10 +69,9 @@ class FileWatch:
             else:
                 if not ready:
                     return False
-                if self._drain():
-                    return True
-                if not self.broken:
-                    return False
+                hit = self._drain()
+                if hit or not self.broken:
+                    return hit
         time.sleep(min(BROKEN_SLICE, max(0.0, timeout)))
         return True
 
