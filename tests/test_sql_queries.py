@@ -10,6 +10,7 @@ from corral.stores.sql import load
 #: SQLite only: one statement per step where PostgreSQL does it in one, or
 #: bookkeeping that PostgreSQL's triggers keep.
 SQLITE_ONLY = {
+    "relay_fits": "which limits may pass a place to a relay (PostgreSQL: inside `handoff_allowed`)",
     "first_waiter": "whose work waits first under a limit (PostgreSQL: inside `handoff_allowed`)",
     "gated_signature": "a claim behind a full limit skips a look when nothing changed (PostgreSQL: no Python pick)",
     "claim_candidates": "the claim is picked in Python from ordered candidates (PostgreSQL: one `claim`)",

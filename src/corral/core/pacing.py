@@ -16,6 +16,10 @@ cost, both pure arithmetic here so they test without threads or a database:
   free slots, so a freed slot starts its next unit without waiting a claim;
   :func:`auto_prefetch` raises it for quick units, so that one claim brings
   many of them (most of a claim's cost is per statement, not per task).
+- A unit under a capped limit cannot be prefetched (it would hold a place
+  idle), so :func:`relay_due` says when a running one should ask for its
+  successor instead: the successor is claimed under the running unit's own
+  lease, in the place it holds, and starts there the moment it ends.
 """
 
 from __future__ import annotations
@@ -162,3 +166,28 @@ def auto_prefetch(concurrency: int, unit_seconds: float | None) -> int:
     if unit_seconds <= 0:
         return max(base, AUTO_PREFETCH_MAX)
     return max(base, min(AUTO_PREFETCH_MAX, math.floor(concurrency * PREFETCH_AHEAD_SECONDS / unit_seconds)))
+
+
+#: Ask for a relay this much earlier than the store's answer is expected.
+RELAY_MARGIN = 1.5
+#: Lead before the store's handover time is known, and the most ever used (seconds).
+RELAY_LEAD_DEFAULT = 0.02
+RELAY_LEAD_MAX = 0.25
+
+
+def relay_lead(write_seconds: float | None) -> float:
+    """How long before its end a running unit asks for its successor: the
+    time the completer's handover write takes here, with a margin (a
+    successor that comes early waits in the place, which stays counted
+    once; one that comes late leaves the place idle)."""
+    if write_seconds is None:
+        return RELAY_LEAD_DEFAULT
+    return min(RELAY_LEAD_MAX, max(0.002, write_seconds * RELAY_MARGIN))
+
+
+def relay_due(tasks_left: int, task_seconds: float | None, lead: float) -> bool:
+    """Should a unit with ``tasks_left`` tasks to run (the one starting
+    included), each taking about ``task_seconds``, ask for its successor now?"""
+    if task_seconds is None or tasks_left <= 0:
+        return False
+    return tasks_left * task_seconds <= lead

@@ -48,7 +48,7 @@ from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
-from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch, tail_bound, tail_split
+from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch, relay_due, relay_lead, tail_bound, tail_split
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
 from corral.core.states import State
@@ -153,6 +153,11 @@ def _is_retry(claim: Claim, prefetched: bool) -> bool:
     return claim.tasks[0].attempt + (1 if prefetched else 0) > 1
 
 
+#: A unit's relay: none asked, asked of the completer, a successor waits in
+#: its place, or closed (it ended first, or none came: its end hands over)
+RELAY_NONE, RELAY_ASKED, RELAY_GIVEN, RELAY_CLOSED = range(4)
+
+
 @dataclass(eq=False)
 class _Unit:
     claim: Claim
@@ -168,6 +173,9 @@ class _Unit:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
     uncounted: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: where its relay stands (RELAY_*), and the successor waiting in its place
+    relay: int = RELAY_NONE
+    successor: _Unit | None = None
     #: headed by a task run again after an attempt that ended (the retry path).
     #: Fixed at the claim: a prefetched head's attempt is raised when it
     #: starts, and the unit must leave the count it entered.
@@ -179,6 +187,13 @@ class _Unit:
     @property
     def queue(self) -> str:
         return self.claim.tasks[0].queue
+
+
+@dataclass(eq=False)
+class _Relay:
+    """The completer's cue: ``unit`` is near its end, claim its successor."""
+
+    unit: _Unit
 
 
 @dataclass(eq=False)
@@ -267,6 +282,7 @@ class Worker:
         #: None: sized by itself from the units' durations, see :attr:`prefetch`)
         self.prefetch_given = prefetch
         self._unit_time = RunningMean()
+        self._handover_time = RunningMean()  # a handover's write: how early a relay is asked
         # A worker running limited tasks lets its prefetch run dry before the
         # next claim into a free slot, which alone may take limited work: so
         # limited work is never starved by a steady flow of unlimited work.
@@ -304,7 +320,7 @@ class Worker:
         # waits on the store's lock between the tasks of its unit (the memory
         # store's lock is held by a submit of a thousand tasks for tens of
         # milliseconds, and slots completing in step with it stood idle).
-        self._completer_q: queue.SimpleQueue[Outcome | _Unit] = queue.SimpleQueue()
+        self._completer_q: queue.SimpleQueue[Outcome | _Unit | _Relay] = queue.SimpleQueue()
         #: how long the completer gathers outcomes into one write (see COMPLETER_WINDOW)
         self.completer_window = completer_window
         self._completer_idle = threading.Event()
@@ -832,15 +848,56 @@ class Worker:
         waits for a claim to find nothing."""
         return min(self.poll_interval, 0.02) if self._draining else self.poll_interval
 
+    def _relay_due(self, unit: _Unit, tasks_left: int) -> bool:
+        """Should ``unit``, about to run its last ``tasks_left`` tasks, ask
+        for its successor now? Only a unit under a capped limit's place
+        (others free their slot at once, and a prefetch covers them), in a
+        store that hands places over."""
+        if not unit.claim.tasks[0].limits or not self.store.hands_over or self._stop_claiming.is_set():
+            return False
+        return relay_due(tasks_left, self._auto_chunk.known(), relay_lead(self._handover_time.known()))
+
     def _release(self, unit: _Unit) -> None:
         """Free a unit's slot; for a group or a limit, only once its outcomes
         are in the store, so the next claim already sees them free (no empty
-        claims). Other units free their slot at once."""
+        claims). Other units free their slot at once. A successor relayed
+        to the unit takes its slot instead."""
+        successor = self._relay_end(unit)
+        if successor is not None:
+            self._pass_place(unit, successor)
+            return
         first = unit.claim.tasks[0]
         if unit.claim.group is None and not first.limits:
             self._settle(unit)
         else:
             self._to_completer(unit)
+
+    @staticmethod
+    def _relay_end(unit: _Unit) -> _Unit | None:
+        """At a unit's end: the successor waiting in its place, if one is
+        there and still to run; no relay comes after this."""
+        with unit.lock:
+            successor, unit.successor = unit.successor, None
+            unit.relay = RELAY_CLOSED
+        if successor is None:
+            return None
+        with successor.lock:
+            return None if successor.lost or successor.done else successor
+
+    def _pass_place(self, unit: _Unit, successor: _Unit) -> None:
+        """``unit`` ended: its successor takes its slot, in one step (the
+        dispatcher never sees the slot free), and the place it holds under
+        its limits (the lease token they share)."""
+        counted = self._end(unit)
+        with successor.lock:
+            successor.slot_freed = False  # counted in flight from now on
+        with self._cond:
+            if counted is not None:
+                self._forget(unit, counted)
+            self._count(successor, +1)
+            self._inflight += 1
+            self._cond.notify_all()
+        self._inbox.put(successor)
 
     def _settle(self, unit: _Unit) -> bool:
         """Mark a unit's slot free exactly once."""
@@ -904,6 +961,11 @@ class Worker:
                 ctx = Context(self.store, rec, token, rec.attempt)
                 run = _Run(unit, rec, ctx, None if rec.timeout is None else self.clock.monotonic() + rec.timeout)
                 self._runs[rec.id] = run
+                relay = unit.relay == RELAY_NONE and self._relay_due(unit, len(tasks) - i)
+                if relay:
+                    unit.relay = RELAY_ASKED
+            if relay:
+                self._to_completer(_Relay(unit))
             status = self._run_task(unit, rec, token, run)
             if status is None:
                 return False  # abandoned
@@ -1208,8 +1270,9 @@ class Worker:
             )
 
     # ---- writing outcomes ------------------------------------------------------
-    def _to_completer(self, item: Outcome | _Unit) -> None:
-        """An outcome to write, or a unit whose slot frees once what came before it is written."""
+    def _to_completer(self, item: Outcome | _Unit | _Relay) -> None:
+        """An outcome to write, a unit whose slot frees once what came before
+        it is written, or a unit near its end that asks for its successor."""
         self._completer_idle.clear()
         self._completer_q.put(item)
 
@@ -1227,14 +1290,19 @@ class Worker:
             return
         self._applied(outcomes, applied)
 
-    def _hand_over(self, outcomes: list[Outcome], ended: list[_Unit], names: frozenset[str]) -> list[Claim] | None:
+    def _hand_over(
+        self, outcomes: list[Outcome], ended: list[_Unit], names: frozenset[str], relays: Sequence[_Unit] = ()
+    ) -> list[Claim] | None:
         """Write the outcomes and claim the ended units' successors in one
         transaction: a place under a limit passes from one unit to the next
         with no moment free, no claim of the dispatcher's and no wait for
         the limit's lock. None when it cannot be done now (the outcomes are
         then written as usual, and the dispatcher claims): also when more
         units ended than one claim may take (a level that shrinks claims), as
-        the places left over must be announced to every worker."""
+        the places left over must be announced to every worker.
+
+        ``relays`` are units near their end that asked for a successor: one
+        claimed for such a unit waits in its place (:meth:`_relayed`)."""
         policy: DispatchPolicy = self._hook("dispatch")
         if (
             not self.store.hands_over
@@ -1242,14 +1310,17 @@ class Worker:
             or len(ended) > policy.max_units
             or not self._unrestricted(policy)
         ):
+            self._relayed(relays, {})
             return None
         chunk = self.current_chunk_size()
+        began = time.monotonic()
         try:
             applied, claims = self.store.complete_and_claim(
                 outcomes,
                 [u.claim.tasks[0].limits for u in ended],
                 self.id,
                 self.queues,
+                relays=[(u.claim.token, u.claim.tasks[0].limits) for u in relays],
                 names=names,
                 chunk_size=chunk,
                 tail=self._tail(chunk, read=False),
@@ -1258,12 +1329,49 @@ class Worker:
             )
         except StoreError as exc:
             log.warning("handing %d place(s) over failed (%s); writing the outcomes alone", len(ended), exc)
+            self._relayed(relays, {})
             return None
+        self._handover_time.observe(time.monotonic() - began)
         self._writes += 1
         self._applied(outcomes, applied)
         if any(c.group is not None for c in claims):
             self._grouped_at = time.monotonic()
-        return claims
+        tokens = {u.claim.token for u in relays}
+        self._relayed(relays, {c.token: c for c in claims if c.token in tokens})
+        return [c for c in claims if c.token not in tokens]
+
+    def _relayed(self, relays: Sequence[_Unit], successors: Mapping[str, Claim]) -> None:
+        """Put each relayed successor in its predecessor's place: it waits
+        there (held, not counted in flight) until the predecessor ends. A
+        predecessor that ended meanwhile hands its place over to it now; one
+        that was let go (a stop, a lost lease) gives it back."""
+        for unit in relays:
+            claim = successors.get(unit.claim.token)
+            if claim is None:
+                with unit.lock:
+                    if unit.relay == RELAY_ASKED:
+                        unit.relay = RELAY_CLOSED
+                continue
+            self._hook("on_claims", self.id, [claim])
+            successor = _Unit(claim, prefetched=True, slot_freed=True)
+            with self._cond:
+                self._units.add(successor)
+            with unit.lock:
+                waiting = unit.relay == RELAY_ASKED and not unit.lost and not unit.done
+                if waiting:
+                    unit.relay, unit.successor = RELAY_GIVEN, successor
+            if waiting:
+                continue
+            with unit.lock:
+                stays = not unit.lost and not unit.done
+            if stays:  # it ended a moment ago: its end, still queued here, hands nothing over
+                self._pass_place(unit, successor)
+                continue
+            with successor.lock:
+                successor.lost = successor.given_back = True
+            self._hand_back(successor, claim.tasks, claim.token)
+            self.handed_back += len(claim.tasks)
+            self._to_completer(successor)
 
     def _take_over(self, ended: list[_Unit], claims: list[Claim]) -> None:
         """Free the ended units' slots and fill them with their successors in
@@ -1300,10 +1408,10 @@ class Worker:
         window = self.completer_window
         names = frozenset(self.registry)
         while True:
-            items: list[Outcome | _Unit] = [q.get()]
+            items: list[Outcome | _Unit | _Relay] = [q.get()]
             # Gather for a moment: one write per batch, not per task. A unit
             # waiting for its slot (a marker in the queue) ends the wait.
-            waiting = isinstance(items[0], _Unit)
+            waiting = isinstance(items[0], (_Unit, _Relay))
             deadline = time.monotonic() + window
             while len(items) < 512:
                 try:
@@ -1315,10 +1423,12 @@ class Worker:
                 except queue.Empty:
                     break
                 items.append(item)
-                waiting = waiting or isinstance(item, _Unit)
+                waiting = waiting or isinstance(item, (_Unit, _Relay))
             outcomes = [x for x in items if isinstance(x, Outcome)]
-            ended = [x for x in items if isinstance(x, _Unit) and not x.lost]
-            successors = self._hand_over(outcomes, ended, names) if ended else None
+            # (a unit whose relayed successor took its place is done already)
+            ended = [x for x in items if isinstance(x, _Unit) and not x.lost and not x.done]
+            relays = [x.unit for x in items if isinstance(x, _Relay) and x.unit.relay == RELAY_ASKED]
+            successors = self._hand_over(outcomes, ended, names, relays) if ended or relays else None
             if successors is None:
                 if outcomes:
                     self._apply(outcomes)

@@ -463,6 +463,8 @@ class Store(abc.ABC):
         places: Sequence[Collection[str]],
         worker_id: str,
         queues: Collection[str],
+        *,
+        relays: Sequence[tuple[str, Collection[str]]] = (),
         **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         """Apply ``outcomes`` and claim, in the same transaction, at most one
@@ -479,6 +481,15 @@ class Store(abc.ABC):
         its limits is work of ``queues`` (and of the task names claimed);
         otherwise it is freed for every worker, so a worker of other queues
         under the same limit is not shut out.
+
+        ``relays`` are units still running their last task, each as its
+        lease token and the limits it names: for each, at most one successor
+        is claimed under that same token, so the limits count one place for
+        both and none is free a moment between them. It records no start
+        (the worker runs it once its predecessor ended, in that place), and
+        names only limits of its predecessor that have no rate, no pause and
+        no breaker. A relay's successor comes back with its predecessor's
+        token.
 
         Returns :meth:`complete`'s answer and the claims. This default
         hands nothing over: it writes the outcomes, and their places are

@@ -833,10 +833,12 @@ class PostgresStore(SqlStore):
         places: Sequence[Collection[str]],
         worker_id: str,
         queues: Collection[str],
+        *,
+        relays: Sequence[tuple[str, Collection[str]]] = (),
         **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         outcomes = list(outcomes)
-        if not places:
+        if not places and not relays:
             return self.complete(outcomes), []
         params = _complete_params(outcomes, hush=True)
         base = _claim_params(worker_id, queues, **claim_options)
@@ -845,6 +847,19 @@ class PostgresStore(SqlStore):
             key = tuple(sorted(set(p)))
             kinds[key] = kinds.get(key, 0) + 1
 
+        def allowed_of(conn, limits: tuple[str, ...], n: int, own: list[str]) -> list[str]:
+            if not limits:
+                return []
+            args = {
+                "names": list(limits),
+                "n": n,
+                "own": own,
+                "queues": base["queues"],
+                "all_names": base["all_names"],
+                "task_names": base["names"],
+            }
+            return [r[0] for r in conn.execute(self._q["handoff_allowed"], args)]
+
         def go(conn):
             with conn.transaction():
                 rows = conn.execute(self._q["complete"], params).fetchall() if outcomes else []
@@ -852,26 +867,18 @@ class PostgresStore(SqlStore):
                 left_free = False  # a place not passed over: the workers must hear of it
                 cur = conn.cursor(row_factory=dict_row)
                 for limits, n in sorted(kinds.items()):
-                    allowed = []
-                    if limits:
-                        allowed = [
-                            r[0]
-                            for r in conn.execute(
-                                self._q["handoff_allowed"],
-                                {
-                                    "names": list(limits),
-                                    "n": n,
-                                    "queues": base["queues"],
-                                    "all_names": base["all_names"],
-                                    "task_names": base["names"],
-                                },
-                            )
-                        ]
+                    allowed = allowed_of(conn, limits, n, [])
                     left_free = left_free or len(allowed) < len(limits)
                     cur.execute(self._q["claim"], {**base, "n": n, "allowed": allowed})
                     got += cur.fetchall()
                 if left_free or len({r["lease_token"] for r in got}) < len(places):
                     conn.execute(self._q["notify"], {"queue": ""})
+                for token, held in relays:
+                    # the place stays with the predecessor unless every limit may pass it on
+                    key = tuple(sorted(set(held)))
+                    if key and len(allowed_of(conn, key, 1, [token])) == len(key):
+                        cur.execute(self._q["claim"], {**base, "n": 1, "allowed": list(key), "relay": token})
+                        got += cur.fetchall()
             self._settle_after(conn, outcomes, rows)
             return rows, got
 
@@ -1738,6 +1745,7 @@ def _claim_params(
         "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
         "solo": "{}",
         "prefetch": bool(prefetch),
+        "relay": None,
     }
 
 

@@ -81,7 +81,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -354,6 +354,10 @@ class _ClaimAsk:
     most: int | None
     prefetch: bool
     tail: tuple[int, int] | None
+    #: a relay: the running predecessor's token, taken over by the one unit
+    #: claimed, and the limits whose places it passes on
+    relay: str | None = None
+    relay_limits: frozenset[str] = frozenset()
 
     @classmethod
     def of(
@@ -919,7 +923,18 @@ class SQLiteStore(SqlStore):
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
         picked, gated = self._pick(
-            con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail
+            con,
+            queues,
+            max_units,
+            known,
+            chunk_size,
+            now,
+            only_retries,
+            cap,
+            most,
+            prefetch,
+            tail=tail,
+            relay=ask.relay_limits if ask.relay else None,
         )
         local.gated_empty = not picked and gated
         local.gated_seen = None
@@ -934,9 +949,9 @@ class SQLiteStore(SqlStore):
         rows_by_claim: list[tuple[str, str | None, list]] = []
         touched: dict[str, float] = {}
         for members in picked:
-            token = uuid.uuid4().hex
+            token = ask.relay or uuid.uuid4().hex
             cur = _task_cursor(con)
-            start = None if prefetch else now
+            start = None if prefetch or ask.relay else now  # a relayed head starts once its predecessor ends
             rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
             if len(members) > 1:
                 rest = [m[0] for m in members[1:]]
@@ -966,6 +981,7 @@ class SQLiteStore(SqlStore):
         *,
         dry=False,
         tail: tuple[int, int] | None = None,
+        relay: frozenset[str] | None = None,
     ) -> tuple[list[list[tuple]], bool]:
         """Choose the claims (lists of candidate rows) by the claim rules, and
         say whether a gate (a limit, a rate, a breaker) stood in the way of
@@ -975,7 +991,9 @@ class SQLiteStore(SqlStore):
         nothing when ``dry`` (a read-only look). With a retry ``cap``, the
         retry path is read apart (its own index) and merged in claim order
         with fresh work, taking at most ``cap`` retries; if fresh work runs
-        short, retries take the rest (at most ``most`` retries in all)."""
+        short, retries take the rest (at most ``most`` retries in all).
+        A ``relay`` (the limits whose places a running unit passes on) counts
+        those places free and takes work naming no other limit."""
         last_claimed: dict[str, float] = {}
         gates: Gates | None = None
         breakers = self._breaker_rows(con)
@@ -995,6 +1013,8 @@ class SQLiteStore(SqlStore):
             if gates is None:
                 limits = {r[0]: _limit_state(r) for r in con.execute(Q["limits"])}
                 usage = dict(con.execute(Q["limit_usage"]).fetchall())
+                for name in relay or ():
+                    usage[name] = max(0, usage.get(name, 0) - 1)
                 gates = Gates(now, limits, usage, breakers)
             return gates
 
@@ -1010,6 +1030,8 @@ class SQLiteStore(SqlStore):
             reads its group's last claim): behind a full limit, every head is
             passed over this way."""
             if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
+                return True
+            if relay is not None and (row[4] in breakers or not set(json.loads(row[5]) if row[5] else ()) <= relay):
                 return True
             if not row[5] and row[4] not in breakers:
                 return False
@@ -1082,6 +1104,8 @@ class SQLiteStore(SqlStore):
                     if only_retries and f[7] != State.RETRYING:
                         break
                     more = (set(json.loads(f[5])) if f[5] else set()) - lims
+                    if relay is not None and not more <= relay:
+                        break
                     if more:
                         fg = the_gates()
                         if not fg.fits(more, "") or fg.solo(more, ""):
@@ -1200,6 +1224,8 @@ class SQLiteStore(SqlStore):
         places: Sequence[Collection[str]],
         worker_id: str,
         queues: Collection[str],
+        *,
+        relays: Sequence[tuple[str, Collection[str]]] = (),
         **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         # Under the write lock every claim counts the places itself: the
@@ -1212,10 +1238,22 @@ class SQLiteStore(SqlStore):
         ask = _ClaimAsk.of(queues, len(places), **claim_options)
         with self._write() as con:
             applied = self._complete_on(con, outcomes) if outcomes else []
-            claimed = None
+            claimed = []
             if places and queues and self._ours_first(con, places, ask):
-                claimed = self._claim_on(con, worker_id, ask)
-        return applied, ([] if claimed is None else claimed.claims())
+                claimed.append(self._claim_on(con, worker_id, ask))
+            for token, limits in relays:
+                # a successor of a unit still running, under its token: it
+                # names only limits whose place passes on without a charge
+                held = frozenset(limits)
+                if queues and self._relay_fits(con, held) and self._ours_first(con, [held], ask):
+                    one = replace(ask, max_units=1, relay=token, relay_limits=held)
+                    claimed.append(self._claim_on(con, worker_id, one))
+        return applied, [c for part in claimed for c in part.claims()]
+
+    def _relay_fits(self, con: sqlite3.Connection, names: frozenset[str]) -> bool:
+        """May the places of ``names`` pass to a relay (capped, no rate, no pause, no breaker)?"""
+        row = con.execute(Q["relay_fits"], (dumps(sorted(names)), self._clock.time())).fetchone()
+        return bool(names) and row[0] == len(names)
 
     def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], ask: _ClaimAsk) -> bool:
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""

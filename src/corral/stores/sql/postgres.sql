@@ -746,12 +746,15 @@ SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]
 -- lowered meanwhile), and the first work waiting under the limit is work of
 -- this worker's queues and tasks: otherwise the place is freed for every
 -- worker, so one that runs other queues under the same limit is not shut out.
+-- A relay's place is still held by its running predecessor (%(own)s, its
+-- token): it counts as free for its successor.
 SELECT l.name FROM corral_limits l
 WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate IS NULL
   AND coalesce(l.paused_until, 0) <= extract(epoch FROM now())::float8
   AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = l.name)
   AND l.concurrency - (SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
-                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)) >= %(n)s
+                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)
+                         AND NOT (t.lease_token = ANY(%(own)s::text[]))) >= %(n)s
   AND coalesce((SELECT w.queue = ANY(%(queues)s::text[]) AND (%(all_names)s::bool OR w.name = ANY(%(task_names)s::text[]))
                 FROM corral_tasks w
                 WHERE w.status IN ('PENDING', 'RETRYING') AND cardinality(w.limits) > 0
@@ -884,7 +887,10 @@ lanes AS MATERIALIZED (
 -- claim order, but retries past their share of n are left for a later claim
 -- (unless fresh work runs short)
 picked AS MATERIALIZED (
-    SELECT u.id, u.group_key, u.limits, u.name, replace(gen_random_uuid()::text, '-', '') AS token,
+    -- a relay (one unit, %(relay)s its predecessor's token) takes over the place
+    -- that token holds: the limits count one place for both
+    SELECT u.id, u.group_key, u.limits, u.name,
+           coalesce(%(relay)s::text, replace(gen_random_uuid()::text, '-', '')) AS token,
            row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
     FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
     WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
@@ -939,9 +945,11 @@ upd AS (
         lease_expires_at = clk.now + %(lease)s::float8,
         worker_id = %(worker)s,
         version = t.version + 1,
-        -- a prefetched head records no start, like a chunk member
-        started_at = CASE WHEN m.is_head AND NOT %(prefetch)s::bool THEN clk.now END,
-        attempt = t.attempt + CASE WHEN m.is_head AND NOT %(prefetch)s::bool THEN 1 ELSE 0 END,
+        -- a prefetched or relayed head records no start, like a chunk member
+        started_at = CASE WHEN m.is_head AND NOT %(prefetch)s::bool AND %(relay)s::text IS NULL
+                          THEN clk.now END,
+        attempt = t.attempt + CASE WHEN m.is_head AND NOT %(prefetch)s::bool AND %(relay)s::text IS NULL
+                                   THEN 1 ELSE 0 END,
         finished_at = NULL
     FROM members m, clk
     WHERE t.id = m.id AND (t.status || '') IN ('PENDING', 'RETRYING')
@@ -1104,10 +1112,19 @@ note AS (
     SELECT pg_notify('corral_work', q.queue || ':g')
     FROM (SELECT DISTINCT u.queue FROM upd u
           WHERE (u.status IN ('PENDING', 'RETRYING') AND u.run_at <= (SELECT now FROM clk))
-             OR ((u.group_key IS NOT NULL OR (cardinality(u.limits) > 0 AND NOT %(hush)s::bool))
+             -- (a successor relayed the place shares the token: it holds
+             -- the limits it names, never the group)
+             OR (u.group_key IS NOT NULL
                  AND NOT EXISTS (
                      SELECT 1 FROM corral_tasks r
                      WHERE r.lease_token = u.token AND r.status = 'RUNNING'
+                       AND r.group_key = u.group_key
+                       AND NOT (r.id = ANY(%(ids)s::bigint[]))))
+             OR (cardinality(u.limits) > 0 AND NOT %(hush)s::bool
+                 AND NOT EXISTS (
+                     SELECT 1 FROM corral_tasks r
+                     WHERE r.lease_token = u.token AND r.status = 'RUNNING'
+                       AND r.limits @> u.limits
                        AND NOT (r.id = ANY(%(ids)s::bigint[]))))) q
 )
 SELECT ord, has_dependents AND status IN ('SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED'),

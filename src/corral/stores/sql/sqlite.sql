@@ -1141,3 +1141,11 @@ SELECT queue, name FROM tasks INDEXED BY tasks_queued_run_at
 WHERE status IN ('PENDING', 'RETRYING') AND limits IS NOT NULL AND run_at <= ?
   AND EXISTS (SELECT 1 FROM json_each(tasks.limits) WHERE value = ?)
 ORDER BY run_at, id LIMIT 1;
+
+-- name: relay_fits
+-- How many of the limits ? may pass a place to a relay: capped, no rate, not
+-- paused at ?, no breaker (a rate would owe a token, a breaker its probes).
+SELECT count(*) FROM named_limits
+WHERE name IN (SELECT value FROM json_each(?)) AND concurrency IS NOT NULL AND rate IS NULL
+  AND coalesce(paused_until, 0) <= ?
+  AND name NOT IN (SELECT name FROM breakers)
