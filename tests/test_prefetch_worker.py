@@ -12,10 +12,14 @@ import corral
 from corral import State
 from corral.core.pacing import (
     AUTO_PREFETCH_MAX,
+    RELAY_LEAD_DEFAULT,
+    RELAY_LEAD_MAX,
     AutoChunk,
     auto_prefetch,
     chunk_reach,
     default_prefetch,
+    relay_due,
+    relay_lead,
     tail_bound,
     tail_split,
 )
@@ -332,6 +336,18 @@ def test_auto_prefetch_holds_more_of_quick_units_only():
     assert auto_prefetch(8, 1e-5) == auto_prefetch(8, 0.0) == AUTO_PREFETCH_MAX
     assert auto_prefetch(500, 1e-5) == AUTO_PREFETCH_MAX
     assert auto_prefetch(500, 1.0) == default_prefetch(500) == 64
+
+
+def test_a_relay_is_asked_as_long_before_the_end_as_a_handover_takes():
+    assert relay_lead(None) == RELAY_LEAD_DEFAULT  # nothing measured yet
+    assert abs(relay_lead(0.020) - 0.030) < 1e-9  # with a margin
+    assert relay_lead(10.0) == RELAY_LEAD_MAX  # a successor never waits long in its place
+    assert relay_lead(0.0) > 0
+    assert relay_due(3, 0.010, 0.030) and not relay_due(4, 0.010, 0.030)
+    assert relay_due(1, 0.010, 0.030)  # the last task: ask at its start
+    assert not relay_due(1, 0.5, 0.030)  # a long last task asks for none: its end hands the place over
+    assert not relay_due(2, None, 1.0)  # durations unknown: no relay yet
+    assert not relay_due(0, 0.001, 1.0)
 
 
 def test_a_worker_holds_more_ahead_once_its_units_prove_quick(url):

@@ -120,3 +120,97 @@ def test_a_place_passes_over_when_the_first_work_waiting_is_the_workers_own(stor
     (c,) = store.claim("w", ["a"], 10)
     applied, got = store.complete_and_claim([done(c.tasks[0])], [("api",)], "w", ["a"])
     assert applied == [True] and handed(store, got, [mine])
+
+
+# ---- relays: a successor claimed while its predecessor still runs ------------------
+def relay(store, outcomes, unit, queues=("default",)):
+    return store.complete_and_claim(
+        outcomes, [], "w", list(queues), relays=[(unit.token, unit.tasks[0].limits)], chunk_size=1
+    )
+
+
+def test_a_relay_takes_the_place_of_a_running_unit_under_its_token(store):
+    store.set_limit(LimitSpec("api", concurrency=2))
+    ids = submit(store, *[new(limits=("api",)) for _ in range(4)])
+    first, second = claim(store, 10)
+    applied, got = relay(store, [], first)
+    assert applied == []
+    assert handed(store, got, [ids[2]])  # one successor, though two wait
+    if not store.hands_over:
+        return
+    (succ,) = got
+    assert succ.token == first.token  # the place the running unit holds, not a new one
+    rec = store.get(ids[2])
+    assert rec.status is State.RUNNING and rec.started_at is None and rec.attempt == 0  # not started yet
+    assert store.limit_usage().get("api") == 2
+    assert claim(store, 10) == []  # the limit stays full to everyone else
+    applied, _ = store.complete_and_claim([done(first.tasks[0])], [], "w", ["default"])
+    assert applied == [True]
+    assert store.limit_usage().get("api") == 2  # the predecessor ended: its successor holds the place
+    assert claim(store, 10) == []
+    assert status_of(store, ids[3]) is State.PENDING
+
+
+def test_a_relay_never_takes_a_place_under_another_limit(store):
+    store.set_limit(LimitSpec("api", concurrency=2))
+    store.set_limit(LimitSpec("db", concurrency=5))
+    (a,) = submit(store, new(limits=("api",)))
+    (both,) = submit(store, new(limits=("api", "db")))
+    (only_api,) = submit(store, new(limits=("api",)))
+    (c,) = claim(store, 1)
+    assert claimed_ids([c]) == [a]
+    _, got = relay(store, [], c)
+    assert handed(store, got, [only_api])  # the db place would be taken idle
+    assert status_of(store, both) is State.PENDING
+
+
+def test_no_relay_under_a_rate_or_a_breaker(store):
+    store.set_limit(LimitSpec("api", concurrency=2, rate="100/s", burst=10))
+    store.set_limit(LimitSpec("db", concurrency=2))
+    store.set_breaker("db", BreakerConfig())
+    submit(store, *[new(limits=("api",)) for _ in range(3)], *[new(limits=("db",)) for _ in range(3)])
+    units = claim(store, 10)
+    by = {c.tasks[0].limits: c for c in units}
+    for held in (("api",), ("db",)):
+        _, got = relay(store, [], by[held])
+        assert got == []  # a relayed head would owe a token, or a probe, while it waits
+
+
+def test_a_relay_leaves_the_place_to_other_queues_work_waiting_first(store):
+    store.set_limit(LimitSpec("api", concurrency=1))
+    (mine,) = submit(store, new(queue="a", limits=("api",)))
+    submit(store, new(queue="b", limits=("api",)), new(queue="a", limits=("api",)))
+    (c,) = store.claim("w", ["a"], 10)
+    assert claimed_ids([c]) == [mine]
+    _, got = relay(store, [], c, queues=("a",))
+    assert got == []
+
+
+def test_a_relay_never_takes_the_next_task_of_the_running_group(store):
+    store.set_limit(LimitSpec("api", concurrency=2))
+    g1, g2 = submit(store, new(group="g", limits=("api",)), new(group="g", limits=("api",)))
+    (h,) = submit(store, new(group="h", limits=("api",)))
+    (c,) = claim(store, 1, chunk_size=1)
+    assert claimed_ids([c]) == [g1]
+    _, got = relay(store, [], c)
+    assert handed(store, got, [h])
+    assert status_of(store, g2) is State.PENDING
+
+
+def test_a_relayed_successor_of_a_dead_worker_comes_back_with_its_attempts(store, advance):
+    store.set_limit(LimitSpec("api", concurrency=1))
+    first, second = submit(store, new(limits=("api",), max_retries=1), new(limits=("api",), max_retries=1))
+    (c,) = store.claim("w", ["default"], 1, lease_seconds=30)
+    _, got = store.complete_and_claim(
+        [], [], "w", ["default"], relays=[(c.token, ("api",))], chunk_size=1, lease_seconds=30
+    )
+    if not store.hands_over:
+        assert got == []
+        return
+    assert claimed_ids(got) == [second]
+    advance(31)  # the worker died: the lease they share ran out
+    report = store.sweep()
+    assert set(report.lost_leases_retried) == {first, second}
+    assert store.get(first).attempt == 1  # it had started
+    assert store.get(second).attempt == 0  # it never started: nothing burned
+    assert status_of(store, second) in (State.PENDING, State.RETRYING)

@@ -1,0 +1,119 @@
+"""A unit under a capped limit that nears its end asks for its successor:
+claimed under the unit's own lease token, it waits in the place the unit
+holds and starts there once the unit ended (durable stores). The limit never
+counts more than its cap, group order and exclusivity hold, no attempt is
+burned, and a stopping worker gives a waiting successor back (a dead
+worker's: tests/conformance/test_store_handover.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import corral
+from corral import State
+from helpers import wait_for
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def handing_url(request) -> str:
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+class _RelayLog:
+    """Wraps a store's complete_and_claim: the successors claimed for relays."""
+
+    def __init__(self, store):
+        self.relayed = 0
+        self._inner = store.complete_and_claim
+        store.complete_and_claim = self
+
+    def __call__(self, *args, relays=(), **kwargs):
+        applied, claims = self._inner(*args, relays=relays, **kwargs)
+        tokens = {token for token, _ in relays}
+        self.relayed += sum(1 for c in claims if c.token in tokens)
+        return applied, claims
+
+
+def _knows_quick_tasks(worker) -> None:
+    """As if the worker had timed a few 1 ms tasks: a unit asks for its relay
+    from its start (the default lead is longer than the whole unit)."""
+    for _ in range(5):
+        worker._auto_chunk.observe(0.001)
+
+
+def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
+    app = corral.App(handing_url)
+    app.limit("downstream", concurrency=2)
+    lock = threading.Lock()
+    state = {"running": 0, "peak": 0}
+    seen: dict[str, list[int]] = {}
+
+    @app.task(limits=["downstream"])
+    def call(group, i):
+        with lock:
+            state["running"] += 1
+            state["peak"] = max(state["peak"], state["running"])
+            seen.setdefault(group, []).append(i)
+        threading.Event().wait(0.002)  # the downstream call
+        with lock:
+            state["running"] -= 1
+
+    handles = [call.submit(g, i, group=g) for i in range(12) for g in "abcde"]
+    worker = app.worker(4, chunk_size=2)
+    log = _RelayLog(worker.store)
+    _knows_quick_tasks(worker)
+    worker.start()
+    try:
+        assert worker.drain(60)
+    finally:
+        worker.stop(10)
+    try:
+        assert log.relayed > 0  # successors came while their predecessors ran
+        assert state["peak"] <= 2
+        assert seen == {g: list(range(12)) for g in "abcde"}
+        records = [app.get(h.id) for h in handles]
+        assert all(r.status is State.SUCCESS for r in records)
+        assert all(r.attempt == 1 for r in records)  # a relayed head's attempt counted once, at its start
+        assert all(r.started_at is not None and r.started_at <= r.finished_at for r in records)
+    finally:
+        app.close(10)
+
+
+def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
+    app = corral.App(handing_url)
+    app.limit("downstream", concurrency=1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.task(limits=["downstream"], retries=0)
+    def call(tag):
+        ran.append(tag)
+        if tag == "a":
+            release.wait(30)
+
+    first = call.submit("a", group="a")
+    second = call.submit("b", group="b")
+    worker = app.worker(2, chunk_size=1)
+    log = _RelayLog(worker.store)
+    _knows_quick_tasks(worker)
+    worker.start()
+    try:
+        wait_for(lambda: ran == ["a"])
+        wait_for(lambda: log.relayed == 1)  # b waits in a's place
+        rec = app.get(second.id)
+        assert rec.status is State.RUNNING and rec.started_at is None
+        stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
+        stopper.start()
+        wait_for(lambda: app.get(second.id).status is State.PENDING)  # given back before a ends
+        release.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert ran == ["a"]
+        assert app.get(first.id).status is State.SUCCESS
+        rec = app.get(second.id)
+        assert rec.status is State.PENDING and rec.attempt == 0  # no attempt burned
+    finally:
+        release.set()
+        app.close(10)
