@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.bench import bench
-from corral.bench.scale import checkpoints
+from corral.bench.scale import checkpoints, tenths
 
 
 def _run(*args: str) -> dict:
@@ -25,6 +25,16 @@ def test_reported_slices_are_the_first_10k_100k_and_the_last():
     assert checkpoints(50, 100) == [50]
 
 
+def test_submit_rates_per_tenth_weigh_each_slice_by_its_time():
+    # 100 slices of 10 tasks: the first ten at 10/s, the rest at 20/s
+    rates = [10.0] * 10 + [20.0] * 90
+    by_tenth = tenths(rates, [10] * 100)
+    assert by_tenth == [10.0] + [20.0] * 9
+    # two slices of 10 at 10/s and 30/s: 20 tasks in 1.33 s, not the mean of the rates
+    assert tenths([10.0, 30.0] * 10, [10] * 20)[0] == 15.0
+    assert tenths([5.0, 7.0], [1, 1]) == [5.0, 7.0]
+
+
 def test_scale_sqlite():
     report = _run(
         "scale",
@@ -34,6 +44,9 @@ def test_scale_sqlite():
     assert report["scenario"] == "scale"
     assert [s["at"] for s in report["submit"]["slices"]] == [200, 600]
     assert len(report["submit"]["slice_rates"]) == 3
+    assert len(report["submit"]["tenths"]) == 3 and all(v > 0 for v in report["submit"]["tenths"])
+    bare = report["submit"]["bare_line_index_tenths"]  # the B-tree's own cost, beside the store's
+    assert len(bare) == 3 and all(v > 0 for v in bare)
     drain = report["drain"]
     assert drain["tasks"] == 600
     assert [s["at"] for s in drain["slices"]] == [200, 600]
@@ -53,8 +66,9 @@ def test_scale_bounded_drain_skips_the_latency_after():
     report = _run(
         "scale",
         *("--store", "sqlite", "--tasks", "400", "--groups", "10", "--slice", "100", "--drain", "200"),
-        *("--concurrency", "2", "--latency-tasks", "0", "--json", "--no-progress"),
+        *("--concurrency", "2", "--latency-tasks", "0", "--no-reference", "--json", "--no-progress"),
     )
+    assert "bare_line_index_tenths" not in report["submit"]
     assert report["drain"]["tasks"] == 200
     assert [s["at"] for s in report["drain"]["slices"]] == [100, 200]
     assert "latency_fresh" not in report and "latency_after" not in report

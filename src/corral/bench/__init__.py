@@ -462,6 +462,12 @@ def limits_cmd(
     help="Idle-latency tasks, on the fresh store and after the drain (0 skips both).",
 )
 @click.option("--timeout", default=3600.0, show_default=True, help="Seconds the drain may take.")
+@click.option(
+    "--no-reference",
+    is_flag=True,
+    help="SQLite: skip inserting the same rows into a bare table with only a (group, id) index "
+    "(the reference for the submit's slowdown; about 10 s at a million tasks).",
+)
 @json_option
 @no_progress_option
 def scale_cmd(
@@ -475,6 +481,7 @@ def scale_cmd(
     concurrency: int,
     latency_tasks: int,
     timeout: float,
+    no_reference: bool,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -482,9 +489,11 @@ def scale_cmd(
 
     Queues --tasks no-op tasks in --groups groups (submit_many, 1 000 a call),
     then --workers processes drain them; reports the slices ending at 10 k,
-    100 k and the last task, and the ratio last / first (flat is 1.0).
-    The idle submit-to-start latency is measured on the fresh store and
-    again after the drain."""
+    100 k and the last task, and the ratio last / first (flat is 1.0); the
+    submit rate also per tenth of the tasks, and on SQLite beside the same
+    rows in a bare table with only a (group, id) index, the part of the
+    slowdown that is the B-tree's own. The idle submit-to-start latency is
+    measured on the fresh store and again after the drain."""
     from corral.bench.scale import child_argv, render_scale
 
     kind, pg_url = _shared_store(store, pg_url)
@@ -504,6 +513,7 @@ def scale_cmd(
         concurrency=concurrency,
         latency_tasks=latency_tasks,
         timeout=timeout,
+        no_reference=no_reference,
         progress=not no_progress,
     )
     _run_and_show(argv, f"scale ({kind})", render_scale, as_json=as_json, progress=not no_progress)

@@ -18,7 +18,12 @@ second grow with worker processes.
    and the same workers: after a loaded run.
 
 Figures are given for the slices ending at 10 k, 100 k and the last task,
-with the ratio last / first: flat is 1.0.
+with the ratio last / first: flat is 1.0. The submit rate is also given per
+tenth of the tasks (a first slice alone is mostly a cold start), and on
+SQLite beside the same rows inserted into a bare table whose only index is
+keyed by group and id, as the line index a claim needs: a B-tree that takes
+10 000 interleaved groups grows slower per row written, and that reference
+shows how much of the submit's slowdown is the index's own.
 
 ``processes`` (PostgreSQL): for each count P of worker processes, a queue
 pre-filled with ``--tasks`` no-op tasks is drained by P fresh processes;
@@ -253,6 +258,59 @@ def ratio(first: float | None, last: float | None) -> float | None:
     return round(last / first, 3)
 
 
+def tenths(rates: list[float], sizes: list[int]) -> list[float]:
+    """Rates per tenth of the slices (tasks over seconds within each)."""
+    k = max(1, len(rates) // 10)
+    out = []
+    for i in range(0, len(rates) - len(rates) % k if len(rates) >= 10 else len(rates), k):
+        tasks = sum(sizes[i : i + k])
+        secs = sum(n / r for n, r in zip(sizes[i : i + k], rates[i : i + k]) if r)
+        out.append(round(tasks / secs, 1) if secs else 0.0)
+    return out
+
+
+def bare_line_index(n: int, groups: int, batch: int) -> list[float]:
+    """Insert rates per tenth of ``n`` rows (task i in group i mod
+    ``groups``, ``batch`` a transaction) into a fresh SQLite table with one
+    index, on (group, id) as the store's line index, with the store's journal
+    and cache settings: what that B-tree alone costs as it grows."""
+    import sqlite3
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="corral-bare-") as d:
+        con = sqlite3.connect(os.path.join(d, "bare.db"), isolation_level=None)
+        try:
+            for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "cache_size = -16000"):
+                con.execute(f"PRAGMA {pragma}")
+            con.execute(
+                "CREATE TABLE tasks (id INTEGER PRIMARY KEY, name TEXT, args TEXT, group_key TEXT,"
+                " status TEXT, run_at REAL, trace_id TEXT)"
+            )
+            con.execute("CREATE INDEX tasks_line ON tasks (group_key, id) WHERE group_key IS NOT NULL")
+            tenth = max(batch, n // 10)
+            rates: list[float] = []
+            spent = 0.0
+            for b in range(0, n, batch):
+                rows = [
+                    ("scale.noop", f"[{i}]", f"g{i % groups}", "PENDING", time.time(), f"{i:032x}")
+                    for i in range(b, min(n, b + batch))
+                ]
+                t0 = time.perf_counter()
+                con.execute("BEGIN IMMEDIATE")
+                con.executemany(
+                    "INSERT INTO tasks (name, args, group_key, status, run_at, trace_id) VALUES (?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+                con.execute("COMMIT")
+                spent += time.perf_counter() - t0
+                if (b + batch) % tenth == 0 or b + batch >= n:
+                    rates.append(round(min(tenth, n - len(rates) * tenth) / spent, 1))
+                    spent = 0.0
+            return rates[:10]
+        finally:
+            con.close()
+
+
 def run_scale(args) -> dict[str, Any]:
     prog = emit_progress if args.progress else (lambda *a: None)
     n, groups, sl = args.tasks, args.groups, args.slice
@@ -317,6 +375,8 @@ def run_scale(args) -> dict[str, Any]:
             }
             reported = out["submit"]["slices"]
             out["submit"]["ratio_last_first"] = ratio(reported[0]["rate"], reported[-1]["rate"])
+            out["submit"]["tenths"] = by_tenth = tenths(rates, sizes)
+            out["submit"]["ratio_tenths"] = ratio(by_tenth[0], by_tenth[-1])
 
             # 3. drain
             fleet = Fleet(url, args.workers, opts, slice_size=sl, keep=keep, probes=args.latency_tasks)
@@ -381,6 +441,10 @@ def run_scale(args) -> dict[str, Any]:
             }
         finally:
             app.store.close()
+    if args.store == "sqlite" and args.reference:
+        bare = bare_line_index(n, groups, batch)
+        out["submit"]["bare_line_index_tenths"] = bare
+        out["submit"]["bare_ratio_tenths"] = ratio(bare[0], bare[-1])
     out["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     return out
 
@@ -563,6 +627,18 @@ def render_scale(r: dict[str, Any]) -> None:
         _f(dr.get("ratio_rss")),
     )
     console.print(t)
+    if sub.get("tenths"):
+        console.print(
+            "submit tasks/s per tenth of the tasks: "
+            + ", ".join(f"{v:,.0f}" for v in sub["tenths"])
+            + f" (last / first {_f(sub.get('ratio_tenths'))})"
+        )
+    if sub.get("bare_line_index_tenths"):
+        console.print(
+            "the same rows into a bare SQLite table with only a (group, id) index: "
+            + ", ".join(f"{v:,.0f}" for v in sub["bare_line_index_tenths"])
+            + f" (last / first {_f(sub.get('bare_ratio_tenths'))}): the index's own slowdown"
+        )
     console.print(
         f"submit {sub['rate']:,.0f} tasks/s overall ({sub['seconds']:.1f} s); drained {dr['tasks']:,} of "
         f"{r['tasks']:,} in {dr['seconds']:.1f} s ({dr['rate']:,.0f} tasks/s, {dr['claims']:,} claims)"
@@ -622,6 +698,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--spacing", type=float, default=0.025)
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--no-reference", dest="reference", action="store_false")
     return p
 
 
