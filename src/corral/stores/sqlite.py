@@ -1235,7 +1235,7 @@ class SQLiteStore(SqlStore):
         outcomes = list(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
-        ask = _ClaimAsk.of(queues, len(places), **claim_options)
+        ask = _ClaimAsk.of(queues, max(1, len(places)), **claim_options)
         with self._write() as con:
             applied = self._complete_on(con, outcomes) if outcomes else []
             claimed = []
