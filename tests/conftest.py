@@ -84,6 +84,13 @@ def url(request) -> str:
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def handing_url(request) -> str:
+    """A fresh store that hands places over (SQLite, PostgreSQL). Memory hands
+    nothing over: there workers race for each freed place."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
 @pytest.fixture
 def wait_for():
     """The ``helpers.wait_for`` function, for tests that prefer a fixture."""

@@ -5,13 +5,14 @@ Tests never sleep to synchronise: they poll a condition with ``wait_for``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_for", "run_concurrently"]
+__all__ = ["wait_for", "run_concurrently", "Downstream"]
 
 
 def wait_for(
@@ -67,3 +68,24 @@ def run_concurrently(n: int, fn: Callable[[int], T], timeout: float = 90.0) -> l
     if errors:
         raise errors[0]
     return results
+
+
+class Downstream:
+    """A downstream call as a limited task makes it: notes how many calls are
+    in flight at their peak, and each group's calls in the order they came."""
+
+    def __init__(self, seconds: float = 0.002) -> None:
+        self.seconds = seconds
+        self.running = 0
+        self.peak = 0
+        self.seen: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, group: str, i: int) -> None:
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+            self.seen.setdefault(group, []).append(i)
+        threading.Event().wait(self.seconds)  # the call itself
+        with self._lock:
+            self.running -= 1

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 import corral
 from corral import State
-from helpers import wait_for
+from helpers import Downstream, wait_for
 
 
 class _HandOverLog:
@@ -40,19 +38,11 @@ def _run_to_the_end(app, worker) -> None:
 def test_places_pass_from_unit_to_unit_within_the_limit_and_group_order(url):
     app = corral.App(url)
     app.limit("downstream", concurrency=2)
-    lock = threading.Lock()
-    state = {"running": 0, "peak": 0}
-    seen: dict[str, list[int]] = {}
+    down = Downstream()
 
     @app.task(limits=["downstream"])
     def call(group, i):
-        with lock:
-            state["running"] += 1
-            state["peak"] = max(state["peak"], state["running"])
-            seen.setdefault(group, []).append(i)
-        threading.Event().wait(0.002)  # the downstream call
-        with lock:
-            state["running"] -= 1
+        down(group, i)
 
     for i in range(15):
         for g in ("a", "b", "c", "d"):
@@ -60,8 +50,8 @@ def test_places_pass_from_unit_to_unit_within_the_limit_and_group_order(url):
     worker = app.worker(4, chunk_size=3)
     log = _HandOverLog(worker.store)
     _run_to_the_end(app, worker)
-    assert state["peak"] <= 2
-    assert {g: seen[g] for g in seen} == {g: list(range(15)) for g in "abcd"}
+    assert down.peak <= 2
+    assert down.seen == {g: list(range(15)) for g in "abcd"}
     if worker.store.hands_over:
         assert log.successors > 0  # the places passed over, not through the dispatcher
     else:
@@ -98,14 +88,6 @@ def test_a_stopping_worker_hands_no_place_over(url):
     finally:
         release.set()
         app.close(10)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def handing_url(request) -> str:
-    """A store that hands places over. Memory hands nothing over: there the
-    two workers race for each freed place, and the rule below is not at
-    work (a race can go one way many times in a row)."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(handing_url):

@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 import corral
 from corral import State
-from helpers import wait_for
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def handing_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+from helpers import Downstream, wait_for
 
 
 class _RelayLog:
@@ -46,19 +39,11 @@ def _knows_quick_tasks(worker) -> None:
 def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
     app = corral.App(handing_url)
     app.limit("downstream", concurrency=2)
-    lock = threading.Lock()
-    state = {"running": 0, "peak": 0}
-    seen: dict[str, list[int]] = {}
+    down = Downstream()
 
     @app.task(limits=["downstream"])
     def call(group, i):
-        with lock:
-            state["running"] += 1
-            state["peak"] = max(state["peak"], state["running"])
-            seen.setdefault(group, []).append(i)
-        threading.Event().wait(0.002)  # the downstream call
-        with lock:
-            state["running"] -= 1
+        down(group, i)
 
     handles = [call.submit(g, i, group=g) for i in range(12) for g in "abcde"]
     worker = app.worker(4, chunk_size=2)
@@ -71,8 +56,8 @@ def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
         worker.stop(10)
     try:
         assert log.relayed > 0  # successors came while their predecessors ran
-        assert state["peak"] <= 2
-        assert seen == {g: list(range(12)) for g in "abcde"}
+        assert down.peak <= 2
+        assert down.seen == {g: list(range(12)) for g in "abcde"}
         records = [app.get(h.id) for h in handles]
         assert all(r.status is State.SUCCESS for r in records)
         assert all(r.attempt == 1 for r in records)  # a relayed head's attempt counted once, at its start

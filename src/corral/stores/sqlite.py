@@ -922,19 +922,9 @@ class SQLiteStore(SqlStore):
             if rows:
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
+        relay = ask.relay_limits if ask.relay else None
         picked, gated = self._pick(
-            con,
-            queues,
-            max_units,
-            known,
-            chunk_size,
-            now,
-            only_retries,
-            cap,
-            most,
-            prefetch,
-            tail=tail,
-            relay=ask.relay_limits if ask.relay else None,
+            con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail, relay=relay
         )
         local.gated_empty = not picked and gated
         local.gated_seen = None
