@@ -102,3 +102,38 @@ def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
     finally:
         release.set()
         app.close(10)
+
+
+def test_a_successor_is_not_held_behind_a_timed_out_thread(handing_url):
+    """A thread that timed out keeps its lease, and so its place, until it
+    really ends: a successor relayed to it goes back to the queue meanwhile
+    rather than wait beside it, and runs once the place is free."""
+    app = corral.App(handing_url)
+    app.limit("downstream", concurrency=1)
+    release = threading.Event()
+    ran: list[str] = []
+
+    @app.task(limits=["downstream"], retries=0, timeout=0.5)
+    def call(tag):
+        ran.append(tag)
+        if tag == "a":
+            release.wait(30)
+
+    call.submit("a", group="a")
+    second = call.submit("b", group="b")
+    worker = app.worker(2, chunk_size=1)
+    log = _RelayLog(worker.store)
+    _knows_quick_tasks(worker)
+    worker.start()
+    try:
+        wait_for(lambda: log.relayed == 1)  # b waits in a's place
+        wait_for(lambda: app.get(second.id).status is State.PENDING, timeout=20)  # a timed out: b given back
+        rec = app.get(second.id)
+        assert rec.attempt == 0 and ran == ["a"]
+        release.set()  # a's thread ends, its timeout is written, the place is free
+        wait_for(lambda: app.get(second.id).status is State.SUCCESS, timeout=20)
+        assert app.get(second.id).attempt == 1
+    finally:
+        release.set()
+        worker.stop(10)
+        app.close(10)

@@ -1366,12 +1366,17 @@ class Worker:
                 stays = not unit.lost and not unit.done
             if stays:  # it ended a moment ago: its end, still queued here, hands nothing over
                 self._pass_place(unit, successor)
-                continue
-            with successor.lock:
-                successor.lost = successor.given_back = True
-            self._hand_back(successor, claim.tasks, claim.token)
-            self.handed_back += len(claim.tasks)
-            self._to_completer(successor)
+            else:
+                self._give_back(successor)
+
+    def _give_back(self, successor: _Unit) -> None:
+        """Give a relayed successor that never started back to the queue,
+        attempts intact; it leaves the units once the hand-back is written."""
+        with successor.lock:
+            successor.lost = successor.given_back = True
+        self._hand_back(successor, successor.claim.tasks, successor.claim.token)
+        self.handed_back += len(successor.claim.tasks)
+        self._to_completer(successor)
 
     def _take_over(self, ended: list[_Unit], claims: list[Claim]) -> None:
         """Free the ended units' slots and fill them with their successors in
@@ -1479,6 +1484,7 @@ class Worker:
         outcome = self._timeout_outcome(rec, unit.claim.token, self.clock.time() - (rec.timeout or 0))
         if rec.id in unit.uncounted:
             outcome.attempt = rec.attempt
+        waiting = None
         with unit.lock:
             if run.finished or run.abandoned or unit.done:
                 return
@@ -1488,9 +1494,13 @@ class Worker:
                 run.late_outcome = outcome
                 unit.slot_freed = True
                 self._abandoned[rec.id] = run
+                # a successor relayed to it would wait for the thread's end: back to the queue
+                waiting, unit.successor, unit.relay = unit.successor, None, RELAY_CLOSED
         if run.future is not None:
             run.future.cancel()
         self._hand_back(unit, unit.claim.tasks[unit.begun + 1 :], unit.claim.token)
+        if waiting is not None:
+            self._give_back(waiting)
         if overlap:
             log.warning(
                 "task %s (%s) timed out after %ss; abandoning its thread",
