@@ -12,7 +12,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_for", "run_concurrently", "Downstream"]
+__all__ = ["wait_for", "run_concurrently", "Downstream", "HandOverLog"]
 
 
 def wait_for(
@@ -89,3 +89,22 @@ class Downstream:
         threading.Event().wait(self.seconds)  # the call itself
         with self._lock:
             self.running -= 1
+
+
+class HandOverLog:
+    """Wraps a store's complete_and_claim: the successors it claimed for
+    units that ended, and those it claimed for relays (units still running)."""
+
+    def __init__(self, store) -> None:
+        self.successors = 0
+        self.relayed = 0
+        self._inner = store.complete_and_claim
+        store.complete_and_claim = self
+
+    def __call__(self, *args, relays=(), **kwargs):
+        applied, claims = self._inner(*args, relays=relays, **kwargs)
+        tokens = {token for token, _ in relays}
+        relayed = sum(1 for c in claims if c.token in tokens)
+        self.relayed += relayed
+        self.successors += len(claims) - relayed
+        return applied, claims

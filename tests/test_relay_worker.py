@@ -11,22 +11,7 @@ import threading
 
 import corral
 from corral import State
-from helpers import Downstream, wait_for
-
-
-class _RelayLog:
-    """Wraps a store's complete_and_claim: the successors claimed for relays."""
-
-    def __init__(self, store):
-        self.relayed = 0
-        self._inner = store.complete_and_claim
-        store.complete_and_claim = self
-
-    def __call__(self, *args, relays=(), **kwargs):
-        applied, claims = self._inner(*args, relays=relays, **kwargs)
-        tokens = {token for token, _ in relays}
-        self.relayed += sum(1 for c in claims if c.token in tokens)
-        return applied, claims
+from helpers import Downstream, HandOverLog, wait_for
 
 
 def _knows_quick_tasks(worker) -> None:
@@ -47,7 +32,7 @@ def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
 
     handles = [call.submit(g, i, group=g) for i in range(12) for g in "abcde"]
     worker = app.worker(4, chunk_size=2)
-    log = _RelayLog(worker.store)
+    log = HandOverLog(worker.store)
     _knows_quick_tasks(worker)
     worker.start()
     try:
@@ -66,13 +51,14 @@ def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
         app.close(10)
 
 
-def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
-    app = corral.App(handing_url)
+def _b_waits_in_as_place(url, release: threading.Event, ran: list[str], **options):
+    """Under a limit of one, task "a" (group a) runs until ``release`` is set
+    and task "b" (group b) was relayed into its place. Returns the app, the
+    started worker and both handles."""
+    app = corral.App(url)
     app.limit("downstream", concurrency=1)
-    release = threading.Event()
-    ran: list[str] = []
 
-    @app.task(limits=["downstream"], retries=0)
+    @app.task(limits=["downstream"], retries=0, **options)
     def call(tag):
         ran.append(tag)
         if tag == "a":
@@ -81,12 +67,19 @@ def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
     first = call.submit("a", group="a")
     second = call.submit("b", group="b")
     worker = app.worker(2, chunk_size=1)
-    log = _RelayLog(worker.store)
+    log = HandOverLog(worker.store)
     _knows_quick_tasks(worker)
     worker.start()
+    wait_for(lambda: log.relayed == 1)
+    return app, worker, first, second
+
+
+def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
+    release = threading.Event()
+    ran: list[str] = []
+    app, worker, first, second = _b_waits_in_as_place(handing_url, release, ran)
     try:
         wait_for(lambda: ran == ["a"])
-        wait_for(lambda: log.relayed == 1)  # b waits in a's place
         rec = app.get(second.id)
         assert rec.status is State.RUNNING and rec.started_at is None
         stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
@@ -108,25 +101,10 @@ def test_a_successor_is_not_held_behind_a_timed_out_thread(handing_url):
     """A thread that timed out keeps its lease, and so its place, until it
     really ends: a successor relayed to it goes back to the queue meanwhile
     rather than wait beside it, and runs once the place is free."""
-    app = corral.App(handing_url)
-    app.limit("downstream", concurrency=1)
     release = threading.Event()
     ran: list[str] = []
-
-    @app.task(limits=["downstream"], retries=0, timeout=0.5)
-    def call(tag):
-        ran.append(tag)
-        if tag == "a":
-            release.wait(30)
-
-    call.submit("a", group="a")
-    second = call.submit("b", group="b")
-    worker = app.worker(2, chunk_size=1)
-    log = _RelayLog(worker.store)
-    _knows_quick_tasks(worker)
-    worker.start()
+    app, worker, _, second = _b_waits_in_as_place(handing_url, release, ran, timeout=0.5)
     try:
-        wait_for(lambda: log.relayed == 1)  # b waits in a's place
         wait_for(lambda: app.get(second.id).status is State.PENDING, timeout=20)  # a timed out: b given back
         rec = app.get(second.id)
         assert rec.attempt == 0 and ran == ["a"]
