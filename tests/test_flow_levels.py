@@ -225,6 +225,37 @@ def test_the_sweeper_leader_steps_the_level_after_its_sweep(caplog):
     assert other.tick() is None
 
 
+@pytest.mark.parametrize("held", [Level.EMERGENCY, Level.CIRCUIT_OPEN])
+def test_level_auto_hands_a_healthy_idle_fleet_back_to_work_in_one_evaluation(url, held):
+    app, ran = _app(url)
+    handles = [app.registry["plain"].submit(f"t{i}") for i in range(5)]
+    app.set_level(held, reason="ops")
+    leader = Sweeper(app.store, interval=30, levels=LevelKeeper(app.store))
+    app.start(workers=2)
+    try:
+        leader.tick()
+        assert app.level() is held  # held by hand: the rules leave it alone
+        assert app.set_level("auto") is held  # until the next evaluation
+        leader.tick()  # one evaluation
+        assert app.level() is Level.NORMAL
+        wait_for(lambda: all(h.status() is State.SUCCESS for h in handles), timeout=60)
+        assert sorted(ran) == [f"t{i}" for i in range(5)]
+        last = json.loads(app.store.events(kind="level")[0].data)
+        assert (last["from"], last["to"], last["manual"]) == (held.name, "NORMAL", False)
+        assert "handed back" in last["reason"]
+    finally:
+        app.close(timeout=10)
+
+
+def test_the_step_down_pace_is_an_app_setting():
+    app = corral.App("memory://", level_calm_period=90)
+    assert app.level_calm_period == 90.0
+    with pytest.raises(ConfigError, match="level_calm_period must be"):
+        corral.App("memory://", level_calm_period=0)
+    assert LevelKeeper(app.store, calm_period=90).thresholds.calm_period == 90.0
+    app.close()
+
+
 # ---- dead letters --------------------------------------------------------------------------------
 def test_a_task_whose_arguments_cannot_be_decoded_is_a_dead_letter():
     store = MemoryStore()
@@ -260,6 +291,7 @@ def test_cli_level_dead_and_retry_dead(tmp_path):
     assert bad.exit_code != 0 and "unknown level 'L9'" in bad.output
     assert "handed back" in ok("level", "auto")
     assert "(automatic)" in ok("level")
+    assert "L3 CIRCUIT_OPEN (automatic)" in ok("level")  # until the sweeper leader's next evaluation
 
     app = corral.App(url)
     ids = [r.id for r in app.store.submit([NewTask(name="t", args="{}", batch=f"b{i % 2}") for i in range(3)])]

@@ -16,7 +16,19 @@ from corral.core.breaker import (
     force,
     record,
 )
-from corral.core.levels import Dispatch, Level, LevelState, Signals, Thresholds, dispatch_at, step, target_level
+from corral.core.clock import FakeClock
+from corral.core.levels import (
+    CALM_PERIOD,
+    HANDED_BACK,
+    Dispatch,
+    Level,
+    LevelState,
+    Signals,
+    Thresholds,
+    dispatch_at,
+    step,
+    target_level,
+)
 from corral.core.rates import Bucket, parse_rate
 from corral.core.retry_after import MAX_RETRY_AFTER, parse_retry_after, retry_after
 
@@ -179,10 +191,45 @@ def test_steps_up_at_once_and_down_one_level_per_calm_period():
     assert step(s, Level.NORMAL, 150.0, t).level is Level.WARNING
 
 
-def test_emergency_and_manual_levels_are_left_only_by_hand():
-    assert step(LevelState(Level.EMERGENCY), Level.NORMAL, 1e9).level is Level.EMERGENCY
+def test_a_manual_level_is_left_alone():
     manual = LevelState(Level.WARNING, manual=True)
     assert step(manual, Level.CIRCUIT_OPEN, 0.0) is manual
+    assert step(LevelState(Level.EMERGENCY, manual=True), Level.NORMAL, 1e9).level is Level.EMERGENCY
+
+
+@pytest.mark.parametrize("held", [Level.EMERGENCY, Level.CIRCUIT_OPEN, Level.WARNING])
+def test_a_level_handed_back_goes_to_what_the_signals_say_in_one_evaluation(held):
+    clock = FakeClock()
+    t = Thresholds(calm_period=60)
+    s = step(LevelState(held, False, HANDED_BACK, "handed back"), Level.NORMAL, clock.time(), t)
+    assert (s.level, s.manual, s.calm_since) == (Level.NORMAL, False, None)
+    # from there the usual rules: up at once, down one level per calm period
+    clock.advance(5)
+    s = step(s, Level.DEGRADED, clock.time(), t)
+    assert s.level is Level.DEGRADED
+    s = step(s, Level.NORMAL, clock.advance(1), t)
+    assert step(s, Level.NORMAL, clock.advance(59), t).level is Level.DEGRADED
+    assert step(s, Level.NORMAL, clock.advance(1), t).level is Level.WARNING
+
+
+def test_a_level_handed_back_rises_at_once_when_the_signals_are_worse():
+    s = step(LevelState(Level.WARNING, False, HANDED_BACK), Level.CIRCUIT_OPEN, 0.0)
+    assert s.level is Level.CIRCUIT_OPEN and s.calm_since is None
+
+
+def test_an_emergency_no_longer_held_by_hand_is_left_at_once():
+    # the rules never set EMERGENCY: one not held by hand was handed back
+    assert step(LevelState(Level.EMERGENCY), Level.WARNING, 0.0).level is Level.WARNING
+
+
+def test_the_step_down_pace_defaults_to_a_minute_per_level():
+    assert Thresholds().calm_period == CALM_PERIOD == 60.0
+    s = step(LevelState(), Level.CIRCUIT_OPEN, 0.0)
+    now = 0.0
+    while s.level is not Level.NORMAL:
+        now += 30.0  # one evaluation per default sweep interval
+        s = step(s, Level.NORMAL, now)
+    assert now <= 3 * 60 + 3 * 30  # CIRCUIT_OPEN to NORMAL: three levels, a minute each
 
 
 def test_what_each_level_lets_a_worker_claim():

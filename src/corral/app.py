@@ -18,7 +18,7 @@ from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
-from corral.core.levels import Level
+from corral.core.levels import CALM_PERIOD, Level
 from corral.core.model import (
     BreakerEvent,
     LimitSpec,
@@ -252,6 +252,7 @@ class App:
         clock: Clock | None = None,
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
         critical_queues: Sequence[str] = (),
+        level_calm_period: float = CALM_PERIOD,
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
@@ -273,6 +274,8 @@ class App:
         self.hooks = HookChain(*hooks)
         #: queues whose work still runs at the DEGRADED level (with tasks marked critical)
         self.critical_queues: tuple[str, ...] = check.names(critical_queues, "critical_queues")
+        #: seconds the health signals must stay below the fleet's level before it steps down one
+        self.level_calm_period = check.seconds(level_calm_period, "level_calm_period")
         self.max_queued = max_queued
         self.on_full = on_full
         self.full_timeout = full_timeout
@@ -936,7 +939,11 @@ class App:
         or hand it back to the automatic rules with ``"auto"``.
 
         A level set by hand stays until set again or handed back; workers
-        follow it within about a second. Returns the level now in force."""
+        follow it within about a second. Handed back, the level stays until
+        the sweeper leader's next evaluation (one sweep interval), which sets
+        what the signals call for at once, EMERGENCY included; from then on
+        it steps up at once and down one level per ``level_calm_period``.
+        Returns the level now in force."""
         from corral.flow.levels import set_level
 
         return set_level(self.store, level, reason=reason)
@@ -1022,7 +1029,7 @@ class App:
         holder = options.pop("worker_id", None) or new_holder_id()
         sweeper = None
         if sweep_interval is not None:
-            levels = LevelKeeper(self.store, queue_bound=self.max_queued)
+            levels = LevelKeeper(self.store, queue_bound=self.max_queued, calm_period=self.level_calm_period)
             sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels)
         worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:

@@ -285,6 +285,14 @@ def test_level_keeper_steps_up_at_once_and_down_after_calm(store, advance):
     assert store.set_fleet_level(FleetLevel(int(Level.EMERGENCY), True, None, "ops"), auto=False)
     advance(500)
     assert Level(keeper.tick().level) is Level.EMERGENCY
+    # handed back: the next evaluation sets what the signals say, at once
+    from corral.core.levels import HANDED_BACK
+    from corral.flow.levels import set_level
+
+    assert set_level(store, "auto") is Level.EMERGENCY
+    assert store.fleet_level().calm_since == HANDED_BACK
+    assert Level(keeper.tick().level) is Level.NORMAL
+    assert store.fleet_level().calm_since is None
 
 
 def test_level_keeper_counts_queue_depth_and_lost_leases(store):

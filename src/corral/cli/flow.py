@@ -152,10 +152,15 @@ def level_set(ctx: click.Context, name: str, reason: str, store_url: str | None)
 @store_option
 @click.pass_context
 def level_auto(ctx: click.Context, reason: str, store_url: str | None) -> None:
-    """Hand the level back to the automatic rules (the sweeper leader steps it from there)."""
+    """Hand the level back to the automatic rules.
+
+    The sweeper leader's next evaluation sets what the signals call for, at once."""
     store = open_given_store(_url(ctx, store_url))
     lv = set_level(store, "auto", reason=reason)
-    click.echo(f"level handed back to the automatic rules (now L{lv.value} {lv.name})")
+    click.echo(
+        f"level handed back to the automatic rules: L{lv.value} {lv.name} until the sweeper leader's"
+        " next evaluation sets what the signals call for"
+    )
 
 
 @click.command()

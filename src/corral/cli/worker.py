@@ -247,10 +247,16 @@ def worker(
     show_default=True,
     help="At most this many tasks changed per pass.",
 )
+@click.option(
+    "--level-calm-period",
+    default="60s",
+    show_default=True,
+    help="With --loop: how long the health signals must stay below the fleet's level before it steps down one.",
+)
 @log_level_option
 @log_format_option
 @json_option
-def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, log_format, as_json):
+def sweep(store_url, loop, interval, stale_pending_age, max_rows, level_calm_period, log_level, log_format, as_json):
     """Recover what crashed workers left: one pass, or --loop.
 
     A RUNNING task whose lease expired is retried (failed when it has no
@@ -272,6 +278,9 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, log
     every = duration_arg(interval, "--interval")
     if every <= 0:
         raise CLIError("--interval must be > 0")
+    calm = duration_arg(level_calm_period, "--level-calm-period")
+    if calm <= 0:
+        raise CLIError("--level-calm-period must be > 0")
     store = open_given_store(store_url)
     url = store_url_of(store_url)
     if not loop:
@@ -284,7 +293,8 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, log_level, log
     _setup_logging(log_level, log_format.lower())
     from corral.maintenance.levels import LevelKeeper
 
-    sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows, levels=LevelKeeper(store))
+    levels = LevelKeeper(store, calm_period=calm)
+    sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows, levels=levels)
     with StopSignals() as signals:
         sweeper.start()
         log.info(

@@ -11,14 +11,26 @@ L4        EMERGENCY     nothing is dispatched until an operator resumes
 
 The level is computed from health signals (:func:`target_level`) by the
 sweeper leader and kept in the store; workers follow it. It steps up at once
-and down only after a calm period (:func:`step`), so a flapping signal does
-not flap the fleet; EMERGENCY is left only by hand.
+and down one level per calm period (:func:`step`, ``Thresholds.calm_period``),
+so a flapping signal does not flap the fleet. A level set by hand stays until
+handed back; the first evaluation after that goes straight to what the signals
+call for, whatever the level was (EMERGENCY included): handing back means
+"what the signals say now", not "start stepping down from here".
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
+
+#: Seconds the signals must stay below the level before it steps down one
+#: level (the pace of an automatic step down; ``App(level_calm_period=)``).
+CALM_PERIOD = 60.0
+
+#: ``calm_since`` of a level just handed back to the automatic rules: the next
+#: evaluation sets the level the signals call for, up or down, at once.
+HANDED_BACK = -math.inf
 
 
 class Level(enum.IntEnum):
@@ -65,8 +77,8 @@ class Thresholds:
     open_failing_kinds: int = 5
     warn_depth_ratio: float = 0.8
     degrade_lease_losses_per_min: float = 5.0
-    #: seconds the signals must stay below a level before stepping down
-    calm_period: float = 300.0
+    #: seconds the signals must stay below a level before stepping down one
+    calm_period: float = CALM_PERIOD
 
 
 def target_level(s: Signals, t: Thresholds = Thresholds()) -> Level:
@@ -91,15 +103,22 @@ class LevelState:
     level: Level = Level.NORMAL
     #: set by hand: automatic steps leave it alone until handed back ("auto")
     manual: bool = False
-    #: since when the target has stayed below ``level`` (None: it has not)
+    #: since when the target has stayed below ``level`` (None: it has not;
+    #: :data:`HANDED_BACK`: just handed back, go to the target at once)
     calm_since: float | None = None
     reason: str = ""
 
 
 def step(cur: LevelState, target: Level, now: float, t: Thresholds = Thresholds()) -> LevelState:
-    """Move toward ``target``: up at once, down one level after a calm period."""
-    if cur.manual or cur.level is Level.EMERGENCY:
+    """Move toward ``target``: up at once, down one level after a calm period.
+
+    A level set by hand is left alone. One just handed back goes to ``target``
+    at once; so does an EMERGENCY no longer held by hand (the rules never set
+    it, so it is left over from a hand-back)."""
+    if cur.manual:
         return cur
+    if cur.calm_since == HANDED_BACK or cur.level is Level.EMERGENCY:
+        return LevelState(target, False, None, f"handed back; signals call for {target.name}")
     if target > cur.level:
         return LevelState(target, False, None, f"signals call for {target.name}")
     if target == cur.level:

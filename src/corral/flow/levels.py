@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Collection
 
 from corral.core import validation as check
-from corral.core.levels import Level, dispatch_at
+from corral.core.levels import HANDED_BACK, Level, dispatch_at
 from corral.core.model import dumps
 from corral.engine.hooks import DispatchPolicy, Hooks, Lane
 from corral.errors import ConfigError, StoreError
@@ -110,12 +110,17 @@ class LevelHooks(Hooks):
 
 def set_level(store: Store, level: str | int | Level, *, reason: str = "") -> Level:
     """Set the fleet's level by hand, or hand it back with ``"auto"`` (see
-    :meth:`corral.App.set_level`); the change and its reason go to the event log."""
+    :meth:`corral.App.set_level`); the change and its reason go to the event log.
+
+    Handing back keeps the level until the sweeper leader's next evaluation,
+    which sets what the signals call for at once (:data:`HANDED_BACK`):
+    stepping down from EMERGENCY one calm period at a time would keep a
+    healthy fleet idle for many minutes."""
     if not isinstance(reason, str):
         raise ConfigError(f"reason must be text, not {check.shown(reason)}")
     cur = store.fleet_level()
     if isinstance(level, str) and level.strip().lower() == "auto":
-        new = FleetLevel(cur.level, False, None, reason or "handed back to the automatic rules")
+        new = FleetLevel(cur.level, False, HANDED_BACK, reason or "handed back to the automatic rules")
     else:
         try:
             lv = Level.parse(level)

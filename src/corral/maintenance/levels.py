@@ -3,7 +3,8 @@
 After each sweep the leader reads the health signals, asks
 :func:`corral.core.levels.target_level` what they call for, and moves the
 stored level by :func:`corral.core.levels.step` (up at once, down one level
-after a calm period; EMERGENCY and a level set by hand are left alone). Every
+per calm period; a level set by hand is left alone, and one just handed back
+goes straight to what the signals call for). Every
 change is written with an event saying why, in one transaction. It also
 trims the event log, so the log stays small without anyone minding it.
 
@@ -54,6 +55,7 @@ class LevelKeeper:
         store: Store,
         *,
         thresholds: Thresholds | None = None,
+        calm_period: float | None = None,
         queue_bound: int | None = None,
         open_breakers: Callable[[], int] | None = None,
         window: float = 300.0,
@@ -63,6 +65,8 @@ class LevelKeeper:
     ):
         self.store = store
         self.thresholds = thresholds or Thresholds()
+        if calm_period is not None:  # the pace of a step down (App(level_calm_period=))
+            self.thresholds = dataclasses.replace(self.thresholds, calm_period=float(calm_period))
         self.queue_bound = queue_bound
         #: Where the count of open circuit breakers comes from (default: the
         #: breakers kept in the store that are OPEN).

@@ -143,7 +143,9 @@ class Rescue:
 class FleetLevel:
     """The fleet-wide degradation level as stored (one row; see
     :mod:`corral.core.levels`). ``level`` is a :class:`~corral.core.levels.Level`
-    value; ``manual`` means an operator set it and automatic steps leave it alone."""
+    value; ``manual`` means an operator set it and automatic steps leave it alone;
+    ``calm_since`` is -inf right after a hand-back (the next evaluation goes
+    straight to what the signals call for)."""
 
     level: int = 0
     manual: bool = False
