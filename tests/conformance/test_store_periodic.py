@@ -20,6 +20,13 @@ from .conftest import claim_one, finish, status_of
 T0 = 1_700_000_100  # a */5 tick
 
 
+@pytest.fixture
+def clock() -> FakeClock:
+    """The stores' own clock, a day after the ticks these tests fire (as
+    PostgreSQL's is): a store refuses a tick ahead of its clock."""
+    return FakeClock(T0 + 86400)
+
+
 def every5(name: str = "five", **kw) -> Schedule:
     kw.setdefault("task", "job")
     return Schedule(name=name, expr="*/5 * * * *", **kw)
@@ -200,3 +207,83 @@ def test_several_schedulers_on_one_clock_enqueue_each_tick_once(store: Store, st
             o.close()
     assert _jobs(store) == 20
     assert sum(s.counts.get(ENQUEUED, 0) for s in schedulers) == 20
+
+
+# ---- one worker's clock does not own the fleet's ticks -------------------------------------
+
+
+class _Ahead:
+    """A clock ``by`` seconds ahead of ``base`` (a worker whose clock is off)."""
+
+    def __init__(self, base, by: float):
+        self.base, self.by = base, by
+
+    def time(self) -> float:
+        return self.base.time() + self.by
+
+    def monotonic(self) -> float:
+        return self.base.monotonic()
+
+
+class _StoreTime:
+    """PostgreSQL's own clock, read as a worker's clock that is right."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def time(self) -> float:
+        return self.store.now()
+
+    def monotonic(self) -> float:
+        import time
+
+        return time.monotonic()
+
+
+def _cron_advance(store: Store, store_kind: str, clock: FakeClock, schedulers: list[Scheduler]):
+    """Move the store's time and the workers' clocks forward together. PostgreSQL keeps the
+    database's clock: every time it and the schedulers hold is shifted back instead."""
+    if store_kind != "postgres":
+        return clock.advance
+    import psycopg
+
+    def shift(seconds: float) -> None:
+        s = int(seconds)
+        with psycopg.connect(store.url) as conn, conn.transaction():
+            conn.execute(
+                "UPDATE corral_schedules SET created_at = created_at - %(s)s, last_tick = last_tick - %(s)s",
+                {"s": s},
+            )
+            # through negative values, so no two rows meet on (schedule, tick) on the way
+            conn.execute("UPDATE corral_schedule_ticks SET tick = -(tick - %(s)s)", {"s": s})
+            conn.execute("UPDATE corral_schedule_ticks SET tick = -tick")
+        for sch in schedulers:
+            sch._cursor = {k: v - s for k, v in sch._cursor.items()}
+            sch._next = {k: v - s for k, v in sch._next.items()}
+            if sch._last_check is not None:
+                sch._last_check -= s
+
+    return shift
+
+
+def test_a_worker_an_hour_ahead_does_not_silence_the_others_ticks(store: Store, store_kind: str, clock: FakeClock):
+    sched = Schedule(name="minutely", task="job", expr="* * * * *")
+    right = clock if store_kind != "postgres" else _StoreTime(store)
+    ahead = Scheduler(store, [sched], clock=_Ahead(right, 3600))
+    normal = Scheduler(store, [sched], clock=right)
+    advance = _cron_advance(store, store_kind, clock, [ahead, normal])
+    ahead.check()  # the worker whose clock is ahead starts first and stores the schedule
+    normal.check()
+    (st,) = store.schedules()
+    assert st.created_at <= store.now() + 5  # not stamped an hour ahead
+    for k in range(10):
+        advance(60)
+        due = sched.latest(store.now())
+        ahead.check()
+        normal.check()
+        (st,) = store.schedules()
+        assert st.last_tick is not None and st.last_tick >= due, f"tick {k + 1} of 10 not taken"
+        assert st.last_tick <= store.now() + 5, "a tick was taken ahead of the store's time"
+    assert _jobs(store) >= 10
+    assert ahead.counts.get("early", 0) >= 1  # refused once, then on the store's time
+    assert -3610 <= ahead.offset <= -3590

@@ -48,6 +48,24 @@ NEVER_YEARS = 5
 ENQUEUED = "enqueued"
 SKIPPED = "skipped"  # overlap=False and the previous run was still queued or running
 TAKEN = "taken"  # another worker handled this tick first (not stored: its own outcome is)
+EARLY = "early"  # the tick has not come yet by the store's clock (not stored: nothing was written)
+
+#: Seconds a tick may lie ahead of the store's clock and still be taken. Tick
+#: ownership follows the store's time: a worker whose clock runs ahead cannot
+#: take (and so silence) ticks that have not come for the rest of the fleet,
+#: nor stamp a new schedule in the future.
+MAX_CLOCK_AHEAD = 5.0
+
+
+def too_early(tick: float, store_now: float) -> bool:
+    """Whether ``tick`` is further ahead of the store's clock than a worker may take it."""
+    return tick > store_now + MAX_CLOCK_AHEAD
+
+
+def first_stamp(worker_now: float, store_now: float) -> float:
+    """When a new schedule counts from: the worker's time (its ticks are read
+    on that clock), never ahead of the store's by more than the bound."""
+    return min(worker_now, store_now + MAX_CLOCK_AHEAD)
 
 
 def zone(name: str) -> ZoneInfo:

@@ -10,6 +10,13 @@ The check is cheap: between ticks it only compares the clock with the next
 tick it computed; the store is asked only once a tick is due. Time comes from
 the worker's :class:`~corral.core.clock.Clock`, so a test moves cron with a
 :class:`~corral.core.clock.FakeClock`; the pause between checks is real time.
+
+One machine's clock does not own the fleet's ticks: the store refuses a tick
+ahead of its own clock (:data:`~corral.core.cron.MAX_CLOCK_AHEAD`, EARLY), so
+a worker whose clock runs ahead cannot take ticks that have not come. Refused
+once, the loop reads the store's time and from then on runs that far behind
+its own clock (read again at each visit of the store, so a clock put right
+is followed), firing ticks on time as the rest of the fleet does.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import logging
 from collections.abc import Sequence
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.cron import MAX_TICKS_PER_CHECK, SKIPPED, Schedule, TickResult, due_ticks
+from corral.core.cron import EARLY, MAX_TICKS_PER_CHECK, SKIPPED, Schedule, TickResult, due_ticks
 from corral.errors import ConfigError
 from corral.maintenance.loop import Loop
 from corral.stores.base import Store
@@ -56,6 +63,8 @@ class Scheduler(Loop):
         self._last_check: float | None = None
         self._cursor: dict[str, float] = {}  # newest tick decided here, per schedule
         self._next: dict[str, float] = {}  # when to look at the store again, per schedule
+        #: seconds added to the clock (<= 0): how far it ran ahead of the store's when a tick was refused
+        self.offset = 0.0
         super().__init__()
 
     thread_name = "corral-periodic"
@@ -65,9 +74,26 @@ class Scheduler(Loop):
     def step(self) -> list[tuple[str, int, TickResult]]:
         return self.check()
 
+    def _now(self) -> float:
+        return self.clock.time() + self.offset
+
+    def _follow_store(self) -> float:
+        """Read the store's time; keep the offset for a clock ahead of it (never for one behind)."""
+        ahead = self.clock.time() - self.store.now()
+        before, self.offset = self.offset, -ahead if ahead > 0 else 0.0
+        if abs(self.offset - before) > 1.0:
+            if self.offset:
+                log.warning(
+                    "periodic: this worker's clock is %.0f s ahead of the store's; its ticks follow the store's time",
+                    -self.offset,
+                )
+            else:
+                log.info("periodic: this worker's clock agrees with the store's again")
+        return self._now()
+
     def check(self) -> list[tuple[str, int, TickResult]]:
         """One check: enqueue what is due now; returns (schedule, tick, result) per tick tried."""
-        now = self.clock.time()
+        now = self._now()
         if not self._saved:
             self.store.save_schedules(self.schedules, now)
             self._saved = True
@@ -76,6 +102,9 @@ class Scheduler(Loop):
         due = [s for s in self.schedules if self._next.get(s.name, float("-inf")) <= now]
         out: list[tuple[str, int, TickResult]] = []
         if due:
+            if self.offset:  # the clock was found ahead: the store's time again, in case it was put right
+                now = self._follow_store()
+                due = [s for s in self.schedules if self._next.get(s.name, float("-inf")) <= now]
             stored = {st.name: st for st in self.store.schedules()}
             for sch in due:
                 st = stored.get(sch.name)
@@ -85,10 +114,15 @@ class Scheduler(Loop):
                     self._cursor.get(sch.name, float("-inf")),
                 )
                 ticks = due_ticks(sch, since, now, last_check=last_check)
-                for tick in ticks:
+                early = False
+                for i, tick in enumerate(ticks):
                     result = self.store.fire_tick(sch, tick)
                     self.counts[result.outcome] = self.counts.get(result.outcome, 0) + 1
                     out.append((sch.name, tick, result))
+                    if result.outcome == EARLY:  # this clock runs ahead: the later ticks are later still
+                        early = True
+                        ticks = ticks[:i]
+                        break
                     if result.outcome == SKIPPED:
                         log.info("periodic %s: tick %d skipped, its previous run is still going", sch.name, tick)
                         self._note_skip(sch.name, tick)
@@ -97,11 +131,15 @@ class Scheduler(Loop):
                 # nothing due here again before the next tick after what was decided
                 if ticks:
                     self._cursor[sch.name] = ticks[-1]
-                if len(ticks) >= MAX_TICKS_PER_CHECK:
+                if early:  # look again at the next check, on the store's time
+                    self._next[sch.name] = float("-inf")
+                    now = self._follow_store()
+                    last_check = min(last_check, now)
+                elif len(ticks) >= MAX_TICKS_PER_CHECK:
                     self._next[sch.name] = now  # a backlog (catch_up="all"): go on at the next check
                 else:
                     self._next[sch.name] = sch.next_after(now)
-        self._last_check = now
+        self._last_check = min(now, self._now())
         return out
 
     def _note_skip(self, name: str, tick: int) -> None:

@@ -710,7 +710,9 @@ class Store(abc.ABC):
         stored and what its last tick did: every worker does it when it starts.
 
         ``now`` (the worker's clock, which the ticks are read on) stamps a new
-        schedule; no tick at or before it is ever due. None: the store's clock."""
+        schedule, but never more than :data:`~corral.core.cron.MAX_CLOCK_AHEAD`
+        ahead of the store's clock; no tick at or before it is ever due. None:
+        the store's clock."""
         raise NotImplementedError
 
     def schedules(self) -> list[ScheduleState]:
@@ -725,7 +727,11 @@ class Store(abc.ABC):
         ``overlap=False`` and the schedule's last enqueued task still WAITING,
         PENDING, RETRYING or RUNNING, the tick is recorded SKIPPED; else the
         task is inserted (ENQUEUED, its id). The schedule's last tick, outcome
-        and task move with it. The schedule must have been saved."""
+        and task move with it. The schedule must have been saved.
+
+        A tick more than :data:`~corral.core.cron.MAX_CLOCK_AHEAD` seconds
+        ahead of the store's clock is refused (EARLY, nothing written): a
+        worker whose clock runs ahead must not take ticks that have not come."""
         raise NotImplementedError
 
     def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:

@@ -24,7 +24,18 @@ from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.cron import (
+    EARLY,
+    ENQUEUED,
+    SKIPPED,
+    TAKEN,
+    Schedule,
+    ScheduleState,
+    TickRecord,
+    TickResult,
+    first_stamp,
+    too_early,
+)
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -867,7 +878,7 @@ class MemoryStore(Store):
     # ---- periodic schedules -------------------------------------------------
     def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
         with self._lock:
-            now = self.now() if now is None else now
+            now = self.now() if now is None else first_stamp(now, self.now())
             for sch in schedules:
                 row = self._schedules.get(sch.name)
                 params = base.schedule_params(sch, now)
@@ -892,10 +903,12 @@ class MemoryStore(Store):
             row = self._schedules.get(schedule.name)
             if row is None:
                 raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
+            now = self.now()
+            if too_early(tick, now):
+                return TickResult(EARLY)
             ticks = self._ticks.setdefault(schedule.name, {})
             if tick in ticks:
                 return TickResult(TAKEN)
-            now = self.now()
             task_id = None
             outcome = ENQUEUED
             last = self._tasks.get(row["last_task_id"]) if row["last_task_id"] is not None else None

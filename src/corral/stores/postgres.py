@@ -56,7 +56,18 @@ from corral.core import breaker as brk
 from corral.core import dag
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
-from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.cron import (
+    EARLY,
+    ENQUEUED,
+    SKIPPED,
+    TAKEN,
+    Schedule,
+    ScheduleState,
+    TickRecord,
+    TickResult,
+    first_stamp,
+    too_early,
+)
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -1528,7 +1539,8 @@ class PostgresStore(SqlStore):
     def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
         def go(conn):
             with conn.transaction():
-                stamp = conn.execute(self._q["now"]).fetchone()[0] if now is None else now
+                db_now = conn.execute(self._q["now"]).fetchone()[0]
+                stamp = db_now if now is None else first_stamp(now, db_now)
                 with conn.cursor() as cur:
                     cur.executemany(self._q["save_schedule"], [schedule_params(s, stamp) for s in schedules])
 
@@ -1545,6 +1557,8 @@ class PostgresStore(SqlStore):
                 last = conn.execute(self._q["schedule_lock"], {"name": name}).fetchone()
                 if last is None:
                     raise ConfigError(f"schedule {name!r} was never saved in this store")
+                if too_early(tick, last[2]):  # the database's clock, not this worker's
+                    return TickResult(EARLY)
                 params = {"name": name, "tick": tick}
                 outcome = ENQUEUED
                 if not schedule.overlap and last[1] in STILL_GOING:

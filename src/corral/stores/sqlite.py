@@ -90,7 +90,18 @@ from corral.core import dag
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.core.cron import ENQUEUED, SKIPPED, TAKEN, Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.cron import (
+    EARLY,
+    ENQUEUED,
+    SKIPPED,
+    TAKEN,
+    Schedule,
+    ScheduleState,
+    TickRecord,
+    TickResult,
+    first_stamp,
+    too_early,
+)
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -1762,7 +1773,7 @@ class SQLiteStore(SqlStore):
     @_guard
     def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
         with self._write() as con:
-            now = self._clock.time() if now is None else now
+            now = self._clock.time() if now is None else first_stamp(now, self._clock.time())
             con.executemany(Q["save_schedule"], [schedule_params(s, now) for s in schedules])
 
     @_guard
@@ -1778,6 +1789,8 @@ class SQLiteStore(SqlStore):
             last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
             if last is None:
                 raise ConfigError(f"schedule {schedule.name!r} was never saved in this store")
+            if too_early(tick, now):
+                return TickResult(EARLY)
             if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
                 return TickResult(TAKEN)
             if not schedule.overlap and last[1] in STILL_GOING:

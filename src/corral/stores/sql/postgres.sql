@@ -1631,7 +1631,7 @@ ORDER BY s.name;
 -- Lock the schedule's row: its ticks are decided one at a time, so overlap=False
 -- sees the task the previous tick enqueued. NULL status: no task, or gone.
 -- name: schedule_lock
-SELECT s.last_task_id, t.status
+SELECT s.last_task_id, t.status, extract(epoch FROM now())::float8
 FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
 WHERE s.name = %(name)s
 FOR UPDATE OF s;
