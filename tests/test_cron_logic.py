@@ -140,3 +140,12 @@ def test_each_tick_builds_the_task_of_the_schedule():
     a, b = s.new_task(T0), s.new_task(T0)
     assert (a.name, a.queue, a.group, a.max_retries, a.limits) == ("refresh", "low", "g", 2, ("api",))
     assert a.trace_id != b.trace_id
+
+
+def test_a_tick_ahead_of_the_stores_clock_is_too_early_and_stamps_never_run_ahead():
+    from corral.core.cron import MAX_CLOCK_AHEAD, first_stamp, too_early
+
+    assert not too_early(1000, 1000) and not too_early(1000 + MAX_CLOCK_AHEAD, 1000)
+    assert too_early(1000 + MAX_CLOCK_AHEAD + 1, 1000)
+    assert first_stamp(5000.0, 1000.0) == 1000.0 + MAX_CLOCK_AHEAD  # a clock an hour ahead
+    assert first_stamp(900.0, 1000.0) == 900.0  # behind: its own time, as before
