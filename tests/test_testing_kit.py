@@ -51,3 +51,63 @@ def test_assert_enqueued_says_what_is_queued_when_nothing_matches():
     with pytest.raises(AssertionError, match=r"no queued run of sync_sku with args=\['B2'\]; queued: #1"):
         assert_enqueued(app.registry["sync_sku"], args=["B2"])
     app.close()
+
+
+# ---- run_until_idle on realistic apps: it moves the clock to what frees work next, or fails loudly ----
+@pytest.fixture(params=["memory", "sqlite"])
+def kit_url(request) -> str:
+    """The stores a fake clock drives (PostgreSQL keeps the database's clock)."""
+    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")
+
+
+def test_run_until_idle_waits_for_each_token_of_a_rate(kit_url):
+    clock = FakeClock(start=1_000.0)
+    app = corral.App(kit_url, clock=clock)
+    app.limit("partner", rate="5/s")
+    started: list[float] = []
+
+    @app.task(limits=["partner"])
+    def call(i: int) -> None:
+        started.append(clock.time())
+
+    for i in range(20):
+        call.submit(i)
+    done = run_until_idle(app, timeout=30)
+    assert [r.status for r in done] == [State.SUCCESS] * 20
+    assert started[-1] - started[0] >= 15 / 5  # the rate held, on the fake clock
+    app.close()
+
+
+def test_run_until_idle_runs_retries_with_the_default_backoff(kit_url):
+    clock = FakeClock(start=1_000.0)
+    app = corral.App(kit_url, clock=clock)
+    failed: set[int] = set()
+
+    @app.task(retries=1)
+    def flaky(i: int) -> int:
+        if i not in failed:
+            failed.add(i)
+            raise ConnectionError("partner API down")
+        return i
+
+    for i in range(3):
+        flaky.submit(i)
+    done = run_until_idle(app, timeout=30)
+    assert sorted(r.result_value for r in done) == [0, 1, 2]
+    assert all(r.status is State.SUCCESS and r.attempt == 2 for r in done)
+    app.close()
+
+
+def test_run_until_idle_fails_loudly_when_nothing_will_free_the_work(kit_url):
+    clock = FakeClock(start=1_000.0)
+    app = corral.App(kit_url, clock=clock)
+
+    @app.task
+    def job() -> None:
+        pass
+
+    job.submit()
+    app.set_level("EMERGENCY", reason="stop everything")
+    with pytest.raises(AssertionError, match=r"1 task\(s\) can never start here.*EMERGENCY"):
+        run_until_idle(app, timeout=30)
+    app.close()

@@ -754,6 +754,32 @@ class Store(abc.ABC):
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name; limits with none are absent."""
 
+    def limit_frees_at(self) -> dict[str, float]:
+        """For each limit that lets nothing start now for its rate (or a
+        pause), when it lets the next task start (store time, epoch
+        seconds). A fake clock moved there frees the next start.
+
+        This default reads :meth:`limits` and :meth:`limit_tokens` and asks
+        the bucket (:meth:`corral.core.rates.Bucket.wait`) how long one more
+        token takes; a store whose rates count otherwise overrides it."""
+        from corral.core.rates import Bucket, parse_rate
+
+        now = self.now()
+        tokens = self.limit_tokens()
+        out: dict[str, float] = {}
+        for name, spec in self.limits().items():
+            at = None
+            if spec.rate is not None and name in tokens:
+                rate = parse_rate(spec.rate, spec.burst)
+                wait = Bucket(tokens[name], now).wait(rate, now)
+                if wait > 0:
+                    at = now + wait
+            if spec.paused_until is not None and spec.paused_until > now:
+                at = spec.paused_until if at is None else max(at, spec.paused_until)
+            if at is not None:
+                out[name] = at
+        return out
+
     # ---- circuit breakers -------------------------------------------------
     @abc.abstractmethod
     def set_breaker(self, name: str, config: BreakerConfig) -> None:

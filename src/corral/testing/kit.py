@@ -14,7 +14,9 @@
 
 ``run_until_idle`` runs a real worker in this process, so tasks run exactly
 as in production (groups, limits, retries, timeouts); only time is fake:
-whenever nothing is left to run now, the clock jumps to the next task due.
+whenever nothing is left to run now, the clock jumps to whatever frees work
+next (a task or retry due, a rate's next token, a pause's end), and when
+nothing will, it fails saying what holds the work back.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from corral.engine.hooks import Hooks
 
 if TYPE_CHECKING:
     from corral.app import App, TaskDef
+    from corral.engine.worker import Worker
 
 __all__ = ["FakeClock", "run_until_idle", "assert_enqueued", "enqueued", "fire_ticks"]
 
@@ -48,45 +51,114 @@ class _Finished(Hooks):
             self.ids += [o.task_id for o, ok in zip(outcomes, applied) if ok and o.status in FINAL]
 
 
-def _next_due(app: App, now: float) -> float | None:
-    """When the next queued task falls due after ``now`` (None: none will)."""
+#: Real seconds one look at the worker waits for it to be idle.
+_LOOK = 0.2
+#: The least a jump of the fake clock moves it (a wait the store rounds to nothing must still pass).
+_LEAST_STEP = 0.001
+
+
+def _next_free(app: App, now: float) -> float | None:
+    """When (store time) something next frees work held back now, after
+    ``now``: a delayed task or a retry falling due, a limit's next token or
+    the end of its pause (the store says when: :meth:`Store.limit_frees_at`),
+    a circuit breaker letting its probes through. None: nothing will."""
     due = [
         t.run_at
         for s in QUEUED
         for t in app.store.list_tasks(TaskFilter(status=s, limit=100_000))
         if t.run_at is not None and t.run_at > now
     ]
+    due += [at for at in app.store.limit_frees_at().values() if at > now]
+    for _config, b in app.store.breakers().values():
+        at = b.reopens_at()
+        if not b.forced and at is not None and at > now:
+            due.append(at)
     return min(due, default=None)
+
+
+def _in_flight(app: App) -> int:
+    """Tasks some worker holds (claimed, running, or held for a slot)."""
+    counts = app.store.active_counts()
+    return sum(
+        n for s, n in counts.items() if s not in (State.PENDING.value, State.RETRYING.value, State.WAITING.value)
+    )
+
+
+def _why_stuck(app: App, worker: Worker) -> str | None:
+    """What holds back the queued work of this worker that nothing will free (None: none is held)."""
+    left = worker.leftovers()
+    held = left.get("blocked", 0) + left.get("waiting", 0)
+    if not held:
+        return None
+    reasons = []
+    level = app.level()
+    if level.value:
+        reasons.append(f"fleet level {level.name}")
+    opened = sorted(n for n, (_c, b) in app.store.breakers().items() if b.state.value == "OPEN")
+    if opened:
+        reasons.append(f"breaker(s) OPEN by hand: {', '.join(opened)}")
+    usage, specs = app.store.limit_usage(), app.store.limits()
+    full = sorted(
+        n for n, spec in specs.items() if spec.concurrency is not None and usage.get(n, 0) >= spec.concurrency
+    )
+    if full:
+        reasons.append(f"limit(s) at their concurrency: {', '.join(full)}")
+    if left.get("waiting"):
+        reasons.append(f"{left['waiting']} waiting on dependencies")
+    if left.get("blocked") and not reasons:
+        reasons.append("held behind a group, a limit or the level")
+    return f"{held} task(s) can never start here: nothing due frees them ({'; '.join(reasons)})"
 
 
 def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance: bool = True) -> list[TaskRecord]:
     """Run every task of ``app`` that is due, and (on a :class:`FakeClock`,
-    with ``advance``) every one due later, moving the clock to each in turn.
+    with ``advance``) every one due later, moving the clock in turn to
+    whatever frees work next: a delayed task or a retry falling due, a rate
+    limit's next token, a paused limit's end, a breaker's cool-down.
 
     Returns the tasks that reached a final state, as they ended, in order.
-    Raises AssertionError if work is still running after ``timeout`` real
-    seconds (a task that never returns, or one blocked behind a group or a
-    limit that never frees). Periodic ticks are not enqueued here: move the
-    clock and call :func:`fire_ticks`."""
+    Raises AssertionError when work of this app is left that nothing will
+    free (the fleet level pauses it, a breaker or limit is held, a group's
+    head never ends, a dependency never runs here), saying what holds it;
+    and when work is still running after ``timeout`` real seconds (a task
+    that never returns). On a real clock, or with ``advance=False``, delayed
+    tasks and retries not yet due are left queued. Periodic ticks are not
+    enqueued here: move the clock and call :func:`fire_ticks`."""
     finished = _Finished()
     # periodic ticks come only when the test says so (fire_ticks): a cron never goes idle
     worker = app.worker(workers, poll_interval=0.01, extra_hooks=[finished], schedules=())
     worker.start()
     end = time.monotonic() + timeout
+    clock = app.clock
+    fake = advance and isinstance(clock, FakeClock)
     try:
         while True:
-            if not worker.drain(timeout=max(0.0, min(0.5, end - time.monotonic()))):
-                if time.monotonic() >= end:
-                    raise AssertionError(f"run_until_idle: still running after {timeout:g}s")
-                continue
-            clock = app.clock
-            if not (advance and isinstance(clock, FakeClock)):
-                break
+            left = end - time.monotonic()
+            if left <= 0:
+                why = _why_stuck(app, worker)
+                raise AssertionError(f"run_until_idle: still running after {timeout:g}s" + (f"; {why}" if why else ""))
+            idle = worker.drain(timeout=min(_LOOK, left))
             now = app.store.now()
-            nxt = _next_due(app, now)
-            if nxt is None:  # what is left waits on something other than time
-                break
-            clock.advance(nxt - now)
+            if not idle:
+                # A worker that claimed nothing but waits for a retry due within
+                # its look ahead (store time) is idle too: on a fake clock that
+                # time comes only when moved.
+                nxt = _next_free(app, now) if fake and not _in_flight(app) else None
+                if nxt is not None and nxt <= now + _LOOK:
+                    assert isinstance(clock, FakeClock)
+                    clock.advance(max(nxt - now, _LEAST_STEP))
+                continue
+            nxt = _next_free(app, now)
+            if fake and nxt is not None:
+                assert isinstance(clock, FakeClock)
+                clock.advance(max(nxt - now, _LEAST_STEP))
+                continue
+            why = _why_stuck(app, worker)
+            if why is None or (nxt is not None and isinstance(clock, FakeClock)):
+                break  # nothing held back, or held until a time this call was told not to move to
+            if nxt is not None:
+                continue  # a rate, a pause or a cool-down frees it on the real clock: wait for that
+            raise AssertionError(f"run_until_idle: {why}")
     finally:
         worker.stop(grace=5.0)
     return [app.get(i) for i in finished.ids]
