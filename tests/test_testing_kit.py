@@ -111,3 +111,18 @@ def test_run_until_idle_fails_loudly_when_nothing_will_free_the_work(kit_url):
     with pytest.raises(AssertionError, match=r"1 task\(s\) can never start here.*EMERGENCY"):
         run_until_idle(app, timeout=30)
     app.close()
+
+
+def test_run_until_idle_on_the_real_clock_waits_for_a_rates_next_tokens(kit_url):
+    app = corral.App(kit_url)
+    app.limit("partner", rate="50/s")
+
+    @app.task(limits=["partner"])
+    def call(i: int) -> int:
+        return i
+
+    for i in range(60):
+        call.submit(i)
+    done = run_until_idle(app, timeout=60)
+    assert sorted(r.result_value for r in done) == list(range(60))
+    app.close()

@@ -154,10 +154,12 @@ def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance
                 clock.advance(max(nxt - now, _LEAST_STEP))
                 continue
             why = _why_stuck(app, worker)
-            if why is None or (nxt is not None and isinstance(clock, FakeClock)):
-                break  # nothing held back, or held until a time this call was told not to move to
+            if why is None:
+                break
             if nxt is not None:
-                continue  # a rate, a pause or a cool-down frees it on the real clock: wait for that
+                if not isinstance(clock, FakeClock) and nxt - now < end - time.monotonic():
+                    continue  # the real clock frees it (a token, a pause's end) before the timeout: wait
+                break  # held until a time this call does not move to (advance=False) or wait for
             raise AssertionError(f"run_until_idle: {why}")
     finally:
         worker.stop(grace=5.0)
