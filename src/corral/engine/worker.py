@@ -1047,8 +1047,8 @@ class Worker:
                 ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
                 tracing.end_attempt(span, *ended)
         assert outcome is not None  # every way out of the body above sets it
-        if rec.id in unit.uncounted:
-            outcome.attempt = rec.attempt
+        if rec.id in unit.uncounted:  # a snooze never counts: the attempt raised at its start goes back
+            outcome.attempt = rec.attempt - 1 if outcome.snooze else rec.attempt
         late = None
         with unit.lock:
             run.finished = True
