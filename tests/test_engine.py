@@ -247,6 +247,36 @@ def test_process_task_is_killed_on_timeout(app, tmp_path):
     wait_for(lambda: not _pid_alive(pid), message="child process should be killed")
 
 
+def _spawn_grandchild_then_hang(path):
+    """A task body that starts a process of its own, writes its pid, and never returns."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "600"])
+    with open(path, "w") as f:
+        f.write(str(child.pid))
+    while True:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+def test_a_killed_process_task_takes_its_own_children_with_it(app, tmp_path, how):
+    pidfile = tmp_path / "pid"
+    opts = {"timeout": 1.0} if how == "timeout" else {}
+    spawner = app.task(isolation="process", name="spawner", **opts)(_spawn_grandchild_then_hang)
+    h = spawner.submit(str(pidfile))
+    app.start(workers=1)
+    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), message="the grandchild started"))
+    try:
+        if how == "cancel":
+            app.cancel(h.id)
+        final = State.TIMEOUT if how == "timeout" else State.CANCELED
+        wait_for(lambda: h.status() is final, message=f"the task ended {final.value}")
+        wait_for(lambda: not _pid_alive(pid), timeout=20, message="the task's own child is killed with it")
+    finally:
+        if _pid_alive(pid):
+            os.kill(pid, 9)
+
+
 def test_process_task_is_killed_on_cancel(app, tmp_path):
     pidfile = tmp_path / "pid"
     stuck = app.task(isolation="process", name="stuck")(_write_pid_then_hang)

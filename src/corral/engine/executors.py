@@ -191,7 +191,16 @@ class ProcessRun:
         child.close()
 
     def kill(self, why: str) -> None:
+        """Kill the child and every process it started: the child leads its
+        own process group (``setpgrp`` at its start), so a task's own
+        subprocesses do not outlive its timeout or cancel."""
         self.killed_for = why
+        pid = self.proc.pid
+        if pid is not None and hasattr(os, "killpg"):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:  # no such group yet (killed before its setpgrp) or already gone
+                pass
         try:
             self.proc.kill()
         except (OSError, ValueError):  # already gone, or already closed
