@@ -130,8 +130,39 @@ def test_backoff_holds_through_thousands_of_retries_and_refuses_nan():
     assert Backoff(jitter=0.0).delay(5_000) == 300.0  # 2**4999 overflows a float: the cap holds
     with pytest.raises(ConfigError, match="Backoff base"):
         Backoff(base=NAN)
-    assert retry_delay(Retry(after=NAN), 1, Backoff()) == 0.0
-    assert retry_delay(Retry(after=INF), 1, Backoff()) == check.MAX_DURATION
+    assert retry_delay(Retry(after=2.5), 1, Backoff()) == 2.5
+
+
+@pytest.mark.parametrize("after", [NAN, -100, INF, "5", True])
+def test_retry_refuses_a_pause_that_is_not_a_finite_number_of_seconds(after):
+    with pytest.raises(ConfigError, match=r"^Retry\(after=\.\.\.\) must be a (finite )?number of seconds >= 0") as exc:
+        Retry(after=after)
+    assert "\n" not in str(exc.value)
+    assert Retry(after=0).after == 0.0 and Retry().after is None
+
+
+def test_a_task_asking_to_run_later_after_nan_seconds_fails_saying_why():
+    app = corral.App("memory://", clock=FakeClock())
+
+    @app.task(retries=3)
+    def odd(ctx):
+        ctx.retry(after=NAN)
+
+    h = odd.submit()
+    from corral.testing import run_until_idle
+
+    run_until_idle(app)
+    rec = app.get(h.id)
+    assert rec.status is corral.State.FAILED and rec.attempt == 1
+    assert "Retry(after=...) must be a finite number of seconds" in rec.error
+
+
+@pytest.mark.parametrize("max_delay", [NAN, -1, 0, INF, "nan"])
+def test_periodic_refuses_a_max_delay_that_is_not_a_positive_finite_duration(max_delay):
+    app = corral.App("memory://")
+    with pytest.raises(ConfigError, match="^max_delay must be") as exc:
+        app.periodic("@hourly", max_delay=max_delay)(lambda: None)
+    assert "\n" not in str(exc.value)
 
 
 # ---- declarations ----------------------------------------------------------------------------

@@ -134,6 +134,10 @@ class Retry(TaskSignal):
     """Raise (or call ``ctx.retry(after=...)``) to ask for another attempt."""
 
     def __init__(self, after: float | None = None, reason: str = "retry requested"):
+        if after is not None:  # NaN or a negative pause would run the task again at once, unsaid
+            from corral.core.validation import seconds
+
+            after = seconds(after, "Retry(after=...)", zero_ok=True)
         super().__init__(reason)
         self.after = after
 

@@ -34,6 +34,7 @@ from datetime import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from corral.core.model import NewTask
+from corral.core.validation import seconds
 from corral.errors import ConfigError
 
 CATCH_UPS = ("none", "latest", "all")
@@ -142,10 +143,8 @@ class Schedule:
     def __post_init__(self) -> None:
         if self.catch_up not in CATCH_UPS:
             raise ConfigError(f"catch_up must be one of {', '.join(CATCH_UPS)}, not {self.catch_up!r}")
-        if self.max_delay is not None and (
-            isinstance(self.max_delay, bool) or not isinstance(self.max_delay, int | float) or self.max_delay <= 0
-        ):
-            raise ConfigError(f"max_delay must be a number of seconds > 0 or None, not {self.max_delay!r}")
+        if self.max_delay is not None:  # NaN would drop every tick, or none, unsaid
+            object.__setattr__(self, "max_delay", seconds(self.max_delay, "max_delay"))
         if not isinstance(self.overlap, bool):
             raise ConfigError(f"overlap must be True or False, not {self.overlap!r}")
         object.__setattr__(self, "expr", check_expression(self.expr, self.timezone))
