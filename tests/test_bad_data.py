@@ -88,6 +88,45 @@ def test_status_counts_foreign_rows_and_tasks_lists_them(sqlite_url):
     assert "unknown" in run("status", "--store", sqlite_url).stdout
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable_url(request) -> str:
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+
+
+def _write_past_the_status_rule(url: str, task_id: int, status: str) -> None:
+    """What a foreign program that removed the status rule could write."""
+    if url.startswith("sqlite"):
+        con = sqlite3.connect(url.removeprefix("sqlite:///"))
+        con.execute("DROP TRIGGER tasks_status_update")
+        con.execute("UPDATE tasks SET status = ? WHERE id = ?", (status, task_id))
+        con.commit()
+        con.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE corral_tasks DROP CONSTRAINT corral_tasks_status_known")
+            conn.execute("UPDATE corral_tasks SET status = %s WHERE id = %s", (status, task_id))
+
+
+def test_a_row_whose_status_names_no_state_does_not_block_its_group(durable_url):
+    """It reads as FAILED, and a FAILED task (not halting its group) lets the
+    group move on: the same on every store, by the next sweep at the latest."""
+    s = open_store(durable_url)
+    if durable_url.startswith("postgresql"):
+        s.migrate()
+    try:
+        odd, nxt = (r.id for r in s.submit([NewTask("a", ARGS, group="g"), NewTask("b", ARGS, group="g")]))
+        _write_past_the_status_rule(durable_url, odd, "PAUSED")
+        s.sweep()
+        claims = s.claim("w", ["default"], 5)
+        assert [[t.id for t in c.tasks] for c in claims] == [[nxt]]
+        rec = s.get(odd)
+        assert rec.status is State.FAILED and "'PAUSED'" in rec.error
+    finally:
+        s.close()
+
+
 @pytest.mark.postgres
 def test_postgres_migration_to_version_4_adds_the_status_rule(pg_url):
     import psycopg

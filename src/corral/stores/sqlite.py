@@ -1566,6 +1566,18 @@ class SQLiteStore(SqlStore):
             return self._records(con, rows)
 
     @_guard
+    def repair(self, limit: int) -> None:
+        """Move the head of a group off a row whose status names no state.
+
+        Such a row (written past the status rule) reads as FAILED and never
+        blocks its group, as on PostgreSQL, whose triggers move the head at
+        once; here the head flag it held moves on at the next sweep."""
+        groups = [r[0] for r in self._con().execute(Q["heads_of_no_state"], (max(0, limit),))]
+        if groups:
+            with self._write() as con:
+                self._refresh_heads(con, groups)
+
+    @_guard
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
             rows = con.execute(Q["retry"], (self._clock.time(), task_id)).fetchall()

@@ -523,6 +523,14 @@ WHERE group_key = ? AND is_head = 1
 SELECT group_key FROM tasks INDEXED BY tasks_group_head
 WHERE is_head = 1 AND group_key IN (SELECT value FROM json_each(?))
 
+-- name: heads_of_no_state
+-- Groups whose head flag sits on a row whose status names no state (written
+-- past the status rule): such a row is never claimed, so the flag must move on.
+SELECT group_key FROM tasks INDEXED BY tasks_group_head
+WHERE is_head = 1
+  AND status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS', 'FAILED', 'TIMEOUT', 'CANCELED')
+LIMIT ?
+
 -- name: head_set
 UPDATE tasks
 SET is_head = 1,
