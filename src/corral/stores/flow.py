@@ -11,6 +11,7 @@ that may not start yet is simply skipped: no attempt burned, its group waits.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from dataclasses import dataclass, field
 from corral.core import breaker as brk
 from corral.core.model import BreakerEvent, LimitSpec
 from corral.core.rates import Bucket, Rate, parse_rate
+
+log = logging.getLogger("corral.breaker")
 
 #: room of a gate that does not limit
 _OPEN = 1 << 30
@@ -163,7 +166,23 @@ class Gates:
         return out
 
 
+#: How the log names a breaker's new state.
+_VERBS = {
+    brk.BreakerState.OPEN: "opened",
+    brk.BreakerState.HALF_OPEN: "is half-open (probing)",
+    brk.BreakerState.CLOSED: "closed",
+}
+
+
 def event(now: float, name: str, change: brk.Change) -> BreakerEvent:
+    """The event of a change the fleet's own calls made (a claim's probes, an
+    outcome), logged as a WARNING by the process that made it: an operator
+    watching a worker's log sees its breakers open, probe and close. (A
+    change forced by hand is the operator's own and only an event.)"""
+    verb = _VERBS.get(change.after, change.after.value)
+    if change.before is brk.BreakerState.HALF_OPEN and change.after is brk.BreakerState.OPEN:
+        verb = "opened again"
+    log.warning("breaker %r %s: %s", name, verb, change.reason)
     return BreakerEvent(
         now, name, change.before.value, change.after.value, change.reason, change.calls, change.failures
     )
