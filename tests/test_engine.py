@@ -606,13 +606,22 @@ def test_backpressure_several_submitters_never_overshoot_the_bound():
 
     t.submit_many([(i,) for i in range(4)])  # room for exactly one more
     inner = app.store.submit
-    both_checked = threading.Barrier(2, timeout=0.5)
+    # The two submitters' first writes meet here: both saw room for one, and
+    # neither has written. A barrier that times out fails the test (the race
+    # would not have been run); a submitter's later tries (it waits for room)
+    # pass straight through.
+    both_checked = threading.Barrier(2, timeout=60)
+    first_try = threading.local()
+    broken: list[BaseException] = []
 
     def submit(tasks, **kw):
-        try:
-            both_checked.wait()  # two submitters meet here: both saw room for one
-        except threading.BrokenBarrierError:
-            pass
+        if not getattr(first_try, "done", False):
+            first_try.done = True
+            try:
+                both_checked.wait()
+            except threading.BrokenBarrierError as exc:
+                broken.append(exc)
+                raise
         return inner(tasks, **kw)
 
     app.store.submit = submit
@@ -628,7 +637,8 @@ def test_backpressure_several_submitters_never_overshoot_the_bound():
     for th in threads:
         th.start()
     for th in threads:
-        th.join(10)
+        th.join(90)
+    assert not broken, "the two submitters never wrote at the same time: the race was not run"
     queued = app.store.active_counts().get("PENDING", 0)
     assert queued == 5, f"the queue holds {queued} tasks, bound 5"
     assert (len(accepted), len(refused)) == (1, 1)  # the second waited, then gave up
