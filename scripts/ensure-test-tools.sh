@@ -6,7 +6,7 @@
 #
 # When one is missing and this runs as root with apt-get, its Debian package is
 # installed; otherwise it says so and succeeds: those tests then skip with
-# that reason.
+# that reason, except in CI (CI set), where they fail.
 set -euo pipefail
 
 me="ensure-test-tools"
@@ -19,7 +19,7 @@ command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
 [ ${#packages[@]} -gt 0 ] || exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    say "missing: ${packages[*]}; cannot install here (needs root and apt-get); their tests will be skipped"
+    say "missing: ${packages[*]}; cannot install here (needs root and apt-get); their tests will be skipped (in CI: fail)"
     say "install with: apt-get install ${packages[*]}"
     exit 0
 fi
@@ -27,7 +27,7 @@ say "installing the Debian packages: ${packages[*]}"
 apt-get update -qq </dev/null >/dev/null
 for p in "${packages[@]}"; do
     if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" </dev/null >/dev/null; then
-        say "installing $p failed; its tests will be skipped"
+        say "installing $p failed; its tests will be skipped (in CI: fail)"
     fi
 done
 exit 0

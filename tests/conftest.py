@@ -22,13 +22,10 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
+from helpers import in_ci as _in_ci  # noqa: E402
 from helpers import wait_for as _wait_for  # noqa: E402
 
 PG_URL_ENV = "CORRAL_TEST_PG_URL"
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
 
 
 def _with_database(url: str, dbname: str) -> str:

@@ -12,7 +12,24 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_for", "run_concurrently", "Downstream", "HandOverLog"]
+__all__ = ["wait_for", "run_concurrently", "Downstream", "HandOverLog", "in_ci", "missing"]
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's (``CI`` set, as ``.ci/run`` and CI services do)."""
+    import os
+
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def missing(reason: str, *, allow_module_level: bool = False) -> None:
+    """A tool or server a test needs is not there: skip it locally, but fail
+    it in CI, where a skip would hide a test that never ran."""
+    import pytest
+
+    if in_ci():
+        pytest.fail(f"{reason} (CI must not skip this test)", pytrace=False)
+    pytest.skip(reason, allow_module_level=allow_module_level)
 
 
 def wait_for(

@@ -8,7 +8,8 @@ refused. Saves a screenshot of each page: in a temporary directory, or under
 test run leaves the tracked images alone.
 
 Playwright drives Debian's Chromium (/usr/bin/chromium); ``make test``
-installs it when missing (as root). Without it these tests skip, saying so.
+installs it when missing (as root). Without it these tests skip, saying so;
+in CI (``CI`` set) they fail instead.
 """
 
 from __future__ import annotations
@@ -24,18 +25,31 @@ from corral import App
 from corral.core.breaker import BreakerState
 from corral.core.states import State
 from corral.edges.dashboard import serve_background
-from helpers import wait_for
+from helpers import in_ci, missing, wait_for
 
 CHROMIUM = os.environ.get("CORRAL_TEST_CHROMIUM", "/usr/bin/chromium")
 SHOTS = Path(os.environ.get("CORRAL_SCREENSHOTS") or Path(tempfile.gettempdir()) / "corral-screenshots")
 XSS = "<img src=x onerror=window.__xss=1><script>window.__xss=1</script>"
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-if not os.access(CHROMIUM, os.X_OK):
-    pytest.skip(
-        f"{CHROMIUM} not found: install Debian's chromium (make test does, as root) to run the browser tests",
-        allow_module_level=True,
+try:
+    from playwright import sync_api
+except ImportError:
+    WHY_NOT: str | None = "playwright is not installed (pip install playwright)"
+else:
+    WHY_NOT = (
+        None
+        if os.access(CHROMIUM, os.X_OK)
+        else f"{CHROMIUM} not found: install Debian's chromium (make test does, as root) to run the browser tests"
     )
+if WHY_NOT is not None and not in_ci():
+    pytest.skip(WHY_NOT, allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser_present():
+    """In CI a missing browser fails each test here (not the whole collection)."""
+    if WHY_NOT is not None:
+        missing(WHY_NOT)
 
 
 @pytest.fixture(scope="module")

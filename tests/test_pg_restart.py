@@ -2,19 +2,24 @@
 processes run short grouped tasks recorded in a shared history.
 
 The server is the throwaway one the test run owns (``scripts/with-postgres.sh``
-exports how to drive it); with an outside server these tests skip. The test
-database commits synchronously, as a production server does, so only what
-corral itself commits asynchronously (claims) can be forgotten by a crash.
+exports how to drive it). When the run uses an outside server (whose owner
+may not want it restarted), these tests start a throwaway server of their
+own with the same script; only without PostgreSQL's binaries do they skip,
+and in CI they fail then. The test database commits synchronously, as a
+production server does, so only what corral itself commits asynchronously
+(claims) can be forgotten by a crash.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import secrets
 import shlex
 import subprocess
+import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -23,7 +28,7 @@ import corral
 from corral.core.states import State
 from corral.testing import History
 from faults import AppWorker
-from helpers import wait_for
+from helpers import missing, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -31,12 +36,58 @@ GROUPS, PER_GROUP = 30, 10
 WORKER = {"concurrency": 4, "chunk_size": 2, "lease_seconds": 2.0, "poll_interval": 0.05, "sweep_interval": 0.25}
 
 
+ROOT = Path(__file__).resolve().parent.parent
+#: The variables scripts/with-postgres.sh exports for a server this run owns.
+OWNED = ("CORRAL_TEST_PG_URL", "CORRAL_TEST_PG_CTL", "CORRAL_TEST_PG_DATA", "CORRAL_TEST_PG_LOG", "CORRAL_TEST_PG_AS")
+#: The owned server's settings (OWNED's names), set by the ``server`` fixture.
+_server: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A PostgreSQL server this run may stop, crash and restart: the one
+    scripts/with-postgres.sh started for the run, or else one of its own,
+    started by the same script and removed when the module ends."""
+    if os.environ.get("CORRAL_TEST_PG_CTL") and os.environ.get("CORRAL_TEST_PG_DATA"):
+        _server.update({k: os.environ.get(k, "") for k in OWNED})
+        yield _server
+        _server.clear()
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        found = Path(tmp) / "env"
+        env = {k: v for k, v in os.environ.items() if k not in OWNED}
+        # the script runs this command while its server lives: write the settings, wait for stdin to close
+        hold = 'env > "$1.tmp" && mv "$1.tmp" "$1" && exec cat > /dev/null'
+        proc = subprocess.Popen(
+            [str(ROOT / "scripts" / "with-postgres.sh"), "sh", "-c", hold, "hold", str(found)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            wait_for(lambda: found.exists() or proc.poll() is not None, timeout=180, interval=0.1)
+            if not found.exists():
+                err = (proc.communicate(timeout=30)[1] or b"").decode(errors="replace").strip().splitlines()
+                missing(f"no PostgreSQL server of its own could be started: {err[-1] if err else 'no reason given'}")
+            got = dict(line.split("=", 1) for line in found.read_text().splitlines() if line.startswith(OWNED))
+            _server.update({k: got.get(k, "") for k in OWNED})
+            yield _server
+        finally:
+            _server.clear()
+            if proc.stdin is not None:
+                proc.stdin.close()  # the held command ends: the script stops and removes its server
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
 def pg_ctl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run pg_ctl on the server this test run owns (skip when it does not own one)."""
-    ctl, data = os.environ.get("CORRAL_TEST_PG_CTL"), os.environ.get("CORRAL_TEST_PG_DATA")
-    if not ctl or not data:
-        pytest.skip("the PostgreSQL server is not one this test run owns (CORRAL_TEST_PG_CTL unset)")
-    prefix = shlex.split(os.environ.get("CORRAL_TEST_PG_AS", ""))
+    """Run pg_ctl on the server this test run owns."""
+    ctl, data = _server["CORRAL_TEST_PG_CTL"], _server["CORRAL_TEST_PG_DATA"]
+    prefix = shlex.split(_server.get("CORRAL_TEST_PG_AS", ""))
     cmd = [*prefix, ctl, "-D", data, "-w", "-t", "60", *args]
     # a started server keeps pg_ctl's output open: send it to a file, never to a pipe
     with open(Path(data).parent / "pg_ctl.out", "ab") as out:
@@ -47,7 +98,7 @@ def pg_ctl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def server_log() -> str:
-    return os.environ.get("CORRAL_TEST_PG_LOG", os.devnull)
+    return _server.get("CORRAL_TEST_PG_LOG") or os.devnull
 
 
 def start_server(url: str) -> None:
@@ -56,15 +107,25 @@ def start_server(url: str) -> None:
 
 
 @pytest.fixture
-def owned_pg(pg_url):
+def owned_pg(server):
     """A fresh database on the owned server, committing synchronously."""
+    from psycopg import sql
+
     pg_ctl("status")
-    name = urlsplit(pg_url).path.lstrip("/")
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
-    yield pg_url
-    if pg_ctl("status", check=False).returncode != 0:  # never leave the run without its server
-        start_server(pg_url)
+    admin = server["CORRAL_TEST_PG_URL"]
+    name = f"corral_t_{secrets.token_hex(6)}"
+    with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(sql.Identifier(name)))
+    parts = urlsplit(admin)
+    url = urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+    try:
+        yield url
+    finally:
+        if pg_ctl("status", check=False).returncode != 0:  # never leave the run without its server
+            start_server(url)
+        with psycopg.connect(admin, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def run_under_restart(url: str, tmp_path: Path, restart) -> History:
