@@ -52,3 +52,15 @@ def test_failures_under_a_limit_open_its_breaker_and_every_change_is_logged_and_
     assert said[0].startswith("breaker 'partner' opened: 4 of 4 calls failed in 60s")
     assert said[1].startswith("breaker 'partner' is half-open (probing): cooldown passed")
     assert said[2].startswith("breaker 'partner' closed: 1 probes succeeded")
+
+
+def test_a_failed_probe_is_logged_as_opening_again(caplog):
+    from corral.core.breaker import BreakerState, Change
+    from corral.stores.flow import event
+
+    caplog.set_level(logging.WARNING, logger="corral.breaker")
+    change = Change(BreakerState.HALF_OPEN, BreakerState.OPEN, "a probe failed; cooling down 60s", 5, 3)
+    ev = event(100.0, "partner", change)
+    assert (ev.before, ev.after, ev.reason) == ("HALF_OPEN", "OPEN", "a probe failed; cooling down 60s")
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["breaker 'partner' opened again: a probe failed; cooling down 60s"]
