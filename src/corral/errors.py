@@ -115,15 +115,17 @@ class GroupDeadlock(CorralError):
 class ChildFailed(CorralError):
     """An exception raised in a child process, carried back as text.
 
-    The child decides whether it is retryable with the task's own
-    ``retry_on``/``permanent_on``, since the exception object itself may not
-    survive the trip."""
+    ``text`` is its traceback, ``error`` the exception's own lines (what a
+    failed attempt's error says). The child decides whether it is retryable
+    with the task's own ``retry_on``/``permanent_on``, since the exception
+    object itself may not survive the trip."""
 
-    def __init__(self, kind: str, text: str, retryable: bool):
+    def __init__(self, kind: str, text: str, retryable: bool, error: str | None = None):
         super().__init__(text.strip().splitlines()[-1] if text.strip() else kind)
         self.kind = kind
         self.text = text
         self.retryable = retryable
+        self.error = error if error else str(self)
 
 
 class TaskSignal(CorralError):

@@ -88,6 +88,8 @@ class TaskRecord:
     snoozes: int = 0  # times the task asked to run later (Retry), attempts given back
     ref: str | None = None  # local name in the graph it was submitted with
     on_upstream_failure: str = "cancel"
+    #: the traceback of the failed attempt its error is from (bounded; see corral.core.texts)
+    traceback: str | None = None
 
     @property
     def result_value(self) -> Any:
@@ -142,6 +144,8 @@ class Outcome:
     #: for breakers on the task's name or limits: True a failure, False a success,
     #: None no verdict (canceled, snoozed, handed back)
     breaker_failure: bool | None = None
+    #: the failed attempt's traceback, kept with its error (None: none to keep)
+    traceback: str | None = None
 
 
 @dataclass(slots=True)

@@ -12,9 +12,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from corral.core import texts
 from corral.core.model import dumps, loads
 from corral.core.states import State
-from corral.errors import Canceled, Retry
+from corral.core.validation import DEFAULT_MAX_PAYLOAD_BYTES
+from corral.errors import Canceled, PermanentError, Retry
 
 _current = threading.local()
 
@@ -60,6 +62,9 @@ class CheckpointView:
     task_id: int
     trace_id: str | None
     attempt: int
+    #: the bound on the stored checkpoint object (``App(max_payload_bytes=...)``)
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    _checkpoint_sizes: dict[str, int] | None = None
 
     def _upstream(self) -> Sequence[Upstream]:
         raise NotImplementedError
@@ -88,6 +93,22 @@ class CheckpointView:
     def done(self, stage: str) -> bool:
         return stage in self._checkpoint
 
+    def _checked_checkpoint(self, stage: str, data: Any) -> str:
+        """``data`` as the JSON text to store for ``stage``, recorded here;
+        a checkpoint that would take the stored checkpoints over the bound
+        raises :class:`~corral.errors.PermanentError` (a retry would too)."""
+        self.check_canceled()
+        text = dumps(data)
+        if self._checkpoint_sizes is None:
+            self._checkpoint_sizes = texts.checkpoint_sizes(self._checkpoint)
+        problem, size = texts.checkpoint_problem(stage, text, self._checkpoint_sizes, self.max_payload_bytes)
+        if problem is not None:
+            raise PermanentError(problem)
+        self._checkpoint.pop(stage, None)  # last stage last
+        self._checkpoint[stage] = loads(text)
+        self._checkpoint_sizes[stage] = size
+        return text
+
     def retry(self, after: float | None = None, reason: str = "retry requested") -> None:
         """Stop this attempt and ask for another one ``after`` seconds from now."""
         raise Retry(after=after, reason=reason)
@@ -104,8 +125,9 @@ class CheckpointView:
 class Context(CheckpointView):
     """Per-run handle: progress, checkpoints, cancel, retries, logging."""
 
-    def __init__(self, store, record, token: str, attempt: int):
+    def __init__(self, store, record, token: str, attempt: int, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES):
         self._store = store
+        self.max_payload_bytes = max_payload_bytes
         self._token = token
         self.task_id: int = record.id
         self.name: str = record.name
@@ -158,16 +180,17 @@ class Context(CheckpointView):
 
     # ---- progress and checkpoints ------------------------------------------
     def progress(self, fraction: float, message: str | None = None) -> None:
-        """Persist progress (0..1) and a short message, visible while it runs."""
+        """Persist progress (0..1) and a short message, visible while it runs
+        (a message longer than ``corral.core.texts.MAX_PROGRESS_MESSAGE_CHARS``
+        is cut, with a marker saying how long it was)."""
         self.check_canceled()
-        self._store.set_progress(self.task_id, self._token, float(fraction), message)
+        self._store.set_progress(self.task_id, self._token, float(fraction), texts.progress_message(message))
 
     def checkpoint(self, stage: str, data: Any = None) -> None:
-        """Record that ``stage`` finished with ``data``; a re-run can skip it."""
-        self.check_canceled()
-        text = dumps(data)
-        self._checkpoint.pop(stage, None)
-        self._checkpoint[stage] = loads(text)
+        """Record that ``stage`` finished with ``data``; a re-run can skip it.
+        All of a task's checkpoints together are bounded like its arguments
+        (``max_payload_bytes``, as JSON): past it this raises PermanentError."""
+        text = self._checked_checkpoint(stage, data)
         self._store.save_checkpoint(self.task_id, self._token, stage, text)
 
 

@@ -25,8 +25,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from corral.core import texts
 from corral.core.model import dumps, loads
 from corral.core.retries import DEFAULT_PERMANENT, is_retryable
+from corral.core.validation import DEFAULT_MAX_PAYLOAD_BYTES
 from corral.engine.context import CheckpointView
 from corral.errors import Canceled, ChildFailed, PermanentError, Retry
 
@@ -67,8 +69,19 @@ def run_async(coro, on_future=None) -> Any:
 class _ChildContext(CheckpointView):
     """The ``ctx`` a child process sees: calls travel to the parent over a pipe."""
 
-    def __init__(self, conn, task_id, trace_id, attempt, checkpoints, span_id=None, upstream=()):
+    def __init__(
+        self,
+        conn,
+        task_id,
+        trace_id,
+        attempt,
+        checkpoints,
+        span_id=None,
+        upstream=(),
+        max_payload_bytes=DEFAULT_MAX_PAYLOAD_BYTES,
+    ):
         self._conn = conn
+        self.max_payload_bytes = max_payload_bytes
         self._ups = upstream  # read by the worker before the fork
         self.task_id = task_id
         self.trace_id = trace_id
@@ -92,11 +105,10 @@ class _ChildContext(CheckpointView):
     check_cancelled = check_canceled
 
     def progress(self, fraction: float, message: str | None = None) -> None:
-        self._conn.send(("progress", float(fraction), message))
+        self._conn.send(("progress", float(fraction), texts.progress_message(message)))
 
     def checkpoint(self, stage: str, data: Any = None) -> None:
-        text = dumps(data)
-        self._checkpoint[stage] = loads(text)
+        text = self._checked_checkpoint(stage, data)
         self._conn.send(("checkpoint", stage, text))
 
 
@@ -156,7 +168,8 @@ def _child_main(conn, parent_pid, fn, takes_ctx, args, kwargs, meta, rules) -> N
         conn.send(("retry", exc.after, str(exc)))
     except BaseException as exc:  # noqa: BLE001 - everything must reach the parent
         retryable = is_retryable(exc, *rules)
-        conn.send(("error", type(exc).__name__, "".join(traceback.format_exception(exc)), retryable))
+        only = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        conn.send(("error", type(exc).__name__, "".join(traceback.format_exception(exc)), retryable, only))
     finally:
         conn.close()
 
@@ -241,8 +254,10 @@ class ProcessRun:
                 if kind == "error":
                     self.proc.join(5)
                     if not msg[3]:
-                        raise PermanentError(msg[2].strip().splitlines()[-1])
-                    raise ChildFailed(msg[1], msg[2], msg[3])
+                        err = PermanentError(msg[2].strip().splitlines()[-1])
+                        err.child_traceback = msg[2]  # type: ignore[attr-defined]  # kept by the outcome
+                        raise err
+                    raise ChildFailed(msg[1], msg[2], msg[3], error=msg[4])
                 self._on_message(msg)
             elif not self.proc.is_alive() and not self._parent.poll(0):
                 if self.killed_for is not None:

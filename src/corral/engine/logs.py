@@ -6,7 +6,8 @@ Every line the engine writes about a task passes :func:`task_fields` as
 :class:`TaskFilter` fills them in for any other line written while a task
 runs in that thread (a task's own ``logging.getLogger(__name__)``), and the
 two formatters print them: :class:`TextFormatter` at the end of the line,
-:class:`JsonFormatter` as one JSON object per line.
+:class:`JsonFormatter` as one JSON object per line. Both cut a message
+longer than ``corral.core.texts.MAX_LOG_MESSAGE_CHARS``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import logging
 import sys
 import time
 from typing import Any
+
+from corral.core.texts import log_message
 
 #: The record attributes that tie a line to a task.
 TASK_FIELDS = ("trace_id", "task_id", "attempt", "task_name")
@@ -54,6 +57,10 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = log_message(record.message)  # no line of megabytes, whatever was logged
+        return super().formatMessage(record)
+
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         task_id = getattr(record, "task_id", None)
@@ -80,7 +87,7 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": log_message(record.getMessage()),
         }
         for key in ("trace_id", "task_id", "attempt"):
             value = getattr(record, key, None)

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.core import slots, validation
+from corral.core import slots, texts, validation
 from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
@@ -958,7 +958,7 @@ class Worker:
                 if i > 0 or unit.prefetched:  # the store recorded no start: the outcome does
                     rec.attempt += 1
                     unit.uncounted.add(rec.id)
-                ctx = Context(self.store, rec, token, rec.attempt)
+                ctx = Context(self.store, rec, token, rec.attempt, self.max_payload_bytes)
                 run = _Run(unit, rec, ctx, None if rec.timeout is None else self.clock.monotonic() + rec.timeout)
                 self._runs[rec.id] = run
                 relay = unit.relay == RELAY_NONE and self._relay_due(unit, len(tasks) - i)
@@ -1003,7 +1003,7 @@ class Worker:
             if tdef.isolation == "process":
                 run.deadline = None  # the process run times itself out and kills the child
                 ups = ctx._upstream() if tdef.takes_ctx else ()  # the child cannot reach the store
-                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id, ups)
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id, ups, self.max_payload_bytes)
                 run.proc = ProcessRun(
                     tdef.fn,
                     tdef.takes_ctx,
@@ -1066,7 +1066,7 @@ class Worker:
                 self._to_completer(late)
                 self._release(unit)
             return None
-        self._log_outcome(rec, outcome)
+        self._log_outcome(rec, texts.safe_outcome(outcome))
         self._to_completer(outcome)
         return outcome.status
 
@@ -1077,25 +1077,29 @@ class Worker:
         level = _OUTCOME_LEVELS.get(status, logging.INFO)
         if not log.isEnabledFor(level):
             return
+        # a failed attempt's traceback (bounded) below its line
+        tb = f"\n{outcome.traceback}" if outcome.traceback else ""
         if status is State.SUCCESS:
             log.log(level, "task %s (%s) succeeded", rec.id, rec.name, extra=task_fields(rec))
         elif status is State.RETRYING:
             log.log(
                 level,
-                "task %s (%s) will run again: %s",
+                "task %s (%s) will run again: %s%s",
                 rec.id,
                 rec.name,
                 _error_line(outcome.error),
+                tb,
                 extra=task_fields(rec),
             )
         else:
             log.log(
                 level,
-                "task %s (%s) ended %s: %s",
+                "task %s (%s) ended %s: %s%s",
                 rec.id,
                 rec.name,
                 status.value,
                 _error_line(outcome.error),
+                tb,
                 extra=task_fields(rec),
             )
 
@@ -1106,19 +1110,22 @@ class Worker:
         if snooze is not None:
             return snooze
         if isinstance(exc, ChildFailed):
-            retryable, text = exc.retryable, exc.text
+            retryable, text = exc.retryable, exc.error
         else:
             retryable = tdef is not None and is_retryable(exc, tdef.retry_on, tdef.permanent_on)
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         verdict = counts_as_failure(exc, permanent=not retryable)
         if tdef is not None and retryable and rec.attempt <= rec.max_retries:
             delay = retry_delay(exc, rec.attempt, tdef.backoff)
-            return self._retry_later(rec, token, text, delay, started_at, verdict)
-        if retryable and rec.max_retries:
-            text = f"{text} (gave up after {rec.attempt} attempts)"
-        return Outcome(
-            rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
-        )
+            outcome = self._retry_later(rec, token, text, delay, started_at, verdict)
+        else:
+            if retryable and rec.max_retries:
+                text = f"{text} (gave up after {rec.attempt} attempts)"
+            outcome = Outcome(
+                rec.id, token, rec.version, State.FAILED, error=text, started_at=started_at, breaker_failure=verdict
+            )
+        outcome.traceback = texts.traceback_of(exc)
+        return outcome
 
     def _retry_later(
         self, rec: TaskRecord, token: str, error: str, delay: float, started_at: float, breaker_failure: bool

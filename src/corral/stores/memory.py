@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from corral.core import breaker as brk
-from corral.core import dag
+from corral.core import dag, texts
 from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
@@ -491,6 +491,7 @@ class MemoryStore(Store):
 
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
         applied: list[bool] = []
+        outcomes = texts.safe_outcomes(outcomes)
         with self._lock:
             now = self.now()
             for o in outcomes:
@@ -509,6 +510,7 @@ class MemoryStore(Store):
                     fields["result"] = sys.intern(o.result) if len(o.result) <= 16 else o.result
                 if o.error is not None or o.status is State.SUCCESS:
                     fields["error"] = o.error
+                    fields["traceback"] = o.traceback
                 if o.attempt is not None:
                     fields["attempt"] = o.attempt
                 elif not o.burn_attempt or o.snooze:
@@ -553,6 +555,7 @@ class MemoryStore(Store):
             self._wake.notify_all()
 
     def set_progress(self, task_id, token, fraction, message) -> bool:
+        message = texts.progress_message(message)
         with self._lock:
             t = self._tasks.get(task_id)
             if t is None or t.status is not State.RUNNING or t.lease_token != token:

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import breaker as brk
-from corral.core import dag
+from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.cron import (
@@ -188,8 +188,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: 14: the dashboard's indexes; 18: claim-order indexes hold the ageing rank;
 #: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
 #: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
-#: 24: offers of waiting workers; 25: no statistics on status (claim plans).
-SCHEMA_VERSION = 25
+#: 24: offers of waiting workers; 25: no statistics on status (claim plans);
+#: 28: a failed attempt's traceback.
+SCHEMA_VERSION = 28
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -823,18 +824,43 @@ class PostgresStore(SqlStore):
         return {r[0] for r in self._fetchall("cancel_requested", {"ids": sorted(task_ids)})}
 
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
-        outcomes = list(outcomes)
+        outcomes = texts.safe_outcomes(outcomes)
         if not outcomes:
             return []
-        params = _complete_params(outcomes, hush=False)
-
-        def go(conn):
-            rows = conn.execute(self._q["complete"], params).fetchall()
-            self._settle_after(conn, outcomes, rows)
-            return rows
-
-        rows = self._run(go)
+        try:
+            rows = self._run(lambda conn: self._complete_rows(conn, outcomes))
+        except _RefusedData:
+            # One row holds a value the database refuses: write the batch
+            # row by row, so that row alone fails and the others are kept.
+            rows = self._complete_each(outcomes)
         return self._after_complete(outcomes, rows)
+
+    def _complete_rows(self, conn, outcomes: list[Outcome]) -> list:
+        try:
+            rows = conn.execute(self._q["complete"], _complete_params(outcomes, hush=False)).fetchall()
+        except psycopg.DataError as exc:
+            raise _RefusedData(f"{type(exc).__name__}: {first_line(exc)}") from None
+        self._settle_after(conn, outcomes, rows)
+        return rows
+
+    def _complete_each(self, outcomes: list[Outcome]) -> list:
+        """The complete statement's rows for each outcome written alone; one
+        the database refuses is written as FAILED with the reason instead
+        (the outcome is changed to say so), or, if even that is refused, not
+        at all (its lease runs out and the sweeper takes it)."""
+        rows: list = []
+        for i, o in enumerate(outcomes):
+            try:
+                got = self._run(lambda conn, o=o: self._complete_rows(conn, [o]))
+            except _RefusedData as exc:
+                log.warning("task %s: its outcome could not be stored (%s); writing it as FAILED", o.task_id, exc)
+                texts.refused(o, str(exc))
+                try:
+                    got = self._run(lambda conn, o=o: self._complete_rows(conn, [o]))
+                except _RefusedData:
+                    continue
+            rows += [(i + 1, *r[1:]) for r in got]
+        return rows
 
     hands_over = True
 
@@ -848,7 +874,7 @@ class PostgresStore(SqlStore):
         relays: Sequence[tuple[str, Collection[str]]] = (),
         **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
-        outcomes = list(outcomes)
+        outcomes = texts.safe_outcomes(outcomes)
         if not places and not relays:
             return self.complete(outcomes), []
         params = _complete_params(outcomes, hush=True)
@@ -944,6 +970,7 @@ class PostgresStore(SqlStore):
         self._run(go, retry=False)
 
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
+        message = texts.progress_message(message)
         return (
             self._rowcount(
                 "set_progress", {"id": task_id, "token": token, "fraction": float(fraction), "message": message}
@@ -1691,6 +1718,10 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
+class _RefusedData(StoreError):
+    """The database refused a batch of outcomes for a value in one of its rows."""
+
+
 def _complete_params(outcomes: Sequence[Outcome], *, hush: bool) -> dict[str, Any]:
     """The complete statement's parameters; ``hush``: the ended units' limit
     places are handed over in the same transaction, so freeing them wakes no
@@ -1716,6 +1747,7 @@ def _complete_params(outcomes: Sequence[Outcome], *, hush: bool) -> dict[str, An
                     o.attempt,
                     bool(o.snooze),
                     o.pause_limits,
+                    o.traceback,
                 )
                 for o in outcomes
             ]

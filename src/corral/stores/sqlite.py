@@ -73,6 +73,7 @@ import functools
 import heapq
 import itertools
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -86,7 +87,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
-from corral.core import dag
+from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.clock import SYSTEM_CLOCK, Clock
@@ -149,10 +150,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 18: the claim-order indexes hold the ageing rank (core/priorities.py);
 #: 19: ready_at, a group head's place in the round robin, and an index of
 #: ready heads in that order (a claim no longer reads every queued head);
-#: 20: graph columns (ref, on_upstream_failure).
+#: 20: graph columns (ref, on_upstream_failure);
+#: 25: a failed attempt's traceback (tasks.traceback).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 22
+SCHEMA_VERSION = 25
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -235,6 +237,23 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     ):
         return StoreUnavailable(f"cannot use SQLite database {path!r}: {text}")
     return StoreError(f"SQLite store {path!r}: {text}")
+
+
+log = logging.getLogger("corral.store")
+
+#: What a write raises for a value SQLite cannot hold in one row (an int
+#: past 64 bits, a NaN where NULL is refused, a type it cannot bind).
+_REFUSED_DATA = (sqlite3.IntegrityError, sqlite3.InterfaceError, sqlite3.DataError, OverflowError)
+
+
+@contextmanager
+def _refused_as_store_error() -> Iterator[None]:
+    """A refused value as a StoreError (not a bare OverflowError) for callers
+    that fall back to another write on one."""
+    try:
+        yield
+    except OverflowError as exc:
+        raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from exc
 
 
 def _guard(fn):
@@ -1209,13 +1228,34 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
-        outcomes = list(outcomes)
+        outcomes = texts.safe_outcomes(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
         if not outcomes:
             return []
-        with self._write() as con:
-            return self._complete_on(con, outcomes)
+        try:
+            with self._write() as con:
+                return self._complete_on(con, outcomes)
+        except _REFUSED_DATA:
+            # One row holds a value SQLite refuses (a NaN time is NULL to it):
+            # write the batch row by row, so that row alone fails.
+            return [self._complete_alone(o) for o in outcomes]
+
+    def _complete_alone(self, o: Outcome) -> bool:
+        """One outcome in its own write; one SQLite refuses is written as
+        FAILED with the reason instead (the outcome changed to say so), or,
+        if even that is refused, not at all (the sweeper takes it)."""
+        for _ in range(2):
+            try:
+                with self._write() as con:
+                    return self._complete_on(con, [o])[0]
+            except _REFUSED_DATA as exc:
+                why = f"{type(exc).__name__}: {first_line(exc)}"
+            if o.status is State.FAILED and o.error and o.error.startswith("the store refused"):
+                break
+            log.warning("task %s: its outcome could not be stored (%s); writing it as FAILED", o.task_id, why)
+            texts.refused(o, why)
+        return False
 
     hands_over = True
 
@@ -1233,11 +1273,11 @@ class SQLiteStore(SqlStore):
         # successors are an ordinary claim of one unit per ended one, in the
         # transaction that freed their places; none at all when the first
         # work waiting under one of their limits is another worker's.
-        outcomes = list(outcomes)
+        outcomes = texts.safe_outcomes(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
         ask = _ClaimAsk.of(queues, max(1, len(places)), **claim_options)
-        with self._write() as con:
+        with self._write() as con, _refused_as_store_error():  # complete() then writes row by row
             applied = self._complete_on(con, outcomes) if outcomes else []
             claimed = []
             if places and queues and self._ours_first(con, places, ask):
@@ -1292,6 +1332,8 @@ class SQLiteStore(SqlStore):
                         o.result,
                         set_error,
                         o.error,
+                        set_error,
+                        o.traceback,
                         o.finished_at or now,
                         o.started_at,
                         o.attempt,
@@ -1315,6 +1357,8 @@ class SQLiteStore(SqlStore):
                         o.result,
                         set_error,
                         o.error,
+                        set_error,
+                        o.traceback,
                         o.run_at if o.run_at is not None else now,
                         o.started_at,
                         o.attempt,
@@ -1367,6 +1411,7 @@ class SQLiteStore(SqlStore):
                     o.started_at,
                     o.attempt,
                     0 if o.burn_attempt else 1,
+                    o.traceback,
                 ]
                 for o, s in zip(outcomes, statuses)
             ]
@@ -1443,6 +1488,7 @@ class SQLiteStore(SqlStore):
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
         with self._write() as con:
+            message = texts.progress_message(message)
             return con.execute(Q["set_progress"], (fraction, message, task_id, token)).rowcount == 1
 
     @_guard

@@ -541,6 +541,11 @@ CREATE UNLOGGED TABLE IF NOT EXISTS corral_offers (
 -- statistics are cleared by a superuser; a new database has none.)
 ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0;
 
+-- name: migration_0028
+-- A failed attempt keeps its traceback (bounded by the worker, see
+-- corral/core/texts.py), beside its error.
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS traceback text;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1061,7 +1066,7 @@ o AS (
     SELECT (r.v->>0)::bigint AS id, r.v->>1 AS token, (r.v->>2)::int AS version, r.v->>3 AS status,
            r.v->>4 AS result, r.v->>5 AS error, (r.v->>6)::float8 AS run_at, (r.v->>7)::bool AS burn,
            (r.v->>8)::float8 AS started_at, (r.v->>9)::float8 AS finished_at, (r.v->>10)::int AS attempt,
-           (r.v->>11)::bool AS snooze, (r.v->>12)::float8 AS pause, r.ord
+           (r.v->>11)::bool AS snooze, (r.v->>12)::float8 AS pause, r.v->>13 AS traceback, r.ord
     FROM json_array_elements(%(rows)s::json) WITH ORDINALITY AS r(v, ord)
 ),
 locked AS (
@@ -1076,6 +1081,7 @@ upd AS (
     SET status = o.status,
         result = o.result,
         error = o.error,
+        traceback = o.traceback,
         run_at = CASE WHEN o.status = 'RETRYING' THEN coalesce(o.run_at, clk.now)
                       WHEN o.status = 'PENDING' THEN coalesce(o.run_at, clk.now)
                       ELSE t.run_at END,

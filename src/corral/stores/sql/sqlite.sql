@@ -304,6 +304,7 @@ ALTER TABLE events ADD COLUMN task_id INTEGER;
 ALTER TABLE events ADD COLUMN status TEXT;
 ALTER TABLE events ADD COLUMN prior TEXT;
 ALTER TABLE events ADD COLUMN attempt INTEGER;
+ALTER TABLE tasks ADD COLUMN traceback TEXT;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -421,7 +422,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback
 FROM tasks
 
 -- name: get
@@ -429,7 +430,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback
 FROM tasks WHERE id = ?
 
 -- The tasks one task depends on, in its depends_on order (ctx.upstream).
@@ -766,12 +767,13 @@ UPDATE tasks SET checkpoint = ?
 WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 
 -- Outcome of a final state (finished_at set, result/error as given).
--- Parameters: status, result, error(flag, value), finished_at, started_at,
--- attempt, give_back, id, token, version.
+-- Parameters: status, result, error(flag, value), traceback(flag, value),
+-- finished_at, started_at, attempt, give_back, id, token, version.
 -- name: complete_final
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
+    traceback = CASE WHEN ? THEN ? ELSE traceback END,
     finished_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)),
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
@@ -780,12 +782,13 @@ RETURNING group_key, name, limits
 
 -- Many final outcomes in one statement (one JSON array of
 -- [id, token, version, status, result, set_error, error, finished_at,
---  started_at, attempt, give_back] rows; ids distinct): a batch of
+--  started_at, attempt, give_back, traceback] rows; ids distinct): a batch of
 -- completions holds the write lock for one statement, not one per task.
 -- name: complete_final_many
 UPDATE tasks
 SET status = o.status, result = coalesce(o.result, tasks.result),
     error = CASE WHEN o.set_error THEN o.error ELSE tasks.error END,
+    traceback = CASE WHEN o.set_error THEN o.traceback ELSE tasks.traceback END,
     finished_at = o.finished_at, started_at = coalesce(tasks.started_at, o.started_at),
     attempt = coalesce(o.attempt, max(0, tasks.attempt - o.give_back)),
     lease_token = NULL, lease_expires_at = NULL, version = tasks.version + 1
@@ -794,7 +797,7 @@ FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS t
              json_extract(value, '$[4]') AS result, json_extract(value, '$[5]') AS set_error,
              json_extract(value, '$[6]') AS error, json_extract(value, '$[7]') AS finished_at,
              json_extract(value, '$[8]') AS started_at, json_extract(value, '$[9]') AS attempt,
-             json_extract(value, '$[10]') AS give_back
+             json_extract(value, '$[10]') AS give_back, json_extract(value, '$[11]') AS traceback
       FROM json_each(?)) AS o
 WHERE tasks.id = o.id AND tasks.status = 'RUNNING' AND tasks.lease_token = o.token
   AND tasks.version = o.version
@@ -802,12 +805,13 @@ RETURNING tasks.id, tasks.group_key, tasks.name, tasks.limits
 
 -- Outcome that queues the task again (RETRYING, or PENDING when handed back;
 -- a snooze gives the attempt back and counts a snooze).
--- Parameters: status, result, error(flag, value), run_at, started_at,
--- attempt, give_back, snoozed, id, token, version.
+-- Parameters: status, result, error(flag, value), traceback(flag, value),
+-- run_at, started_at, attempt, give_back, snoozed, id, token, version.
 -- name: complete_requeue
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
     error = CASE WHEN ? THEN ? ELSE error END,
+    traceback = CASE WHEN ? THEN ? ELSE traceback END,
     run_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)), snoozes = snoozes + ?, worker_id = NULL,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
