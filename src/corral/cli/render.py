@@ -38,7 +38,7 @@ TABLE_FIELD_CHARS = 2_000
 #: a longer one is cut to this and named, with its full length, under "truncated".
 JSON_FIELD_CHARS = 1_048_576
 #: The fields either bound applies to.
-BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message")
+BIG_FIELDS = ("args", "result", "checkpoint", "error", "progress_message", "traceback")
 
 
 def json_help(tail: str) -> str:
@@ -367,6 +367,9 @@ def print_task(rec: TaskRecord) -> None:
     for k, v in rows:
         t.add_row(k, v if k in ("status",) else escape(v))
     con.print(t)
+    if rec.traceback:  # whole (it is bounded when stored), below the table: its lines stay lines
+        con.print("traceback of the failed attempt:", style="bold")
+        con.print(escape(rec.traceback), soft_wrap=True, highlight=False)
 
 
 # ---- sweep ------------------------------------------------------------------------------------

@@ -246,7 +246,8 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
     help=render.json_help("App.get(ID) in Python reads it whole."),
 )
 def show(task_id, store_url, as_json):
-    """Every field of one task: state, progress, checkpoint, error.
+    """Every field of one task: state, progress, checkpoint, error, and the
+    traceback of the failed attempt its error is from.
 
     The table cuts big fields (args, result, error, checkpoint) to a readable
     length and notes their full length."""
