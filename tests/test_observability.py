@@ -126,7 +126,9 @@ def test_every_line_about_a_task_carries_its_fields(app, caplog):
     assert all(r.trace_id == "trace-xyz" and r.task_name == h.get().name for r in mine)
     line = JsonFormatter().format(retry_lines[0])
     assert json.loads(line)["trace_id"] == "trace-xyz"
-    assert TextFormatter().format(retry_lines[0]).endswith(f"[trace_id=trace-xyz task={h.id} attempt=1]")
+    first, below = TextFormatter().format(retry_lines[0]).split("\n", 1)
+    assert first.endswith(f"[trace_id=trace-xyz task={h.id} attempt=1]")
+    assert below.startswith("Traceback (most recent call last):")  # the failed attempt's, below its line
 
 
 def _env(url: str) -> dict[str, str]:

@@ -69,6 +69,9 @@ class CheckpointView:
     def _upstream(self) -> Sequence[Upstream]:
         raise NotImplementedError
 
+    def check_canceled(self) -> None:
+        """Raise Canceled once the task was asked to cancel (each ctx has its own way to know)."""
+
     def upstream(self, by: str = "id") -> dict[Any, Any]:
         """The results of the tasks this one depends on (fan-in), decoded from
         their stored JSON: ``{upstream task id: result}``. An upstream that

@@ -40,6 +40,7 @@ Design notes
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -850,13 +851,14 @@ class PostgresStore(SqlStore):
         at all (its lease runs out and the sweeper takes it)."""
         rows: list = []
         for i, o in enumerate(outcomes):
+            alone = functools.partial(self._complete_rows, outcomes=[o])
             try:
-                got = self._run(lambda conn, o=o: self._complete_rows(conn, [o]))
+                got = self._run(alone)
             except _RefusedData as exc:
                 log.warning("task %s: its outcome could not be stored (%s); writing it as FAILED", o.task_id, exc)
                 texts.refused(o, str(exc))
                 try:
-                    got = self._run(lambda conn, o=o: self._complete_rows(conn, [o]))
+                    got = self._run(alone)
                 except _RefusedData:
                     continue
             rows += [(i + 1, *r[1:]) for r in got]

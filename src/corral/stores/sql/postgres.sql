@@ -1271,7 +1271,7 @@ WHERE id = %(id)s AND (status || '') = 'RUNNING';
 -- name: retry
 UPDATE corral_tasks
 SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
-    finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
+    finished_at = NULL, started_at = NULL, error = NULL, traceback = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1
 WHERE id = %(id)s  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
@@ -1475,7 +1475,7 @@ SELECT 1 FROM corral_groups WHERE group_key = ANY(%(groups)s::text[]) ORDER BY g
 -- name: retry_many
 UPDATE corral_tasks
 SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
-    finished_at = NULL, started_at = NULL, error = NULL, result = NULL,
+    finished_at = NULL, started_at = NULL, error = NULL, traceback = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1
 WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('FAILED', 'TIMEOUT')
