@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from corral.core import texts
 from corral.core import tracing as w3c
 
 try:  # an optional dependency (the ``otel`` extra)
@@ -108,7 +109,8 @@ def end_attempt(handle: AttemptSpan | None, status: str, error: str | None) -> N
         handle.span.set_attribute("corral.outcome", status)
         if status != "SUCCESS":
             lines = [ln for ln in (error or status).strip().splitlines() if ln.strip()]
-            handle.span.set_status(Status(StatusCode.ERROR, lines[-1].strip() if lines else status))
+            last = texts.error_text(lines[-1].strip()) if lines else status  # bounded like the stored error
+            handle.span.set_status(Status(StatusCode.ERROR, last))
         handle.span.end()
     finally:
         otel_context.detach(handle.token)
