@@ -25,6 +25,7 @@ SQLITE_ONLY = {
     "touch_group": "the claim records a group's last claim (PostgreSQL: inside `claim`)",
     "head_clear": "group heads refreshed by the store (PostgreSQL: statement triggers)",
     "head_set": "group heads refreshed by the store (PostgreSQL: statement triggers)",
+    "heads_of_no_state": "a head flag on a row of no known state moves on (PostgreSQL: statement triggers skip it)",
     "groups_with_head": "a submit refreshes the heads of groups without one (PostgreSQL: statement triggers)",
     "complete_final": "a final outcome (PostgreSQL: every outcome in one `complete`)",
     "complete_final_many": "a batch of final outcomes (PostgreSQL: one `complete`)",
