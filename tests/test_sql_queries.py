@@ -53,6 +53,7 @@ SQLITE_ONLY = {
     "clear_clock": "the event triggers back on SQLite's own clock (PostgreSQL stamps with now())",
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
+    "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
@@ -74,6 +75,7 @@ POSTGRES_ONLY = {
     "unsettled": "dependents a crashed completion left WAITING (SQLite settles in the same transaction)",
     "notify": "LISTEN/NOTIFY wake-ups (SQLite polls data_version)",
     "now": "the database clock (SQLite uses the store's Clock)",
+    "has_schema": "whether a database holds corral's tables (SQLite: a file check before it is opened)",
     "stream_now": "a follower's start: the newest id and ids not committed yet (SQLite: `last_event_id`)",
     "tx_now": "the transaction's clock, which tokens are charged at (SQLite uses the store's Clock)",
     "migration_0001": "numbered migrations (SQLite: one idempotent `schema`)",

@@ -30,6 +30,9 @@ from corral.core.model import (
     new_holder_id,
 )
 from corral.core.rates import parse_rate
+from corral.core.retention import DEFAULT_PRUNE_STATES, final_states
+from corral.core.retention import age as retention_age
+from corral.core.retention import policy as retention_policy
 from corral.core.retries import DEFAULT_PERMANENT, Backoff
 from corral.core.states import FINAL, State
 from corral.engine import tracing
@@ -253,6 +256,7 @@ class App:
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
         critical_queues: Sequence[str] = (),
         level_calm_period: float = CALM_PERIOD,
+        retention: Mapping[str, float | str | None] | bool | None = True,
     ):
         if on_full not in ("raise", "block"):
             raise ConfigError("on_full must be 'raise' or 'block'")
@@ -288,6 +292,9 @@ class App:
         self._no_batch_limit: dict[str, float] = {}
         #: periodic schedules by name (``@app.periodic``, ``@app.task(cron=...)``); workers enqueue their ticks
         self.schedules: dict[str, Schedule] = {}
+        #: how long finished tasks are kept, per final state (seconds), applied by
+        #: the sweeper's leader: see :mod:`corral.core.retention` (empty: kept for ever)
+        self.retention: dict[State, float] = retention_policy(retention)
 
     # ---- declaring -------------------------------------------------------------
     def task(
@@ -893,6 +900,28 @@ class App:
         retried since, oldest first, each with its error, attempts and trace id."""
         return self.store.dead_letters(batch, limit, offset)
 
+    def prune(
+        self,
+        older_than: float | str,
+        states: Iterable[str | State] | str | State = DEFAULT_PRUNE_STATES,
+    ) -> int:
+        """Delete the tasks that ended in one of ``states`` (default SUCCESS and
+        CANCELED: a dead letter goes only when FAILED or TIMEOUT is named)
+        more than ``older_than`` ago (``"7d"``, ``"12h"``, or seconds), in
+        batches of bounded size; returns how many went.
+
+        What is still needed stays whatever its age: an upstream of a task
+        not ended (or of a dead letter, whose retry reads it), the tasks of a
+        batch not finished or whose callback is not submitted yet, and a
+        failure that halts its group with tasks behind it. The sweeper's
+        leader does the same on its own by ``App(retention=)``."""
+        from corral.maintenance.retention import prune
+
+        ttl = retention_age(older_than, "older_than")
+        chosen = final_states(states, "states")
+        now = self.store.now()
+        return prune(self.store, {s.value: now - ttl for s in chosen})
+
     def retry_dead(self, batch: str | None = None) -> list[int]:
         """Queue the dead letters (of ``batch``) again, all in one write, and
         return their ids. A group's re-queued tasks run in submit order,
@@ -978,6 +1007,7 @@ class App:
         from corral.flow.levels import LevelHooks
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
+        options.setdefault("retention", self.retention)
         options.setdefault("schedules", tuple(self.schedules.values()))
         if isinstance(options.get("queues"), Mapping):
             concurrency = sum(check_slots(options["queues"]).values())
@@ -1024,13 +1054,15 @@ class App:
         Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
         from corral.maintenance.levels import LevelKeeper
+        from corral.maintenance.retention import Retention
         from corral.maintenance.sweeper import Sweeper
 
         holder = options.pop("worker_id", None) or new_holder_id()
         sweeper = None
         if sweep_interval is not None:
             levels = LevelKeeper(self.store, queue_bound=self.max_queued, calm_period=self.level_calm_period)
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels)
+            retention = Retention(self.store, self.retention) if self.retention else None
+            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels, retention=retention)
         worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:

@@ -11,6 +11,7 @@ shares, the error handling and :func:`main`. The commands live by area:
 - :mod:`corral.cli.worker`: ``worker APP`` and ``sweep`` (long-running processes);
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
+- :mod:`corral.cli.prune`: ``prune --older-than AGE`` (old finished tasks);
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
 - :mod:`corral.cli.batches`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
@@ -138,9 +139,11 @@ def store_url_of(store_url: str | None) -> str:
     return given_store(store_url) or default_url()
 
 
-def open_given_store(store_url: str | None):
-    """Open (and migrate) the store a command uses."""
-    store = open_store(store_url_of(store_url))
+def open_given_store(store_url: str | None, *, create: bool = True):
+    """Open (and migrate) the store a command uses. A command that only reads
+    passes ``create=False``: a store that does not exist is a one-line error,
+    never a new empty one."""
+    store = open_store(store_url_of(store_url), create=create)
     store.migrate()
     return store
 
@@ -234,7 +237,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batches, demo, events, flow, periodic, plan, tasks, worker
+    from corral.cli import batches, demo, events, flow, periodic, plan, prune, tasks, worker
 
     for command in (
         worker.worker,
@@ -245,6 +248,7 @@ def _add_commands() -> None:
         tasks.cancel,
         tasks.retry,
         worker.sweep,
+        prune.prune,
         flow.breaker,
         flow.level,
         flow.dead,

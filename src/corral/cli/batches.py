@@ -34,7 +34,7 @@ def show(name: str, store_url: str | None, follow: bool | None, interval: float,
     On a terminal a live progress bar runs until the batch reaches a final
     status (ALL_SUCCESS, PARTIAL_SUCCESS or FAILED); elsewhere one summary
     line is printed, or one per change with --follow."""
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     try:
         summary = store.batch_summary(name)
         if summary.total == 0:

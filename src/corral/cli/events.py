@@ -73,7 +73,7 @@ def events(store_url=None, follow=False, kinds=(), since=None, last=None, as_jso
         raise CLIError(f"unknown event kind {unknown[0]!r}; kinds are {', '.join(sorted(KNOWN_KINDS))}")
     if last is not None and follow:
         raise CLIError("--last lists what is kept; with --follow use --since ID")
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     show = to_json if as_json else line
     try:
         if last is not None:

@@ -33,7 +33,7 @@ def breaker(ctx: click.Context) -> None:
 @click.option("--last", type=click.IntRange(min=0), default=10, show_default=True, help="Changes to list.")
 def show(store_url=None, last=10):
     """Each breaker's state, then its last changes with their reasons and counts."""
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     rows = store.breakers()
     if not rows:
         click.echo("no breakers declared (app.breaker(name, ...))")
@@ -113,7 +113,7 @@ def level(ctx: click.Context, store_url: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["store_url"] = store_url
     if ctx.invoked_subcommand is None:
-        _print_level(open_given_store(store_url))
+        _print_level(open_given_store(store_url, create=False))
 
 
 def _url(ctx: click.Context, store_url: str | None) -> str | None:
@@ -126,7 +126,7 @@ def _url(ctx: click.Context, store_url: str | None) -> str | None:
 @click.pass_context
 def level_show(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
     """The level, whether it was set by hand, since when and why."""
-    store = open_given_store(_url(ctx, store_url))
+    store = open_given_store(_url(ctx, store_url), create=False)
     if as_json:
         render.print_json(_level_dict(store))
     else:
@@ -173,7 +173,7 @@ def dead(store_url: str | None, batch: str | None, limit: int, offset: int, as_j
     """Dead letters: tasks that ended FAILED or TIMEOUT and were not retried
     since (retries spent, a permanent error, arguments that cannot be
     decoded), oldest first. `corral retry --dead` queues them again."""
-    rows = open_given_store(store_url).dead_letters(batch, limit, offset)
+    rows = open_given_store(store_url, create=False).dead_letters(batch, limit, offset)
     if as_json:
         render.print_json([render.record_dict(r) for r in rows])
         return

@@ -66,7 +66,7 @@ def periodic(store_url: str | None, as_json: bool, app_spec: str | None) -> None
     tick and what the last tick did. Read from the store, where workers keep
     their app's schedules; with APP (module:attribute), that app's schedules,
     stored or not yet."""
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     rows = store.schedules()
     if app_spec is not None:
         app = load_app(app_spec, store_url_of(store_url))

@@ -186,7 +186,7 @@ def _from_history(store_url, name, batch, sample, qps, safety, target, target_ho
     subject = f"batch {batch!r}" if batch is not None else f"task {name!r}"
     if batch is not None and name is not None:
         subject = f"task {name!r} in batch {batch!r}"
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     try:
         rows = store.finished_history(name=name, batch=batch, limit=sample)
     finally:

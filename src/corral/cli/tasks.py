@@ -133,7 +133,7 @@ def submit(
 @json_option
 def status(store_url, queue, batch, as_json):
     """Task counts per state (and limits in use)."""
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     counts = store.counts(queue) if queue else store.counts()
     full = {s.value: int(counts.get(s.value, 0)) for s in render.STATE_ORDER}
     unknown = sum(int(n) for st, n in counts.items() if st not in full)
@@ -216,7 +216,7 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
     """List tasks, newest first."""
     if stale and state and state.upper() != State.CANCELED.value:
         raise click.UsageError("--stale lists CANCELED tasks; it does not go with --status " + state.upper())
-    store = open_given_store(store_url)
+    store = open_given_store(store_url, create=False)
     flt = TaskFilter(
         status=State.CANCELED if stale else State(state.upper()) if state else None,
         error_prefix=STALE_PENDING_PREFIX if stale else None,
@@ -251,7 +251,7 @@ def show(task_id, store_url, as_json):
 
     The table cuts big fields (args, result, error, checkpoint) to a readable
     length and notes their full length."""
-    rec = _task(open_given_store(store_url), task_id)
+    rec = _task(open_given_store(store_url, create=False), task_id)
     if as_json:
         render.print_json(render.record_dict(rec))
     else:

@@ -253,10 +253,19 @@ def worker(
     show_default=True,
     help="With --loop: how long the health signals must stay below the fleet's level before it steps down one.",
 )
+@click.option(
+    "--retention/--no-retention",
+    default=True,
+    show_default=True,
+    help="With --loop, the leader also deletes old finished tasks: SUCCESS and CANCELED after 7 days, "
+    "FAILED and TIMEOUT after 30 (`corral prune` does it once, with other ages).",
+)
 @log_level_option
 @log_format_option
 @json_option
-def sweep(store_url, loop, interval, stale_pending_age, max_rows, level_calm_period, log_level, log_format, as_json):
+def sweep(
+    store_url, loop, interval, stale_pending_age, max_rows, level_calm_period, retention, log_level, log_format, as_json
+):
     """Recover what crashed workers left: one pass, or --loop.
 
     A RUNNING task whose lease expired is retried (failed when it has no
@@ -291,10 +300,18 @@ def sweep(store_url, loop, interval, stale_pending_age, max_rows, level_calm_per
             click.echo(render.sweep_line(url, report))
         return
     _setup_logging(log_level, log_format.lower())
+    from corral.core.retention import policy
     from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.retention import Retention
 
-    levels = LevelKeeper(store, calm_period=calm)
-    sweeper = Sweeper(store, interval=every, stale_pending_age=stale, max_rows=max_rows, levels=levels)
+    sweeper = Sweeper(
+        store,
+        interval=every,
+        stale_pending_age=stale,
+        max_rows=max_rows,
+        levels=LevelKeeper(store, calm_period=calm),
+        retention=Retention(store, policy(True)) if retention else None,
+    )
     with StopSignals() as signals:
         sweeper.start()
         log.info(

@@ -241,6 +241,7 @@ class Worker:
         retry_share: float | None = validation.DEFAULT_RETRY_SHARE,
         schedules: Sequence[Schedule] = (),
         periodic_interval: float = 1.0,
+        retention: Mapping[State, float] | None = None,
     ):
         if completer_window is None:
             completer_window = COMPLETER_WINDOW if store.shared else 0.0
@@ -295,6 +296,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.cancel_poll_interval = cancel_poll_interval
         self.sweep_interval = sweep_interval
+        #: the finished tasks' retention its sweeper applies when it leads (None or empty: none)
+        self.retention = dict(retention) if retention else None
         #: periodic schedules this worker enqueues ticks of (each tick once across the fleet)
         self.schedules = tuple(schedules)
         if periodic_interval <= 0:
@@ -360,9 +363,13 @@ class Worker:
         self._thread(self._heartbeat_loop, "heartbeat")
         self._thread(self._completer_loop, "completer")
         if self.sweep_interval:
+            from corral.maintenance.retention import Retention
             from corral.maintenance.sweeper import Sweeper
 
-            self._sweeper = Sweeper(self.store, interval=self.sweep_interval, holder=self.id).start()
+            retention = Retention(self.store, self.retention) if self.retention else None
+            self._sweeper = Sweeper(
+                self.store, interval=self.sweep_interval, holder=self.id, retention=retention
+            ).start()
         if self.schedules:
             from corral.maintenance.periodic import Scheduler
 

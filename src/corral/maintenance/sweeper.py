@@ -29,6 +29,7 @@ from corral.stores.base import Store
 
 if TYPE_CHECKING:
     from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.retention import Retention
 
 log = logging.getLogger("corral.sweeper")
 
@@ -48,6 +49,7 @@ class Sweeper(Loop):
         holder: str | None = None,
         on_report: Callable[[SweepReport], None] | None = None,
         levels: LevelKeeper | None = None,
+        retention: Retention | None = None,
     ):
         if interval <= 0:
             raise ConfigError("the sweep interval must be > 0 seconds")
@@ -61,6 +63,8 @@ class Sweeper(Loop):
         self.on_report = on_report
         #: the leader's next step after each sweep: the fleet's degradation level
         self.levels = levels
+        #: and the deletion of old finished tasks (None: none)
+        self.retention = retention
         #: Leadership lasts three intervals, so one slow tick does not lose it
         #: but a dead leader is replaced within a few intervals.
         self.lead_ttl = self.interval * 3
@@ -99,7 +103,18 @@ class Sweeper(Loop):
             self.on_report(report)
         if self.levels is not None:
             self.levels.tick(report)
+        self.after_sweep()
         return report
+
+    def after_sweep(self) -> None:
+        """The leader's housekeeping after its sweep: retention, if any. A
+        failure here is logged and does not undo the sweep."""
+        if self.retention is None:
+            return
+        try:
+            self.retention.tick()
+        except Exception as exc:  # noqa: BLE001 - retried at the next tick
+            log.warning("retention failed, will try again: %s", exc)
 
 
 _LABELS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from corral.core.clock import SYSTEM_CLOCK, Clock
-from corral.errors import ConfigError
+from corral.errors import ConfigError, StoreUnavailable
 from corral.stores.base import Store
 
 DEFAULT_URL = "sqlite:///corral.db"
@@ -15,11 +15,15 @@ def default_url() -> str:
     return os.environ.get("CORRAL_STORE") or DEFAULT_URL
 
 
-def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> Store:
+def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK, create: bool = True) -> Store:
     """Open the store named by ``url`` (default: $CORRAL_STORE, else sqlite:///corral.db).
 
     ``clock`` is the time of the memory and SQLite stores (tests pass a
-    :class:`~corral.core.clock.FakeClock`); PostgreSQL keeps the database's."""
+    :class:`~corral.core.clock.FakeClock`); PostgreSQL keeps the database's.
+    With ``create=False`` (what commands that only read ask) a store that
+    does not exist yet is not made: a missing SQLite file, or a PostgreSQL
+    database without corral's tables, raises
+    :class:`~corral.errors.StoreUnavailable` and nothing is written."""
     url = url or default_url()
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
     if scheme == "memory":
@@ -27,14 +31,47 @@ def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK) -> Store:
 
         return MemoryStore(url, clock=clock)
     if scheme == "sqlite":
-        from corral.stores.sqlite import SQLiteStore
+        from corral.stores.sqlite import SQLiteStore, parse_url
 
+        if not create:
+            _sqlite_must_exist(url, parse_url(url)[0])
         return SQLiteStore(url, clock=clock)
     if scheme in ("postgresql", "postgres"):
         from corral.stores.postgres import PostgresStore
 
-        return PostgresStore(url)
+        store = PostgresStore(url)
+        if not create and not store.has_schema():
+            store.close()
+            raise StoreUnavailable(
+                f"no corral store in {store._shown}: the database has no corral tables "
+                "(a command that only reads never creates them)"
+            )
+        return store
     raise ConfigError(f"cannot parse store URL {url!r}: expected memory://, sqlite:///path or postgresql://...")
+
+
+def _sqlite_must_exist(url: str, path: str) -> None:
+    """Raise unless ``path`` is a SQLite file holding a corral store."""
+    import sqlite3
+
+    shown = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise StoreUnavailable(
+            f"no corral store at {url}: {shown} does not exist (a command that only reads never creates one;"
+            " give --store or set CORRAL_STORE)"
+        )
+    try:
+        con = sqlite3.connect(path)
+        try:
+            found = con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'corral_schema'"
+            ).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"no corral store at {url}: {shown} cannot be read as SQLite ({exc})") from None
+    if found is None:
+        raise StoreUnavailable(f"no corral store at {url}: {shown} holds no corral tables")
 
 
 __all__ = ["Store", "open_store", "default_url", "DEFAULT_URL"]

@@ -56,7 +56,7 @@ clock.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,6 +181,22 @@ STILL_GOING = frozenset(s.value for s in ACTIVE)
 #: How long a schedule's tick rows are kept behind its newest tick: far longer
 #: than any tick can still be tried, so the unique row always sees a retry.
 TICKS_KEPT_SECONDS = 30 * 86400
+
+
+def prune_params(before: Mapping[str, float], limit: int) -> dict[str, Any] | None:
+    """The named parameters of the SQL ``prune`` (a cut-off per final state,
+    None where a state is not pruned), or None when nothing can go."""
+    cut = {State(k).value: float(v) for k, v in before.items()}
+    if not cut or limit <= 0:
+        return None
+    return {
+        "success": cut.get("SUCCESS"),
+        "canceled": cut.get("CANCELED"),
+        "failed": cut.get("FAILED"),
+        "timeout": cut.get("TIMEOUT"),
+        "oldest": max(cut.values()),
+        "max": int(limit),
+    }
 
 
 def schedule_params(s: Schedule, now: float) -> dict[str, Any]:
@@ -323,6 +339,10 @@ class Store(abc.ABC):
 
     def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
+
+    def has_schema(self) -> bool:
+        """Whether corral's tables exist here (before any :meth:`migrate`)."""
+        return True
 
     @abc.abstractmethod
     def now(self) -> float:
@@ -814,6 +834,27 @@ class Store(abc.ABC):
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         """Apply the decisions as guarded writes in one transaction; True for
         each that applied. Times written are the store's now."""
+
+    def prune(self, before: Mapping[str, float], limit: int) -> int:
+        """Delete up to ``limit`` finished tasks, oldest finish first, in one
+        transaction; returns how many went.
+
+        ``before`` maps a final state's name to a time: a task in that state
+        that finished before it may go. Kept whatever their age (the rule of
+        :mod:`corral.core.retention`, the same on every store):
+
+        - an upstream still needed by a task depending on it that has not
+          ended, or that ended FAILED or TIMEOUT (a dead letter, which a
+          retry runs again with its upstream's results);
+        - every task of a batch with an unfinished task, or whose
+          ``on_complete`` callback was not submitted yet (its summary counts
+          them all);
+        - a FAILED task that halts its group while tasks of the group wait
+          behind it.
+
+        A task's dependency rows go with it; its events have their own
+        retention (the leader trims them by age and count)."""
+        raise NotImplementedError
 
     def repair(self, limit: int) -> None:
         """Finish up to ``limit`` effects an interrupted write left undone.

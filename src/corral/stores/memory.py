@@ -14,7 +14,7 @@ import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -818,6 +818,46 @@ class MemoryStore(Store):
                 ):
                     out.append(name)
             return sorted(out)
+
+    def prune(self, before: Mapping[str, float], limit: int) -> int:
+        cut = {State(k): float(v) for k, v in before.items()}
+        with self._lock:
+            old = sorted(
+                (t for t in self._tasks.values() if t.status in cut and (t.finished_at or 0.0) < cut[t.status]),
+                key=lambda t: (t.finished_at or 0.0, t.id),
+            )
+            if not old or limit <= 0:
+                return 0
+            needed: set[int] = set()  # upstreams of unfinished tasks and of dead letters
+            busy_batches: set[str] = set()
+            for t in self._tasks.values():
+                if t.depends_on and (t.status in ACTIVE or t.status in DEAD):
+                    needed.update(t.depends_on)
+                if t.batch is not None and t.status in ACTIVE:
+                    busy_batches.add(t.batch)
+            busy_batches.update(name for name, (cb, settled) in self._batches.items() if cb is not None and not settled)
+            gone = 0
+            for t in old:
+                if gone >= limit:
+                    break
+                if t.id in needed or (t.batch is not None and t.batch in busy_batches):
+                    continue
+                g = self._groups.get(t.group) if t.group is not None else None
+                if g is not None and t.id in g.ids:
+                    halting = t.status is State.FAILED and t.halt_group_on_failure
+                    if halting and any(i > t.id and self._tasks[i].status in ACTIVE for i in g.ids):
+                        continue  # a halting failure with tasks behind it
+                    g.ids.remove(t.id)
+                    self._group_advance(t.group, self.now())  # type: ignore[arg-type]
+                del self._tasks[t.id]
+                self._count[t.status] -= 1
+                self._stamp.pop(t.id, None)
+                self._dependents.pop(t.id, None)
+                self._waiting_on.pop(t.id, None)
+                if t.key is not None and self._keys.get(t.key) == t.id:
+                    del self._keys[t.key]
+                gone += 1
+            return gone
 
     def set_batch(self, batch: str, on_complete: str | None) -> None:
         with self._lock:

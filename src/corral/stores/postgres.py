@@ -47,7 +47,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -104,6 +104,7 @@ from corral.stores.base import (
     Rescue,
     SweepRow,
     check_bound,
+    prune_params,
     schedule_params,
     schedule_state,
 )
@@ -1450,6 +1451,15 @@ class PostgresStore(SqlStore):
         return self._rowcount(
             "trim_events", {"keep": max(0, keep), "before": float(before), "max": None if limit is None else limit}
         )
+
+    def has_schema(self) -> bool:
+        return bool(self._fetchall("has_schema")[0][0])
+
+    def prune(self, before: Mapping[str, float], limit: int) -> int:
+        params = prune_params(before, limit)
+        if params is None:
+            return 0
+        return int(self._fetchall("prune", params)[0][0])
 
     def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):

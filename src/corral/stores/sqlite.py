@@ -80,7 +80,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -132,6 +132,7 @@ from corral.stores.base import (
     Rescue,
     SweepRow,
     check_bound,
+    prune_params,
     schedule_params,
     schedule_state,
 )
@@ -1722,6 +1723,17 @@ class SQLiteStore(SqlStore):
         params = {"keep": max(0, keep), "before": before, "max": -1 if limit is None else max(0, limit)}
         with self._write() as con:
             return con.execute(Q["trim_events"], params).rowcount
+
+    @_guard
+    def prune(self, before: Mapping[str, float], limit: int) -> int:
+        params = prune_params(before, limit)
+        if params is None:
+            return 0
+        with self._write() as con:
+            ids = [r[0] for r in con.execute(Q["prune"], params).fetchall()]
+            if ids:
+                con.execute(Q["prune_deps"], (json.dumps(ids),))
+        return len(ids)
 
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:

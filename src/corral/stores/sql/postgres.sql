@@ -1563,6 +1563,48 @@ DELETE FROM corral_events WHERE id IN (
         coalesce((SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s), 0))
     ORDER BY id LIMIT %(max)s);
 
+-- name: has_schema
+-- Whether corral's tables exist in this database (read before any migration).
+SELECT to_regclass('corral_meta') IS NOT NULL AND to_regclass('corral_tasks') IS NOT NULL;
+
+-- name: prune
+-- Retention: up to "max" finished tasks, oldest finish first, each in a state
+-- given a cut-off (NULL: not pruned) and finished before it, read from the
+-- index of finish times; their dependency rows go with them. Kept whatever
+-- their age: an upstream of a task not ended or ended FAILED/TIMEOUT (a retry
+-- runs it with its upstream's results); every task of a batch not finished,
+-- or whose callback is not submitted; a halting failure with tasks of its
+-- group behind it. A row another transaction holds (a submit naming it as a
+-- dependency) is skipped, left for the next pass.
+WITH gone AS (
+    DELETE FROM corral_tasks WHERE id IN (
+        SELECT t.id FROM corral_tasks t
+        WHERE t.finished_at < %(oldest)s::float8
+          AND t.finished_at < CASE t.status WHEN 'SUCCESS' THEN %(success)s::float8
+                                            WHEN 'CANCELED' THEN %(canceled)s::float8
+                                            WHEN 'FAILED' THEN %(failed)s::float8
+                                            WHEN 'TIMEOUT' THEN %(timeout)s::float8 END
+          AND NOT EXISTS (
+              SELECT 1 FROM corral_deps d JOIN corral_tasks w ON w.id = d.task_id
+              WHERE d.dep_id = t.id
+                AND w.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'FAILED', 'TIMEOUT'))
+          AND (t.batch IS NULL OR (
+              NOT EXISTS (SELECT 1 FROM corral_tasks b
+                          WHERE b.batch = t.batch AND b.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING'))
+              AND NOT EXISTS (SELECT 1 FROM corral_batches s
+                              WHERE s.name = t.batch AND s.on_complete IS NOT NULL AND s.settled_at IS NULL)))
+          AND NOT (t.status = 'FAILED' AND t.halt_group_on_failure AND t.group_key IS NOT NULL
+                   AND EXISTS (SELECT 1 FROM corral_tasks g
+                               WHERE g.group_key = t.group_key AND g.id > t.id
+                                 AND g.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
+        ORDER BY t.finished_at LIMIT %(max)s
+        FOR UPDATE SKIP LOCKED)
+    RETURNING id
+), deps AS (
+    DELETE FROM corral_deps d USING gone WHERE d.task_id = gone.id
+)
+SELECT count(*) FROM gone;
+
 -- ---- the dashboard's reads ----------------------------------------------------
 
 -- name: queue_counts

@@ -1045,6 +1045,38 @@ DELETE FROM events WHERE id IN (
         coalesce((SELECT id FROM events ORDER BY id DESC LIMIT 1 OFFSET :keep), 0))
     ORDER BY id LIMIT :max)
 
+-- name: prune
+-- Retention: up to :max finished tasks, oldest finish first, each in a state
+-- given a cut-off (NULL: not pruned) and finished before it, read from the
+-- index of finish times. Kept whatever their age: an upstream of a task not
+-- ended or ended FAILED/TIMEOUT (a retry runs it with its upstream's results);
+-- every task of a batch not finished, or whose callback is not submitted; a
+-- halting failure with tasks of its group behind it.
+DELETE FROM tasks WHERE id IN (
+    SELECT t.id FROM tasks t
+    WHERE t.finished_at < :oldest
+      AND t.finished_at < CASE t.status WHEN 'SUCCESS' THEN :success WHEN 'CANCELED' THEN :canceled
+                                        WHEN 'FAILED' THEN :failed WHEN 'TIMEOUT' THEN :timeout END
+      AND NOT EXISTS (
+          SELECT 1 FROM task_deps d JOIN tasks w ON w.id = d.task_id
+          WHERE d.depends_on = t.id
+            AND w.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'FAILED', 'TIMEOUT'))
+      AND (t.batch IS NULL OR (
+          NOT EXISTS (SELECT 1 FROM tasks b
+                      WHERE b.batch = t.batch AND b.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING'))
+          AND NOT EXISTS (SELECT 1 FROM batches s
+                          WHERE s.name = t.batch AND s.on_complete IS NOT NULL AND s.settled_at IS NULL)))
+      AND NOT (t.status = 'FAILED' AND t.halt_group_on_failure = 1 AND t.group_key IS NOT NULL
+               AND EXISTS (SELECT 1 FROM tasks g
+                           WHERE g.group_key = t.group_key AND g.id > t.id
+                             AND g.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
+    ORDER BY t.finished_at LIMIT :max)
+RETURNING id
+
+-- name: prune_deps
+-- The dependency rows of pruned tasks (:ids, a JSON array).
+DELETE FROM task_deps WHERE task_id IN (SELECT value FROM json_each(:ids))
+
 -- ---- the dashboard's reads --------------------------------------------------------
 
 -- Unfinished tasks per queue and state, each part read from the partial index
