@@ -132,3 +132,26 @@ def test_breaker_open_show_close(tmp_path):
     assert closed.exit_code == 0 and "OPEN -> CLOSED" in closed.output
     unknown = run.invoke(cli, ["breaker", "close", "nope", "--store", url])
     assert unknown.exit_code == 1 and "no breaker named 'nope'" in unknown.output
+
+
+def test_plan_shows_the_numbers_of_the_limit_it_advises():
+    """Every number of the advised app.limit line is the result of a row of
+    the table above it: the table and the advice never disagree."""
+    import re
+
+    from click.testing import CliRunner
+
+    from corral.cli import cli
+
+    for args in (["--qps", "100", "--latency-ms", "120"], []):
+        out = CliRunner().invoke(cli, ["plan", *args]).output
+        line = next(ln for ln in out.splitlines() if "app.limit(" in ln and "concurrency=" in ln)
+        advised = dict(re.findall(r'(\w+)="?(\d+)', line.split("#")[0]))
+        results = {}
+        for row in out.splitlines():
+            cells = [c.strip() for c in row.strip("│ ").split("│")]
+            if len(cells) == 2 and "->" in cells[1]:
+                results[cells[0]] = cells[1].split("->")[1].split()[0].rstrip("/s")
+        assert results["concurrency"] == advised["concurrency"], out
+        assert results["rate (holds the safety margin)"] == advised["rate"], out
+        assert results["burst"] == advised["burst"], out

@@ -11,7 +11,9 @@
                 memory from the first slice to the last;
 ``processes``   claims per second with 1, 2, 4, 8 worker processes, and
                 what each costs the PostgreSQL server;
-``dag``         a 1 000-node graph against the most parallelism its slots allow.
+``dag``         a 1 000-node graph against the most parallelism its slots allow;
+``retention``   the PostgreSQL tasks table (live and dead tuples, size) over a
+                long steady run with retention on.
 
 Each measured run happens in a child process; progress goes to stderr and
 ``--json`` keeps stdout to one JSON object.
@@ -32,7 +34,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 @click.group()
 def bench() -> None:
     """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits`, `dashboard`,
-    `scale`, `processes` and `dag`."""
+    `scale`, `processes`, `dag` and `retention`."""
 
 
 class StoreParam(click.ParamType):
@@ -629,6 +631,55 @@ def dag_cmd(
         click.echo(common.dumps({"scenario": "dag", "runs": reports}))
         return
     render(reports)
+
+
+@bench.command("retention")
+@pg_url_option
+@click.option("--rate", default=200.0, show_default=True, help="Tasks submitted per second.")
+@click.option("--duration", default="10m", show_default=True, help="Length of the run.")
+@click.option("--keep", default="60s", show_default=True, help="Age kept in every final state ('off': no retention).")
+@click.option("--sweep", default="5s", show_default=True, help="Sweep interval (retention runs after each sweep).")
+@click.option("--sample", default="30s", show_default=True, help="Time between two readings of the table.")
+@click.option("--workers", default=8, show_default=True, help="Worker slots.")
+@json_option
+def retention_cmd(
+    pg_url: str | None, rate: float, duration: str, keep: str, sweep: str, sample: str, workers: int, as_json: bool
+) -> None:
+    """The PostgreSQL tasks table over a long steady run with retention on:
+    rows per state, n_live_tup, n_dead_tup and size over time."""
+    from corral.bench import retention as ret
+    from corral.core.planning import parse_duration
+
+    try:
+        keep_s = None if keep.strip().lower() == "off" else parse_duration(keep)
+        run_s, sweep_s, sample_s = parse_duration(duration), parse_duration(sweep), parse_duration(sample)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if rate <= 0 or workers < 1 or min(run_s, sweep_s, sample_s) <= 0 or keep_s == 0:
+        raise click.UsageError("--rate, --duration, --keep, --sweep, --sample and --workers must be > 0")
+
+    def progress(row: dict[str, Any]) -> None:
+        if not as_json:
+            click.echo(
+                f"{row['t_s']:.0f}s: {row['rows']:,} rows, live {row['n_live_tup']:,}, dead {row['n_dead_tup']:,}",
+                err=True,
+            )
+
+    with common.temp_store_url("postgres", pg_url) as url:
+        report = ret.run(
+            url,
+            rate=rate,
+            duration=run_s,
+            keep=keep_s,
+            sweep=sweep_s,
+            sample=sample_s,
+            workers=workers,
+            on_sample=progress,
+        )
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    ret.render(report, click.echo)
 
 
 def main() -> None:  # pragma: no cover - `python -m corral.bench`

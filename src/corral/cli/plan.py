@@ -80,10 +80,10 @@ def plan(
 ):
     """Capacity planner: how many tasks may run at once, and on how many processes.
 
-    Pure arithmetic: --store is accepted, like everywhere, and not used.
+    Pure arithmetic, except with --from-history/--batch (which read --store).
 
     \b
-    (a) limit   = downstream QPS x latency (s) x safety     --qps 100 --latency-ms 200
+    (a) limit: rate = QPS x safety, concurrency = 2 x QPS x latency (s)   --qps 100 --latency-ms 200
     (b) Little  = throughput x mean duration                --done 392 --hours 48 --workers 4 --target 720
     (c) workers per process = 1 + io wait / cpu time, capped  --io-minutes 25 --cpu-minutes 4
     (d) processes and lanes (sub-groups) for the concurrency

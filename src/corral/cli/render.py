@@ -387,7 +387,13 @@ def sweep_line(url: str, report) -> str:
 
 # ---- plan -------------------------------------------------------------------------------------
 def plan_dict(plan, example: bool) -> dict:
-    return plan.as_dict() | {"example": example}
+    """The plan as JSON, with the ``app.limit`` to declare (the numbers the table shows)."""
+    out = plan.as_dict() | {"example": example}
+    c = plan.concurrency_limit
+    if c is not None and c.qps >= 1:
+        a = planning.limit_advice(c.qps, c.latency_s, c.safety)
+        out["limit_advice"] = {"concurrency": a.concurrency, "rate": f"{a.rate_per_s}/s", "burst": a.burst}
+    return out
 
 
 def rate_text(qps: float) -> str:
@@ -397,6 +403,51 @@ def rate_text(qps: float) -> str:
         if n >= 1 and abs(n - round(n)) < 1e-9:
             return f"{round(n)}/{unit}"
     return f"{max(1, int(qps * 3600))}/h"
+
+
+#: The title of a plan's limit part: how each number of the ``app.limit`` line is made.
+LIMIT_TITLE = "(a) a limit for a downstream capped at QPS: rate = QPS x safety, concurrency = 2 x in flight"
+
+
+def limit_rows(c: planning.ConcurrencyLimit) -> list[tuple[str, str]]:
+    """The limit part's rows: every number of the ``app.limit`` line to
+    declare, each with the arithmetic that made it, and what a concurrency
+    alone (no rate) would be. One source, :func:`corral.core.planning.limit_advice`,
+    so the table and the line below it never disagree."""
+    rows = [("in flight at the cap", f"{c.qps:.4g} QPS x {c.latency_s:.4g}s = {c.theoretical:.4g}")]
+    least = "  (at least 1)" if c.theoretical * c.safety < 1 else ""
+    alone = f"{c.theoretical:.4g} x {c.safety:g} = {c.theoretical * c.safety:.4g} -> "
+    if c.qps < 1:
+        rows.append(("rate", f"the cap itself, {rate_text(c.qps)}"))
+        rows.append(("concurrency", f"{alone}[bold green]{c.limit}[/]{least}"))
+        return rows
+    alone += f"{c.limit}{least}"
+    a = planning.limit_advice(c.qps, c.latency_s, c.safety)
+    rows += [
+        ("rate (holds the safety margin)", f"{c.qps:.4g} x {c.safety:g} -> [bold green]{a.rate_per_s}/s[/]"),
+        ("burst", f"(cap {c.qps:.4g} - rate {a.rate_per_s}) / 2 -> [bold green]{a.burst}[/]"),
+        (
+            "concurrency",
+            f"2 x {c.theoretical:.4g} -> [bold green]{a.concurrency}[/]"
+            " (a task holds its place from claim to outcome, longer than its call)",
+        ),
+        ("concurrency with no rate", f"{alone} (a concurrency alone must keep the margin itself)"),
+    ]
+    return rows
+
+
+def limit_lines(c: planning.ConcurrencyLimit, name: str = "downstream") -> list[str]:
+    """The ``app.limit`` line(s) to declare, with the numbers of :func:`limit_rows`."""
+    if c.qps < 1:
+        return [
+            f'app.limit("{name}", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
+            "  # shared by every worker of the store"
+        ]
+    a = planning.limit_advice(c.qps, c.latency_s, c.safety)
+    return [
+        a.line(name) + "  # shared by every worker of the store; the rate keeps the safety margin",
+        f'or, with no rate: app.limit("{name}", concurrency={c.limit})',
+    ]
 
 
 def _section(con, title: str, rows: list[tuple[str, str]]) -> None:
@@ -428,24 +479,10 @@ def print_plan(plan, example: bool) -> None:
     advice: list[str] = []
     if plan.concurrency_limit is not None:
         c = plan.concurrency_limit
-        section(
-            "(a) downstream concurrency limit = QPS x latency x safety",
-            [
-                ("one request in flight", f"1 / {c.latency_s * 1000:g}ms = {c.per_request_qps:g} req/s"),
-                ("in flight at the cap", f"{c.qps:g} QPS x {c.latency_s:g}s = {c.theoretical:g}"),
-                ("with safety factor", f"{c.theoretical:g} x {c.safety:g} = [bold green]{c.limit}[/]"),
-            ],
-        )
-        if c.qps >= 1:
-            advice.append(
-                planning.limit_advice(c.qps, c.latency_s, c.safety).line()
-                + "  # shared by every worker of the store; the rate keeps the safety margin"
-            )
-        else:
-            advice.append(
-                f'app.limit("downstream", concurrency={c.limit}, rate="{rate_text(c.qps)}")'
-                "  # shared by every worker of the store"
-            )
+        rows = [("one request in flight", f"1 / {c.latency_s * 1000:g}ms = {c.per_request_qps:g} req/s")]
+        rows += limit_rows(c)
+        section(LIMIT_TITLE, rows)
+        advice.extend(limit_lines(c))
     if plan.littles_law is not None:
         law = plan.littles_law
         rows = [
@@ -585,18 +622,11 @@ def print_history_plan(hp, limit_name: str, batch: str | None = None) -> None:
         if hp.qps_measured:
             qps_from = "measured throughput (give --qps for the downstream's cap)"
         section(
-            "limit = QPS x latency x safety (latency: the mean duration W)",
-            [
-                ("QPS", f"{c.qps:.4g}/s, the {qps_from}"),
-                ("in flight at that QPS", f"{c.qps:.4g} x {c.latency_s:.4g} s = {c.theoretical:.4g}"),
-                (
-                    "with safety factor",
-                    f"{c.theoretical:.4g} x {c.safety:g} = {c.theoretical * c.safety:.4g} -> [bold green]{c.limit}[/]"
-                    + ("  (at least 1)" if c.theoretical * c.safety < 1 else ""),
-                ),
-            ],
+            LIMIT_TITLE + " (latency: the mean duration W)",
+            [("QPS", f"{c.qps:.4g}/s, the {qps_from}")] + limit_rows(c),
         )
         con.print("[bold]declare[/]")
-        con.print("  " + hp.advice.line(limit_name), markup=False, highlight=False)
+        for line in limit_lines(c, limit_name):
+            con.print("  " + line, markup=False, highlight=False)
         if batch is not None:
             con.print(f'  app.batch("{batch}", concurrency={c.limit})  # or cap the batch alone', markup=False)
