@@ -1575,7 +1575,9 @@ SELECT to_regclass('corral_meta') IS NOT NULL AND to_regclass('corral_tasks') IS
 -- runs it with its upstream's results); every task of a batch not finished,
 -- or whose callback is not submitted; a halting failure with tasks of its
 -- group behind it. A row another transaction holds (a submit naming it as a
--- dependency) is skipped, left for the next pass.
+-- dependency) is skipped, left for the next pass. OFFSET 0 keeps each check a
+-- probe of an index per candidate: as anti-joins the planner would hash the
+-- whole table's unfinished rows (status has no statistics) for each pass.
 WITH gone AS (
     DELETE FROM corral_tasks WHERE id IN (
         SELECT t.id FROM corral_tasks t
@@ -1584,19 +1586,21 @@ WITH gone AS (
                                             WHEN 'CANCELED' THEN %(canceled)s::float8
                                             WHEN 'FAILED' THEN %(failed)s::float8
                                             WHEN 'TIMEOUT' THEN %(timeout)s::float8 END
-          AND NOT EXISTS (
+          AND (NOT t.has_dependents OR NOT EXISTS (
               SELECT 1 FROM corral_deps d JOIN corral_tasks w ON w.id = d.task_id
               WHERE d.dep_id = t.id
-                AND w.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'FAILED', 'TIMEOUT'))
+                AND w.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'FAILED', 'TIMEOUT') OFFSET 0))
           AND (t.batch IS NULL OR (
               NOT EXISTS (SELECT 1 FROM corral_tasks b
-                          WHERE b.batch = t.batch AND b.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING'))
+                          WHERE b.batch = t.batch AND b.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                          OFFSET 0)
               AND NOT EXISTS (SELECT 1 FROM corral_batches s
-                              WHERE s.name = t.batch AND s.on_complete IS NOT NULL AND s.settled_at IS NULL)))
+                              WHERE s.name = t.batch AND s.on_complete IS NOT NULL AND s.settled_at IS NULL
+                              OFFSET 0)))
           AND NOT (t.status = 'FAILED' AND t.halt_group_on_failure AND t.group_key IS NOT NULL
                    AND EXISTS (SELECT 1 FROM corral_tasks g
                                WHERE g.group_key = t.group_key AND g.id > t.id
-                                 AND g.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')))
+                                 AND g.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OFFSET 0))
         ORDER BY t.finished_at LIMIT %(max)s
         FOR UPDATE SKIP LOCKED)
     RETURNING id
