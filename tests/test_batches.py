@@ -186,6 +186,7 @@ def test_cli_batch_show_follow_ends_when_the_batch_is_final(sqlite_url):
 
 
 def test_cli_batch_show_unknown_batch_is_one_error_line(sqlite_url):
+    corral.App(sqlite_url).close()  # the store exists: commands that only read never create one
     result = CliRunner().invoke(cli, ["batch", "show", "nope", "--store", sqlite_url])
     assert result.exit_code == 1
     assert "no batch named 'nope'" in result.output and len(result.output.strip().splitlines()) == 1

@@ -90,6 +90,7 @@ def assert_one_line_error(result, *needles: str) -> str:
     ],
 )
 def test_bad_input_is_one_line_and_non_zero(sqlite_url, args, needle):
+    corral.App(sqlite_url).close()  # the store exists: commands that only read never create one
     result = run(*args, "--store", sqlite_url, ok=False) if args[0] != "nosuchcommand" else run(*args, ok=False)
     assert_one_line_error(result, needle)
 
@@ -130,6 +131,7 @@ def test_help_and_no_arguments_exit_zero():
 
 
 def test_python_dash_m_corral_is_the_same_cli(sqlite_url):
+    corral.App(sqlite_url).close()
     proc = subprocess.run(
         [sys.executable, "-m", "corral", "show", "12345", "--store", sqlite_url],
         capture_output=True,
@@ -420,6 +422,7 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
 
 
 def test_cli_works_without_the_bench_package(sqlite_url):
+    corral.App(sqlite_url).close()
     code = "import sys; sys.modules['corral.bench'] = None\nfrom corral.cli import main\nmain(sys.argv[1:])"
     status = subprocess.run(
         [sys.executable, "-c", code, "status", "--json", "--store", sqlite_url],

@@ -27,6 +27,7 @@ COMMANDS = [
     "level",
     "periodic",
     "plan",
+    "prune",
     "retry",
     "show",
     "status",

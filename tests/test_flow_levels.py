@@ -276,6 +276,7 @@ def test_a_task_whose_arguments_cannot_be_decoded_is_a_dead_letter():
 
 def test_cli_level_dead_and_retry_dead(tmp_path):
     url = f"sqlite:///{tmp_path}/cli.db"
+    corral.App(url).close()  # the store exists: commands that only read never create one
     run = CliRunner().invoke
 
     def ok(*args: str) -> str:

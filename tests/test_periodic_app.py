@@ -143,6 +143,7 @@ def test_testing_kit_fires_ticks_by_hand(app):
 
 
 def test_corral_periodic_lists_schedules_from_the_store(sqlite_url):
+    corral.App(sqlite_url).close()
     runner = CliRunner()
     out = runner.invoke(cli, ["periodic", "--store", sqlite_url])
     assert out.exit_code == 0 and "no schedules stored" in out.stdout

@@ -65,11 +65,11 @@ def periodic(store_url: str | None, as_json: bool, app_spec: str | None) -> None
     """List periodic schedules: cron expression, time zone, last tick, next
     tick and what the last tick did. Read from the store, where workers keep
     their app's schedules; with APP (module:attribute), that app's schedules,
-    stored or not yet."""
-    store = open_given_store(store_url, create=False)
+    stored or not yet (the app opens its store, as a worker would)."""
+    app = load_app(app_spec, store_url_of(store_url)) if app_spec is not None else None
+    store = app.store if app is not None else open_given_store(store_url, create=False)
     rows = store.schedules()
-    if app_spec is not None:
-        app = load_app(app_spec, store_url_of(store_url))
+    if app is not None:
         stored = {r.name: r for r in rows}
         rows = [
             stored.get(s.name)

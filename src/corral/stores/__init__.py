@@ -31,11 +31,9 @@ def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK, create: b
 
         return MemoryStore(url, clock=clock)
     if scheme == "sqlite":
-        from corral.stores.sqlite import SQLiteStore, parse_url
+        from corral.stores.sqlite import SQLiteStore
 
-        if not create:
-            _sqlite_must_exist(url, parse_url(url)[0])
-        return SQLiteStore(url, clock=clock)
+        return SQLiteStore(url, clock=clock, create=create)
     if scheme in ("postgresql", "postgres"):
         from corral.stores.postgres import PostgresStore
 
@@ -48,30 +46,6 @@ def open_store(url: str | None = None, *, clock: Clock = SYSTEM_CLOCK, create: b
             )
         return store
     raise ConfigError(f"cannot parse store URL {url!r}: expected memory://, sqlite:///path or postgresql://...")
-
-
-def _sqlite_must_exist(url: str, path: str) -> None:
-    """Raise unless ``path`` is a SQLite file holding a corral store."""
-    import sqlite3
-
-    shown = os.path.abspath(path)
-    if not os.path.exists(path):
-        raise StoreUnavailable(
-            f"no corral store at {url}: {shown} does not exist (a command that only reads never creates one;"
-            " give --store or set CORRAL_STORE)"
-        )
-    try:
-        con = sqlite3.connect(path)
-        try:
-            found = con.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'corral_schema'"
-            ).fetchone()
-        finally:
-            con.close()
-    except sqlite3.Error as exc:
-        raise StoreUnavailable(f"no corral store at {url}: {shown} cannot be read as SQLite ({exc})") from None
-    if found is None:
-        raise StoreUnavailable(f"no corral store at {url}: {shown} holds no corral tables")
 
 
 __all__ = ["Store", "open_store", "default_url", "DEFAULT_URL"]

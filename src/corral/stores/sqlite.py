@@ -221,6 +221,28 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     return os.path.expanduser(path), options
 
 
+def _must_exist(url: str, path: str) -> None:
+    """Raise unless ``path`` is a SQLite file holding a corral store."""
+    shown = os.path.abspath(path)
+    if not os.path.exists(path):
+        raise StoreUnavailable(
+            f"no corral store at {url}: {shown} does not exist (a command that only reads never creates one;"
+            " give --store or set CORRAL_STORE)"
+        )
+    try:
+        con = sqlite3.connect(path)
+        try:
+            found = con.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'corral_schema'"
+            ).fetchone()
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"no corral store at {url}: {shown} cannot be read as SQLite ({exc})") from None
+    if found is None:
+        raise StoreUnavailable(f"no corral store at {url}: {shown} holds no corral tables")
+
+
 def _permanent(exc: sqlite3.Error) -> bool:
     """True for an error no retry cures (see :data:`_PERMANENT_CODES`)."""
     name = getattr(exc, "sqlite_errorname", None) or ""
@@ -426,7 +448,7 @@ class SQLiteStore(SqlStore):
 
     shared = True
 
-    def __init__(self, url: str, *, clock: Clock = SYSTEM_CLOCK):
+    def __init__(self, url: str, *, clock: Clock = SYSTEM_CLOCK, create: bool = True):
         self.url = url
         self._clock = clock
         self._wakes = 0  # wake_waiters() calls: a change ends every wait_for_work()
@@ -460,6 +482,8 @@ class SQLiteStore(SqlStore):
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: directory {directory!r} does not exist")
+        if not create:  # what commands that only read ask: never make a new store
+            _must_exist(url, self.path)
         self._create_file()
         self._con()  # fail now, not at first use, when the file cannot be opened
         self.migrate()  # idempotent and cheap once done; a store is usable as opened
