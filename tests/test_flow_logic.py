@@ -29,7 +29,7 @@ from corral.core.levels import (
     step,
     target_level,
 )
-from corral.core.rates import Bucket, parse_rate
+from corral.core.rates import SLICES, Bucket, Window, parse_rate
 from corral.core.retry_after import MAX_RETRY_AFTER, parse_retry_after, retry_after
 
 
@@ -48,12 +48,82 @@ def test_parse_rate_refuses_what_it_cannot_read(bad):
         parse_rate(bad)
 
 
-def test_burst_defaults_to_one_seconds_worth_and_at_least_one():
-    assert parse_rate("100/s").burst == 100
-    assert parse_rate("20/h").burst == 1
-    assert parse_rate("100/s", burst=5).burst == 5
+def test_a_rate_is_a_sliding_window_unless_a_burst_is_asked_for():
+    r = parse_rate("100/s")
+    assert (r.burst, r.window) == (100, 1.0)  # at most 100 in any second, all 100 at once after a quiet spell
+    r = parse_rate("20/h")
+    assert (r.burst, r.window) == (20, 3600.0)
+    assert (parse_rate("5/10s").burst, parse_rate("5/10s").window) == (5, 10.0)
+    r = parse_rate("2.5/s")  # a fractional count: evenly spaced, one in any 0.4 s
+    assert r.burst == 1 and r.window == pytest.approx(0.4)
+    r = parse_rate("100/s", burst=5)  # opt-in: a token bucket
+    assert (r.burst, r.window) == (5, None)
     with pytest.raises(ValueError):
         parse_rate("100/s", burst=0)
+
+
+def _greedy_starts(rate_text: str, burst: int | None, ask_every: float, seconds: float) -> list[float]:
+    """Start times when a claim asks for 50 every ``ask_every`` seconds (far
+    more than the rate), through the gates a store's claim uses."""
+    from corral.core.model import LimitSpec
+    from corral.stores.flow import Gates, LimitState
+
+    lim = LimitState(LimitSpec("api", rate=rate_text, burst=burst))
+    starts: list[float] = []
+    t = 1_700_000_000.0
+    for _ in range(int(seconds / ask_every)):
+        gates = Gates(t, {"api": lim}, {}, {})
+        while gates.fits(("api",), "t"):
+            gates.take(("api",), "t")
+            starts.append(t)
+        for charge in gates.rate_writes().values():
+            lim.tokens, lim.counted_at, lim.starts = charge.tokens, charge.counted_at, charge.starts
+        t += ask_every
+    return starts
+
+
+@pytest.mark.parametrize("text, n, period", [("20/s", 20, 1.0), ("200/s", 200, 1.0), ("30/m", 30, 60.0)])
+def test_by_default_no_sliding_period_holds_more_than_n_starts(text, n, period):
+    from corral.edges.partner import max_in_window
+
+    for every in (0.001, 0.007, 0.0333):
+        starts = _greedy_starts(text, None, every * period, 12 * period)
+        assert max_in_window(starts, period) <= n, every
+        # and the rate is used: a start leaves the window at most a slice late
+        span = starts[-1] - starts[0]
+        assert len(starts) >= n * span / (period + 2 * period / SLICES + every * period)
+
+
+def test_a_burst_is_opt_in_and_lets_more_into_a_sliding_second():
+    from corral.edges.partner import max_in_window
+
+    starts = _greedy_starts("20/s", 20, 0.001, 5.0)
+    assert max_in_window(starts, 1.0) == 39  # the burst, then a second's refill
+    smooth = _greedy_starts("20/s", 1, 0.001, 5.0)
+    assert max_in_window(smooth, 1.0) <= 20
+    assert min(b - a for a, b in zip(smooth, smooth[1:], strict=False)) >= 0.05 - 1e-6
+
+
+def test_a_window_says_when_the_next_start_may_come():
+    rate = parse_rate("4/s")
+    w = Window().take(rate, 100.0, 3).take(rate, 100.3, 1)
+    assert w.room(rate, 100.3) == 0
+    # the first three leave together once their slice's end is a second old
+    wait = w.wait(rate, 100.3)
+    assert 0.7 < wait <= 0.7 + rate.slice + 1e-9
+    assert w.room(rate, 100.3 + wait) == 3
+    assert w.room(rate, 100.3 + wait - 1e-6) == 0
+    assert Window.from_json(w.to_json()) == w
+    assert Window.from_json("not json") == Window() and Window.from_json(None) == Window()
+
+
+def test_a_window_survives_a_clock_that_went_back():
+    rate = parse_rate("2/s")
+    w = Window().take(rate, 1000.0, 2)
+    assert w.room(rate, 999.7) == 0  # set back a little: the starts still count
+    assert w.room(rate, 1000.0 + 1.0 + rate.slice) == 2
+    # set back an hour: not shut for an hour
+    assert w.room(rate, 1000.0 - 3600) == 2
 
 
 def test_a_bucket_never_gives_more_than_the_rate_over_time():

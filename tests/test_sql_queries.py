@@ -104,6 +104,7 @@ POSTGRES_ONLY = {
     "schedule_lock": "a schedule's row locked so its ticks are decided one at a time (SQLite: one writer)",
     "migration_0014": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0018": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0033": "numbered migrations (SQLite: `columns_v4`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from corral.core.breaker import BreakerConfig, BreakerState
-from corral.core.model import LimitSpec, Outcome
+from corral.core.model import LimitSpec, Outcome, TaskFilter
 from corral.core.states import State
 
 from .conftest import claim, claimed_ids, finish, new, status_of, submit, submit_one
@@ -91,6 +91,35 @@ def test_rate_blocked_claim_tells_wait_for_work_when_a_token_comes(store, advanc
     t0 = time.monotonic()
     store.wait_for_work(30.0)  # a token is at most a second away: it must not wait the whole poll
     assert time.monotonic() - t0 < 10.0
+
+
+def test_a_rate_holds_n_starts_in_any_sliding_second_by_default(store, store_kind, clock, advance):
+    """``rate="20/s"`` with no burst: never 21 starts within a second, however
+    the claims fall; and the rate is used. Claims ask for far more than the
+    rate at uneven steps of store time."""
+    import random
+
+    from corral.edges.partner import max_in_window
+
+    store.set_limit(LimitSpec("api", rate="20/s"))
+    rated(store, 200)
+    rng = random.Random(28)
+    shifted = 0.0  # PostgreSQL: the time moved by shifting stored times
+    starts: list[float] = []
+    while shifted < 5.0:
+        got = claimed_ids(claim(store, 50))
+        at = clock.time() if store_kind != "postgres" else store.now() + shifted
+        starts += [at] * len(got)
+        step = rng.choice((0.003, 0.011, 0.02, 0.05, 0.2, 0.37))
+        advance(step)
+        shifted += step
+    # PostgreSQL's time of a start is read here, a round trip from the claim's own
+    slack = 0.0 if store_kind != "postgres" else 0.01
+    assert max_in_window(sorted(starts), 1.0 - slack) <= 20
+    # and by the start times the store wrote
+    written = sorted(r.started_at for r in store.list_tasks(TaskFilter(limit=500)) if r.started_at is not None)
+    assert max_in_window(written, 1.0) <= 20
+    assert len(starts) >= 20 * 4  # 5 s of claims: the burst, then 20 a second
 
 
 # ---- pauses and snoozes ------------------------------------------------------------------

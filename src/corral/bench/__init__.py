@@ -363,10 +363,18 @@ def throughput_cmd(
 @click.option("--cap", default=100, show_default=True, help="The partner's cap: calls in any sliding second.")
 @click.option("--latency-ms", default=200.0, show_default=True, help="The partner's time per call.")
 @click.option(
-    "--scenarios",
-    default=",".join(("rate", "breaker", "retry")),
+    "--rates",
+    default="20,60,200",
     show_default=True,
-    help="Which to run (comma-separated): rate, breaker, retry.",
+    help="The sustain scenario's rates (N/s, comma-separated), each with the default burst.",
+)
+@click.option("--sustain-seconds", default=10, show_default=True, help="Seconds of work at each rate (sustain).")
+@click.option("--sustain-latency-ms", default=20.0, show_default=True, help="The partner's time per call (sustain).")
+@click.option(
+    "--scenarios",
+    default=",".join(("rate", "breaker", "retry", "sustain")),
+    show_default=True,
+    help="Which to run (comma-separated): rate, breaker, retry, sustain.",
 )
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take before it is abandoned.")
 @json_option
@@ -384,6 +392,9 @@ def limits_cmd(
     fresh_rate: float,
     cap: int,
     latency_ms: float,
+    rates: str,
+    sustain_seconds: int,
+    sustain_latency_ms: float,
     scenarios: str,
     timeout: float,
     as_json: bool,
@@ -410,8 +421,14 @@ def limits_cmd(
             "--workers, --concurrency, --tasks, --breaker-tasks, --retry-tasks and --cap must be >= 1"
             " (--hand-tasks >= 0)"
         )
-    if outage <= 0 or fresh_rate <= 0 or latency_ms <= 0 or timeout <= 0:
-        raise click.UsageError("--outage, --fresh-rate, --latency-ms and --timeout must be > 0")
+    if outage <= 0 or fresh_rate <= 0 or latency_ms <= 0 or timeout <= 0 or sustain_latency_ms <= 0:
+        raise click.UsageError("--outage, --fresh-rate, --latency-ms, --sustain-latency-ms and --timeout must be > 0")
+    try:
+        rate_list = [int(r) for r in rates.split(",") if r.strip()]
+    except ValueError:
+        rate_list = []
+    if not rate_list or min(rate_list) < 1 or sustain_seconds < 1:
+        raise click.UsageError("--rates must be whole numbers >= 1, comma-separated, and --sustain-seconds >= 1")
     results = []
     for scenario in chosen:
         argv = child_argv(
@@ -428,6 +445,9 @@ def limits_cmd(
             fresh_rate=fresh_rate,
             cap=cap,
             latency_ms=latency_ms,
+            rates=",".join(str(r) for r in rate_list),
+            sustain_seconds=sustain_seconds,
+            sustain_latency_ms=sustain_latency_ms,
             timeout=timeout,
             progress=not no_progress,
         )

@@ -17,7 +17,11 @@ store's own records, never from the workers' word. Three scenarios:
 - ``retry``: fresh tasks arriving at a steady pace while failing tasks
   retry (arriving alongside them, and, apart, all queued at the start),
   against the same arrivals alone; the fresh tasks' wait (submit to start,
-  from the store's records).
+  from the store's records);
+- ``sustain``: plentiful short calls (``--sustain-latency-ms``) under
+  ``rate="N/s"`` with the default burst, for each N of ``--rates``: the
+  busiest sliding second (from the store's start times and from the
+  partner's log) and the rate held, as a share of N.
 
 Each scenario is one child process (``python -m corral.bench.limits
 --scenario S``) printing one JSON object.
@@ -41,7 +45,7 @@ from corral.core.stats import percentile
 from corral.edges.fleet import WorkerFleet
 from corral.edges.partner import Call, max_in_window
 
-SCENARIOS = ("rate", "breaker", "retry")
+SCENARIOS = ("rate", "breaker", "retry", "sustain")
 APP_SPEC = "corral.bench.limits_app:app"
 SUBMIT_BATCH = 1000
 #: the breaker of the breaker scenario (``app.breaker("partner_api", ...)``)
@@ -276,10 +280,20 @@ class PartnerRun:
     cooldown: float
     #: claim to written outcome of each finished task (s): how long it held its place under the limit
     held: list[float]
+    #: the store's start time of each finished task
+    starts: list[float]
 
 
 def partner_run(
-    args, *, task: str, n: int, limit: dict[str, Any], breaker: dict[str, Any] | None = None, outage: float = 0.0
+    args,
+    *,
+    task: str,
+    n: int,
+    limit: dict[str, Any],
+    breaker: dict[str, Any] | None = None,
+    outage: float = 0.0,
+    cap: int | None = None,
+    latency_ms: float | None = None,
 ) -> PartnerRun:
     """One run: a fresh store with ``limit`` (and ``breaker``) declared, the
     partner and the worker processes up, then ``n`` tasks submitted; until
@@ -295,7 +309,9 @@ def partner_run(
             app.limit(LIMIT, **limit)
             if breaker is not None:
                 app.breaker(LIMIT, **breaker)
-            with PartnerServer(cap=args.cap, latency=args.latency_ms / 1000.0) as partner:
+            cap = args.cap if cap is None else cap
+            latency = (args.latency_ms if latency_ms is None else latency_ms) / 1000.0
+            with PartnerServer(cap=cap, latency=latency) as partner:
                 if outage:
                     partner.state.arm_outage(outage)
                 with _fleet(url, partner.url, args.workers, args.concurrency) as fleet:
@@ -313,7 +329,8 @@ def partner_run(
                 cooldown = app.store.breakers()[LIMIT][0].cooldown
             done = app.store.list_tasks(TaskFilter(name=task, status=State.SUCCESS, limit=n + 1))
             held = [r.finished_at - r.started_at for r in done if r.finished_at and r.started_at]
-            return PartnerRun(log, window, events, app.counts(), round(elapsed, 3), cooldown, held)
+            starts = sorted(r.started_at for r in done if r.started_at)
+            return PartnerRun(log, window, events, app.counts(), round(elapsed, 3), cooldown, held, starts)
         finally:
             app.store.close()
 
@@ -453,8 +470,67 @@ def scenario_retry(args) -> dict[str, Any]:
     }
 
 
+# ---- the sustain scenario ----------------------------------------------------------------------
+def sustain_figures(log: Sequence[Call], starts: Sequence[float], rate: int) -> dict[str, Any]:
+    """What one run under ``rate="N/s"`` (default burst) showed: the partner's
+    view (:func:`rate_figures`, burst N: the window's first second), the
+    busiest sliding second of the store's own start times, and the rate held
+    (``sustained``: the time N starts a second take over the time they took)."""
+    fig = rate_figures(log, cap=rate, rate=float(rate), burst=rate)
+    ratio = fig["wall_ratio"]
+    return {
+        **fig,
+        "busiest_second_store": max_in_window(sorted(starts), 1.0),
+        "sustained": round(1.0 / ratio, 4) if ratio else None,
+    }
+
+
+def sustain_targets(fig: dict[str, Any], rate: int) -> list[dict[str, Any]]:
+    held = fig["sustained"]
+    return [
+        target(
+            "busiest sliding second (store's starts)",
+            fig["busiest_second_store"],
+            f"<= {rate}",
+            fig["busiest_second_store"] <= rate,
+        ),
+        target("busiest sliding second (partner)", fig["busiest_second"], f"<= {rate}", fig["busiest_second"] <= rate),
+        target("rate held", held, ">= 0.95 of the rate", None if held is None else held >= 0.95),
+    ]
+
+
+def scenario_sustain(args) -> dict[str, Any]:
+    runs = []
+    for rate in [int(r) for r in str(args.rates).split(",") if r.strip()]:
+        n = rate * (args.sustain_seconds + 1)  # the first second's N, then N a second
+        limit = {"rate": f"{rate}/s"}
+        # the partner refuses nothing: the figures say what the limit let through
+        run = partner_run(
+            args, task="limits.sync_sku", n=n, limit=limit, cap=max(10 * rate, 1000), latency_ms=args.sustain_latency_ms
+        )
+        fig = sustain_figures(run.log, run.starts, rate)
+        runs.append(
+            {
+                "rate": rate,
+                "tasks": n,
+                "limit": limit,
+                "elapsed_s": run.elapsed_s,
+                "succeeded": run.counts.get("SUCCESS", 0),
+                **fig,
+                "targets": sustain_targets(fig, rate),
+            }
+        )
+    return {"scenario": "sustain", "latency_ms": args.sustain_latency_ms, "runs": runs}
+
+
 def run(args) -> dict[str, Any]:
-    body = {"rate": scenario_rate, "breaker": scenario_breaker, "retry": scenario_retry}[args.scenario](args)
+    scenarios = {
+        "rate": scenario_rate,
+        "breaker": scenario_breaker,
+        "retry": scenario_retry,
+        "sustain": scenario_sustain,
+    }
+    body = scenarios[args.scenario](args)
     return {"store": args.store, "workers": args.workers, "concurrency": args.concurrency, **body}
 
 
@@ -473,6 +549,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh-rate", type=float, default=200.0)
     p.add_argument("--cap", type=int, default=100)
     p.add_argument("--latency-ms", type=float, default=200.0)
+    p.add_argument("--rates", default="20,60,200")
+    p.add_argument("--sustain-seconds", type=int, default=10)
+    p.add_argument("--sustain-latency-ms", type=float, default=20.0)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--progress", action="store_true")
     return p
@@ -514,6 +593,8 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for r in report["results"]:
         if r["scenario"] == "rate":
             out += [(f"rate: {run['variant']}", t) for run in r["runs"] for t in run["targets"]]
+        elif r["scenario"] == "sustain":
+            out += [(f"sustain: {run['rate']}/s", t) for run in r["runs"] for t in run["targets"]]
         else:
             out += [(r["scenario"], t) for t in r["targets"]]
     return out
@@ -556,6 +637,33 @@ def render(report: dict[str, Any]) -> None:
                     _fmt(run["wall_s"]),
                     _fmt(run["expected_s"]),
                     _fmt(run["wall_ratio"]),
+                    _fmt(run["calls_by_worker"]),
+                )
+        elif r["scenario"] == "sustain":
+            t = Table(title=f'sustain: plentiful {r["latency_ms"]:g} ms calls under rate="N/s", default burst ({head})')
+            cols = (
+                "tasks",
+                "busiest 1 s (store)",
+                "busiest 1 s (partner)",
+                "min / median per s",
+                "wall s",
+                "(N-burst)/rate s",
+                "rate held",
+                "calls per worker",
+            )
+            t.add_column("rate")
+            for c in cols:
+                t.add_column(c, justify="right")
+            for run in r["runs"]:
+                t.add_row(
+                    f"{run['rate']}/s",
+                    _fmt(run["ok"]),
+                    _fmt(run["busiest_second_store"]),
+                    _fmt(run["busiest_second"]),
+                    f"{_fmt(run['min_rate'])} / {_fmt(run['median_rate'])}",
+                    _fmt(run["wall_s"]),
+                    _fmt(run["expected_s"]),
+                    _fmt(run["sustained"]),
                     _fmt(run["calls_by_worker"]),
                 )
         elif r["scenario"] == "breaker":

@@ -768,7 +768,14 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def limit_tokens(self) -> dict[str, float]:
-        """Tokens now in the bucket of each limit that has a rate."""
+        """Starts each limit with a rate allows now: tokens in its bucket,
+        or room left in its sliding window."""
+
+    def limit_frees_at(self) -> dict[str, float]:
+        """For each limit that lets nothing start now for its rate (or a
+        pause), when it lets the next task start (store time, epoch
+        seconds). A fake clock moved there frees the next start."""
+        return {}
 
     @abc.abstractmethod
     def limit_usage(self) -> dict[str, int]:

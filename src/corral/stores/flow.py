@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from corral.core import breaker as brk
 from corral.core.model import BreakerEvent, LimitSpec
-from corral.core.rates import Bucket, Rate, parse_rate
+from corral.core.rates import Bucket, Rate, Window, parse_rate
 
 log = logging.getLogger("corral.breaker")
 
@@ -28,11 +28,13 @@ _OPEN = 1 << 30
 
 @dataclass(slots=True)
 class LimitState:
-    """A limit's row: its settings and its bucket."""
+    """A limit's row: its settings, its bucket and its log of recent starts
+    (``starts``, JSON: a sliding window's, see :class:`corral.core.rates.Window`)."""
 
     spec: LimitSpec
     tokens: float | None = None
     counted_at: float | None = None
+    starts: str | None = None
 
     def rate(self) -> Rate | None:
         if not self.spec.rate:
@@ -47,10 +49,51 @@ class LimitState:
             return Bucket.full(rate, now)
         return Bucket(self.tokens, self.counted_at)
 
+    def window(self) -> Window:
+        return Window.from_json(self.starts)
+
+    def room(self, rate: Rate, now: float) -> int:
+        """How many may start at ``now`` under the rate."""
+        if rate.window is not None:
+            return self.window().room(rate, now)
+        return int(math.floor(self.bucket(rate, now).level(rate, now) + 1e-9))
+
+    def wait(self, rate: Rate, now: float) -> float:
+        """Seconds from ``now`` until one more may start under the rate."""
+        if rate.window is not None:
+            return self.window().wait(rate, now)
+        return self.bucket(rate, now).wait(rate, now)
+
     def tokens_now(self, now: float) -> float | None:
-        """Tokens in the bucket at ``now``, refilled since last counted (None: no rate)."""
+        """Starts the rate allows at ``now``: tokens in the bucket, refilled
+        since last counted, or room left in the window (None: no rate)."""
         rate = self.rate()
-        return None if rate is None else self.bucket(rate, now).level(rate, now)
+        if rate is None:
+            return None
+        if rate.window is not None:
+            return float(self.window().room(rate, now))
+        return self.bucket(rate, now).level(rate, now)
+
+    def frees_at(self, now: float) -> float | None:
+        """When (store time) the rate lets the next task start, if it does
+        not now (None: it does, or no rate). A pause's end counts too."""
+        at = None
+        rate = self.rate()
+        if rate is not None and self.room(rate, now) < 1:
+            at = now + self.wait(rate, now)
+        paused = self.spec.paused_until
+        if paused is not None and paused > now:
+            at = max(at or paused, paused)
+        return at
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a claim writes back to a rated limit's row."""
+
+    tokens: float | None
+    counted_at: float | None
+    starts: str | None
 
 
 @dataclass(slots=True)
@@ -93,10 +136,9 @@ class Gates:
                 self._note_wait(spec.paused_until - self.now)
             rate = lim.rate()
             if rate is not None and room:
-                b = lim.bucket(rate, self.now)
-                room = min(room, int(math.floor(b.level(rate, self.now) + 1e-9)))
+                room = min(room, lim.room(rate, self.now))
                 if not room:
-                    self._note_wait(b.wait(rate, self.now))
+                    self._note_wait(lim.wait(rate, self.now))
         row = self.breakers.get(name)
         if row is not None and room:
             n, _, _ = brk.admit(row.state, row.config, self.now, room)
@@ -142,16 +184,21 @@ class Gates:
             self._room[n] -= 1
             self._taken[n] = self._taken.get(n, 0) + 1
 
-    def bucket_writes(self) -> dict[str, Bucket]:
-        """The buckets to store: those a claim took tokens from."""
-        out: dict[str, Bucket] = {}
+    def rate_writes(self) -> dict[str, Charge]:
+        """The rates to store: the buckets a claim took tokens from, the
+        windows it logged starts in (the bucket's columns then stay as they are)."""
+        out: dict[str, Charge] = {}
         for n, k in self._taken.items():
             lim = self.limits.get(n)
             rate = lim.rate() if lim is not None else None
-            if lim is None or rate is None:
+            if lim is None or rate is None or k <= 0:
                 continue
-            _, b = lim.bucket(rate, self.now).take(rate, self.now, k)
-            out[n] = b
+            if rate.window is not None:
+                log = lim.window().take(rate, self.now, k)
+                out[n] = Charge(lim.tokens, lim.counted_at, log.to_json())
+            else:
+                _, b = lim.bucket(rate, self.now).take(rate, self.now, k)
+                out[n] = Charge(b.tokens, b.at, lim.starts)
         return out
 
     def breaker_writes(self) -> dict[str, tuple[brk.Breaker, BreakerEvent | None]]:

@@ -458,8 +458,9 @@ class MemoryStore(Store):
             for heap, entry in skipped:
                 heapq.heappush(heap, entry)
             if gates is not None:
-                for name, bucket in gates.bucket_writes().items():
-                    self._limits[name].tokens, self._limits[name].counted_at = bucket.tokens, bucket.at
+                for name, charge in gates.rate_writes().items():
+                    lim = self._limits[name]
+                    lim.tokens, lim.counted_at, lim.starts = charge.tokens, charge.counted_at, charge.starts
                 for name, (state, bev) in gates.breaker_writes().items():
                     self._breakers[name].state = state
                     if bev is not None:
@@ -981,6 +982,8 @@ class MemoryStore(Store):
             new = LimitState(replace(spec, paused_until=old.spec.paused_until if old else None))
             if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
                 new.tokens, new.counted_at = old.tokens, old.counted_at
+            if old is not None:  # starts made are starts made, whatever the new rate
+                new.starts = old.starts
             self._limits[spec.name] = new
             self._changes += 1
             self._wake.notify_all()
@@ -994,6 +997,12 @@ class MemoryStore(Store):
             now = self.now()
             levels = {k: v.tokens_now(now) for k, v in self._limits.items()}
         return {k: t for k, t in levels.items() if t is not None}
+
+    def limit_frees_at(self) -> dict[str, float]:
+        with self._lock:
+            now = self.now()
+            at = {k: v.frees_at(now) for k, v in self._limits.items()}
+        return {k: t for k, t in at.items() if t is not None}
 
     # ---- circuit breakers -------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

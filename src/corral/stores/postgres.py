@@ -191,8 +191,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
 #: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
 #: 24: offers of waiting workers; 25: no statistics on status (claim plans);
-#: 28: a failed attempt's traceback.
-SCHEMA_VERSION = 28
+#: 28: a failed attempt's traceback; 33: a limit's log of recent starts (a sliding window's).
+SCHEMA_VERSION = 33
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -733,8 +733,8 @@ class PostgresStore(SqlStore):
         with conn.transaction():
             conn.execute(self._q["limit_lock"], {"names": names})
             rows = conn.execute(self._q["limits"]).fetchall()
-            now = rows[0][7] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
-            limits = {r[0]: LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows}
+            now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+            limits = {r[0]: LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows}
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             breakers = self._breaker_rows(conn)
@@ -777,8 +777,10 @@ class PostgresStore(SqlStore):
         return out
 
     def _save_gates(self, conn, gates: Gates) -> None:
-        for name, b in gates.bucket_writes().items():
-            conn.execute(self._q["limit_charge"], {"tokens": b.tokens, "at": b.at, "name": name})
+        for name, c in gates.rate_writes().items():
+            conn.execute(
+                self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
+            )
         for name, (state, ev) in gates.breaker_writes().items():
             self._save_breaker(conn, name, state, ev)
 
@@ -963,7 +965,7 @@ class PostgresStore(SqlStore):
             with conn.transaction():
                 conn.execute(self._q["limit_lock"], {"names": names})
                 now = conn.execute(self._q["limits"]).fetchone()
-                at = now[7] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
+                at = now[8] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
                 changed, events = record_outcomes(self._breaker_rows(conn), feed, at)
                 for name, state in changed.items():
                     self._save_breaker(conn, name, state, None)

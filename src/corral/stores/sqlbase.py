@@ -155,14 +155,26 @@ class SqlStore(Store):
         (rows,) = self._read_all([("limits", {})])
         return {r[0]: LimitSpec(r[0], r[1], r[2], r[3], r[4]) for r in rows}
 
-    def limit_tokens(self) -> dict[str, float]:
+    def _limit_states(self) -> tuple[list[LimitState], float]:
         (rows,) = self._read_all([("limits", {})])
-        now = self.now()
+        return [LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows], self.now()
+
+    def limit_tokens(self) -> dict[str, float]:
+        states, now = self._limit_states()
         out = {}
-        for r in rows:
-            tokens = LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6]).tokens_now(now)
+        for lim in states:
+            tokens = lim.tokens_now(now)
             if tokens is not None:
-                out[r[0]] = tokens
+                out[lim.spec.name] = tokens
+        return out
+
+    def limit_frees_at(self) -> dict[str, float]:
+        states, now = self._limit_states()
+        out = {}
+        for lim in states:
+            at = lim.frees_at(now)
+            if at is not None:
+                out[lim.spec.name] = at
         return out
 
     def limit_usage(self) -> dict[str, int]:

@@ -152,10 +152,11 @@ from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows,
 #: 19: ready_at, a group head's place in the round robin, and an index of
 #: ready heads in that order (a claim no longer reads every queued head);
 #: 20: graph columns (ref, on_upstream_failure);
-#: 25: a failed attempt's traceback (tasks.traceback).
+#: 25: a failed attempt's traceback (tasks.traceback);
+#: 30: a limit's log of recent starts (named_limits.starts, a sliding window's).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 25
+SCHEMA_VERSION = 30
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -334,8 +335,8 @@ def _index_key(row: tuple) -> tuple:
 
 
 def _limit_state(row: Sequence[Any]) -> LimitState:
-    """A ``limits`` row: name, concurrency, rate, burst, paused_until, tokens, counted_at."""
-    return LimitState(LimitSpec(row[0], row[1], row[2], row[3], row[4]), row[5], row[6])
+    """A ``limits`` row: name, concurrency, rate, burst, paused_until, tokens, counted_at, starts."""
+    return LimitState(LimitSpec(row[0], row[1], row[2], row[3], row[4]), row[5], row[6], row[7])
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
@@ -1198,8 +1199,8 @@ class SQLiteStore(SqlStore):
                 c.close()
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
-            for name, b in gates.bucket_writes().items():
-                con.execute(Q["limit_charge"], (b.tokens, b.at, name))
+            for name, charge in gates.rate_writes().items():
+                con.execute(Q["limit_charge"], (charge.tokens, charge.counted_at, charge.starts, name))
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return picked, gates is not None

@@ -546,6 +546,11 @@ ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0;
 -- corral/core/texts.py), beside its error.
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS traceback text;
 
+-- name: migration_0033
+-- A limit's log of recent starts: a sliding window's (JSON, see
+-- corral.core.rates.Window). "N/s" holds at most N starts in any second.
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS starts text;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1334,6 +1339,7 @@ WHERE batch = %(batch)s AND finished_at IS NOT NULL AND started_at IS NOT NULL
 ORDER BY d;
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
+-- The log of recent starts (a sliding window's) is kept either way.
 -- name: set_limit
 INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
 VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
@@ -1343,14 +1349,16 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
 
 -- name: limits
--- (the last column: the transaction's now, the time a claim charges tokens at)
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at,
+-- (the last column: the transaction's now, the time a claim charges tokens
+-- and logs starts at: the start time the claim writes, so the starts a
+-- window logs are the tasks' own)
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
        extract(epoch FROM now())::float8 AS now
 FROM corral_limits ORDER BY name;
 
--- A claim took tokens: the bucket as counted now.
+-- A claim took tokens or logged starts: the bucket as counted now, the window's log.
 -- name: limit_charge
-UPDATE corral_limits SET tokens = %(tokens)s, counted_at = %(at)s WHERE name = %(name)s;
+UPDATE corral_limits SET tokens = %(tokens)s, counted_at = %(at)s, starts = %(starts)s WHERE name = %(name)s;
 
 -- name: breakers
 SELECT name, config, state FROM corral_breakers ORDER BY name;

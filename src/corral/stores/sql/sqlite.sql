@@ -298,6 +298,7 @@ ALTER TABLE named_limits ADD COLUMN burst INTEGER;
 ALTER TABLE named_limits ADD COLUMN tokens REAL;
 ALTER TABLE named_limits ADD COLUMN counted_at REAL;
 ALTER TABLE named_limits ADD COLUMN paused_until REAL;
+ALTER TABLE named_limits ADD COLUMN starts TEXT;
 ALTER TABLE tasks ADD COLUMN ref TEXT;
 ALTER TABLE tasks ADD COLUMN on_upstream_failure TEXT NOT NULL DEFAULT 'cancel';
 ALTER TABLE events ADD COLUMN task_id INTEGER;
@@ -681,9 +682,10 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 -- ---- limits --------------------------------------------------------------------
 
 -- name: limits
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at FROM named_limits ORDER BY name
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits ORDER BY name
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
+-- The log of recent starts (a sliding window's) is kept either way.
 -- name: set_limit
 INSERT INTO named_limits (name, concurrency, rate, burst) VALUES (?, ?, ?, ?)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
@@ -691,9 +693,9 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
 
--- A claim took tokens: the bucket as counted now.
+-- A claim took tokens or logged starts: the bucket as counted now, the window's log.
 -- name: limit_charge
-UPDATE named_limits SET tokens = ?, counted_at = ? WHERE name = ?
+UPDATE named_limits SET tokens = ?, counted_at = ?, starts = ? WHERE name = ?
 
 -- A 429 with Retry-After pauses each limit of the task until then.
 -- name: limit_pause
