@@ -20,6 +20,8 @@ from corral.bench.limits import (
     open_spans,
     rate_figures,
     retry_targets,
+    sustain_figures,
+    sustain_targets,
     window_rates,
 )
 from corral.core.model import BreakerEvent
@@ -93,6 +95,19 @@ def test_retry_target_is_the_ratio_of_the_p99_waits():
     assert t["value"] == 3.5 and t["met"] is False
     (t,) = retry_targets({"p99_wait_ms": 10.0}, {"p99_wait_ms": 15.0})
     assert t["met"] is True
+
+
+def test_sustain_figures_count_the_stores_starts_and_the_rate_held():
+    starts = [100.0 + i / 20 for i in range(220)]  # 20 a second, evenly
+    log = [Call(t + 0.01, 200, worker="a" if i % 2 else "b") for i, t in enumerate(starts)]
+    fig = sustain_figures(log, starts, 20)
+    assert fig["busiest_second_store"] == 20 and fig["busiest_second"] == 20
+    # the pacing bucket's 2 tokens at once, then 20 a second: (220 - 2) / 20 s over 219 / 20 s
+    assert fig["sustained"] == pytest.approx(218 / 219, abs=1e-3)
+    assert all(t["met"] for t in sustain_targets(fig, 20))
+    crowded = sustain_figures(log, starts[:1] * 21 + starts[21:], 20)
+    assert crowded["busiest_second_store"] == 21
+    assert not sustain_targets(crowded, 20)[0]["met"]
 
 
 # ---- a small run: the limit holds across two worker processes ---------------------------------

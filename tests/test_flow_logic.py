@@ -50,14 +50,17 @@ def test_parse_rate_refuses_what_it_cannot_read(bad):
 
 def test_a_rate_is_a_sliding_window_unless_a_burst_is_asked_for():
     r = parse_rate("100/s")
-    assert (r.burst, r.window) == (100, 1.0)  # at most 100 in any second, all 100 at once after a quiet spell
+    # at most 100 in any second, paced: at most 10 together
+    assert (r.burst, r.window, r.pace, r.bucket_size) == (100, 1.0, 10, 10)
     r = parse_rate("20/h")
-    assert (r.burst, r.window) == (20, 3600.0)
-    assert (parse_rate("5/10s").burst, parse_rate("5/10s").window) == (5, 10.0)
+    assert (r.burst, r.window, r.pace) == (20, 3600.0, 2)
+    r = parse_rate("5/10s")
+    assert (r.burst, r.window, r.pace) == (5, 10.0, 2)
+    assert parse_rate("1/s").pace == 1
     r = parse_rate("2.5/s")  # a fractional count: evenly spaced, one in any 0.4 s
     assert r.burst == 1 and r.window == pytest.approx(0.4)
     r = parse_rate("100/s", burst=5)  # opt-in: a token bucket
-    assert (r.burst, r.window) == (5, None)
+    assert (r.burst, r.window, r.bucket_size) == (5, None, 5)
     with pytest.raises(ValueError):
         parse_rate("100/s", burst=0)
 
@@ -89,9 +92,20 @@ def test_by_default_no_sliding_period_holds_more_than_n_starts(text, n, period):
     for every in (0.001, 0.007, 0.0333):
         starts = _greedy_starts(text, None, every * period, 12 * period)
         assert max_in_window(starts, period) <= n, every
+        # paced: never more than a tenth of N (at least 2) together
+        assert max(starts.count(t) for t in set(starts)) <= max(2, n // 10)
         # and the rate is used: a start leaves the window at most a slice late
         span = starts[-1] - starts[0]
         assert len(starts) >= n * span / (period + 2 * period / SLICES + every * period)
+
+
+def test_a_claim_that_comes_late_loses_no_rate_by_default():
+    """Claims every 33 ms under 45/s (a token every 22 ms): each comes late,
+    and the pacing bucket keeps what the lateness would have lost."""
+    starts = _greedy_starts("45/s", None, 0.033, 20.0)
+    assert len(starts) / (starts[-1] - starts[0]) >= 0.95 * 45
+    spaced = _greedy_starts("45/s", 1, 0.033, 20.0)  # burst=1: the lateness is lost
+    assert len(spaced) / (spaced[-1] - spaced[0]) < 0.7 * 45
 
 
 def test_a_burst_is_opt_in_and_lets_more_into_a_sliding_second():

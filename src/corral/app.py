@@ -493,8 +493,10 @@ class App:
         """Declare a named limit shared by every worker of this store.
 
         ``concurrency`` caps the claims running at once; ``rate`` ("100/s",
-        "6000/m", "20/h") is a token bucket of at most ``burst`` tokens
-        (default: one second's worth) charged when a task starts, fleet-wide.
+        "6000/m", "20/h") lets at most N tasks start in any sliding period
+        (second, minute, hour), paced over it, fleet-wide. ``burst=B`` asks
+        for a token bucket of B tokens instead: B may start at once, and up
+        to B - 1 + N in one period (docs/flow-control.md).
         A task may name a limit in ``@app.task(limits=[...])`` before or
         after it is declared; submitting it needs the limit declared, here
         or by another app of the same store."""

@@ -40,6 +40,7 @@ from corral.bench import common
 from corral.bench.common import emit_progress
 from corral.core.model import BreakerEvent
 from corral.core.planning import concurrency_limit, limit_advice
+from corral.core.rates import parse_rate
 from corral.core.states import FINAL
 from corral.core.stats import percentile
 from corral.edges.fleet import WorkerFleet
@@ -350,10 +351,9 @@ def scenario_rate(args) -> dict[str, Any]:
     ]
     if args.hand_tasks:
         conc = concurrency_limit(args.cap, latency).limit
-        # default burst: one second's worth of the rate
-        variants.append(
-            ("by hand", args.hand_tasks, {"concurrency": conc, "rate": f"{args.cap}/s"}, args.cap, args.cap)
-        )
+        # default burst: the sliding window's pacing bucket is spent at once
+        first = int(parse_rate(f"{args.cap}/s").bucket_size)
+        variants.append(("by hand", args.hand_tasks, {"concurrency": conc, "rate": f"{args.cap}/s"}, args.cap, first))
     for label, n, limit, rate, burst in variants:
         run = partner_run(args, task="limits.sync_sku", n=n, limit=limit)
         fig = rate_figures(run.log, cap=args.cap, rate=rate, burst=burst)
@@ -473,10 +473,12 @@ def scenario_retry(args) -> dict[str, Any]:
 # ---- the sustain scenario ----------------------------------------------------------------------
 def sustain_figures(log: Sequence[Call], starts: Sequence[float], rate: int) -> dict[str, Any]:
     """What one run under ``rate="N/s"`` (default burst) showed: the partner's
-    view (:func:`rate_figures`, burst N: the window's first second), the
-    busiest sliding second of the store's own start times, and the rate held
-    (``sustained``: the time N starts a second take over the time they took)."""
-    fig = rate_figures(log, cap=rate, rate=float(rate), burst=rate)
+    view (:func:`rate_figures`; the first tokens are the window's pacing
+    bucket, spent at once), the busiest sliding second of the store's own
+    start times, and the rate held (``sustained``: the time the starts after
+    the first tokens take at N a second, over the time they took)."""
+    first = int(parse_rate(f"{rate}/s").bucket_size)
+    fig = rate_figures(log, cap=rate, rate=float(rate), burst=first)
     ratio = fig["wall_ratio"]
     return {
         **fig,
@@ -486,6 +488,8 @@ def sustain_figures(log: Sequence[Call], starts: Sequence[float], rate: int) -> 
 
 
 def sustain_targets(fig: dict[str, Any], rate: int) -> list[dict[str, Any]]:
+    """The promise is on starts; the partner's busiest second (also shown)
+    adds each call's own delay from its start, which no limit controls."""
     held = fig["sustained"]
     return [
         target(
@@ -494,7 +498,6 @@ def sustain_targets(fig: dict[str, Any], rate: int) -> list[dict[str, Any]]:
             f"<= {rate}",
             fig["busiest_second_store"] <= rate,
         ),
-        target("busiest sliding second (partner)", fig["busiest_second"], f"<= {rate}", fig["busiest_second"] <= rate),
         target("rate held", held, ">= 0.95 of the rate", None if held is None else held >= 0.95),
     ]
 

@@ -158,8 +158,8 @@ class SubmitResult:
 class LimitSpec:
     name: str
     concurrency: int | None = None
-    rate: str | None = None  # "100/s", "6000/m", "20/h": a token bucket shared by the fleet
-    burst: int | None = None  # tokens saved up at most (default: one second's worth)
+    rate: str | None = None  # "100/s", "6000/m", "20/h": at most N starts in any sliding period, fleet-wide
+    burst: int | None = None  # set: a token bucket of this many tokens instead (opt-in bursts)
     paused_until: float | None = None  # read only: set by a 429 with Retry-After
 
 

@@ -4,20 +4,25 @@ A limit's ``rate`` ("20/s", "6000/m", "100/h", "5/10s") is N starts a
 period. Two rules carry it out:
 
 - by default a **sliding window**: at most N starts in *any* period (any
-  sliding second for "N/s"), the promise a partner's quota makes. After a
-  quiet spell all N may start at once; after that each start waits for the
-  one N starts before it to leave the window. The state is the log of recent
-  starts, kept in :data:`SLICES` slices of the period (a slice's starts
-  leave the window together, when its last possible one does: never early,
-  at most one slice late), so a lagging claim loses no throughput;
-- with an explicit ``burst=B``, a **token bucket** of B tokens refilled at
-  N a period: B may start at once, and up to B - 1 + N in one period. It is
-  the opt-in for a partner that tolerates bursts; ``burst=1`` spaces the
-  starts evenly, a period / N apart.
+  sliding second for "N/s"), the promise a partner's quota makes. The log of
+  recent starts is kept in :data:`SLICES` slices of the period (a slice's
+  starts leave the window together, when its last possible one does: never
+  early, at most a slice late). Within it the starts are paced by a small
+  bucket of :func:`pace` tokens refilled at the rate: they come spread over
+  the period, at most a tenth of N together, not N at once and then nothing
+  (a partner counts calls as they arrive, and a burst arrives spread by the
+  workers' own delays: the tail of one burst and the head of the next would
+  meet in one of its seconds). A claim that comes late loses nothing as long
+  as the pacing bucket is not full, and the window never counts it early;
+- with an explicit ``burst=B``, a plain **token bucket** of B tokens
+  refilled at N a period: B may start at once, and up to B - 1 + N in one
+  period. It is the opt-in for a partner that tolerates bursts; ``burst=1``
+  spaces the starts evenly, a period / N apart, and a late claim's lateness
+  is lost.
 
-A store keeps the state in the limit's row and charges it inside the claim,
-in the same transaction that takes the task: every worker of the fleet
-draws from the one log or bucket.
+A store keeps the state (the bucket's two numbers, the window's log) in the
+limit's row and charges it inside the claim, in the same transaction that
+takes the task: every worker of the fleet draws from the one log and bucket.
 """
 
 from __future__ import annotations
@@ -34,19 +39,28 @@ _UNIT = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 
 #: period / SLICES late, so a busy limit reaches at least SLICES / (SLICES + 1)
 #: of its rate, and the log stays a few hundred bytes whatever N is
 SLICES = 50
+#: a sliding window's pacing bucket holds this share of N (at least 2 tokens)
+PACE_SHARE = 0.1
 _EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """``per_second`` starts a second on average, at most ``burst`` at once.
+    """``per_second`` starts a second on average.
 
     ``window`` (seconds) set: a sliding window, at most ``burst`` starts in
-    any ``window`` seconds. None: a token bucket of ``burst`` tokens."""
+    any ``window`` seconds, paced by a bucket of ``pace`` tokens. None: a
+    token bucket of ``burst`` tokens."""
 
     per_second: float
     burst: float
     window: float | None = None
+    pace: float | None = None
+
+    @property
+    def bucket_size(self) -> float:
+        """Tokens the bucket holds at most: the pace of a window, else the burst."""
+        return self.burst if self.pace is None else self.pace
 
     @property
     def interval(self) -> float:
@@ -78,8 +92,14 @@ def parse_rate(text: str, burst: int | None = None) -> Rate:
             raise ValueError(f"burst must be a whole number >= 1, not {burst!r}")
         return Rate(per_second, float(burst))
     if count == math.floor(count):
-        return Rate(per_second, count, period)
+        return Rate(per_second, count, period, pace(int(count)))
     return Rate(per_second, 1.0, period / count)
+
+
+def pace(n: int) -> float:
+    """The pacing bucket of a window of ``n`` starts: a tenth of them, at
+    least 2 (a late claim's token is kept), at most ``n``."""
+    return float(min(n, max(2, math.ceil(n * PACE_SHARE - _EPS))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,13 +111,13 @@ class Bucket:
 
     @staticmethod
     def full(rate: Rate, now: float) -> Bucket:
-        return Bucket(rate.burst, now)
+        return Bucket(rate.bucket_size, now)
 
     def level(self, rate: Rate, now: float) -> float:
-        """Tokens available at ``now`` (refilled since ``at``, capped at the burst).
+        """Tokens available at ``now`` (refilled since ``at``, capped at the bucket's size).
 
         A clock that went back refills nothing (never a negative refill)."""
-        return min(rate.burst, self.tokens + max(0.0, now - self.at) * rate.per_second)
+        return min(rate.bucket_size, self.tokens + max(0.0, now - self.at) * rate.per_second)
 
     def take(self, rate: Rate, now: float, n: int = 1) -> tuple[int, Bucket]:
         """Take up to ``n`` whole tokens; returns how many were taken and the new state."""

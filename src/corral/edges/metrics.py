@@ -127,7 +127,11 @@ class StoreCollector(Collector):
                 capacity.add_metric([name], spec.concurrency)
         yield running
         yield capacity
-        tokens = GaugeMetricFamily("corral_limit_tokens", "Tokens now in a rate limit's bucket", labels=["limit"])
+        tokens = GaugeMetricFamily(
+            "corral_limit_tokens",
+            "Starts a rate limit allows now (tokens in its bucket, room in its window)",
+            labels=["limit"],
+        )
         for name, left in sorted(self.store.limit_tokens().items()):
             tokens.add_metric([name], left)
         yield tokens

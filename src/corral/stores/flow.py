@@ -53,26 +53,30 @@ class LimitState:
         return Window.from_json(self.starts)
 
     def room(self, rate: Rate, now: float) -> int:
-        """How many may start at ``now`` under the rate."""
+        """How many may start at ``now`` under the rate: the bucket's whole
+        tokens, and room in the window (a window's bucket paces it)."""
+        room = int(math.floor(self.bucket(rate, now).level(rate, now) + 1e-9))
         if rate.window is not None:
-            return self.window().room(rate, now)
-        return int(math.floor(self.bucket(rate, now).level(rate, now) + 1e-9))
+            room = min(room, self.window().room(rate, now))
+        return room
 
     def wait(self, rate: Rate, now: float) -> float:
         """Seconds from ``now`` until one more may start under the rate."""
+        wait = self.bucket(rate, now).wait(rate, now)
         if rate.window is not None:
-            return self.window().wait(rate, now)
-        return self.bucket(rate, now).wait(rate, now)
+            wait = max(wait, self.window().wait(rate, now))
+        return wait
 
     def tokens_now(self, now: float) -> float | None:
         """Starts the rate allows at ``now``: tokens in the bucket, refilled
-        since last counted, or room left in the window (None: no rate)."""
+        since last counted, no more than room left in the window (None: no rate)."""
         rate = self.rate()
         if rate is None:
             return None
+        level = self.bucket(rate, now).level(rate, now)
         if rate.window is not None:
-            return float(self.window().room(rate, now))
-        return self.bucket(rate, now).level(rate, now)
+            level = min(level, float(self.window().room(rate, now)))
+        return level
 
     def frees_at(self, now: float) -> float | None:
         """When (store time) the rate lets the next task start, if it does
@@ -185,20 +189,19 @@ class Gates:
             self._taken[n] = self._taken.get(n, 0) + 1
 
     def rate_writes(self) -> dict[str, Charge]:
-        """The rates to store: the buckets a claim took tokens from, the
-        windows it logged starts in (the bucket's columns then stay as they are)."""
+        """The rates to store: the buckets a claim took tokens from, and the
+        windows it logged starts in."""
         out: dict[str, Charge] = {}
         for n, k in self._taken.items():
             lim = self.limits.get(n)
             rate = lim.rate() if lim is not None else None
             if lim is None or rate is None or k <= 0:
                 continue
+            _, b = lim.bucket(rate, self.now).take(rate, self.now, k)
+            starts = lim.starts
             if rate.window is not None:
-                log = lim.window().take(rate, self.now, k)
-                out[n] = Charge(lim.tokens, lim.counted_at, log.to_json())
-            else:
-                _, b = lim.bucket(rate, self.now).take(rate, self.now, k)
-                out[n] = Charge(b.tokens, b.at, lim.starts)
+                starts = lim.window().take(rate, self.now, k).to_json()
+            out[n] = Charge(b.tokens, b.at, starts)
         return out
 
     def breaker_writes(self) -> dict[str, tuple[brk.Breaker, BreakerEvent | None]]:
