@@ -118,6 +118,29 @@ def test_a_burst_is_opt_in_and_lets_more_into_a_sliding_second():
     assert min(b - a for a, b in zip(smooth, smooth[1:], strict=False)) >= 0.05 - 1e-6
 
 
+def test_a_worker_behind_a_busy_rate_looks_again_for_a_batch_not_each_start():
+    from corral.core.model import LimitSpec
+    from corral.stores.flow import Gates, LimitState
+
+    def drained(text: str) -> tuple[LimitState, float]:
+        lim = LimitState(LimitSpec("api", rate=text))
+        gates = Gates(1000.0, {"api": lim}, {}, {})
+        while gates.fits(("api",), "t"):
+            gates.take(("api",), "t")
+        for charge in gates.rate_writes().values():
+            lim.tokens, lim.counted_at, lim.starts = charge.tokens, charge.counted_at, charge.starts
+        return lim, 1000.0
+
+    lim, now = drained("200/s")
+    rate = lim.rate()
+    assert lim.wait(rate, now) == pytest.approx(0.005)  # the next start: what limit_frees_at() says
+    assert lim.wake(rate, now) == pytest.approx(0.05)  # ten starts' worth: half the pacing bucket
+    gates = Gates(now, {"api": lim}, {}, {})
+    assert not gates.fits(("api",), "t") and gates.wait == pytest.approx(0.05)
+    lim, now = drained("20/s")
+    assert lim.wake(lim.rate(), now) == lim.wait(lim.rate(), now) == pytest.approx(0.05)
+
+
 def test_a_window_says_when_the_next_start_may_come():
     rate = parse_rate("4/s")
     w = Window().take(rate, 100.0, 3).take(rate, 100.3, 1)

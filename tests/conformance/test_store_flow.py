@@ -122,6 +122,22 @@ def test_a_rate_holds_n_starts_in_any_sliding_second_by_default(store, store_kin
     assert len(starts) > 20  # and it lets tasks through, second after second
 
 
+def test_a_rate_says_when_it_lets_the_next_task_start(store, advance):
+    """``limit_frees_at()``: the store time a fake clock moves to for the next start."""
+    store.set_limit(LimitSpec("api", rate="2/m"))  # slow: PostgreSQL's clock moves meanwhile
+    rated(store, 5)
+    assert store.limit_frees_at() == {}
+    assert len(claim(store, 10)) == 2
+    assert claim(store, 10) == []
+    wait = store.limit_frees_at()["api"] - store.now()
+    assert 59.0 < wait <= 60.0 + 60.0 / 50 + 0.1  # the window: a minute from the starts' slice
+    advance(wait - 1.0)
+    assert claim(store, 10) == []
+    advance(1.1)
+    assert len(claim(store, 10)) == 2
+    assert set(store.limit_frees_at()) == {"api"}
+
+
 # ---- pauses and snoozes ------------------------------------------------------------------
 def test_a_429_pauses_the_whole_limit_and_snoozes_the_task(store, advance):
     store.set_limit(LimitSpec("api", concurrency=5))
