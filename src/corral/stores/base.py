@@ -771,12 +771,6 @@ class Store(abc.ABC):
         """Starts each limit with a rate allows now: tokens in its bucket,
         or room left in its sliding window."""
 
-    def limit_frees_at(self) -> dict[str, float]:
-        """For each limit that lets nothing start now for its rate (or a
-        pause), when it lets the next task start (store time, epoch
-        seconds). A fake clock moved there frees the next start."""
-        return {}
-
     @abc.abstractmethod
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name; limits with none are absent."""
@@ -788,7 +782,8 @@ class Store(abc.ABC):
 
         This default reads :meth:`limits` and :meth:`limit_tokens` and asks
         the bucket (:meth:`corral.core.rates.Bucket.wait`) how long one more
-        token takes; a store whose rates count otherwise overrides it."""
+        token takes; the stores here override it with the sliding window's
+        own answer (``LimitState.frees_at``)."""
         from corral.core.rates import Bucket, parse_rate
 
         now = self.now()

@@ -131,6 +131,7 @@ def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance
     end = time.monotonic() + timeout
     clock = app.clock
     fake = advance and isinstance(clock, FakeClock)
+    stuck_since: tuple[float, int] | None = None  # (when, tasks finished then): held, nothing to free it
     try:
         while True:
             left = end - time.monotonic()
@@ -160,6 +161,14 @@ def run_until_idle(app: App, *, workers: int = 1, timeout: float = 60.0, advance
                 if not isinstance(clock, FakeClock) and nxt - now < end - time.monotonic():
                     continue  # the real clock frees it (a token, a pause's end) before the timeout: wait
                 break  # held until a time this call does not move to (advance=False) or wait for
+            if stuck_since is None or stuck_since[1] != len(finished.ids):
+                # a rate may let starts through already, before its worker
+                # looks again (behind a busy rate it looks when a few may
+                # start, not at each): held for a look's time before failing
+                stuck_since = (time.monotonic(), len(finished.ids))
+            if time.monotonic() - stuck_since[0] < _LOOK:
+                time.sleep(_LEAST_STEP * 10)
+                continue
             raise AssertionError(f"run_until_idle: {why}")
     finally:
         worker.stop(grace=5.0)
