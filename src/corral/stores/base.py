@@ -27,8 +27,9 @@ Claim rules (the heart; every store implements them the same way):
    of its backoff, so it queues behind fresh work submitted before then.
 5. Named limits count *claims* (lease tokens) in RUNNING, across every worker
    sharing the store; a candidate whose limit is full is skipped, never taken.
-   The same holds for a limit's ``rate`` (a token bucket in the limit's row,
-   charged with the store's clock in the claim's own transaction; a unit
+   The same holds for a limit's ``rate`` (a sliding window's log of starts,
+   or a token bucket, in the limit's row, charged with the store's clock in
+   the claim's own transaction; a unit
    under a rate is one task), a limit paused by a 429's Retry-After, and a
    circuit breaker on one of the task's limits or on its name (OPEN: nothing
    passes; HALF_OPEN: exactly ``probes`` claims across the fleet). A skipped

@@ -4,7 +4,7 @@ A claim holds the limits' rows (memory: its lock; SQLite: the write lock;
 PostgreSQL: an advisory lock per limit) while it picks tasks. :class:`Gates`
 answers, for each candidate, whether its limits and breakers let it start
 now, charges what it takes, and says afterwards what to write back: the
-token buckets and the breakers' states. So a rate and a breaker's probes are
+rates' logs of starts and buckets, and the breakers' states. So a rate and a breaker's probes are
 charged in the same transaction that takes the task, fleet-wide, and a task
 that may not start yet is simply skipped: no attempt burned, its group waits.
 """
