@@ -158,3 +158,22 @@ def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
         assert [app.get(h.id).attempt for h in hs] == [1, 1, 1, 1, 1]
     finally:
         second.stop(grace=5)
+
+
+def test_a_worker_behind_a_rate_starts_the_next_task_when_the_rate_allows_not_at_its_poll(url):
+    """With a minute between polls, every task under ``rate="4/s"`` still
+    runs within seconds: a worker whose only ready work waits for the rate
+    looks again when the rate allows a start. No second holds more than 4."""
+    from corral.edges.partner import max_in_window
+
+    app = corral.App(url)
+    app.limit("paced", rate="4/s")
+    step = app.task(lambda i: i, name="step", limits=["paced"])
+    hs = step.submit_many([{"args": (i,)} for i in range(10)])
+    worker = app.worker(2, poll_interval=60).start()
+    try:
+        wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in hs), timeout=30)
+        assert max_in_window(sorted(app.get(h.id).started_at for h in hs), 1.0) <= 4
+    finally:
+        worker.stop(5)
+        app.close(5)
