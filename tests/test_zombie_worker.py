@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import time
 
 import pytest
 
@@ -78,6 +79,67 @@ def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(kind, requ
         assert [r.worker for r in history.runs] == [zombie.pid, second.pid]
         # the only overlap is the one the lost lease allowed: the zombie's run and the re-run
         assert [v.rule for v in history.check()] == ["self-overlap"]
+    finally:
+        zombie.proc.send_signal(signal.SIGCONT)
+        zombie.close()
+        if second is not None:
+            second.close()
+        app.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(kind, request, tmp_path):
+    """Stopped past its lease while a chunk's head runs, the zombie wakes after
+    the sweep re-queued the chunk and a second worker ran it: it must not start
+    the chunk's next member (it would run twice, beside later tasks of its group)."""
+    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+    runs = tmp_path / "runs.jsonl"
+    app = corral.App(url)
+    app.task(name="step", retries=5)(lambda ctx, group, seq, dur, fail_first=False, first_dur=None: seq)
+    first_run = 1.5  # the head's first run: over by the time the zombie wakes
+    ids = [app.submit("step", args=["g", i, 0.01], kwargs={"first_dur": first_run}, group="g").id for i in range(4)]
+    opts = {"concurrency": 1, "lease_seconds": 1.0, "poll_interval": 0.05, "prefetch": 0}
+    zombie = AppWorker(url, runs, tmp_path / "zombie.log", chunk_size=4, **opts)
+    second = None
+    try:
+        started = wait_for(lambda: History.load(runs).runs, timeout=30, message="the zombie started the head")
+        assert [r.task_id for r in started] == [ids[0]]
+        zombie.proc.send_signal(signal.SIGSTOP)
+        swept: set[int] = set()
+
+        def all_swept() -> bool:
+            try:
+                swept.update(sweep_once(app.store).lost_leases_retried)
+            except StoreError:  # stopped inside a SQLite write: see the test above
+                zombie.proc.send_signal(signal.SIGCONT)
+                wait_for(lambda: _write_lock_free(url), timeout=10, interval=0.001)
+                zombie.proc.send_signal(signal.SIGSTOP)
+            return swept >= set(ids)
+
+        wait_for(all_swept, timeout=20, interval=0.1, message="the zombie's chunk swept")
+        second = AppWorker(url, runs, tmp_path / "second.log", **opts)
+        wait_for(
+            lambda: all(app.get(i).status is State.SUCCESS for i in ids),
+            timeout=30,
+            message="the second worker ran all",
+        )
+        # the head's first run has surely ended when the zombie wakes: its slot goes straight to the next member
+        wait_for(lambda: time.time() > started[0].start + first_run + 0.5, timeout=30)
+        zombie.proc.send_signal(signal.SIGCONT)
+        # it learns of the loss from its heartbeat (then it starts nothing more), or before its
+        # next start; whatever it does with the chunk's last member (run it, give it back), that
+        # write is discarded
+        wait_for(
+            lambda: "lost 1 lease" in zombie.log or f"task {ids[-1]}: late or stale outcome" in zombie.log,
+            timeout=20,
+            message="the zombie noticed the loss",
+        )
+        history = History.load(runs)
+        assert [r.task_id for r in history.runs if r.worker == zombie.pid] == [ids[0]], [str(r) for r in history.runs]
+        assert [r.task_id for r in history.runs if r.worker == second.pid] == ids
+        # the only overlaps are those of the zombie's head run, which the lost lease allowed
+        for v in history.check():
+            assert zombie.pid in (v.first.worker, v.second.worker) and ids[0] in (v.first.task_id, v.second.task_id), v
     finally:
         zombie.proc.send_signal(signal.SIGCONT)
         zombie.close()

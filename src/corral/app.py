@@ -20,6 +20,7 @@ from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.levels import CALM_PERIOD, Level
 from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
     BreakerEvent,
     LimitSpec,
     NewTask,
@@ -1064,7 +1065,15 @@ class App:
         if sweep_interval is not None:
             levels = LevelKeeper(self.store, queue_bound=self.max_queued, calm_period=self.level_calm_period)
             retention = Retention(self.store, self.retention) if self.retention else None
-            sweeper = Sweeper(self.store, interval=sweep_interval, holder=holder, levels=levels, retention=retention)
+            lease = options.get("lease_seconds", DEFAULT_LEASE_SECONDS)  # the leases this worker takes
+            sweeper = Sweeper(
+                self.store,
+                interval=sweep_interval,
+                holder=holder,
+                levels=levels,
+                retention=retention,
+                outage_grace=lease,
+            )
         worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:

@@ -210,3 +210,32 @@ def test_wait_for_work_wakes_on_one_submit(store, store_kind, monkeypatch):
     submit_one(store, "wake")
     th.join(timeout + 5)
     assert woke and woke[0] < 5.0, f"woke after {woke}s of a {timeout:g}s wait"
+
+
+def test_a_lease_that_ran_out_unswept_is_still_its_workers(store, advance):
+    """A worker cut off from the store past its lease (an outage, a pause)
+    renews it and writes its outcome as long as no sweep took the task."""
+    tid = submit_one(store, max_retries=3)
+    (c,) = claim(store, 1, lease_seconds=5)
+    expire_lease(store, c.tasks[0], advance)
+    assert store.heartbeat([c.token], 5).lost_tokens == set()
+    assert store.get(tid).lease_expires_at > store.now()
+    assert finish(store, c.tasks[0])
+    assert status_of(store, tid) is State.SUCCESS
+
+
+def test_a_renewal_after_the_sweep_read_the_lease_wins(store, advance):
+    """The sweep reads, the worker renews, the sweep writes: the write must not
+    apply, or the worker would start the next task of a chunk it no longer holds."""
+    from corral.maintenance.recovery import decide
+
+    ids = submit(store, *[new(group="g", max_retries=3) for _ in range(2)])
+    (c,) = claim(store, 1, chunk_size=2, lease_seconds=5)
+    expire_lease(store, c.tasks[0], advance)
+    now = store.now()
+    stuck = store.find_stuck(now, 10)
+    assert [r.id for r in stuck] == ids
+    assert store.heartbeat([c.token], 5).lost_tokens == set()
+    assert store.rescue([r for _, r in decide(stuck, [], now)]) == [False, False]
+    assert [status_of(store, i) for i in ids] == [State.RUNNING, State.RUNNING]
+    assert store.heartbeat([c.token], 5).lost_tokens == set()

@@ -66,6 +66,7 @@ from corral.errors import (
     Retry,
     StoreCorrupt,
     StoreError,
+    StoreUnavailable,
     WorkerFailed,
 )
 from corral.stores.base import Offer, Store
@@ -98,6 +99,9 @@ _COMPLETE_TRIES = 5
 #: another process or on a disk (none for the in-process memory store).
 COMPLETER_WINDOW = 0.005
 _COMPLETE_MAX_PAUSE = 5.0
+#: The longest pause between writes of outcomes through an outage: they
+#: must land soon after it ends, before sweepers look at their leases.
+_OUTAGE_PAUSE = 0.5
 #: Timed-out task threads still running before a worker stops claiming.
 DEFAULT_MAX_ABANDONED_THREADS = 10
 #: Rows read per queue by the check for queued tasks no worker here registers.
@@ -111,6 +115,13 @@ _LEFT_SCAN = 1000
 TAIL_LOOK_EVERY = 0.05
 TAIL_FAR_LOOK_EVERY = 0.25
 TAIL_GROUPED_WITHIN = 1.0
+#: A task held here starts only with at least this share of its lease left
+#: (as last renewed); with less, the lease is renewed first, and if that
+#: fails the unit's tasks not yet started go back to the queue.
+LEASE_MARGIN = 0.25
+#: After a failed renewal, the heartbeat tries again this soon (seconds):
+#: after an outage, leases are renewed before a sweeper may take them.
+RENEW_RETRY = 1.0
 
 
 @dataclass
@@ -172,6 +183,10 @@ class _Unit:
     #: chunk members started here whose start the store has not recorded yet:
     #: their outcome carries the attempt, so a chunk costs no extra write per task
     uncounted: set[int] = field(default_factory=set)
+    #: until when its lease surely stands, on the worker clock's monotonic
+    #: time: the lease's length after the claim or the last renewal was *asked*
+    #: (the store counts it from a later moment)
+    lease_until: float = float("-inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: where its relay stands (RELAY_*), and the successor waiting in its place
     relay: int = RELAY_NONE
@@ -350,6 +365,7 @@ class Worker:
         self.stray_check_interval = stray_check_interval
         self._strays_seen: set[tuple[str, str]] = set()
         self._stray_checks = 0
+        self._handover_asked = float("-inf")  # when the completer's last handover was asked (its clock)
 
     # ---- life cycle -------------------------------------------------------
     def start(self) -> Worker:
@@ -368,7 +384,11 @@ class Worker:
 
             retention = Retention(self.store, self.retention) if self.retention else None
             self._sweeper = Sweeper(
-                self.store, interval=self.sweep_interval, holder=self.id, retention=retention
+                self.store,
+                interval=self.sweep_interval,
+                holder=self.id,
+                retention=retention,
+                outage_grace=self.lease_seconds,
             ).start()
         if self.schedules:
             from corral.maintenance.periodic import Scheduler
@@ -616,6 +636,7 @@ class Worker:
                 self._inflight += want
                 if not ahead:
                     self._prefetch_turn = True  # a claim into free slots opens the next prefetch
+            asked = self.clock.monotonic()  # the leases of what this claim takes stand until lease_seconds after
             try:
                 claims = self._claim(want, names, policy, prefetch=ahead)
             except StoreCorrupt as exc:  # no retry can cure it: stop claiming, let the runner exit
@@ -656,12 +677,13 @@ class Worker:
                     with self._cond:
                         self._cond.wait(min(self._idle_wait(), 0.05))
                     continue
+                asked = self.clock.monotonic()
                 claims = self._wait_for_work(policy, want, names)
                 if not claims:
                     continue
                 ahead = True  # handed over in a submit: no start recorded, as for a prefetch
             self._hook("on_claims", self.id, claims)
-            units = [_Unit(c, prefetched=ahead) for c in claims]
+            units = [_Unit(c, prefetched=ahead, lease_until=asked + self.lease_seconds) for c in claims]
             with self._cond:
                 self._units.update(units)
                 for unit in units:
@@ -952,6 +974,9 @@ class Worker:
         token = unit.claim.token
         began = time.monotonic()
         for i, rec in enumerate(tasks):
+            if not (unit.lost or unit.done) and not self._lease_stands(unit):
+                if self._lease_gone(unit, i):
+                    break
             # Commit to the next task under the unit's lock, so a shutdown
             # handing the unit back sees exactly which task is under way.
             with unit.lock:
@@ -981,6 +1006,53 @@ class Worker:
                 break
         self._unit_time.observe(time.monotonic() - began)
         self._release(unit)
+        return True
+
+    def _lease_stands(self, unit: _Unit) -> bool:
+        """May the unit's next task start? Only under a lease that surely
+        still stands: one renewed lately enough (no round trip), or renewed
+        now. A worker that was stopped or cut off past its lease may find its
+        unit swept and its tasks run elsewhere; it must start none of them."""
+        if unit.lease_until - self.clock.monotonic() > self.lease_seconds * LEASE_MARGIN:
+            return True
+        token = unit.claim.token
+        asked = self.clock.monotonic()
+        try:
+            reply = self.store.heartbeat({token}, self.lease_seconds)
+        except StoreError as exc:
+            log.warning("renewing a lease before a task's start failed: %s", exc)
+            return False
+        if token in reply.lost_tokens:
+            self._hook("on_leases_lost", self.id, {token})
+            return False
+        unit.lease_until = max(unit.lease_until, asked + self.lease_seconds)
+        return True
+
+    def _lease_gone(self, unit: _Unit, i: int) -> bool:
+        """The unit's lease may be gone before its task ``i`` started: give
+        that task and the rest back (fenced by the lease token: if a sweep
+        took them already, the hand-back changes nothing). False when the
+        unit was let go meanwhile (a stop, the heartbeat): that path ends it."""
+        tasks = unit.claim.tasks
+        with unit.lock:
+            if unit.lost or unit.done:
+                return False
+            unit.lost = True
+        rest = tasks[i:]
+        if i == 0 and not unit.prefetched:  # the claim counted the head's attempt: give it back too
+            first = rest[0]
+            self._to_completer(
+                Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1)
+            )
+            rest = rest[1:]
+        self._hand_back(unit, rest, unit.claim.token)
+        log.warning(
+            "worker %s: the lease of task(s) %s may have run out before they started (not renewed for %.1fs);"
+            " giving them back",
+            self.id,
+            ", ".join(str(t.id) for t in tasks[i:]),
+            self.clock.monotonic() - (unit.lease_until - self.lease_seconds),
+        )
         return True
 
     def _run_task(self, unit: _Unit, rec: TaskRecord, token: str, run: _Run) -> State | None:
@@ -1291,17 +1363,31 @@ class Worker:
         self._completer_q.put(item)
 
     def _apply(self, outcomes: list[Outcome]) -> None:
-        for attempt in range(_COMPLETE_TRIES):
+        """Write outcomes; through an outage, for as long as it lasts (each
+        write is fenced by its lease token, so one that comes too late
+        changes nothing, and sweepers leave leases that ran out during an
+        outage to their workers for a while after it). Other errors are
+        tried a few times."""
+        failures = 0
+        while True:
             try:
                 applied = self.store.complete(outcomes)
                 self._writes += 1
                 break
-            except StoreError as exc:  # retry through an outage; a bug surfaces
+            except StoreUnavailable as exc:
+                if failures == 0:
+                    log.warning(
+                        "completing %d outcome(s) failed (%s); retrying until the store is back", len(outcomes), exc
+                    )
+                failures += 1
+                time.sleep(min(_OUTAGE_PAUSE, 0.1 * 2**failures))
+            except StoreError as exc:  # a bug surfaces after a few tries
+                failures += 1
+                if failures >= _COMPLETE_TRIES:
+                    log.error("gave up writing %d outcome(s) (%s); the sweeper will recover them", len(outcomes), exc)
+                    return
                 log.warning("completing %d outcome(s) failed (%s); retrying", len(outcomes), exc)
-                time.sleep(min(_COMPLETE_MAX_PAUSE, 0.2 * 2**attempt))
-        else:
-            log.error("gave up writing %d outcome(s); the sweeper will recover them", len(outcomes))
-            return
+                time.sleep(min(_COMPLETE_MAX_PAUSE, 0.2 * 2**failures))
         self._applied(outcomes, applied)
 
     def _hand_over(
@@ -1328,6 +1414,7 @@ class Worker:
             return None
         chunk = self.current_chunk_size()
         began = time.monotonic()
+        self._handover_asked = self.clock.monotonic()
         try:
             applied, claims = self.store.complete_and_claim(
                 outcomes,
@@ -1367,7 +1454,9 @@ class Worker:
                         unit.relay = RELAY_CLOSED
                 continue
             self._hook("on_claims", self.id, [claim])
-            successor = _Unit(claim, prefetched=True, slot_freed=True)
+            successor = _Unit(
+                claim, prefetched=True, slot_freed=True, lease_until=self._handover_asked + self.lease_seconds
+            )
             with self._cond:
                 self._units.add(successor)
             with unit.lock:
@@ -1397,7 +1486,7 @@ class Worker:
         one step, so the dispatcher never counts them free meanwhile."""
         if claims:
             self._hook("on_claims", self.id, claims)
-        units = [_Unit(c) for c in claims]
+        units = [_Unit(c, lease_until=self._handover_asked + self.lease_seconds) for c in claims]
         ends = [(unit, self._end(unit)) for unit in ended]
         with self._cond:
             for unit, counted in ends:
@@ -1567,16 +1656,24 @@ class Worker:
             if self.clock.monotonic() < next_renewal:
                 self._poll_cancels()
                 continue
-            next_renewal = self.clock.monotonic() + self.heartbeat_interval
+            asked = self.clock.monotonic()
+            next_renewal = asked + self.heartbeat_interval
             with self._cond:
-                tokens = {u.claim.token for u in self._units}
+                units = list(self._units)
+            tokens = {u.claim.token for u in units}
             if not tokens:
                 continue
             try:
                 reply = self.store.heartbeat(tokens, self.lease_seconds)
             except StoreError as exc:
+                # try again soon: once the store is back, leases that ran out
+                # meanwhile are renewed before a sweeper takes them
                 log.warning("heartbeat failed: %s", exc)
+                next_renewal = min(next_renewal, self.clock.monotonic() + RENEW_RETRY)
                 continue
+            for u in units:
+                if u.claim.token not in reply.lost_tokens:
+                    u.lease_until = max(u.lease_until, asked + self.lease_seconds)
             for tid in reply.cancel_requested:
                 self.cancel_local(tid)
             with self._cond:

@@ -102,12 +102,16 @@ def sweep_once(
     *,
     stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE,
     max_rows: int = DEFAULT_MAX_ROWS,
+    rescue_leases: bool = True,
 ) -> SweepReport:
     """One bounded sweep of ``store`` by the module's rules, on the store's clock.
 
-    Reports only the writes that applied; ids ascending in each field."""
+    With ``rescue_leases`` false, RUNNING tasks are left alone this time
+    (their leases may have run out during an outage their workers could not
+    renew through). Reports only the writes that applied; ids ascending in
+    each field."""
     now = store.now()
-    stuck = store.find_stuck(now, max_rows)
+    stuck = store.find_stuck(now, max_rows) if rescue_leases else []
     left = max_rows - len(stuck)
     stale: list[SweepRow] = []
     if stale_pending_age is not None and left > 0:

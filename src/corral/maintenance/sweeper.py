@@ -18,11 +18,12 @@ killed with the workers it cleans up after.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from corral.core.model import SweepReport, new_holder_id
-from corral.errors import ConfigError
+from corral.core.model import DEFAULT_LEASE_SECONDS, SweepReport, new_holder_id
+from corral.errors import ConfigError, StoreUnavailable
 from corral.maintenance.loop import Loop
 from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
 from corral.stores.base import Store
@@ -50,6 +51,7 @@ class Sweeper(Loop):
         on_report: Callable[[SweepReport], None] | None = None,
         levels: LevelKeeper | None = None,
         retention: Retention | None = None,
+        outage_grace: float = DEFAULT_LEASE_SECONDS,
     ):
         if interval <= 0:
             raise ConfigError("the sweep interval must be > 0 seconds")
@@ -70,6 +72,14 @@ class Sweeper(Loop):
         self.lead_ttl = self.interval * 3
         self.is_leader = False
         self.ticks = 0
+        #: After the store was unreachable (a tick of this sweeper failed, or
+        #: any call of this process), leases that ran out are left to their
+        #: workers for this long (a lease's length) of good health: they renew
+        #: them and write the outcomes they hold, rather than see finished
+        #: work run again.
+        self.outage_grace = float(outage_grace)
+        self._outage_at: float | None = None
+        self._holding_off = False
         super().__init__()
 
     thread_name = "corral-sweeper"
@@ -77,7 +87,28 @@ class Sweeper(Loop):
     log = log
 
     def step(self) -> SweepReport | None:
-        return self.tick()
+        try:
+            return self.tick()
+        except StoreUnavailable:
+            self._outage_at = time.monotonic()
+            raise
+
+    def leases_due(self) -> bool:
+        """May a sweep take the leases that ran out? Not until the store has
+        been reachable for :attr:`outage_grace` since the last outage seen here."""
+        seen = [t for t in (self._outage_at, self.store.last_outage) if t is not None]
+        healthy = time.monotonic() - max(seen) if seen else None
+        due = healthy is None or healthy >= self.outage_grace
+        if not due and not self._holding_off:
+            log.info(
+                "sweeper %s: the store was unreachable %.1fs ago; leases that ran out are left to their"
+                " workers until it has been reachable for %gs",
+                self.holder,
+                healthy,
+                self.outage_grace,
+            )
+        self._holding_off = not due
+        return due
 
     def tick(self) -> SweepReport | None:
         """One pass: take or renew the lead, then one bounded sweep.
@@ -90,7 +121,12 @@ class Sweeper(Loop):
             self.is_leader = leading
         if not leading:
             return None
-        report = sweep_once(self.store, stale_pending_age=self.stale_pending_age, max_rows=self.max_rows)
+        report = sweep_once(
+            self.store,
+            stale_pending_age=self.stale_pending_age,
+            max_rows=self.max_rows,
+            rescue_leases=self.leases_due(),
+        )
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
         try:  # a batch whose last task ended outside a worker (cancel, sweep) gets its callback here

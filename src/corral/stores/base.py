@@ -129,7 +129,8 @@ class Rescue:
     """One guarded write of a sweep (see :mod:`corral.maintenance.recovery`).
 
     Applies only while the task still has ``version`` and is RUNNING (PENDING
-    for ``to`` CANCELED). ``to`` RETRYING or PENDING queues it again at once
+    for ``to`` CANCELED) with its lease over: a renewal that came after the
+    sweep read the task wins (a renewal changes no version). ``to`` RETRYING or PENDING queues it again at once
     (attempt intact); FAILED or CANCELED ends it, with the usual effects on
     its dependents and group. ``error`` None keeps the task's error.
     """
@@ -318,6 +319,10 @@ class Store(abc.ABC):
     #: monotonic time when a task the last claim skipped for a rate, a pause or
     #: a cooldown may start; wait_for_work() waits no longer than that
     _gate_wake: float | None = None
+    #: monotonic time when a call in this process last found the store
+    #: unreachable (None: never). A sweeper waits a lease's length of good
+    #: health after it before it takes leases that ran out meanwhile.
+    last_outage: float | None = None
 
     def _note_gate_wait(self, seconds: float | None) -> None:
         """Remember (from a claim) how long until a skipped gate opens."""

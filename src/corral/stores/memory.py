@@ -1075,7 +1075,12 @@ class MemoryStore(Store):
             for r in rescues:
                 t = self._tasks.get(r.task_id)
                 expected = State.PENDING if r.to is State.CANCELED else State.RUNNING
-                if t is None or t.status is not expected or t.version != r.version:
+                if (
+                    t is None
+                    or t.status is not expected
+                    or t.version != r.version
+                    or (t.lease_expires_at or 0) >= now  # renewed since the sweep read it
+                ):
                     applied.append(False)
                     continue
                 if expected is State.RUNNING:

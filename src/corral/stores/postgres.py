@@ -396,6 +396,7 @@ class PostgresStore(SqlStore):
             except CorralError:
                 raise
             except PoolTimeout as exc:
+                self.last_outage = time.monotonic()
                 raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
             except (psycopg.errors.TransactionRollback, psycopg.errors.DeadlockDetected) as exc:
                 # a deadlock or serialization failure: the statement did nothing; run it again
@@ -405,6 +406,7 @@ class PostgresStore(SqlStore):
             except psycopg.OperationalError as exc:
                 if not _is_outage(exc):
                     raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
+                self.last_outage = time.monotonic()  # (a broken connection: the server went away, if briefly)
                 if attempt + 1 < attempts:
                     try:
                         self._pool.check()

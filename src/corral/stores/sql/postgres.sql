@@ -1412,7 +1412,8 @@ ORDER BY t.id
 LIMIT %(limit)s;
 
 -- name: rescue
--- Sweep decisions, each guarded by status and version: queued again now
+-- Sweep decisions, each guarded by status and version, and by the lease
+-- still being over (a renewal since the read wins): queued again now
 -- (RETRYING, PENDING) or ended now (FAILED, CANCELED); attempt intact.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 d AS (
@@ -1428,6 +1429,7 @@ SET status = d.status, error = coalesce(d.error, t.error),
 FROM d, clk
 WHERE t.id = d.id AND t.version = d.version
   AND (t.status || '') = CASE WHEN d.status = 'CANCELED' THEN 'PENDING' ELSE 'RUNNING' END
+  AND coalesce(t.lease_expires_at, 0) < clk.now
 RETURNING t.id, t.status, t.queue;
 
 -- name: unsettled

@@ -941,15 +941,16 @@ ORDER BY t.id
 LIMIT :limit
 
 -- name: rescue
--- One sweep decision, guarded by status and version: queued again now
--- (RETRYING, PENDING) or ended now (FAILED, CANCELED); attempt intact.
+-- One sweep decision, guarded by status and version, and by the lease still
+-- being over (a renewal since the read wins): queued again now (RETRYING,
+-- PENDING) or ended now (FAILED, CANCELED); attempt intact.
 UPDATE tasks
 SET status = :to, error = coalesce(:error, error),
     run_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN :now ELSE run_at END,
     finished_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN finished_at ELSE :now END,
     worker_id = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN NULL ELSE worker_id END,
     lease_token = NULL, lease_expires_at = NULL, version = version + 1
-WHERE id = :id AND status = :expected AND version = :version
+WHERE id = :id AND status = :expected AND version = :version AND coalesce(lease_expires_at, 0) < :now
 RETURNING group_key
 
 -- name: try_lead
