@@ -18,6 +18,7 @@ import secrets
 import shlex
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -169,6 +170,52 @@ def test_a_clean_restart_under_load_loses_nothing_and_runs_nothing_twice(owned_p
     history.assert_ok()
     twice = [r.task_id for r in history.runs if len(history.runs_of(r.task_id)) > 1]
     assert not twice, f"ran more than once after a clean restart: {sorted(set(twice))}"
+
+
+def test_an_outage_longer_than_the_lease_runs_no_finished_work_again(owned_pg, tmp_path):
+    """The server away for over twice the lease: the workers go on with what
+    they hold and keep its outcomes; once it is back they renew their leases
+    and write them (fenced by their lease tokens) before any sweeper takes a
+    lease that ran out meanwhile. Nothing runs twice."""
+    lease = 2.0
+    app = corral.App(owned_pg)
+    app.task(name="step", retries=5)(lambda ctx, group, seq, dur, fail_first=False: seq)
+    groups, per_group = 40, 10
+    app.submit_many(
+        "step",
+        [{"args": [f"g{g}", i, 0.2], "group": f"g{g}"} for i in range(per_group) for g in range(groups)],
+    )
+    total = groups * per_group
+    runs = tmp_path / "runs.jsonl"
+    options = dict(WORKER, lease_seconds=lease)
+    workers = [AppWorker(owned_pg, runs, tmp_path / f"w{i}.log", **options) for i in range(2)]
+    try:
+        for w in workers:
+            w.wait_ready()
+        wait_for(lambda: len(History.load(runs).runs) >= total // 4, timeout=60, message="work under way")
+        pg_ctl("-m", "fast", "stop")
+        down = time.monotonic()
+        wait_for(
+            lambda: time.monotonic() - down > 2 * lease and all("failed" in w.log for w in workers),
+            timeout=60,
+            message="an outage over twice the lease, seen by both workers",
+        )
+        start_server(owned_pg)
+        wait_for(
+            lambda: app.counts().get(State.SUCCESS.value, 0) == total,
+            timeout=120,
+            interval=0.2,
+            message="every task SUCCESS after the outage",
+        )
+    finally:
+        for w in workers:
+            w.close()
+        app.close(5)
+    history = History.load(runs)
+    assert {r.task_id for r in history.runs} == set(range(1, total + 1)), "a task was lost"
+    twice = sorted({r.task_id for r in history.runs if len(history.runs_of(r.task_id)) > 1})
+    assert not twice, f"{len(twice)} task(s) ran again after the outage: {twice[:20]}"
+    history.assert_ok()
 
 
 def test_a_crash_under_load_loses_nothing(owned_pg, tmp_path):

@@ -96,7 +96,7 @@ class Sweeper(Loop):
     def leases_due(self) -> bool:
         """May a sweep take the leases that ran out? Not until the store has
         been reachable for :attr:`outage_grace` since the last outage seen here."""
-        seen = [t for t in (self._outage_at, self.store.last_outage) if t is not None]
+        seen = [t for t in (self._outage_at, self.store.last_outage()) if t is not None]
         healthy = time.monotonic() - max(seen) if seen else None
         due = healthy is None or healthy >= self.outage_grace
         if not due and not self._holding_off:

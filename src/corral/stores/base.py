@@ -319,10 +319,13 @@ class Store(abc.ABC):
     #: monotonic time when a task the last claim skipped for a rate, a pause or
     #: a cooldown may start; wait_for_work() waits no longer than that
     _gate_wake: float | None = None
-    #: monotonic time when a call in this process last found the store
-    #: unreachable (None: never). A sweeper waits a lease's length of good
-    #: health after it before it takes leases that ran out meanwhile.
-    last_outage: float | None = None
+
+    def last_outage(self) -> float | None:
+        """The monotonic time when this process last found the store away
+        (None: never, or a store with no server to lose). A sweeper waits a
+        lease's length of good health after it before it takes leases that
+        ran out meanwhile: their workers could not renew them."""
+        return None
 
     def _note_gate_wait(self, seconds: float | None) -> None:
         """Remember (from a claim) how long until a skipped gate opens."""

@@ -363,6 +363,8 @@ class PostgresStore(SqlStore):
             self._pool.close()
             raise StoreUnavailable(f"cannot connect to {self._shown}: timed out") from None
         self._closed = False
+        self._outage_at: float | None = None  # see last_outage
+        self._pool_failures = 0
         self._limited_hint = True  # probe for capped limits before claiming
         self._breaker_names: frozenset[str] = frozenset()
         self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
@@ -383,6 +385,18 @@ class PostgresStore(SqlStore):
         self._events_conn: Any = None
 
     # ---- plumbing -----------------------------------------------------------
+    def last_outage(self) -> float | None:
+        """When this process last found the server away: a call failed for
+        it, or the pool failed to connect or lost connections since the last
+        look (a call waiting for a connection through a short outage never
+        fails, so the pool's own counts are read too; seen at the look)."""
+        stats = self._pool.get_stats()
+        failures = stats.get("connections_errors", 0) + stats.get("connections_lost", 0) + stats.get("returns_bad", 0)
+        if failures != self._pool_failures:
+            self._pool_failures = failures
+            self._outage_at = time.monotonic()
+        return self._outage_at
+
     def _run(self, fn: Callable[[Any], T], *, retry: bool = True) -> T:
         """Run ``fn(conn)`` on a pooled connection; retry once on a broken
         connection (a database restart), translate driver errors."""
@@ -396,7 +410,7 @@ class PostgresStore(SqlStore):
             except CorralError:
                 raise
             except PoolTimeout as exc:
-                self.last_outage = time.monotonic()
+                self._outage_at = time.monotonic()
                 raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}") from None
             except (psycopg.errors.TransactionRollback, psycopg.errors.DeadlockDetected) as exc:
                 # a deadlock or serialization failure: the statement did nothing; run it again
@@ -406,7 +420,7 @@ class PostgresStore(SqlStore):
             except psycopg.OperationalError as exc:
                 if not _is_outage(exc):
                     raise StoreError(f"{type(exc).__name__}: {first_line(exc)}") from None
-                self.last_outage = time.monotonic()  # (a broken connection: the server went away, if briefly)
+                self._outage_at = time.monotonic()  # (a broken connection: the server went away, if briefly)
                 if attempt + 1 < attempts:
                     try:
                         self._pool.check()
