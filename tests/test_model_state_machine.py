@@ -1,10 +1,11 @@
 """A model-based test of the state machine and the store, on every store.
 
 Hypothesis drives random submits (groups, dependencies, halting heads),
-claims (chunks), heartbeats, outcomes (success, failure with and without
+claims (chunks), heartbeats, recorded starts of chunk members, outcomes (success, failure with and without
 retries left, timeout, hand-back, stale writes), cancels, operator retries,
 sweeps and clock moves, and after every step compares each task with a small
-model: its status and attempts, at most one unit of a group in flight, group
+model: its status and attempts (RESERVED while held and not started), at
+most one unit of a group in flight and one task of a group RUNNING, group
 heads only, versions increasing, nothing lost.
 
 Time moves in steps of 10 s while every threshold (lease 25 s, timeout 43 s,
@@ -25,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from conformance.conftest import PG_SHIFT  # every stored time, shifted back to move time forward
 from corral.core.clock import FakeClock
-from corral.core.model import NewTask, Outcome
+from corral.core.model import NewTask, Outcome, Start
 from corral.core.states import ACTIVE, FINAL, QUEUED, State
 from corral.maintenance.recovery import sweep_once
 from corral.stores import open_store
@@ -263,8 +264,9 @@ class StoreModel(RuleBasedStateMachine):
         m = self.tasks[tid]
         held = m.token == unit.token and m.status is State.RUNNING
         first = idx == 0
-        # what the engine sends: a chunk member records its start with its outcome
-        attempt = None if first else m.attempt + 1
+        # what the engine sends: a chunk member records its start with its
+        # outcome (its attempt, raised once whether or not its start was recorded)
+        attempt = None if first else m.attempt if m.started and held else m.attempt + 1
         started_at = None if first else self.store.now()
         if kind == "hand_back":
             outcomes = []
@@ -286,7 +288,7 @@ class StoreModel(RuleBasedStateMachine):
                     self.set_status(o, State.PENDING)
             unit.done = len(unit.tasks)
             return
-        run_attempt = m.attempt if first else m.attempt + 1
+        run_attempt = m.attempt if first or (m.started and held) else m.attempt + 1
         retries_left = run_attempt <= m.max_retries
         status, run_at = {
             "success": (State.SUCCESS, None),
@@ -312,12 +314,26 @@ class StoreModel(RuleBasedStateMachine):
             unit.done = len(unit.tasks)  # the worker saw its lease lost: it starts nothing more
             return
         m.attempt = run_attempt
-        if not first:
+        if not first and not m.started:
             m.started = True
             m.started_at = self.t
         if status is State.RETRYING:
             m.run_at = self.t + BACKOFF
         self.set_status(m, status)
+
+    @precondition(lambda self: self.live_units())
+    @rule(data=st.data())
+    def start(self, data) -> None:
+        """The worker records the start of the member it runs now (the unit's next)."""
+        unit = data.draw(st.sampled_from(self.live_units()))
+        m = self.tasks[unit.tasks[unit.done]]
+        mine = m.token == unit.token and m.status is State.RUNNING and not m.started
+        applied = self.store.record_starts([Start(m.id, unit.token, m.attempt + (0 if m.started else 1), self.t)])
+        assert applied == (1 if mine else 0), f"start of {m.id}: applied={applied}, model holds it unstarted={mine}"
+        if mine:
+            m.attempt += 1
+            m.started = True
+            m.started_at = self.t
 
     @precondition(lambda self: self.tasks)
     @rule(data=st.data())
@@ -328,10 +344,10 @@ class StoreModel(RuleBasedStateMachine):
         assert rec is not None
         if m.status is State.RUNNING:
             m.cancel = True
-            assert rec.cancel_requested and rec.status is State.RUNNING
+            assert rec.cancel_requested and rec.status in (State.RUNNING, State.RESERVED)
         elif m.status in (State.WAITING, State.PENDING, State.RETRYING):
             self.set_status(m, State.CANCELED)
-        assert rec.status is m.status
+        assert rec.status is self.shown(m)
 
     @precondition(lambda self: self.tasks)
     @rule(data=st.data())
@@ -391,26 +407,38 @@ class StoreModel(RuleBasedStateMachine):
         self.advance_store(seconds)
 
     # ---- after every step ---------------------------------------------------------------
+    @staticmethod
+    def shown(m: M) -> State:
+        """What a reader sees: a task held but not started is RESERVED."""
+        return State.RESERVED if m.status is State.RUNNING and not m.started else m.status
+
     @invariant()
     def matches_the_model(self) -> None:
         counts = self.store.counts()
         assert sum(counts.values()) == len(self.tasks), "a task was lost or invented"
+        shown = [self.shown(m) for m in self.tasks.values()]
+        assert counts == {s.value: shown.count(s) for s in set(shown)}
         running: dict[str, set[str]] = {}
+        started: dict[str, list[int]] = {}
         for tid, m in self.tasks.items():
             rec = self.store.get(tid)
             assert rec is not None, f"task {tid} lost"
-            assert (rec.status, rec.attempt) == (m.status, m.attempt), (
+            assert (rec.status, rec.attempt) == (self.shown(m), m.attempt), (
                 f"task {tid}: store has {rec.status.value}/attempt {rec.attempt}, "
-                f"model {m.status.value}/attempt {m.attempt}"
+                f"model {self.shown(m).value}/attempt {m.attempt}"
             )
             assert rec.version >= m.version, f"task {tid}: version went back"
             m.version = rec.version
-            if rec.status is State.RUNNING:
+            if rec.status in (State.RUNNING, State.RESERVED):
                 assert rec.lease_token == m.token
                 if rec.group is not None:
                     running.setdefault(rec.group, set()).add(rec.lease_token)
+                    if rec.status is State.RUNNING:
+                        started.setdefault(rec.group, []).append(tid)
         for group, tokens in running.items():
             assert len(tokens) == 1, f"group {group}: {len(tokens)} units in flight"
+        for group, ids in started.items():
+            assert len(ids) == 1, f"group {group}: tasks {ids} RUNNING at once"
 
 
 def _pg_reset(url: str) -> None:

@@ -885,7 +885,7 @@ class App:
         rec = self.store.cancel(int(task_id))
         if rec is None:
             raise TaskNotFound(f"no task with id {task_id}")
-        if rec.status is State.RUNNING and self._worker is not None:
+        if rec.status in (State.RUNNING, State.RESERVED) and self._worker is not None:
             self._worker.cancel_local(rec.id)
         if rec.batch is not None and rec.status in FINAL:
             self.store.settle_batches([rec.batch])  # the batch's last task may have been this one

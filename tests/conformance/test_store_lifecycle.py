@@ -29,9 +29,9 @@ def put_in(store, state: State) -> int:
     if state is State.CANCELED:
         assert store.cancel(tid).status == State.CANCELED
         return tid
-    rec = claim_one(store, names=[name])
+    rec = claim_one(store, names=[name], prefetch=state is State.RESERVED)
     assert rec.id == tid
-    if state is State.RUNNING:
+    if state in (State.RUNNING, State.RESERVED):  # held; a prefetch records no start
         return tid
     kw = {"run_at": store.now() + 3600} if state is State.RETRYING else {}
     assert finish(store, rec, state, **kw)
@@ -51,7 +51,7 @@ def test_cancel_and_retry_from_every_state(store):
         if src in (State.WAITING, State.PENDING, State.RETRYING):
             assert after.status is State.CANCELED, src
         else:
-            assert (after.status, after.cancel_requested) == (src, src is State.RUNNING), src
+            assert (after.status, after.cancel_requested) == (src, src in (State.RUNNING, State.RESERVED)), src
             assert snapshot(store, tid) == before, src
         tid = put_in(store, src)
         before = snapshot(store, tid)
@@ -65,7 +65,7 @@ def test_cancel_and_retry_from_every_state(store):
 
 def test_complete_refuses_an_outcome_running_cannot_reach(store):
     illegal = [d for d in ALL_STATES if (State.RUNNING, d) not in TRANSITIONS]
-    assert illegal == [State.WAITING, State.RUNNING]
+    assert illegal == [State.WAITING, State.RUNNING, State.RESERVED]
     tid = submit_one(store)
     rec = claim_one(store)
     before = snapshot(store, tid)

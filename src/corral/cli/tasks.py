@@ -275,6 +275,8 @@ def cancel(task_id, store_url):
         click.echo(f"task {task_id} canceled")
     elif rec.status is State.RUNNING:
         click.echo(f"task {task_id} is running; cancel requested (it stops at its next ctx call)")
+    elif rec.status is State.RESERVED:
+        click.echo(f"task {task_id} is held by a worker, not started; cancel requested (it never starts)")
     else:
         raise CLIError(f"task {task_id} is {rec.status.value}; it could not be canceled")
 

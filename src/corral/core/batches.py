@@ -96,7 +96,7 @@ class Progress:
     done: int  # SUCCESS
     failed: int  # FAILED, TIMEOUT, CANCELED
     running: int  # RUNNING
-    queued: int  # WAITING, PENDING, RETRYING
+    queued: int  # WAITING, PENDING, RETRYING, RESERVED (held by a worker, not started)
 
     @property
     def ended(self) -> int:
@@ -115,6 +115,6 @@ def progress(counts: Mapping[str, int]) -> Progress:
     no bin knows counts as failed, as a row of an unknown state reads."""
     done = counts.get("SUCCESS", 0)
     running = counts.get("RUNNING", 0)
-    queued = sum(counts.get(s, 0) for s in ("WAITING", "PENDING", "RETRYING"))
+    queued = sum(counts.get(s, 0) for s in ("WAITING", "PENDING", "RETRYING", "RESERVED"))
     failed = sum(counts.values()) - done - running - queued
     return Progress(done, failed, running, queued)

@@ -148,6 +148,21 @@ class Outcome:
     traceback: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Start:
+    """A held task's body started (a chunk member, a prefetched or relayed
+    task, whose claim recorded no start): the worker records its start and
+    attempt while it runs, so readers see it RUNNING rather than RESERVED.
+
+    Applied only while the task is RUNNING under ``token`` with no start
+    recorded; its version is left alone, so the outcome still applies."""
+
+    task_id: int
+    token: str
+    attempt: int
+    started_at: float
+
+
 @dataclass(slots=True)
 class SubmitResult:
     id: int

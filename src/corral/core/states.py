@@ -13,9 +13,15 @@ PENDING    queued, runnable from ``run_at`` on (``delay=`` sets ``run_at``);
 RETRYING   queued again after a retryable failure, runnable from ``run_at``
            (the backoff). Claimed like PENDING, but shown apart so operators
            see retries as their own path.
-RUNNING    held by a worker under a lease. The worker completes it; the
-           watchdog times it out; the sweeper recovers it when the lease is
-           lost; a graceful shutdown hands it back to PENDING.
+RUNNING    held by a worker under a lease, its body started. The worker
+           completes it; the watchdog times it out; the sweeper recovers it
+           when the lease is lost; a graceful shutdown hands it back to
+           PENDING.
+RESERVED   shown, never stored: a RUNNING row whose start is not recorded
+           (prefetched ahead of a free slot, a chunk member waiting its turn,
+           a relayed successor). It moves as RUNNING does; the worker records
+           the start (``started_at``, the attempt) soon after the body starts,
+           and a crash before then hands it back with its attempts intact.
 SUCCESS    final. Never changes again.
 FAILED     final, unless an operator retries it.
 TIMEOUT    final (retries exhausted on timeouts), unless an operator retries it.
@@ -33,6 +39,7 @@ class State(str, enum.Enum):
     PENDING = "PENDING"
     RETRYING = "RETRYING"
     RUNNING = "RUNNING"
+    RESERVED = "RESERVED"
     SUCCESS = "SUCCESS"
     FAILED = "FAILED"
     TIMEOUT = "TIMEOUT"
@@ -52,11 +59,14 @@ class State(str, enum.Enum):
 
 WAITING, PENDING, RETRYING, RUNNING = State.WAITING, State.PENDING, State.RETRYING, State.RUNNING
 SUCCESS, FAILED, TIMEOUT, CANCELED = State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED
+RESERVED = State.RESERVED
 
 #: States a worker may claim from (when ``run_at`` has come).
 QUEUED: frozenset[State] = frozenset({PENDING, RETRYING})
 #: States in which a task still occupies its place in its group.
-ACTIVE: frozenset[State] = frozenset({WAITING, PENDING, RETRYING, RUNNING})
+ACTIVE: frozenset[State] = frozenset({WAITING, PENDING, RETRYING, RESERVED, RUNNING})
+#: States a store keeps in its rows (RESERVED is derived when a task is read).
+STORED: frozenset[State] = frozenset(State) - {RESERVED}
 #: States a task ends in.
 FINAL: frozenset[State] = frozenset({SUCCESS, FAILED, TIMEOUT, CANCELED})
 
@@ -78,6 +88,25 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (TIMEOUT, PENDING): "retried by an operator",
     (CANCELED, PENDING): "retried by an operator",
 }
+
+
+def shown(status: State, started_at: float | None) -> State:
+    """The state a reader sees: a RUNNING row whose start is not recorded is RESERVED."""
+    return RESERVED if status is RUNNING and started_at is None else status
+
+
+def shown_counts(counts: dict[str, int]) -> dict[str, int]:
+    """Counts per state with RESERVED taken out of RUNNING: ``counts`` holds
+    every stored RUNNING row under RUNNING and the unstarted ones again under
+    RESERVED (what a count query returns). States left at 0 are dropped."""
+    reserved = counts.get(RESERVED.value, 0)
+    if not reserved:
+        counts.pop(RESERVED.value, None)
+        return counts
+    counts[RUNNING.value] = counts.get(RUNNING.value, 0) - reserved
+    if counts[RUNNING.value] <= 0:
+        del counts[RUNNING.value]
+    return counts
 
 
 def can_transition(src: State | str, dst: State | str) -> bool:

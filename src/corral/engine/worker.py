@@ -47,7 +47,16 @@ from corral.core import slots, texts, validation
 from corral.core.breaker import counts_as_failure
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
-from corral.core.model import DEFAULT_LEASE_SECONDS, Claim, Outcome, TaskFilter, TaskRecord, dumps, new_holder_id
+from corral.core.model import (
+    DEFAULT_LEASE_SECONDS,
+    Claim,
+    Outcome,
+    Start,
+    TaskFilter,
+    TaskRecord,
+    dumps,
+    new_holder_id,
+)
 from corral.core.pacing import AutoChunk, RunningMean, auto_prefetch, relay_due, relay_lead, tail_bound, tail_split
 from corral.core.retries import MAX_SNOOZES, Backoff, http_status, is_retryable, retry_delay
 from corral.core.retry_after import retry_after
@@ -102,6 +111,13 @@ _COMPLETE_MAX_PAUSE = 5.0
 #: The longest pause between writes of outcomes through an outage: they
 #: must land soon after it ends, before sweepers look at their leases.
 _OUTAGE_PAUSE = 0.5
+#: A held task's start (a chunk member, a prefetched or relayed task) is
+#: recorded once its body has run this long without an outcome (a shorter one
+#: records it with its outcome: no write of its own), in one write with every
+#: other start due, at most once per START_WRITE_EVERY: a start shows within
+#: about half a second, for a few writes a second at most.
+START_RECORD_AFTER = 0.25
+START_WRITE_EVERY = 0.2
 #: Timed-out task threads still running before a worker stops claiming.
 DEFAULT_MAX_ABANDONED_THREADS = 10
 #: Rows read per queue by the check for queued tasks no worker here registers.
@@ -343,6 +359,10 @@ class Worker:
         self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
+        #: starts not recorded yet of held tasks whose bodies run: id -> (due, start)
+        self._starts: dict[int, tuple[float, Start]] = {}
+        self._starts_lock = threading.Lock()
+        self._starts_written_at = 0.0
         self.started = False
         self._sweeper: Any = None
         self._periodic: Any = None
@@ -1061,6 +1081,10 @@ class Worker:
         tdef = self.registry.get(rec.name)
         started_at = self.clock.time()
         began = time.monotonic()
+        held = rec.id in unit.uncounted  # the store has no start for it: record one if it runs on
+        if held:
+            with self._starts_lock:
+                self._starts[rec.id] = (began + START_RECORD_AFTER, Start(rec.id, token, rec.attempt, started_at))
         ctx = run.ctx
         if log.isEnabledFor(logging.DEBUG):
             log.debug("task %s (%s) started", rec.id, rec.name, extra=task_fields(rec))
@@ -1121,12 +1145,15 @@ class Worker:
         finally:
             _set_current(None)
             self._runs.pop(rec.id, None)
+            if held:  # the outcome records the start from now on
+                with self._starts_lock:
+                    self._starts.pop(rec.id, None)
             self._auto_chunk.observe(time.monotonic() - began)
             if span is not None:
                 ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
                 tracing.end_attempt(span, *ended)
         assert outcome is not None  # every way out of the body above sets it
-        if rec.id in unit.uncounted:  # a snooze never counts: the attempt raised at its start goes back
+        if held:  # a snooze never counts: the attempt raised at its start goes back
             outcome.attempt = rec.attempt - 1 if outcome.snooze else rec.attempt
         late = None
         with unit.lock:
@@ -1516,7 +1543,12 @@ class Worker:
         window = self.completer_window
         names = frozenset(self.registry)
         while True:
-            items: list[Outcome | _Unit | _Relay] = [q.get()]
+            try:
+                first = q.get(timeout=self._start_wait())
+            except queue.Empty:
+                self._write_starts()
+                continue
+            items: list[Outcome | _Unit | _Relay] = [first]
             # Gather for a moment: one write per batch, not per task. A unit
             # waiting for its slot (a marker in the queue) ends the wait.
             waiting = isinstance(items[0], (_Unit, _Relay))
@@ -1532,6 +1564,7 @@ class Worker:
                     break
                 items.append(item)
                 waiting = waiting or isinstance(item, (_Unit, _Relay))
+            self._write_starts()
             outcomes = [x for x in items if isinstance(x, Outcome)]
             # (a unit whose relayed successor took its place is done already)
             ended = [x for x in items if isinstance(x, _Unit) and not x.lost and not x.done]
@@ -1551,6 +1584,32 @@ class Worker:
                     self._settle(x)
             if q.empty():
                 self._completer_idle.set()
+
+    def _start_wait(self) -> float:
+        """How long the completer may wait for an item: until the next start
+        is due to be written (or a while, for a start noted meanwhile)."""
+        with self._starts_lock:
+            first = next(iter(self._starts.values()), None)
+        wait = START_RECORD_AFTER if first is None else first[0] - time.monotonic()
+        wait = max(wait, self._starts_written_at + START_WRITE_EVERY - time.monotonic())
+        return max(0.001, wait)
+
+    def _write_starts(self) -> None:
+        """Record, in one write, the starts of held tasks running for a while."""
+        now = time.monotonic()
+        if now < self._starts_written_at + START_WRITE_EVERY:
+            return
+        with self._starts_lock:
+            due = [st for at, st in self._starts.values() if at <= now]
+            for st in due:
+                del self._starts[st.task_id]
+        if not due:
+            return
+        self._starts_written_at = now
+        try:
+            self.store.record_starts(due)
+        except StoreError as exc:  # the outcomes record them; only the view waits
+            log.warning("recording %d start(s) failed (%s); their outcomes record them", len(due), exc)
 
     def _flush(self, timeout: float | None) -> bool:
         end = None if timeout is None else time.monotonic() + timeout

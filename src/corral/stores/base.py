@@ -38,10 +38,13 @@ Claim rules (the heart; every store implements them the same way):
    new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
    The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
    the others record theirs with their outcome (``Outcome.started_at`` and
-   ``Outcome.attempt``), so running a chunk costs no write per task, and a
-   crash hands back members whose start was never recorded without burning
-   an attempt. A *prefetch* claim records no start at all (not even the
+   ``Outcome.attempt``), or, when they run longer than a moment, by
+   :meth:`Store.record_starts` (one write for all the worker's starts due),
+   so running a chunk of short tasks costs no write per task, and a crash
+   hands back members whose start was never recorded without burning an
+   attempt. A *prefetch* claim records no start at all (not even the
    head's) and takes no unit naming a limit or a name under a breaker.
+   A RUNNING task whose start is not recorded reads as RESERVED.
 7. With a ``retry_share`` the claim keeps retries on a path apart: still in
    the order of rule 4, but while fresh (PENDING) work is claimable at most
    ``ceil(max_units * retry_share)`` claims (at least one; or ``retry_cap``
@@ -70,6 +73,7 @@ from corral.core.model import (
     LimitSpec,
     NewTask,
     Outcome,
+    Start,
     SubmitResult,
     SweepReport,
     TaskFilter,
@@ -483,6 +487,13 @@ class Store(abc.ABC):
         upstream ended.
         """
 
+    def record_starts(self, starts: Sequence[Start]) -> int:
+        """Record the starts of held tasks whose bodies run now (``started_at``
+        and ``attempt``), in one write; returns how many applied. Guarded: a
+        task applies only while RUNNING under its token with no start
+        recorded. The version is kept, so the task's outcome still applies."""
+        raise NotImplementedError
+
     #: True when :meth:`complete_and_claim` writes and claims in one
     #: transaction; a worker hands places over only to such a store (two
     #: transactions on the completer's thread cost it more than they save).
@@ -564,14 +575,18 @@ class Store(abc.ABC):
 
     # ---- operators --------------------------------------------------------
     @abc.abstractmethod
-    def get(self, task_id: int) -> TaskRecord | None: ...
+    def get(self, task_id: int) -> TaskRecord | None:
+        """The task as a reader sees it (RESERVED while held but not started)."""
 
     @abc.abstractmethod
-    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]: ...
+    def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
+        """Tasks matching ``flt``, shown as :meth:`get` shows them (a status
+        of RUNNING matches started tasks only, RESERVED the others)."""
 
     @abc.abstractmethod
     def counts(self, queue: str | None = None) -> dict[str, int]:
-        """Number of tasks per state name (states with no task may be absent)."""
+        """Number of tasks per state name (states with no task may be absent),
+        RESERVED apart from RUNNING."""
 
     def active_counts(self) -> dict[str, int]:
         """Tasks per unfinished state (WAITING, PENDING, RETRYING, RUNNING).

@@ -43,6 +43,7 @@ from corral.core.model import (
     LimitSpec,
     NewTask,
     Outcome,
+    Start,
     SubmitResult,
     TaskFilter,
     TaskRecord,
@@ -52,7 +53,7 @@ from corral.core.model import (
 from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
-from corral.core.states import ACTIVE, FINAL, QUEUED, State, check_transition
+from corral.core.states import ACTIVE, FINAL, QUEUED, RESERVED, State, check_transition, shown
 from corral.core.stats import percentile
 from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, SubmitError
@@ -470,6 +471,18 @@ class MemoryStore(Store):
                 self._changes += 1
         return claims
 
+    def record_starts(self, starts: Sequence[Start]) -> int:
+        applied = 0
+        with self._lock:
+            for st in starts:
+                t = self._tasks.get(st.task_id)
+                if t is None or t.status is not State.RUNNING or t.lease_token != st.token or t.started_at is not None:
+                    continue
+                t.started_at = st.started_at
+                t.attempt = st.attempt
+                applied += 1
+        return applied
+
     def backlog(self, at_most: int) -> int | None:
         with self._lock:
             return min(at_most, self._count[State.PENDING] + self._count[State.RETRYING])
@@ -582,14 +595,14 @@ class MemoryStore(Store):
     def get(self, task_id: int) -> TaskRecord | None:
         with self._lock:
             t = self._tasks.get(task_id)
-            return replace(t) if t is not None else None
+            return _shown(t) if t is not None else None
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         with self._lock:
             rows = [
                 t
                 for t in self._tasks.values()
-                if (flt.status is None or t.status is State(flt.status))
+                if (flt.status is None or shown(t.status, t.started_at) is State(flt.status))
                 and (flt.queue is None or t.queue == flt.queue)
                 and (flt.batch is None or t.batch == flt.batch)
                 and (flt.group is None or t.group == flt.group)
@@ -600,16 +613,24 @@ class MemoryStore(Store):
                 and (flt.after_id is None or (t.id < flt.after_id if flt.newest_first else t.id > flt.after_id))
             ]
             rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
-            return [replace(t) for t in rows[flt.offset : flt.offset + flt.limit]]
+            return [_shown(t) for t in rows[flt.offset : flt.offset + flt.limit]]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         out: dict[str, int] = {}
         with self._lock:
             if queue is None:
-                return {s.value: n for s, n in self._count.items() if n}
+                out = {s.value: n for s, n in self._count.items() if n}
+                reserved = sum(1 for tid in self._running if self._tasks[tid].started_at is None)
+                if reserved:
+                    out[State.RUNNING.value] -= reserved
+                    out[RESERVED.value] = reserved
+                    if not out[State.RUNNING.value]:
+                        del out[State.RUNNING.value]
+                return out
             for t in self._tasks.values():
                 if t.queue == queue:
-                    out[t.status.value] = out.get(t.status.value, 0) + 1
+                    st = shown(t.status, t.started_at).value
+                    out[st] = out.get(st, 0) + 1
         return out
 
     def queue_counts(self) -> dict[str, dict[str, int]]:
@@ -618,7 +639,8 @@ class MemoryStore(Store):
             for t in self._tasks.values():
                 if t.status in ACTIVE:
                     per = out.setdefault(t.queue, {})
-                    per[t.status.value] = per.get(t.status.value, 0) + 1
+                    st = shown(t.status, t.started_at).value
+                    per[st] = per.get(st, 0) + 1
         return out
 
     def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
@@ -632,7 +654,8 @@ class MemoryStore(Store):
             out = []
             for g, ts in lines.items():
                 head = min(ts, key=lambda t: t.id)
-                out.append(GroupLine(g, len(ts), head.id, head.name, head.status.value, head.worker_id, head.error))
+                status = shown(head.status, head.started_at).value
+                out.append(GroupLine(g, len(ts), head.id, head.name, status, head.worker_id, head.error))
         out.sort(key=lambda gl: (not gl.blocked, gl.group))
         return out[offset : offset + limit]
 
@@ -642,7 +665,8 @@ class MemoryStore(Store):
             for t in self._tasks.values():
                 if t.batch is not None and (after is None or t.batch > after):
                     c = per.setdefault(t.batch, {})
-                    c[t.status.value] = c.get(t.status.value, 0) + 1
+                    st = shown(t.status, t.started_at).value
+                    c[st] = c.get(st, 0) + 1
         return [(b, per[b]) for b in sorted(per)[:limit]]
 
     def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
@@ -669,7 +693,7 @@ class MemoryStore(Store):
                 self._set(t, State.CANCELED, finished_at=now, error="canceled")
                 self._finish_effects(t, now)
                 self._wake.notify_all()
-            return replace(t)
+            return _shown(t)
 
     def retry(self, task_id: int) -> bool:
         with self._lock:
@@ -903,7 +927,8 @@ class MemoryStore(Store):
     def _batch_summary(rows: list[TaskRecord], batch: str) -> BatchSummary:
         counts: dict[str, int] = {}
         for t in rows:
-            counts[t.status.value] = counts.get(t.status.value, 0) + 1
+            st = shown(t.status, t.started_at).value
+            counts[st] = counts.get(st, 0) + 1
         durations = sorted(
             t.finished_at - t.started_at for t in rows if t.finished_at is not None and t.started_at is not None
         )
@@ -1116,3 +1141,8 @@ def _closed(breakers: dict[str, BreakerRow], name: str) -> bool:
     """No breaker on ``name``, or a CLOSED one (a prefetch may take it)."""
     row = breakers.get(name)
     return row is None or row.state.state is brk.BreakerState.CLOSED
+
+
+def _shown(t: TaskRecord) -> TaskRecord:
+    """A copy of ``t`` as a reader sees it (RESERVED while held, not started)."""
+    return replace(t, status=shown(t.status, t.started_at))

@@ -76,13 +76,14 @@ from corral.core.model import (
     LimitSpec,
     NewTask,
     Outcome,
+    Start,
     SubmitResult,
     TaskFilter,
     TaskRecord,
     dumps,
 )
 from corral.core.pacing import chunk_reach
-from corral.core.states import FINAL, State, check_transition
+from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import (
     ConfigError,
     CorralError,
@@ -109,7 +110,15 @@ from corral.stores.base import (
     schedule_state,
 )
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
-from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
+from corral.stores.sqlbase import (
+    Read,
+    SqlStore,
+    first_line,
+    shown_record,
+    status_filter,
+    summary_from_rows,
+    task_record,
+)
 
 try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
@@ -657,7 +666,7 @@ class PostgresStore(SqlStore):
             ids = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()[0] or []
 
     def upstream(self, task_id: int) -> list[TaskRecord]:
-        return [_record(r) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
+        return [shown_record(_record(r)) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
 
     # ---- workers ----------------------------------------------------------------
     def claim(
@@ -837,6 +846,12 @@ class PostgresStore(SqlStore):
             lost_tokens=set(tokens) - held,
             cancel_requested={tid for tid, _, flag in rows if flag},
         )
+
+    def record_starts(self, starts: Sequence[Start]) -> int:
+        if not starts:
+            return 0
+        rows = json.dumps([[st.task_id, st.token, st.attempt, st.started_at] for st in starts])
+        return self._run(lambda conn: conn.execute(self._q["record_starts"], {"rows": rows}).rowcount)
 
     def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
         if not task_ids:
@@ -1234,7 +1249,7 @@ class PostgresStore(SqlStore):
     # ---- operators ---------------------------------------------------------------
     def get(self, task_id: int) -> TaskRecord | None:
         rows = self._fetchall("get", {"id": task_id}, dicts=True)
-        return _record(rows[0]) if rows else None
+        return shown_record(_record(rows[0])) if rows else None
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
@@ -1251,8 +1266,7 @@ class PostgresStore(SqlStore):
                 where.append(f"{col} = %({attr})s")
                 params[attr] = value
         if flt.status is not None:
-            where.append("status = %(status)s")
-            params["status"] = State(flt.status).value
+            where.append(status_filter(State(flt.status)))
         if flt.error_prefix is not None:
             where.append("substr(error, 1, %(plen)s) = %(prefix)s")
             params["plen"] = len(flt.error_prefix)
@@ -1276,7 +1290,7 @@ class PostgresStore(SqlStore):
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
-            return [_record(r) for r in cur.execute(sql, params).fetchall()]
+            return [shown_record(_record(r)) for r in cur.execute(sql, params).fetchall()]
 
         return self._run(go)
 
@@ -1285,7 +1299,7 @@ class PostgresStore(SqlStore):
             rows = self._fetchall("counts")
         else:
             rows = self._fetchall("counts_queue", {"queue": queue})
-        return {status: n for status, n in rows}
+        return shown_counts({status: n for status, n in rows})
 
     def backlog(self, at_most: int) -> int | None:
         return self._fetchall("backlog", {"n": max(0, at_most)})[0][0]
@@ -1309,7 +1323,7 @@ class PostgresStore(SqlStore):
             per: dict[str, dict[str, int]] = {b: {} for b in names}
             for b, status, n in conn.execute(self._q["batch_status_counts"], {"batches": names}):
                 per[b][status] = n
-            return [(b, per[b]) for b in names]
+            return [(b, shown_counts(per[b])) for b in names]
 
         return self._run(go)
 
@@ -1354,7 +1368,7 @@ class PostgresStore(SqlStore):
     def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
         params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
         q = "dead_letters" if batch is None else "dead_letters_batch"
-        return [_record(r) for r in self._fetchall(q, params, dicts=True)]
+        return [shown_record(_record(r)) for r in self._fetchall(q, params, dicts=True)]
 
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         def go(conn):

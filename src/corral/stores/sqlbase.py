@@ -17,7 +17,7 @@ from typing import Any
 
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.planning import HISTORY_SCAN, HistoryRow
-from corral.core.states import State
+from corral.core.states import State, shown, shown_counts
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
 from corral.stores.flow import LimitState
@@ -85,6 +85,21 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
     )
 
 
+def shown_record(rec: TaskRecord) -> TaskRecord:
+    """``rec`` as a reader sees it: RESERVED while held but not started."""
+    rec.status = shown(rec.status, rec.started_at)
+    return rec
+
+
+def status_filter(status: State) -> str:
+    """The condition (no parameter) that matches the rows shown in ``status``."""
+    if status is State.RESERVED:
+        return "(status = 'RUNNING' AND started_at IS NULL)"
+    if status is State.RUNNING:
+        return "(status = 'RUNNING' AND started_at IS NOT NULL)"
+    return f"status = '{status.value}'"
+
+
 def _optional(row: Mapping[str, Any], column: str) -> Any:
     """A column that hot reads (claims) leave out of their row."""
     try:
@@ -111,7 +126,7 @@ def summary_from_rows(
 ) -> BatchSummary:
     """A batch summary from the rows of the ``batch_counts`` and
     ``batch_durations`` queries (the same in both dialects)."""
-    counts = {status: n for status, n, _, _ in counts_rows}
+    counts = shown_counts({status: n for status, n, _, _ in counts_rows})
     created = [c for _, _, c, _ in counts_rows if c is not None]
     finished = [f for _, _, _, f in counts_rows if f is not None]
     durations = [d for (d,) in durations_rows]

@@ -110,6 +110,7 @@ from corral.core.model import (
     LimitSpec,
     NewTask,
     Outcome,
+    Start,
     SubmitResult,
     TaskFilter,
     TaskRecord,
@@ -118,7 +119,7 @@ from corral.core.model import (
 )
 from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.priorities import claim_rank
-from corral.core.states import FINAL, State, check_transition
+from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import (
@@ -139,7 +140,15 @@ from corral.stores.base import (
 from corral.stores.filewatch import FileWatch, open_watch
 from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
-from corral.stores.sqlbase import Read, SqlStore, first_line, summary_from_rows, task_record
+from corral.stores.sqlbase import (
+    Read,
+    SqlStore,
+    first_line,
+    shown_record,
+    status_filter,
+    summary_from_rows,
+    task_record,
+)
 
 #: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
@@ -727,7 +736,7 @@ class SQLiteStore(SqlStore):
 
     def _records(self, con: sqlite3.Connection, rows: Sequence[sqlite3.Row]) -> list[TaskRecord]:
         deps = self._deps(con, [r["id"] for r in rows])
-        return [_record(r, deps.get(r["id"], ())) for r in rows]
+        return [shown_record(_record(r, deps.get(r["id"], ()))) for r in rows]
 
     @staticmethod
     def _refresh_heads(con: sqlite3.Connection, groups: Collection[str | None]) -> None:
@@ -1247,6 +1256,14 @@ class SQLiteStore(SqlStore):
         return reply
 
     @_guard
+    def record_starts(self, starts: Sequence[Start]) -> int:
+        if not starts:
+            return 0
+        rows = dumps([[st.task_id, st.token, st.attempt, st.started_at] for st in starts])
+        with self._write() as con:
+            return con.execute(Q["record_starts"], (rows,)).rowcount
+
+    @_guard
     def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
         if not task_ids:
             return set()
@@ -1541,8 +1558,9 @@ class SQLiteStore(SqlStore):
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where: list[str] = []
         params: list[Any] = []
+        if flt.status is not None:
+            where.append(status_filter(State(flt.status)))
         for column, value in (
-            ("status", State(flt.status).value if flt.status is not None else None),
             ("queue", flt.queue),
             ("batch", flt.batch),
             ("group_key", flt.group),
@@ -1582,7 +1600,7 @@ class SQLiteStore(SqlStore):
             rows = con.execute(Q["counts"]).fetchall()
         else:
             rows = con.execute(Q["counts_queue"], (queue,)).fetchall()
-        return {status: n for status, n in rows}
+        return shown_counts({status: n for status, n in rows})
 
     @_guard
     def active_counts(self) -> dict[str, int]:
@@ -1608,7 +1626,7 @@ class SQLiteStore(SqlStore):
             if after is None and limit > 0:  # '' itself is a name: min(batch) > '' skips it
                 if con.execute(Q["batch_empty_name"]).fetchone():
                     names = [""] + names[: limit - 1]
-            return [(b, {st: n for st, n in con.execute(Q["batch_status_counts"], (b,))}) for b in names]
+            return [(b, shown_counts(dict(con.execute(Q["batch_status_counts"], (b,)).fetchall()))) for b in names]
 
     @_guard
     def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:

@@ -249,7 +249,7 @@ def _batch_row(name: str, counts: dict[str, int]) -> dict[str, Any]:
     total = sum(counts.values()) or 1
     parts = [
         (s, counts.get(s, 0), 100.0 * counts.get(s, 0) / total)
-        for s in ("SUCCESS", "FAILED", "TIMEOUT", "CANCELED", "RUNNING", "RETRYING")
+        for s in ("SUCCESS", "FAILED", "TIMEOUT", "CANCELED", "RUNNING", "RESERVED", "RETRYING")
     ]
     final = sum(counts.get(s.value, 0) for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED))
     return {
@@ -433,7 +433,7 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
         rec = store.cancel(tid)
         if rec is None:
             return f"no task {tid}"
-        if rec.status is State.RUNNING:
+        if rec.status in (State.RUNNING, State.RESERVED):
             return f"task {tid}: cancel asked; its worker stops it"
         return f"task {tid} is {rec.status.value}"
     if what == "retry":

@@ -1216,11 +1216,25 @@ WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 -- name: get
 SELECT * FROM corral_tasks WHERE id = %(id)s;
 
+-- The starts of held tasks whose bodies run now ([id, token, attempt,
+-- started_at] rows as JSON): applied only while RUNNING under the token with
+-- no start recorded; the version stays (the outcome still applies).
+-- name: record_starts
+UPDATE corral_tasks AS t
+SET started_at = s.started_at, attempt = s.attempt
+FROM (SELECT (r->>0)::bigint AS id, r->>1 AS token, (r->>2)::int AS attempt, (r->>3)::float8 AS started_at
+      FROM jsonb_array_elements(%(rows)s::jsonb) AS r) AS s
+WHERE t.id = s.id AND t.status = 'RUNNING' AND t.lease_token = s.token AND t.started_at IS NULL;
+
 -- name: cancel_requested
 SELECT id FROM corral_tasks WHERE id = ANY(%(ids)s::bigint[]) AND cancel_requested;
 
+-- Tasks per stored status, and again as RESERVED the RUNNING ones whose
+-- start is not recorded (live rows only); the store takes those out of RUNNING.
 -- name: counts
-SELECT status, count(*) FROM corral_tasks GROUP BY status;
+SELECT status, count(*) FROM corral_tasks GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*) FROM corral_tasks WHERE status = 'RUNNING' AND started_at IS NULL;
 
 -- name: lock_queue_bound
 -- Bounded submits (App(max_queued=...)) take this transaction lock, so that
@@ -1247,13 +1261,17 @@ SELECT status, sum(n)::bigint FROM (
     UNION ALL
     SELECT 'RETRYING', count(*) FROM corral_tasks WHERE status = 'RETRYING'
     UNION ALL
-    SELECT 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING'
+    SELECT CASE WHEN started_at IS NULL THEN 'RESERVED' ELSE 'RUNNING' END, count(*)
+    FROM corral_tasks WHERE status = 'RUNNING' GROUP BY 1
     UNION ALL
     SELECT 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING'
 ) c GROUP BY status;
 
 -- name: counts_queue
-SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status;
+SELECT status, count(*) FROM corral_tasks WHERE queue = %(queue)s GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*) FROM corral_tasks
+WHERE status = 'RUNNING' AND started_at IS NULL AND queue = %(queue)s;
 
 -- name: lock_group_of
 -- Operators' changes take their task's group lock first, as the head refresh
@@ -1286,9 +1304,13 @@ RETURNING id, queue;
 -- name: notify
 SELECT pg_notify('corral_work', %(queue)s || ':g');
 
+-- (RESERVED again apart, as in counts)
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
-FROM corral_tasks WHERE batch = %(batch)s GROUP BY status;
+FROM corral_tasks WHERE batch = %(batch)s GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*), NULL, NULL FROM corral_tasks
+WHERE batch = %(batch)s AND status = 'RUNNING' AND started_at IS NULL;
 
 -- The newest finished tasks of a name (the capacity planner's sample), among
 -- the newest tasks of every name: the read is bounded however long the history.
@@ -1630,14 +1652,17 @@ UNION ALL
 SELECT queue, status, count(*) FROM corral_tasks
 WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL GROUP BY queue, status
 UNION ALL
-SELECT queue, 'RUNNING', count(*) FROM corral_tasks WHERE status = 'RUNNING' GROUP BY queue
+SELECT queue, CASE WHEN started_at IS NULL THEN 'RESERVED' ELSE 'RUNNING' END, count(*)
+FROM corral_tasks WHERE status = 'RUNNING' GROUP BY 1, 2
 UNION ALL
 SELECT queue, 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING' GROUP BY queue;
 
 -- name: group_lines
 -- Groups with a live line (the group-block index), blocked heads first; the
 -- head is the line's smallest id.
-SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+SELECT l.group_key, l.n, h.id, h.name,
+       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END,
+       h.worker_id, h.error
 FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM corral_tasks
       WHERE group_key IS NOT NULL
         AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1662,7 +1687,10 @@ SELECT name FROM b WHERE name IS NOT NULL;
 SELECT 1 FROM corral_tasks WHERE batch = '' LIMIT 1;
 
 -- name: batch_status_counts
-SELECT batch, status, count(*) FROM corral_tasks WHERE batch = ANY(%(batches)s::text[]) GROUP BY batch, status;
+SELECT batch, status, count(*) FROM corral_tasks WHERE batch = ANY(%(batches)s::text[]) GROUP BY batch, status
+UNION ALL
+SELECT batch, 'RESERVED', count(*) FROM corral_tasks
+WHERE batch = ANY(%(batches)s::text[]) AND status = 'RUNNING' AND started_at IS NULL GROUP BY batch;
 
 -- name: recent_finished
 SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks

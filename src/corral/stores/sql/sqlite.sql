@@ -450,8 +450,14 @@ SELECT task_id, depends_on FROM task_deps
 WHERE task_id IN (SELECT value FROM json_each(?))
 ORDER BY task_id, pos
 
+-- Tasks per stored status, and again as RESERVED the RUNNING ones whose
+-- start is not recorded (from the running index: live rows only); the store
+-- takes those out of RUNNING.
 -- name: counts
 SELECT status, count(*) FROM tasks GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*) FROM tasks INDEXED BY tasks_running_expiry
+WHERE status = 'RUNNING' AND started_at IS NULL
 
 -- Unfinished tasks per state, each part read from a partial index (never
 -- from the finished rows).
@@ -459,7 +465,8 @@ SELECT status, count(*) FROM tasks GROUP BY status
 SELECT status, count(*) FROM tasks INDEXED BY tasks_queued_run_at
 WHERE status IN ('PENDING', 'RETRYING') GROUP BY status
 UNION ALL
-SELECT 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING'
+SELECT CASE WHEN started_at IS NULL THEN 'RESERVED' ELSE 'RUNNING' END, count(*)
+FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING' GROUP BY 1
 UNION ALL
 SELECT 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING'
 
@@ -470,7 +477,10 @@ SELECT count(*) FROM (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                       WHERE status IN ('PENDING', 'RETRYING') LIMIT ?)
 
 -- name: counts_queue
-SELECT status, count(*) FROM tasks WHERE queue = ? GROUP BY status
+SELECT status, count(*) FROM tasks WHERE queue = ?1 GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*) FROM tasks INDEXED BY tasks_running_expiry
+WHERE status = 'RUNNING' AND started_at IS NULL AND queue = ?1
 
 -- ---- claim ---------------------------------------------------------------------
 
@@ -754,6 +764,18 @@ WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
 SELECT id, lease_token, cancel_requested FROM tasks
 WHERE status = 'RUNNING' AND lease_token IN (SELECT value FROM json_each(?))
 
+-- The starts of held tasks whose bodies run now (one JSON array of
+-- [id, token, attempt, started_at] rows): applied only while RUNNING under
+-- the token with no start recorded; the version stays (the outcome applies).
+-- name: record_starts
+UPDATE tasks
+SET started_at = s.started_at, attempt = s.attempt
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token,
+             json_extract(value, '$[2]') AS attempt, json_extract(value, '$[3]') AS started_at
+      FROM json_each(?)) AS s
+WHERE tasks.id = s.id AND tasks.status = 'RUNNING' AND tasks.lease_token = s.token
+  AND tasks.started_at IS NULL
+
 -- name: cancel_requested
 SELECT id FROM tasks WHERE id IN (SELECT value FROM json_each(?)) AND cancel_requested = 1
 
@@ -866,9 +888,13 @@ WHERE id = ?  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
   AND status NOT IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING', 'SUCCESS')
 RETURNING group_key
 
+-- (RESERVED again apart, as in counts)
 -- name: batch_counts
 SELECT status, count(*), min(created_at), max(finished_at)
 FROM tasks WHERE batch = :batch GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*), NULL, NULL FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = :batch AND status = 'RUNNING' AND started_at IS NULL
 
 -- The newest finished tasks of a name (the capacity planner's sample), among
 -- the newest :scan tasks: the read is bounded however long the history.
@@ -1089,14 +1115,17 @@ DELETE FROM task_deps WHERE task_id IN (SELECT value FROM json_each(:ids))
 SELECT queue, status, count(*) FROM tasks INDEXED BY tasks_queued_run_at
 WHERE status IN ('PENDING', 'RETRYING') GROUP BY queue, status
 UNION ALL
-SELECT queue, 'RUNNING', count(*) FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING' GROUP BY queue
+SELECT queue, CASE WHEN started_at IS NULL THEN 'RESERVED' ELSE 'RUNNING' END, count(*)
+FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING' GROUP BY 1, 2
 UNION ALL
 SELECT queue, 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING' GROUP BY queue
 
 -- Groups with a live line (the line index), blocked heads first. The head is
 -- the line's smallest id.
 -- name: group_lines
-SELECT l.group_key, l.n, h.id, h.name, h.status, h.worker_id, h.error
+SELECT l.group_key, l.n, h.id, h.name,
+       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END,
+       h.worker_id, h.error
 FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM tasks INDEXED BY tasks_group_line
       WHERE group_key IS NOT NULL
         AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1121,7 +1150,10 @@ SELECT name FROM b WHERE name IS NOT NULL
 SELECT 1 FROM tasks INDEXED BY tasks_batch_status WHERE batch = ''
 
 -- name: batch_status_counts
-SELECT status, count(*) FROM tasks INDEXED BY tasks_batch_status WHERE batch = ? GROUP BY status
+SELECT status, count(*) FROM tasks INDEXED BY tasks_batch_status WHERE batch = ?1 GROUP BY status
+UNION ALL
+SELECT 'RESERVED', count(*) FROM tasks INDEXED BY tasks_batch_status
+WHERE batch = ?1 AND status = 'RUNNING' AND started_at IS NULL
 
 -- name: recent_finished
 SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
