@@ -64,7 +64,7 @@ def test_a_plain_task_is_handed_to_the_waiting_worker_in_its_submit(pg_url):
     h = job.submit(7)
     # handed over by the submit's own commit: no claim came between
     rec = app.get(h.id)
-    assert rec.status is State.RUNNING and rec.worker_id == "w-1"
+    assert rec.status is State.RESERVED and rec.worker_id == "w-1"  # held, not started
     assert rec.attempt == 0 and rec.started_at is None
     wait_for(lambda: waiter.got is not None, message="the wait ends with the task")
     claims = waiter.got
@@ -149,13 +149,13 @@ def test_only_plain_work_due_now_and_within_the_offer_is_handed_over(pg_url):
         assert waiter.result(app.store) == []
         for h in kept:
             rec = app.get(h.id)
-            assert rec.status is not State.RUNNING and rec.worker_id is None, rec
+            assert rec.status not in (State.RUNNING, State.RESERVED) and rec.worker_id is None, rec
     waiter = _Waiter(app, pg_url, offer)
     handed = job.submit(8)
     past = job.submit(9)  # the offer had one slot
     got = waiter.result(app.store)
     assert [c.tasks[0].id for c in got] == [handed.id]
-    assert app.get(handed.id).status is State.RUNNING
+    assert app.get(handed.id).status is State.RESERVED
     assert app.get(past.id).status is State.PENDING and app.get(past.id).worker_id is None
     after = job.submit(10)  # the wait ended: nothing is handed over
     assert app.get(after.id).status is State.PENDING
@@ -205,7 +205,7 @@ def test_an_idle_worker_runs_a_task_handed_over_in_its_submit(pg_url):
         wait_for(lambda: [r[0] for r in _offers(pg_url)] == [worker.id], message="the idle worker offers its slots")
         h = job.submit(21)
         rec = app.get(h.id)
-        assert rec.status in (State.RUNNING, State.SUCCESS) and rec.worker_id == worker.id
+        assert rec.status in (State.RESERVED, State.RUNNING, State.SUCCESS) and rec.worker_id == worker.id
         wait_for(lambda: app.get(h.id).status is State.SUCCESS, timeout=20)
         done = app.get(h.id)
         assert done.attempt == 1 and done.started_at is not None and h.result(timeout=5) == 42

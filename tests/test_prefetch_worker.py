@@ -67,7 +67,7 @@ def test_stop_hands_back_prefetched_units_with_attempts_intact(url):
     try:
         wait_for(lambda: ran == [0])
         wait_for(
-            lambda: all(app.get(h.id).status is State.RUNNING for h in rest),
+            lambda: all(app.get(h.id).status is State.RESERVED for h in rest),
             message="one unit running and three prefetched",
         )
         assert worker.busy == 4
@@ -116,7 +116,7 @@ def test_prefetch_never_holds_a_unit_under_a_limit(url):
         # in one write: a worker running limited tasks takes one prefetch
         # between two claims into a free slot, and it must see both
         pl = plain.submit_many([(0,), (1,)])
-        wait_for(lambda: all(app.get(h.id).status is State.RUNNING for h in pl), message="plain work prefetched")
+        wait_for(lambda: all(app.get(h.id).status is State.RESERVED for h in pl), message="plain work prefetched")
         wait_for(lambda: log.prefetch_calls() >= 1)
         # the only slot is busy: limited work stays queued, holding no place of its limit
         assert all(app.get(h.id).status is State.PENDING for h in lim)
@@ -437,7 +437,7 @@ def test_prefetch_goes_on_after_prefetched_units_ran(url):
 def test_a_unit_given_back_before_it_started_is_in_flight_until_the_hand_back_is_written(sqlite_url):
     """What a halt does (its prefetched units go back at once): a slot that
     then picks such a unit leaves its accounting to the hand-back, so "nothing
-    in flight" means the task is back in the queue, not still RUNNING."""
+    in flight" means the task is back in the queue, not still RESERVED."""
     app = corral.App(sqlite_url)
     job, release, ran = _first_one_hangs(app)
 
@@ -447,7 +447,7 @@ def test_a_unit_given_back_before_it_started_is_in_flight_until_the_hand_back_is
     writes = threading.Event()
     try:
         wait_for(lambda: ran == [0])
-        wait_for(lambda: app.get(second.id).status is State.RUNNING, message="the second unit is prefetched")
+        wait_for(lambda: app.get(second.id).status is State.RESERVED, message="the second unit is prefetched")
         real_complete = worker.store.complete
 
         def held_complete(outcomes):

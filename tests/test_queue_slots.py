@@ -187,8 +187,8 @@ def test_retries_hold_at_most_their_share_of_slots_while_fresh_work_waits_and_al
         n_retry = sum(r.attempt > 1 for r in running)
         return n_retry, len(running) - n_retry
 
-    # prefetch=0: units held beyond the slots would show as RUNNING rows whose
-    # attempt is not raised yet, and this counts slots by those rows
+    # prefetch=0: this counts slots by RUNNING rows, and a task holds its
+    # slot from its start (a prefetched one reads RESERVED until its start shows)
     worker = app.worker(4, retry_share=0.25, poll_interval=0.05, prefetch=0).start()
     try:
         assert poll_until(lambda: held() == (1, 3), WAIT), held()

@@ -81,7 +81,7 @@ def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
     try:
         wait_for(lambda: ran == ["a"])
         rec = app.get(second.id)
-        assert rec.status is State.RUNNING and rec.started_at is None
+        assert rec.status is State.RESERVED and rec.started_at is None  # held, not started
         stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
         stopper.start()
         wait_for(lambda: app.get(second.id).status is State.PENDING)  # given back before a ends

@@ -141,7 +141,7 @@ def test_a_relay_takes_the_place_of_a_running_unit_under_its_token(store):
     (succ,) = got
     assert succ.token == first.token  # the place the running unit holds, not a new one
     rec = store.get(ids[2])
-    assert rec.status is State.RUNNING and rec.started_at is None and rec.attempt == 0  # not started yet
+    assert rec.status is State.RESERVED and rec.started_at is None and rec.attempt == 0  # not started yet
     assert store.limit_usage().get("api") == 2
     assert claim(store, 10) == []  # the limit stays full to everyone else
     applied, _ = store.complete_and_claim([done(first.tasks[0])], [], "w", ["default"])

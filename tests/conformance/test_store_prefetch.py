@@ -29,7 +29,7 @@ def test_prefetch_records_no_start_and_the_outcome_does(store):
     (c,) = claim(store, 1, prefetch=True)
     rec = c.tasks[0]
     stored = store.get(tid)
-    assert stored.status is State.RUNNING and stored.attempt == 0 and stored.started_at is None
+    assert stored.status is State.RESERVED and stored.attempt == 0 and stored.started_at is None
     assert rec.attempt == 0
     now = store.now()
     (ok,) = store.complete([Outcome(tid, c.token, rec.version, State.SUCCESS, started_at=now, attempt=1)])
