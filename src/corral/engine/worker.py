@@ -359,8 +359,9 @@ class Worker:
         self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
-        #: starts not recorded yet of held tasks whose bodies run: id -> (due, start)
-        self._starts: dict[int, tuple[float, Start]] = {}
+        #: starts not recorded yet of held tasks whose bodies run:
+        #: id -> (when due to be written, lease token, attempt, started_at)
+        self._starts: dict[int, tuple[float, str, int, float]] = {}
         self._starts_lock = threading.Lock()
         self._starts_written_at = 0.0
         self.started = False
@@ -1084,7 +1085,7 @@ class Worker:
         held = rec.id in unit.uncounted  # the store has no start for it: record one if it runs on
         if held:
             with self._starts_lock:
-                self._starts[rec.id] = (began + START_RECORD_AFTER, Start(rec.id, token, rec.attempt, started_at))
+                self._starts[rec.id] = (began + START_RECORD_AFTER, token, rec.attempt, started_at)
         ctx = run.ctx
         if log.isEnabledFor(logging.DEBUG):
             log.debug("task %s (%s) started", rec.id, rec.name, extra=task_fields(rec))
@@ -1600,7 +1601,7 @@ class Worker:
         if now < self._starts_written_at + START_WRITE_EVERY:
             return
         with self._starts_lock:
-            due = [st for at, st in self._starts.values() if at <= now]
+            due = [Start(tid, tok, n, at) for tid, (when, tok, n, at) in self._starts.items() if when <= now]
             for st in due:
                 del self._starts[st.task_id]
         if not due:
