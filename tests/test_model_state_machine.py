@@ -28,7 +28,7 @@ from conformance.conftest import PG_SHIFT  # every stored time, shifted back to 
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome, Start
 from corral.core.states import ACTIVE, FINAL, QUEUED, State
-from corral.maintenance.recovery import sweep_once
+from corral.maintenance.recovery import MAX_CRASH_RERUNS, sweep_once
 from corral.stores import open_store
 
 ARGS = '{"args":[],"kwargs":{}}'
@@ -61,6 +61,7 @@ class M:
     cancel: bool = False
     policy: str = "cancel"  # on_upstream_failure
     version: int = 0
+    crashes: int = 0  # runs lost with a lease that expired after their start
 
 
 @dataclass
@@ -359,6 +360,7 @@ class StoreModel(RuleBasedStateMachine):
         assert ok == expect
         if ok:
             m.attempt = 0
+            m.crashes = 0
             m.run_at = self.t
             m.cancel = False
             m.status = State.PENDING
@@ -378,18 +380,22 @@ class StoreModel(RuleBasedStateMachine):
                 if not m.started:
                     moves.append((m, State.PENDING))
                     expected["lost_leases_retried"].append(m.id)
-                elif m.timeout is not None and m.started_at + 2 * m.timeout < self.t:
-                    moves.append((m, State.FAILED))
-                    expected["overdue_failed"].append(m.id)
-                elif m.attempt > m.max_retries + 1:
+                    continue
+                # however long ago it started: the worker died, not the task
+                if m.attempt > m.max_retries + 1:
                     moves.append((m, State.FAILED))
                     expected["exhausted_failed"].append(m.id)
+                elif m.crashes < MAX_CRASH_RERUNS:  # a crash re-run: its attempt given back
+                    moves.append((m, State.RETRYING))
+                    expected["lost_leases_retried"].append(m.id)
+                    m.attempt -= 1
                 elif m.attempt <= m.max_retries:
                     moves.append((m, State.RETRYING))
                     expected["lost_leases_retried"].append(m.id)
                 else:
                     moves.append((m, State.FAILED))
                     expected["lost_leases_failed"].append(m.id)
+                m.crashes += 1
             elif m.status is State.PENDING and m.run_at < self.t - STALE and self.idle_head(m):
                 moves.append((m, State.CANCELED))
                 expected["stale_pending_canceled"].append(m.id)

@@ -1,6 +1,7 @@
 """The sweep (corral.maintenance.recovery over the store's find_stuck,
-find_stale_pending and rescue): lost leases, unstarted chunk members, overdue
-tasks, stale PENDING, exhausted attempts, guarded writes; and try_lead()."""
+find_stale_pending and rescue): lost leases (crash re-runs and their budget),
+unstarted chunk members, stale PENDING, exhausted attempts, guarded writes;
+and try_lead()."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from corral.core.states import State
 from corral.maintenance.recovery import (
     EXHAUSTED_ERROR,
     LOST_LEASE_ERROR,
-    OVERDUE_ERROR,
+    MAX_CRASH_RERUNS,
     STALE_PENDING_ERROR,
     STALE_PENDING_PREFIX,
     stale_pending_error,
@@ -40,54 +41,62 @@ def test_sweep_on_a_healthy_store_does_nothing(store):
     assert store.counts() == before
 
 
-def test_expired_lease_with_retries_left_goes_retrying(store, advance):
-    tid = submit_one(store, max_retries=1)
+def crash(store, advance, tid):
+    """Claim ``tid`` and lose its lease as a killed worker would; sweep."""
     rec = claim_one(store, lease_seconds=30)
+    assert rec.id == tid
     expire_lease(store, rec, advance)
-    report = store.sweep()
+    return store.sweep()
+
+
+def test_a_lost_lease_runs_again_with_its_attempt_given_back(store, advance):
+    tid = submit_one(store, max_retries=1)
+    report = crash(store, advance, tid)
     assert report.lost_leases_retried == [tid]
     assert report.lost_leases_failed == []
     got = store.get(tid)
-    assert got.status == State.RETRYING
+    assert (got.status, got.attempt, got.crashes, got.error) == (State.RETRYING, 0, 1, LOST_LEASE_ERROR)
     assert got.lease_token is None
-    assert got.attempt == 1
     again = claim_one(store)  # run_at is now: claimable at once
-    assert again.id == tid and again.attempt == 2
+    assert again.id == tid and again.attempt == 1  # the crash ate none of its retries
 
 
-def test_expired_lease_without_retries_fails(store, advance):
+def test_a_lost_lease_without_retries_runs_again_until_the_crash_budget_is_spent(store, advance):
     tid = submit_one(store, max_retries=0)
-    rec = claim_one(store, lease_seconds=30)
-    expire_lease(store, rec, advance)
-    report = store.sweep()
+    for n in range(1, MAX_CRASH_RERUNS + 1):
+        assert crash(store, advance, tid).lost_leases_retried == [tid]
+        got = store.get(tid)
+        assert (got.status, got.attempt, got.crashes) == (State.RETRYING, 0, n)
+    report = crash(store, advance, tid)  # one crash too many: it counts as the task's failure
     assert report.lost_leases_failed == [tid]
-    assert report.lost_leases_retried == []
     got = store.get(tid)
-    assert got.status == State.FAILED
-    assert got.error == LOST_LEASE_ERROR
-    assert got.finished_at is not None
-    assert got.lease_token is None
+    assert (got.status, got.attempt, got.crashes, got.error) == (
+        State.FAILED,
+        1,
+        MAX_CRASH_RERUNS + 1,
+        LOST_LEASE_ERROR,
+    )
+    assert got.finished_at is not None and got.lease_token is None
     assert claim(store, 5) == []
+    assert store.retry(tid)  # an operator's retry starts afresh
+    assert (store.get(tid).attempt, store.get(tid).crashes) == (0, 0)
 
 
-def test_expired_lease_on_last_retry_fails(store, advance):
+def test_past_the_crash_budget_a_crash_burns_a_retry(store, advance):
     tid = submit_one(store, max_retries=1)
-    rec = claim_one(store, lease_seconds=30)
-    expire_lease(store, rec, advance)
-    assert store.sweep().lost_leases_retried == [tid]
-    rec = claim_one(store, lease_seconds=30)
-    assert rec.attempt == 2
-    expire_lease(store, rec, advance)
-    assert store.sweep().lost_leases_failed == [tid]
+    for _ in range(MAX_CRASH_RERUNS):
+        crash(store, advance, tid)
+    assert crash(store, advance, tid).lost_leases_retried == [tid]
+    assert (store.get(tid).status, store.get(tid).attempt) == (State.RETRYING, 1)
+    assert crash(store, advance, tid).lost_leases_failed == [tid]
     assert store.get(tid).error == LOST_LEASE_ERROR
 
 
 def test_lost_lease_failure_cancels_dependents(store, advance):
     tid = submit_one(store, "a")
     dep = submit_one(store, "b", depends_on=(tid,))
-    rec = claim_one(store, lease_seconds=30)
-    expire_lease(store, rec, advance)
-    store.sweep()
+    for _ in range(MAX_CRASH_RERUNS + 1):
+        crash(store, advance, tid)
     assert status_of(store, tid) is State.FAILED
     assert status_of(store, dep) is State.CANCELED
     assert store.get(dep).error == f"upstream {tid} ended FAILED"
@@ -103,7 +112,7 @@ def test_unstarted_chunk_members_go_back_pending_reported_as_lost_leases(store, 
     assert report.lost_leases_retried == [g1, g2, g3]
     assert report.lost_leases_failed == []
     r1, r2, r3 = (store.get(i) for i in (g1, g2, g3))
-    assert (r1.status, r1.attempt, r1.error) == (State.RETRYING, 1, LOST_LEASE_ERROR)
+    assert (r1.status, r1.attempt, r1.error) == (State.RETRYING, 0, LOST_LEASE_ERROR)
     for r in (r2, r3):
         assert (r.status, r.attempt, r.error) == (State.PENDING, 0, None)
         assert r.lease_token is None and r.started_at is None
@@ -117,16 +126,18 @@ def test_unstarted_member_without_retries_is_not_failed(store, advance):
     (c,) = claim(store, 1, chunk_size=2, lease_seconds=30)
     expire_lease(store, c.tasks[0], advance)
     report = store.sweep()
-    assert report.lost_leases_failed == [g1]
-    assert report.lost_leases_retried == [g2]
-    assert status_of(store, g1) is State.FAILED
-    assert (store.get(g2).status, store.get(g2).attempt) == (State.PENDING, 0)
-    assert claimed_ids(claim(store, 5)) == [g2]
+    assert report.lost_leases_failed == []
+    assert report.lost_leases_retried == [g1, g2]
+    assert (store.get(g1).status, store.get(g1).attempt, store.get(g1).crashes) == (State.RETRYING, 0, 1)
+    assert (store.get(g2).status, store.get(g2).attempt, store.get(g2).crashes) == (State.PENDING, 0, 0)
+    assert claimed_ids(claim(store, 5, chunk_size=2)) == [g1, g2]
 
 
-def test_running_past_twice_its_timeout_fails_once_its_lease_is_lost(store, advance):
+def test_a_lost_lease_is_retried_however_long_ago_its_task_started(store, advance):
+    # The worker's watchdog judged the timeout while it lived; a lost lease
+    # says the worker died, and how late the sweep came is not the task's fault.
     slow = submit_one(store, "slow", timeout=10, max_retries=3)
-    fine = submit_one(store, "fine", timeout=3600, max_retries=3)
+    fine = submit_one(store, "fine", timeout=3600, max_retries=0)
     got = claim(store, 2, lease_seconds=600)
     assert len(got) == 2
     advance(300)
@@ -135,13 +146,10 @@ def test_running_past_twice_its_timeout_fails_once_its_lease_is_lost(store, adva
     assert store.sweep().total == 0
     advance(301)
     report = store.sweep()
-    assert report.overdue_failed == [slow]
-    assert report.lost_leases_retried == [fine]
-    got_slow = store.get(slow)
-    assert got_slow.status == State.FAILED
-    assert got_slow.error == OVERDUE_ERROR
-    assert got_slow.finished_at is not None
-    assert status_of(store, fine) is State.RETRYING
+    assert report.lost_leases_retried == [slow, fine]
+    assert report.overdue_failed == [] and report.lost_leases_failed == []
+    for tid in (slow, fine):
+        assert (store.get(tid).status, store.get(tid).attempt) == (State.RETRYING, 0)
     tokens = [c.token for c in got]
     assert store.heartbeat(tokens, 60).lost_tokens == set(tokens)  # both workers learn they lost
 

@@ -86,6 +86,7 @@ class TaskRecord:
     checkpoint: str | None = None  # JSON object {stage: data}, last stage last
     cancel_requested: bool = False
     snoozes: int = 0  # times the task asked to run later (Retry), attempts given back
+    crashes: int = 0  # runs lost with their worker (lease expired after the start)
     ref: str | None = None  # local name in the graph it was submitted with
     on_upstream_failure: str = "cancel"
     #: the traceback of the failed attempt its error is from (bounded; see corral.core.texts)

@@ -7,14 +7,20 @@ turns what they found into decisions without touching a database, and
 it was read is left alone). The rules therefore live here once, and a store
 only knows how to read candidates and write a decision.
 
-The rules, in order of precedence for a RUNNING task:
+The rules, in order of precedence for a RUNNING task whose lease expired
+(a live lease is its worker's, whose watchdog judges its timeout):
 
-- its lease expired: a chunk member that never started goes back to PENDING
-  with its attempt intact; a task with retries left goes to RETRYING (runnable
-  now); any other fails with :data:`LOST_LEASE_ERROR`;
-- it runs past twice its timeout: it fails with :data:`OVERDUE_ERROR`;
-- it ran more attempts than ``max_retries + 1``: it fails with
-  :data:`EXHAUSTED_ERROR`.
+- a chunk member that never started goes back to PENDING with its attempt
+  intact;
+- a task that ran more attempts than ``max_retries + 1`` fails with
+  :data:`EXHAUSTED_ERROR`;
+- otherwise its worker died (or hung whole) under it, which is not the task's
+  failure: while it has crashed fewer than :data:`MAX_CRASH_RERUNS` times it
+  goes to RETRYING (runnable now) with its attempt given back, so a crash
+  never eats the task's own retries, and its ``crashes`` count goes up;
+- past that budget (a task that keeps killing its worker) each crash counts
+  as a failed attempt: RETRYING while retries are left, else FAILED with
+  :data:`LOST_LEASE_ERROR`.
 
 And a PENDING task that a worker could have taken for longer than
 ``stale_pending_age`` (default 24 h) and none did is canceled, its error
@@ -41,7 +47,14 @@ from corral.stores.base import Rescue, Store, SweepRow
 DEFAULT_STALE_PENDING_AGE = 24 * 3600.0
 #: Rows one sweep may change at most, over all its rules.
 DEFAULT_MAX_ROWS = 1000
+#: Crash re-runs a task gets on top of its retries: a run lost with its
+#: worker (kill -9, out of memory, machine gone) runs again with its attempt
+#: given back this many times; after that each crash counts as a failure.
+#: A guard against a task that kills its worker, not a retry policy.
+MAX_CRASH_RERUNS = 3
 LOST_LEASE_ERROR = "worker crashed or task hung (lease expired)"
+#: No longer recorded by a sweep (a lost lease is retried, however long ago
+#: the task started); kept for rows and code that name it.
 OVERDUE_ERROR = "worker crashed or task hung (running past twice its timeout)"
 #: How every stale-pending cancellation's error starts.
 STALE_PENDING_PREFIX = "canceled by the sweeper: pending for more than"
@@ -68,20 +81,23 @@ def decide_stuck(row: SweepRow, now: float) -> tuple[str, Rescue] | None:
     task is that worker's to end, even past twice its timeout: a timed-out
     thread cannot be killed, so its worker holds its lane until the thread
     has really ended, and a sweeper that failed it meanwhile would let the
-    task's retry or the next task of its group run beside it. Once the
-    lease is lost, a task that ran past twice its timeout or past its
-    retries is failed rather than retried."""
+    task's retry or the next task of its group run beside it. A lost lease
+    means the worker died: how long ago the task started says nothing about
+    the task (the delay is the sweep's), so it runs again on its crash
+    budget, then on its retries (see the module's rules)."""
     if row.lease_expires_at is None or row.lease_expires_at >= now:
         return None
     if row.started_at is None:  # a chunk member that never started: no attempt to burn
         return "lost_leases_retried", Rescue(row.id, row.version, State.PENDING, None)
-    if row.timeout is not None and row.started_at + 2 * row.timeout < now:
-        return "overdue_failed", Rescue(row.id, row.version, State.FAILED, OVERDUE_ERROR)
     if row.attempt > row.max_retries + 1:
-        return "exhausted_failed", Rescue(row.id, row.version, State.FAILED, EXHAUSTED_ERROR)
+        return "exhausted_failed", Rescue(row.id, row.version, State.FAILED, EXHAUSTED_ERROR, crashed=True)
+    if row.crashes < MAX_CRASH_RERUNS:
+        return "lost_leases_retried", Rescue(
+            row.id, row.version, State.RETRYING, LOST_LEASE_ERROR, crashed=True, give_back=True
+        )
     if row.attempt <= row.max_retries:
-        return "lost_leases_retried", Rescue(row.id, row.version, State.RETRYING, LOST_LEASE_ERROR)
-    return "lost_leases_failed", Rescue(row.id, row.version, State.FAILED, LOST_LEASE_ERROR)
+        return "lost_leases_retried", Rescue(row.id, row.version, State.RETRYING, LOST_LEASE_ERROR, crashed=True)
+    return "lost_leases_failed", Rescue(row.id, row.version, State.FAILED, LOST_LEASE_ERROR, crashed=True)
 
 
 def decide(
@@ -116,13 +132,28 @@ def sweep_once(
     stale: list[SweepRow] = []
     if stale_pending_age is not None and left > 0:
         stale = store.find_stale_pending(now - stale_pending_age, left)
-    decisions = decide(stuck, stale, now, stale_pending_age or 0.0)
+    report = _apply(store, decide(stuck, stale, now, stale_pending_age or 0.0))
+    store.repair(max_rows)
+    return report
+
+
+def recover_lost_leases(store: Store, *, expired_for: float = 0.0, max_rows: int = DEFAULT_MAX_ROWS) -> SweepReport:
+    """Only the lost-lease rules, for leases that expired at least
+    ``expired_for`` seconds ago: one bounded read of RUNNING rows and guarded
+    writes. What a sweeper that does not lead runs, as a backstop for a
+    leader that stopped sweeping (see :class:`corral.maintenance.Sweeper`)."""
+    cutoff = store.now() - max(0.0, expired_for)
+    stuck = store.find_stuck(cutoff, max_rows)
+    return _apply(store, [d for row in stuck if (d := decide_stuck(row, cutoff)) is not None])
+
+
+def _apply(store: Store, decisions: list[tuple[str, Rescue]]) -> SweepReport:
+    """Write ``decisions``; the report names those that applied, ids ascending."""
     report = SweepReport()
     applied = store.rescue([r for _, r in decisions]) if decisions else []
     for (field, rescue), ok in zip(decisions, applied):
         if ok:
             getattr(report, field).append(rescue.task_id)
-    store.repair(max_rows)
     for f in report.__dataclass_fields__:
         getattr(report, f).sort()
     return report

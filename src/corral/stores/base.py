@@ -126,6 +126,7 @@ class SweepRow:
     started_at: float | None
     timeout: float | None
     lease_expires_at: float | None
+    crashes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +138,16 @@ class Rescue:
     sweep read the task wins (a renewal changes no version). ``to`` RETRYING or PENDING queues it again at once
     (attempt intact); FAILED or CANCELED ends it, with the usual effects on
     its dependents and group. ``error`` None keeps the task's error.
+    ``crashed`` counts one more crash on the task (``TaskRecord.crashes``);
+    ``give_back`` also gives its attempt back (a crash re-run).
     """
 
     task_id: int
     version: int
     to: State
     error: str | None
+    crashed: bool = False
+    give_back: bool = False
 
 
 @dataclass(frozen=True, slots=True)

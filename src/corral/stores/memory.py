@@ -706,7 +706,9 @@ class MemoryStore(Store):
             return True
 
     def _retry(self, t: TaskRecord, now: float) -> None:
-        self._set(t, State.PENDING, attempt=0, snoozes=0, run_at=now, finished_at=None, cancel_requested=False)
+        self._set(
+            t, State.PENDING, attempt=0, snoozes=0, crashes=0, run_at=now, finished_at=None, cancel_requested=False
+        )
         self._requeue(t, now)
 
     def _dead(self, batch: str | None) -> list[TaskRecord]:
@@ -1065,7 +1067,9 @@ class MemoryStore(Store):
     # ---- maintenance ------------------------------------------------------
     @staticmethod
     def _sweep_row(t: TaskRecord) -> SweepRow:
-        return SweepRow(t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at)
+        return SweepRow(
+            t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at, t.crashes
+        )
 
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
         with self._lock:
@@ -1113,6 +1117,10 @@ class MemoryStore(Store):
                 else:
                     self._stamp.pop(t.id, None)
                 error = t.error if r.error is None else r.error
+                if r.crashed:
+                    t.crashes += 1
+                if r.give_back:
+                    t.attempt = max(0, t.attempt - 1)
                 if r.to in QUEUED:
                     self._set(t, r.to, run_at=now, error=error, worker_id=None)
                     if t.group is not None:

@@ -200,7 +200,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
 #: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
 #: 24: offers of waiting workers; 25: no statistics on status (claim plans);
-#: 28: a failed attempt's traceback; 33: a limit's log of recent starts (a sliding window's).
+#: 27: a task's crash count; 28: a failed attempt's traceback; 33: a limit's log of recent starts (a sliding window's).
 SCHEMA_VERSION = 33
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
@@ -1581,6 +1581,8 @@ class PostgresStore(SqlStore):
             "version": [r.version for r in rescues],
             "to": [r.to.value for r in rescues],
             "error": [r.error for r in rescues],
+            "crashed": [int(r.crashed) for r in rescues],
+            "give_back": [int(r.give_back) for r in rescues],
         }
 
         def go(conn):

@@ -79,6 +79,7 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         checkpoint=row["checkpoint"],
         cancel_requested=bool(row["cancel_requested"]),
         snoozes=row["snoozes"] or 0,
+        crashes=_optional(row, "crashes") or 0,
         ref=_optional(row, "ref"),
         on_upstream_failure=_optional(row, "on_upstream_failure") or "cancel",
         traceback=_optional(row, "traceback"),

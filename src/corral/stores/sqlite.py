@@ -161,6 +161,7 @@ from corral.stores.sqlbase import (
 #: 19: ready_at, a group head's place in the round robin, and an index of
 #: ready heads in that order (a claim no longer reads every queued head);
 #: 20: graph columns (ref, on_upstream_failure);
+#: 24: a task's crash count (tasks.crashes);
 #: 25: a failed attempt's traceback (tasks.traceback);
 #: 30: a limit's log of recent starts (named_limits.starts, a sliding window's).
 #: The schema script is idempotent: an older file reruns it whole, and
@@ -1870,6 +1871,8 @@ class SQLiteStore(SqlStore):
                         "version": r.version,
                         "to": r.to.value,
                         "error": r.error,
+                        "crashed": int(r.crashed),
+                        "give_back": int(r.give_back),
                         "now": now,
                         "expected": (State.PENDING if r.to is State.CANCELED else State.RUNNING).value,
                     },

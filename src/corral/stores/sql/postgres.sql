@@ -541,6 +541,11 @@ CREATE UNLOGGED TABLE IF NOT EXISTS corral_offers (
 -- statistics are cleared by a superuser; a new database has none.)
 ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0;
 
+-- name: migration_0027
+-- Runs a task lost with its worker (a lease that expired after its start):
+-- a crash re-run gives the attempt back, so crashes are counted apart.
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS crashes integer NOT NULL DEFAULT 0;
+
 -- name: migration_0028
 -- A failed attempt keeps its traceback (bounded by the worker, see
 -- corral/core/texts.py), beside its error.
@@ -1293,7 +1298,7 @@ WHERE id = %(id)s AND (status || '') = 'RUNNING';
 
 -- name: retry
 UPDATE corral_tasks
-SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0, crashes = 0,
     finished_at = NULL, started_at = NULL, error = NULL, traceback = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1
@@ -1408,7 +1413,7 @@ GROUP BY n;
 
 -- name: find_stuck
 -- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
-SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at, crashes
 FROM corral_tasks
 WHERE status = 'RUNNING' AND lease_expires_at < %(now)s::float8
 ORDER BY id
@@ -1436,14 +1441,17 @@ LIMIT %(limit)s;
 -- name: rescue
 -- Sweep decisions, each guarded by status and version, and by the lease
 -- still being over (a renewal since the read wins): queued again now
--- (RETRYING, PENDING) or ended now (FAILED, CANCELED); attempt intact.
+-- (RETRYING, PENDING) or ended now (FAILED, CANCELED); a crash counted, and
+-- for a crash re-run its attempt given back.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 d AS (
-    SELECT * FROM unnest(%(id)s::bigint[], %(version)s::int[], %(to)s::text[], %(error)s::text[])
-        AS d(id, version, status, error)
+    SELECT * FROM unnest(%(id)s::bigint[], %(version)s::int[], %(to)s::text[], %(error)s::text[],
+                         %(crashed)s::int[], %(give_back)s::int[])
+        AS d(id, version, status, error, crashed, give_back)
 )
 UPDATE corral_tasks t
 SET status = d.status, error = coalesce(d.error, t.error),
+    crashes = t.crashes + d.crashed, attempt = greatest(0, t.attempt - d.give_back),
     run_at = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN clk.now ELSE t.run_at END,
     finished_at = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN t.finished_at ELSE clk.now END,
     worker_id = CASE WHEN d.status IN ('PENDING', 'RETRYING') THEN NULL ELSE t.worker_id END,
@@ -1506,7 +1514,7 @@ SELECT 1 FROM corral_groups WHERE group_key = ANY(%(groups)s::text[]) ORDER BY g
 
 -- name: retry_many
 UPDATE corral_tasks
-SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0,
+SET status = 'PENDING', run_at = extract(epoch FROM now())::float8, attempt = 0, snoozes = 0, crashes = 0,
     finished_at = NULL, started_at = NULL, error = NULL, traceback = NULL, result = NULL,
     lease_token = NULL, lease_expires_at = NULL, cancel_requested = false,
     progress = NULL, progress_message = NULL, version = version + 1

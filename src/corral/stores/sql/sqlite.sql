@@ -306,6 +306,7 @@ ALTER TABLE events ADD COLUMN status TEXT;
 ALTER TABLE events ADD COLUMN prior TEXT;
 ALTER TABLE events ADD COLUMN attempt INTEGER;
 ALTER TABLE tasks ADD COLUMN traceback TEXT;
+ALTER TABLE tasks ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -423,7 +424,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
 FROM tasks
 
 -- name: get
@@ -431,7 +432,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
 FROM tasks WHERE id = ?
 
 -- The tasks one task depends on, in its depends_on order (ctx.upstream).
@@ -440,7 +441,7 @@ SELECT t.id, t.name, t.args, t.status, t.queue, t.priority, t.attempt, t.max_ret
        t.group_key, t.batch, t.idem_key, t.trace_id, t.limits, t.halt_group_on_failure,
        t.created_at, t.run_at, t.started_at, t.finished_at, t.result, t.error, t.version,
        t.lease_token, t.lease_expires_at, t.worker_id, t.progress, t.progress_message,
-       t.checkpoint, t.cancel_requested, t.snoozes, t.ref, t.on_upstream_failure
+       t.checkpoint, t.cancel_requested, t.snoozes, t.ref, t.on_upstream_failure, t.crashes
 FROM task_deps AS d JOIN tasks AS t ON t.id = d.depends_on
 WHERE d.task_id = ?
 ORDER BY d.pos
@@ -881,7 +882,7 @@ UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
 
 -- name: retry
 UPDATE tasks
-SET status = 'PENDING', attempt = 0, snoozes = 0, run_at = ?, finished_at = NULL,
+SET status = 'PENDING', attempt = 0, snoozes = 0, crashes = 0, run_at = ?, finished_at = NULL,
     cancel_requested = 0, lease_token = NULL, lease_expires_at = NULL,
     version = version + 1
 WHERE id = ?  -- FAILED, TIMEOUT, CANCELED, or a status that names no state
@@ -941,7 +942,7 @@ ORDER BY 1
 
 -- name: find_stuck
 -- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).
-SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at
+SELECT id, version, attempt, max_retries, started_at, timeout, lease_expires_at, crashes
 FROM tasks INDEXED BY tasks_running_expiry
 WHERE status = 'RUNNING' AND lease_expires_at < :now
 ORDER BY id
@@ -969,9 +970,11 @@ LIMIT :limit
 -- name: rescue
 -- One sweep decision, guarded by status and version, and by the lease still
 -- being over (a renewal since the read wins): queued again now (RETRYING,
--- PENDING) or ended now (FAILED, CANCELED); attempt intact.
+-- PENDING) or ended now (FAILED, CANCELED); a crash counted, and for a crash
+-- re-run its attempt given back.
 UPDATE tasks
 SET status = :to, error = coalesce(:error, error),
+    crashes = crashes + :crashed, attempt = max(0, attempt - :give_back),
     run_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN :now ELSE run_at END,
     finished_at = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN finished_at ELSE :now END,
     worker_id = CASE WHEN :to IN ('PENDING', 'RETRYING') THEN NULL ELSE worker_id END,
