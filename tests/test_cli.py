@@ -392,7 +392,7 @@ def test_sweeper_only_the_leader_sweeps(sqlite_url):
     assert a.tick() is not None and a.is_leader
     assert b.tick() is None and not b.is_leader, "one sweeper at a time across the fleet"
     assert a.tick() is not None, "the leader renews its lead"
-    assert Sweeper(store, interval=0.05).lead_ttl == pytest.approx(0.15), "a dead leader is replaced within 3 ticks"
+    assert Sweeper(store, interval=0.05).lead_ttl == pytest.approx(0.1), "a dead leader is replaced within 3 ticks"
     with pytest.raises(ValueError):
         Sweeper(store, interval=0)
     store.close()

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from corral.core import dag
 from corral.core import validation as check
@@ -20,7 +20,6 @@ from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.levels import CALM_PERIOD, Level
 from corral.core.model import (
-    DEFAULT_LEASE_SECONDS,
     BreakerEvent,
     LimitSpec,
     NewTask,
@@ -1003,14 +1002,21 @@ class App:
         retries on a path apart: while fresh work waits, retries hold at most
         that share of the slots (at least one), so failing tasks cannot delay
         fresh work; when none waits they take every slot.
-        ``extra_hooks`` watch this worker only, beside the app's own."""
+        ``extra_hooks`` watch this worker only, beside the app's own.
+        With ``sweep_interval`` its sweeper also keeps the fleet's level and
+        trims the event log while it leads (see :meth:`start`)."""
         from corral.core.slots import check_slots
         from corral.engine.worker import Worker
         from corral.flow.batches import BatchHooks
         from corral.flow.levels import LevelHooks
+        from corral.maintenance.levels import LevelKeeper
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
         options.setdefault("retention", self.retention)
+        if options.get("sweep_interval"):
+            options.setdefault(
+                "levels", LevelKeeper(self.store, queue_bound=self.max_queued, calm_period=self.level_calm_period)
+            )
         options.setdefault("schedules", tuple(self.schedules.values()))
         if isinstance(options.get("queues"), Mapping):
             concurrency = sum(check_slots(options["queues"]).values())
@@ -1023,12 +1029,26 @@ class App:
         hooks = HookChain(self.hooks, *extra_hooks, levels, BatchHooks(self.store))
         return Worker(self.store, self.registry, hooks=hooks, clock=self.clock, concurrency=concurrency, **options)
 
+    def _default_sweep_interval(self) -> float | None:
+        """Sweep by default, unless the app runs on a clock of its own."""
+        from corral.maintenance.sweeper import DEFAULT_SWEEP_INTERVAL
+
+        return DEFAULT_SWEEP_INTERVAL if self.clock is SYSTEM_CLOCK else None
+
     def start(self, workers: int = 10, **options: Any) -> App:
         """Start an in-process worker with ``workers`` slots; returns at once.
+
+        It runs the same maintenance as ``corral worker``: a sweeper every
+        ``sweep_interval`` seconds (10 by default; None for none), which
+        recovers the tasks of dead workers, and while it leads the fleet
+        also keeps the fleet's level and trims the event log. An app on a
+        clock of its own (a test's fake clock) runs none unless given
+        ``sweep_interval``: its time moves only when the test moves it.
 
         If too many of its timed-out threads are still running
         (``max_abandoned_threads``), the worker logs an error and stops
         claiming: only ending the process ends a thread."""
+        options.setdefault("sweep_interval", self._default_sweep_interval())
         with self._lock:
             if self._worker is None:
                 self._worker = self.worker(workers, **options).start()
@@ -1040,7 +1060,7 @@ class App:
         *,
         until_idle: bool = False,
         grace: float = 30.0,
-        sweep_interval: float | None = None,
+        sweep_interval: float | Literal["default"] | None = "default",
         extra_hooks: Sequence[Hooks] = (),
         **options: Any,
     ) -> bool:
@@ -1052,28 +1072,15 @@ class App:
         signal during the grace period exits at once with code 3. If too many
         timed-out threads are still running (``max_abandoned_threads``), it
         stops the same way and exits with code 4 for its supervisor to restart
-        it. With ``sweep_interval`` a sweeper runs beside it (one leader at a
-        time across the fleet). ``extra_hooks`` watch this worker (metrics).
-        Returns True if nothing had to be handed back."""
+        it. A sweeper runs beside it as with :meth:`start` (``sweep_interval``,
+        5 s by default; None for none). ``extra_hooks`` watch this worker
+        (metrics). Returns True if nothing had to be handed back."""
         from corral.engine.runner import run_until_signal
-        from corral.maintenance.levels import LevelKeeper
-        from corral.maintenance.retention import Retention
-        from corral.maintenance.sweeper import Sweeper
 
         holder = options.pop("worker_id", None) or new_holder_id()
-        sweeper = None
-        if sweep_interval is not None:
-            levels = LevelKeeper(self.store, queue_bound=self.max_queued, calm_period=self.level_calm_period)
-            retention = Retention(self.store, self.retention) if self.retention else None
-            lease = options.get("lease_seconds", DEFAULT_LEASE_SECONDS)  # the leases this worker takes
-            sweeper = Sweeper(
-                self.store,
-                interval=sweep_interval,
-                holder=holder,
-                levels=levels,
-                retention=retention,
-                outage_grace=lease,
-            )
+        if sweep_interval == "default":
+            sweep_interval = self._default_sweep_interval()
+        options["sweep_interval"] = sweep_interval
         worker = self.worker(workers, extra_hooks=extra_hooks, worker_id=holder, **options)
         with self._lock:
             if self._worker is not None:
@@ -1081,7 +1088,7 @@ class App:
             self._worker = worker
         try:
             return run_until_signal(
-                worker, grace=grace, sweeper=sweeper, until=(lambda: worker.drain(timeout=0.2)) if until_idle else None
+                worker, grace=grace, until=(lambda: worker.drain(timeout=0.2)) if until_idle else None
             )
         finally:
             self._worker = None

@@ -302,3 +302,40 @@ def test_try_lead_shared_between_instances(store, second_store):
     assert store.try_lead("sweeper", "a", ttl=30) is True
     assert second_store.try_lead("sweeper", "b", ttl=30) is False
     assert second_store.try_lead("sweeper", "a", ttl=30) is True
+
+
+# ---- who sweeps --------------------------------------------------------------
+
+
+def test_a_dead_leaders_lead_ends_before_the_lease_it_held_so_another_sweeper_recovers_its_tasks(store, advance):
+    # Default settings: the leading worker dies just after its sweep; its
+    # task's 30 s lease runs out. The next sweeper must not wait out a longer lead.
+    from corral.maintenance.sweeper import Sweeper
+
+    tid = submit_one(store, max_retries=0)
+    rec = claim_one(store, lease_seconds=30)
+    leader, other = Sweeper(store, holder="leader"), Sweeper(store, holder="other")
+    assert leader.tick() is not None  # it leads, then is killed
+    expire_lease(store, rec, advance)
+    assert other.tick() is not None and other.is_leader
+    assert (store.get(tid).status, store.get(tid).attempt) == (State.RETRYING, 0)
+
+
+def test_a_sweeper_that_does_not_lead_recovers_leases_the_leader_left_expired(store, advance):
+    # A leader that keeps its lead but sweeps seldom (`corral sweep --loop
+    # --interval 5m`) must not hold a dead worker's groups for its interval.
+    from corral.maintenance.sweeper import Sweeper
+
+    slow = Sweeper(store, interval=300, holder="slow")
+    other = Sweeper(store, interval=10, holder="other")
+    tid = submit_one(store, max_retries=0)
+    rec = claim_one(store, lease_seconds=30)
+    assert slow.tick() is not None
+    expire_lease(store, rec, advance)
+    assert other.tick() is None  # not the leader, and the lease expired just now: the leader's to sweep
+    assert status_of(store, tid) is State.RUNNING
+    advance(other.backstop)
+    assert other.tick() is None and not other.is_leader
+    assert (store.get(tid).status, store.get(tid).attempt, store.get(tid).crashes) == (State.RETRYING, 0, 1)
+    assert other.backstop_recovered == 1
+    assert slow.tick().total == 0  # nothing left for the leader, and no row changed twice

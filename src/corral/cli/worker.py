@@ -101,7 +101,7 @@ def log_format_option(f):
     help="Run the sweeper beside the worker: one leader across every worker of the store"
     " recovers tasks of dead workers, so their groups move on. --no-sweep leaves that to `corral sweep --loop`.",
 )
-@click.option("--sweep-interval", default="30s", show_default=True, help="How often the sweeper runs (e.g. 30s, 5m).")
+@click.option("--sweep-interval", default="10s", show_default=True, help="How often the sweeper runs (e.g. 10s, 1m).")
 @click.option(
     "--periodic/--no-periodic",
     default=True,
@@ -233,7 +233,7 @@ def worker(
 @click.option(
     "--loop", is_flag=True, help="Keep sweeping every --interval until SIGTERM (one leader across the fleet)."
 )
-@click.option("--interval", default="30s", show_default=True, help="Time between passes with --loop.")
+@click.option("--interval", default="10s", show_default=True, help="Time between passes with --loop.")
 @click.option(
     "--stale-pending-age",
     default="24h",
@@ -268,8 +268,9 @@ def sweep(
 ):
     """Recover what crashed workers left: one pass, or --loop.
 
-    A RUNNING task whose lease expired is retried (failed when it has no
-    retry left, or when it ran past twice its timeout); a PENDING
+    A RUNNING task whose lease expired lost its worker: it runs again with
+    its attempt given back, up to 3 crashes, then on its retries (failed
+    when none is left); a PENDING
     task a worker could have taken for longer than --stale-pending-age is
     canceled, its error saying so (`corral tasks --stale` lists them,
     `corral retry --stale` queues them again). A task waiting behind its

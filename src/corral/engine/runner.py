@@ -132,7 +132,7 @@ def run_until_signal(
             ",".join(worker.queues),
             "auto" if worker.chunk_size is None else worker.chunk_size,
             grace,
-            "on" if sweeper is not None else "off",
+            f"every {worker.sweep_interval:g}s" if worker.sweep_interval else "off" if sweeper is None else "on",
             ",".join(sorted(worker.registry)),
             ",".join(s.name for s in worker.schedules) or "none",
         )

@@ -20,7 +20,9 @@ Threads, each with one job:
 - the *completer* writes outcomes in batches, off the slot threads (a slot
   never waits for a write between the tasks of its unit); a unit of a group
   or under a limit frees its slot only once its outcomes are written;
-- an optional *sweeper* loop, one leader at a time across the fleet.
+- an optional *sweeper* loop (``sweep_interval``; on by default in
+  ``App.start``, ``App.run`` and ``corral worker``): one leader at a time
+  across the fleet sweeps, the others back it up on lost leases.
 
 The worker knows a store, a registry of task definitions and one
 :class:`~corral.engine.hooks.Hooks` object; it never imports the public API.
@@ -263,6 +265,7 @@ class Worker:
         heartbeat_interval: float | None = None,
         poll_interval: float = 0.5,
         sweep_interval: float | None = None,
+        levels: Any = None,
         worker_id: str | None = None,
         completer_window: float | None = None,
         cancel_poll_interval: float = 1.0,
@@ -329,6 +332,8 @@ class Worker:
         self.sweep_interval = sweep_interval
         #: the finished tasks' retention its sweeper applies when it leads (None or empty: none)
         self.retention = dict(retention) if retention else None
+        #: the sweeper leader's level keeper (fleet level, event trim), if any
+        self.levels = levels
         #: periodic schedules this worker enqueues ticks of (each tick once across the fleet)
         self.schedules = tuple(schedules)
         if periodic_interval <= 0:
@@ -410,6 +415,7 @@ class Worker:
                 holder=self.id,
                 retention=retention,
                 outage_grace=self.lease_seconds,
+                levels=self.levels,
             ).start()
         if self.schedules:
             from corral.maintenance.periodic import Scheduler

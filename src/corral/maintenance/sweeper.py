@@ -1,18 +1,31 @@
 """The sweeper loop: recover what crashed workers left behind.
 
 One skeleton, like every maintenance loop: options, a timer, a leader check,
-and one bounded store call per tick. Each tick the sweeper asks the store to
-lead (``store.try_lead("sweeper", holder, ttl)``); only the holder sweeps, so
-a fleet where every worker runs one (``corral worker`` does unless given
-``--no-sweep``) still sweeps once per interval.
-The sweep itself (:func:`corral.maintenance.recovery.sweep_once`) applies the
-recovery rules with guarded writes, so even two sweepers racing change each
-row at most once.
+and bounded store calls per tick. Each tick the sweeper asks the store to
+lead (``store.try_lead("sweeper", holder, ttl)``). The holder recovers lost
+leases every tick and, at most every ``chores_every`` seconds (30 by
+default), does the chores that must run once across the fleet and are not
+urgent: stale pending tasks, dependents a crash left unsettled, batch
+callbacks, (with ``levels``) the fleet's level and the event log's trim, and
+(with ``retention``) the deletion of old finished tasks.
 
-Run it inside the workers (the default of ``corral worker``), so a dead
-worker's group moves on without anyone remembering to start a sweeper, and
-if you like also as its own process (``corral sweep --loop``), which is not
-killed with the workers it cleans up after.
+Every other sweeper is a backstop for the one rule that blocks groups: it
+recovers leases that expired ``backstop`` seconds ago (two intervals by
+default) and are still RUNNING, which a live leader would have swept by
+then. So a dead worker's groups move on within about a lease and an interval
+whoever died (the leader too, or a leader sweeping at a slower pace), while a
+live leader's reports still see every lost lease (the level's signal).
+Leadership lasts two intervals, so a dead leader's chores pass to another
+worker within about three. After an outage seen in this process, no sweeper
+takes leases that ran out until the store has been reachable for a lease's
+length (see :meth:`Sweeper.leases_due`).
+
+Run it inside the workers (the default of ``corral worker``, ``App.run`` and
+``App.start``), so a dead worker's group moves on without anyone remembering
+to start a sweeper, and if you like also as its own process
+(``corral sweep --loop``), which is not killed with the workers it cleans up
+after. Every change is a guarded write, so even two sweepers racing change
+each row at most once.
 """
 
 from __future__ import annotations
@@ -25,7 +38,12 @@ from typing import TYPE_CHECKING
 from corral.core.model import DEFAULT_LEASE_SECONDS, SweepReport, new_holder_id
 from corral.errors import ConfigError, StoreUnavailable
 from corral.maintenance.loop import Loop
-from corral.maintenance.recovery import DEFAULT_MAX_ROWS, DEFAULT_STALE_PENDING_AGE, sweep_once
+from corral.maintenance.recovery import (
+    DEFAULT_MAX_ROWS,
+    DEFAULT_STALE_PENDING_AGE,
+    recover_lost_leases,
+    sweep_once,
+)
 from corral.stores.base import Store
 
 if TYPE_CHECKING:
@@ -35,6 +53,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("corral.sweeper")
 
 ROLE = "sweeper"
+#: Seconds between sweeps unless told. With the default 30 s lease, a killed
+#: worker's tasks run again within the lease and about one interval.
+DEFAULT_SWEEP_INTERVAL = 5.0
+#: The leader's chores other than lost leases run at least this far apart.
+CHORES_EVERY = 30.0
 
 
 class Sweeper(Loop):
@@ -44,7 +67,7 @@ class Sweeper(Loop):
         self,
         store: Store,
         *,
-        interval: float = 30.0,
+        interval: float = DEFAULT_SWEEP_INTERVAL,
         stale_pending_age: float | None = DEFAULT_STALE_PENDING_AGE,
         max_rows: int = DEFAULT_MAX_ROWS,
         holder: str | None = None,
@@ -52,6 +75,8 @@ class Sweeper(Loop):
         levels: LevelKeeper | None = None,
         retention: Retention | None = None,
         outage_grace: float = DEFAULT_LEASE_SECONDS,
+        backstop: float | None = None,
+        chores_every: float | None = None,
     ):
         if interval <= 0:
             raise ConfigError("the sweep interval must be > 0 seconds")
@@ -67,9 +92,21 @@ class Sweeper(Loop):
         self.levels = levels
         #: and the deletion of old finished tasks (None: none)
         self.retention = retention
-        #: Leadership lasts three intervals, so one slow tick does not lose it
-        #: but a dead leader is replaced within a few intervals.
-        self.lead_ttl = self.interval * 3
+        #: Leadership lasts two intervals, so one slow tick does not lose it
+        #: and a dead leader is replaced within about three.
+        self.lead_ttl = self.interval * 2
+        #: A sweeper that does not lead recovers leases expired this long ago
+        #: (default two intervals): what a live leader would have swept by then.
+        self.backstop = self.interval * 2 if backstop is None else max(0.0, float(backstop))
+        #: tasks the backstop recovered (while another sweeper led)
+        self.backstop_recovered = 0
+        #: The leader's other chores (stale pending, unsettled dependents,
+        #: batch callbacks, the level, the event trim, retention) run at most
+        #: this often (default: every interval, and at least 30 s apart): they
+        #: are what a sweep costs the database, and nothing in them is urgent.
+        self.chores_every = max(self.interval, CHORES_EVERY) if chores_every is None else float(chores_every)
+        self._chores_at: float | None = None
+        self._unreported = SweepReport()
         self.is_leader = False
         self.ticks = 0
         #: After the store was unreachable (a tick of this sweeper failed, or
@@ -113,33 +150,54 @@ class Sweeper(Loop):
     def tick(self) -> SweepReport | None:
         """One pass: take or renew the lead, then one bounded sweep.
 
-        Returns the report, or None when another process leads."""
+        Returns the report, or None when another process leads (this one
+        then only recovers leases the leader left expired, see ``backstop``)."""
         self.ticks += 1
         leading = self.store.try_lead(ROLE, self.holder, self.lead_ttl)
         if leading != self.is_leader:
             log.info("sweeper %s %s the lead", self.holder, "took" if leading else "lost")
             self.is_leader = leading
+        due = self.leases_due()
         if not leading:
+            if due:
+                late = recover_lost_leases(self.store, expired_for=self.backstop, max_rows=self.max_rows)
+                if late.total:
+                    self.backstop_recovered += late.total
+                    log.warning(
+                        "sweeper %s recovered %d task(s) whose lease expired over %gs ago, unswept by the leader: %s",
+                        self.holder,
+                        late.total,
+                        self.backstop,
+                        describe(late),
+                    )
             return None
-        report = sweep_once(
-            self.store,
-            stale_pending_age=self.stale_pending_age,
-            max_rows=self.max_rows,
-            rescue_leases=self.leases_due(),
-        )
+        now = time.monotonic()
+        chores = self._chores_at is None or now - self._chores_at >= self.chores_every
+        if chores:
+            self._chores_at = now
+            report = sweep_once(
+                self.store, stale_pending_age=self.stale_pending_age, max_rows=self.max_rows, rescue_leases=due
+            )
+        else:  # between the chores, only the rule that blocks groups
+            report = recover_lost_leases(self.store, max_rows=self.max_rows) if due else SweepReport()
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
-        try:  # a batch whose last task ended outside a worker (cancel, sweep) gets its callback here
-            settled = self.store.settle_batches(None, limit=self.max_rows)
-        except NotImplementedError:
-            settled = []
-        if settled:
-            log.info("sweeper submitted %d batch callback(s)", len(settled))
+        for f in report.__dataclass_fields__:  # the level's signal counts every tick's losses
+            getattr(self._unreported, f).extend(getattr(report, f))
+        if chores:
+            try:  # a batch whose last task ended outside a worker (cancel, sweep) gets its callback here
+                settled = self.store.settle_batches(None, limit=self.max_rows)
+            except NotImplementedError:
+                settled = []
+            if settled:
+                log.info("sweeper submitted %d batch callback(s)", len(settled))
         if self.on_report is not None:
             self.on_report(report)
-        if self.levels is not None:
-            self.levels.tick(report)
-        self.after_sweep()
+        if chores:
+            seen, self._unreported = self._unreported, SweepReport()
+            if self.levels is not None:
+                self.levels.tick(seen)
+            self.after_sweep()
         return report
 
     def after_sweep(self) -> None:
