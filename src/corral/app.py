@@ -1039,7 +1039,7 @@ class App:
         """Start an in-process worker with ``workers`` slots; returns at once.
 
         It runs the same maintenance as ``corral worker``: a sweeper every
-        ``sweep_interval`` seconds (10 by default; None for none), which
+        ``sweep_interval`` seconds (5 by default; None for none), which
         recovers the tasks of dead workers, and while it leads the fleet
         also keeps the fleet's level and trims the event log. An app on a
         clock of its own (a test's fake clock) runs none unless given

@@ -101,7 +101,7 @@ def log_format_option(f):
     help="Run the sweeper beside the worker: one leader across every worker of the store"
     " recovers tasks of dead workers, so their groups move on. --no-sweep leaves that to `corral sweep --loop`.",
 )
-@click.option("--sweep-interval", default="10s", show_default=True, help="How often the sweeper runs (e.g. 10s, 1m).")
+@click.option("--sweep-interval", default="5s", show_default=True, help="How often the sweeper runs (e.g. 5s, 1m).")
 @click.option(
     "--periodic/--no-periodic",
     default=True,
@@ -233,7 +233,7 @@ def worker(
 @click.option(
     "--loop", is_flag=True, help="Keep sweeping every --interval until SIGTERM (one leader across the fleet)."
 )
-@click.option("--interval", default="10s", show_default=True, help="Time between passes with --loop.")
+@click.option("--interval", default="5s", show_default=True, help="Time between passes with --loop.")
 @click.option(
     "--stale-pending-age",
     default="24h",
