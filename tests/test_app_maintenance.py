@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 
 import corral
+from corral.cli import render
 from corral.core.states import State
 from helpers import wait_for
 
@@ -30,7 +31,7 @@ def _age_event(app: corral.App, kind: str, url: str) -> int:
     return event_id
 
 
-def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_log(url):
+def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_log(url, capsys):
     app = corral.App(url)
     ran: list[int] = []
 
@@ -55,6 +56,8 @@ def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_l
         )
         rec = app.store.get(h.id)
         assert ran == [1] and (rec.attempt, rec.crashes) == (1, 1)
+        render.print_task(rec)  # `corral show` says where the other run went
+        assert "1 of 1 (1 lost with a crashed worker)" in capsys.readouterr().out
         wait_for(
             lambda: all(e.id != old for e in app.store.events(kind="note")),
             timeout=60,

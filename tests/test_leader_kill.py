@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import wait_for  # noqa: E402
 
 TESTS = Path(__file__).parent
-GROUPS, PER_GROUP = 24, 40
+GROUPS, PER_GROUP = 24, 60
 #: The test's deadline for the killed worker's groups to run again: generous
 #: against a loaded machine, and still short of what a dead leader's lead
 #: used to cost (at least twice the lease).
@@ -71,16 +72,16 @@ def _leader(url: str) -> str | None:
     return row[0] if row else None
 
 
-def run_leader_kill(url: str, tmp: Path) -> float:
+def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
     """The scenario; returns the seconds from the kill until every group the
-    killed worker held had a run started by another worker."""
+    killed worker held had a run started by another worker. The kill comes
+    ``kill_after`` seconds after the work is under way (the script draws it
+    at random, so the kill falls anywhere between two lease renewals)."""
     submitter = corral.App(url)
     submitter.task(name="step", retries=0, timeout=4)(lambda ctx, group, seq, dur: seq)
     rng = random.Random(5)
     calls = [
-        {"args": [f"g{g}", i, rng.uniform(0.02, 0.08)], "group": f"g{g}"}
-        for i in range(PER_GROUP)
-        for g in range(GROUPS)
+        {"args": [f"g{g}", i, rng.uniform(0.2, 0.4)], "group": f"g{g}"} for i in range(PER_GROUP) for g in range(GROUPS)
     ]
     submitter.submit_many("step", calls)
     history_path = tmp / "runs.jsonl"
@@ -102,6 +103,7 @@ def run_leader_kill(url: str, tmp: Path) -> float:
             interval=0.05,
             message="work under way",
         )
+        time.sleep(kill_after)
         victim = workers[leader]
         killed_at = time.monotonic()
         victim.send_signal(signal.SIGKILL)
@@ -184,7 +186,8 @@ def _fresh_pg(admin_url: str):
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
-    return psycopg.conninfo.make_conninfo(admin_url, dbname=name), drop
+    parts = urlsplit(admin_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment)), drop
 
 
 if __name__ == "__main__":
@@ -198,7 +201,8 @@ if __name__ == "__main__":
             else:
                 url, drop = _fresh_pg(store_url)
             try:
-                print(f"run {i + 1}: {run_leader_kill(url, Path(d)):.1f}s", flush=True)
+                kill_after = random.uniform(0, DEFAULT_LEASE_SECONDS / 3)  # anywhere between two renewals
+                print(f"run {i + 1}: {run_leader_kill(url, Path(d), kill_after):.1f}s", flush=True)
             finally:
                 if drop is not None:
                     drop()

@@ -341,7 +341,11 @@ def print_task(rec: TaskRecord) -> None:
         ("batch", rec.batch or ""),
         ("key", rec.key or ""),
         ("trace_id", rec.trace_id or ""),
-        ("attempt", f"{rec.attempt} of {rec.max_retries + 1}"),
+        (
+            "attempt",
+            f"{rec.attempt} of {rec.max_retries + 1}"
+            + (f" ({rec.crashes} lost with a crashed worker)" if rec.crashes else ""),
+        ),
         ("timeout", secs(rec.timeout) or "none"),
         ("limits", ", ".join(rec.limits)),
         (
