@@ -99,7 +99,8 @@ def log_format_option(f):
     default=True,
     show_default=True,
     help="Run the sweeper beside the worker: one leader across every worker of the store"
-    " recovers tasks of dead workers, so their groups move on. --no-sweep leaves that to `corral sweep --loop`.",
+    " recovers tasks of dead workers, so their groups move on, and the others recover what a dead leader left."
+    " --no-sweep leaves that to `corral sweep --loop`.",
 )
 @click.option("--sweep-interval", default="5s", show_default=True, help="How often the sweeper runs (e.g. 5s, 1m).")
 @click.option(
