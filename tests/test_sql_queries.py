@@ -92,6 +92,7 @@ POSTGRES_ONLY = {
     "migration_0023": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0024": "offers of waiting workers, which submits hand plain tasks to (SQLite workers see each commit)",
     "migration_0025": "no planner statistics on status (SQLite's claims name their index)",
+    "migration_0027": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0028": "numbered migrations (SQLite: `columns_v4`)",
     "status_statistics": "old planner statistics on status that a store warns of (SQLite's claims name their index)",
     "offer": "a waiting worker opens its offer (on its listening connection)",

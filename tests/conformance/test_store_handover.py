@@ -211,6 +211,7 @@ def test_a_relayed_successor_of_a_dead_worker_comes_back_with_its_attempts(store
     advance(31)  # the worker died: the lease they share ran out
     report = store.sweep()
     assert set(report.lost_leases_retried) == {first, second}
-    assert store.get(first).attempt == 1  # it had started
-    assert store.get(second).attempt == 0  # it never started: nothing burned
+    # it had started: a crash re-run, its attempt given back and the crash counted
+    assert (store.get(first).attempt, store.get(first).crashes) == (0, 1)
+    assert (store.get(second).attempt, store.get(second).crashes) == (0, 0)  # it never started: nothing burned
     assert status_of(store, second) in (State.PENDING, State.RETRYING)
