@@ -66,3 +66,29 @@ def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_l
         )
     finally:
         app.close()
+
+
+def test_the_leader_recovers_lost_leases_every_tick_and_does_its_chores_at_their_own_pace():
+    from corral.core.clock import FakeClock
+    from corral.core.model import NewTask
+    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.sweeper import Sweeper
+    from corral.stores.memory import MemoryStore
+
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    keeper = LevelKeeper(store)
+    seen: list = []
+    keeper.tick = seen.append  # what the level would be stepped with
+    sweeper = Sweeper(store, interval=1, chores_every=3600, levels=keeper)
+    assert sweeper.tick() is not None and len(seen) == 1  # the first tick does the chores
+    args = '{"args":[],"kwargs":{}}'
+    (stale,) = store.submit([NewTask(name="t", args=args, run_at=clock.time() - 2 * 86400)])
+    (lost,) = store.submit([NewTask(name="u", args=args)])
+    store.claim("dead", ["default"], 1, names=["u"], lease_seconds=30)
+    clock.advance(31)
+    assert sweeper.tick().lost_leases_retried == [lost.id]  # every tick: groups must not wait
+    assert store.get(stale.id).status is State.PENDING and len(seen) == 1  # the chores wait their turn
+    sweeper.chores_every = 0
+    assert sweeper.tick().stale_pending_canceled == [stale.id]
+    assert seen[1].lost_leases_retried == [lost.id]  # the level's signal saw the loss all the same
