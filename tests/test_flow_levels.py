@@ -230,8 +230,8 @@ def test_level_auto_hands_a_healthy_idle_fleet_back_to_work_in_one_evaluation(ur
     app, ran = _app(url)
     handles = [app.registry["plain"].submit(f"t{i}") for i in range(5)]
     app.set_level(held, reason="ops")
-    leader = Sweeper(app.store, interval=30, levels=LevelKeeper(app.store))
-    app.start(workers=2)
+    leader = Sweeper(app.store, interval=30, levels=LevelKeeper(app.store), chores_every=0)  # evaluates every tick
+    app.start(workers=2, sweep_interval=None)  # this test's sweeper is the leader
     try:
         leader.tick()
         assert app.level() is held  # held by hand: the rules leave it alone

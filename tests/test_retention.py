@@ -114,7 +114,7 @@ def test_the_sweepers_leader_applies_retention_and_a_follower_does_not(url):
         _finished(app)
         _age(app, 1.5 * DAY)
         retention = Retention(app.store, app.retention, batch=2)
-        leader = Sweeper(app.store, holder="leader", retention=retention)
+        leader = Sweeper(app.store, holder="leader", retention=retention, chores_every=0)  # chores every tick
         follower = Sweeper(app.store, holder="follower", retention=Retention(app.store, app.retention))
         assert leader.tick() is not None
         assert follower.tick() is None  # not the leader: it neither sweeps nor prunes
