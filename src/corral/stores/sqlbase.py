@@ -12,7 +12,7 @@ connections and which translates driver errors into
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from corral.core.model import LimitSpec, TaskRecord
@@ -176,22 +176,15 @@ class SqlStore(Store):
         return [LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows], self.now()
 
     def limit_tokens(self) -> dict[str, float]:
-        states, now = self._limit_states()
-        out = {}
-        for lim in states:
-            tokens = lim.tokens_now(now)
-            if tokens is not None:
-                out[lim.spec.name] = tokens
-        return out
+        return self._per_limit(LimitState.tokens_now)
 
     def limit_frees_at(self) -> dict[str, float]:
+        return self._per_limit(LimitState.frees_at)
+
+    def _per_limit(self, read: Callable[[LimitState, float], float | None]) -> dict[str, float]:
+        """``read`` of each limit at the store's time, for the limits it says something of."""
         states, now = self._limit_states()
-        out = {}
-        for lim in states:
-            at = lim.frees_at(now)
-            if at is not None:
-                out[lim.spec.name] = at
-        return out
+        return {lim.spec.name: v for lim in states if (v := read(lim, now)) is not None}
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])
