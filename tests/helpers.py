@@ -125,3 +125,21 @@ class HandOverLog:
         self.relayed += relayed
         self.successors += len(claims) - relayed
         return applied, claims
+
+
+def order_violations_past_a_crash(history, killed: str) -> list:
+    """What ``history.check()`` finds, less the replays a kill -9 may cause.
+
+    One in flight per group over every execution (the killed worker's included),
+    in submit order. Known gap, tolerated: the killed worker may have run a later
+    chunk member before its head's re-run (the head's outcome was still in the
+    completer's batch), so only such lost runs may break the order."""
+    return [
+        v
+        for v in history.check()
+        if not (
+            v.rule == "group-order"
+            and v.second.worker == killed
+            and history.runs_of(v.second.task_id)[-1] is not v.second
+        )
+    ]

@@ -14,7 +14,7 @@ import pytest
 
 import corral
 from corral.testing import History, HistoryLog
-from helpers import wait_for
+from helpers import order_violations_past_a_crash, wait_for
 
 APP = Path(__file__).parent / "apps" / "crash_app.py"
 GROUPS, PER_GROUP = 50, 40
@@ -78,19 +78,7 @@ def run_crash_scenario(url: str, log: Path) -> None:
             assert runs[-1].worker != killed
             in_flight_on_victim += 1
     assert in_flight_on_victim > 0, "the kill hit no task in flight; the test proved nothing"
-    # One in flight per group over every execution (the victim's included), in submit
-    # order. Known gap, tolerated here: the killed worker may have run a later chunk
-    # member before the head's re-run (the head's outcome was still in the completer's
-    # batch), so only such lost runs may break the head's final end.
-    bad = [
-        v
-        for v in history.check()
-        if not (
-            v.rule == "group-order"
-            and v.second.worker == killed
-            and history.runs_of(v.second.task_id)[-1] is not v.second
-        )
-    ]
+    bad = order_violations_past_a_crash(history, killed)
     assert not bad, "\n".join(str(v) for v in bad[:20])
 
 

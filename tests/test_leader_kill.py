@@ -33,7 +33,7 @@ from corral.core.states import State
 from corral.testing import History, HistoryLog
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import wait_for  # noqa: E402
+from helpers import order_violations_past_a_crash, wait_for  # noqa: E402
 
 TESTS = Path(__file__).parent
 GROUPS, PER_GROUP = 24, 60
@@ -147,18 +147,7 @@ def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
     for task_id in {r.task_id for r in history.runs}:
         runs = history.runs_of(task_id)
         assert all(r.worker == leader for r in runs[:-1]), f"task {task_id} ran twice off the killed worker: {runs}"
-    # One in flight per group, in submit order. As in tests/test_crash.py, a
-    # chunk member the killed worker ran before its head's outcome was written
-    # replays after the head's re-run: only such lost runs may break the order.
-    bad = [
-        v
-        for v in history.check()
-        if not (
-            v.rule == "group-order"
-            and v.second.worker == leader
-            and history.runs_of(v.second.task_id)[-1] is not v.second
-        )
-    ]
+    bad = order_violations_past_a_crash(history, leader)
     assert not bad, "\n".join(str(v) for v in bad[:20])
     submitter.close()
     return recovery
