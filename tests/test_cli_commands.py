@@ -109,9 +109,9 @@ def test_plan_prints_the_limit_line_to_paste():
     from corral.cli import cli
 
     out = CliRunner().invoke(cli, ["plan", "--qps", "100", "--latency-ms", "120"]).output
-    # the rate holds the safety margin (70 % of the cap), the burst what is left
-    # under the cap halved, the concurrency twice what is in flight at the cap
-    assert 'app.limit("downstream", concurrency=24, rate="70/s", burst=15)' in out
+    # the rate holds the safety margin (70 % of the cap) in any sliding second,
+    # with no burst; the concurrency twice what is in flight at the cap
+    assert 'app.limit("downstream", concurrency=24, rate="70/s")' in out
 
 
 def test_breaker_open_show_close(tmp_path):
@@ -155,4 +155,4 @@ def test_plan_shows_the_numbers_of_the_limit_it_advises():
                 results[cells[0]] = cells[1].split("->")[1].split()[0].rstrip("/s")
         assert results["concurrency"] == advised["concurrency"], out
         assert results["rate (holds the safety margin)"] == advised["rate"], out
-        assert results["burst"] == advised["burst"], out
+        assert "burst" not in advised and "burst" not in results, out

@@ -179,11 +179,10 @@ def test_limit_advice_keeps_every_sliding_second_under_the_cap():
     from corral.core.planning import limit_advice
 
     a = limit_advice(100, 0.2)
-    assert (a.concurrency, a.rate_per_s, a.burst) == (40, 70, 15)
-    assert a.rate_per_s + 2 * a.burst <= 100  # a full bucket, a second of refill and room for late calls
-    assert a.line("partner_api") == 'app.limit("partner_api", concurrency=40, rate="70/s", burst=15)'
+    assert (a.concurrency, a.rate_per_s) == (40, 70)
+    assert a.line("partner_api") == 'app.limit("partner_api", concurrency=40, rate="70/s")'
     tiny = limit_advice(1, 0.05)
-    assert (tiny.concurrency, tiny.rate_per_s, tiny.burst) == (1, 1, 1)
+    assert (tiny.concurrency, tiny.rate_per_s) == (1, 1)
 
 
 # ---- from history -----------------------------------------------------------------------------
@@ -213,7 +212,7 @@ def test_history_plan_fills_the_formulas_in():
     assert hp.required_with_retries == pytest.approx(2.5) and hp.workers_with_retries == 3
     # the limit: 100 QPS x 2 s x 0.7 = 140
     assert hp.limit.limit == 140 and not hp.qps_measured
-    assert hp.advice.line("sync") == 'app.limit("sync", concurrency=400, rate="70/s", burst=15)'
+    assert hp.advice.line("sync") == 'app.limit("sync", concurrency=400, rate="70/s")'
 
 
 def test_history_plan_without_qps_uses_the_measured_throughput():

@@ -344,9 +344,10 @@ def scenario_rate(args) -> dict[str, Any]:
         (
             "advised",
             args.tasks,
-            {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s", "burst": advice.burst},
+            {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s"},
             float(advice.rate_per_s),
-            advice.burst,
+            # default burst: the sliding window's pacing bucket is spent at once
+            int(parse_rate(f"{advice.rate_per_s}/s").bucket_size),
         )
     ]
     if args.hand_tasks:
@@ -376,7 +377,7 @@ def scenario_rate(args) -> dict[str, Any]:
 
 def scenario_breaker(args) -> dict[str, Any]:
     advice = limit_advice(args.cap, args.latency_ms / 1000.0)
-    limit = {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s", "burst": advice.burst}
+    limit = {"concurrency": advice.concurrency, "rate": f"{advice.rate_per_s}/s"}
     out: dict[str, Any] = {}
     for label, breaker in (("without", None), ("with", BREAKER)):
         run = partner_run(

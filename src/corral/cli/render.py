@@ -398,7 +398,7 @@ def plan_dict(plan, example: bool) -> dict:
     c = plan.concurrency_limit
     if c is not None and c.qps >= 1:
         a = planning.limit_advice(c.qps, c.latency_s, c.safety)
-        out["limit_advice"] = {"concurrency": a.concurrency, "rate": f"{a.rate_per_s}/s", "burst": a.burst}
+        out["limit_advice"] = {"concurrency": a.concurrency, "rate": f"{a.rate_per_s}/s"}
     return out
 
 
@@ -431,7 +431,6 @@ def limit_rows(c: planning.ConcurrencyLimit) -> list[tuple[str, str]]:
     a = planning.limit_advice(c.qps, c.latency_s, c.safety)
     rows += [
         ("rate (holds the safety margin)", f"{c.qps:.4g} x {c.safety:g} -> [bold green]{a.rate_per_s}/s[/]"),
-        ("burst", f"(cap {c.qps:.4g} - rate {a.rate_per_s}) / 2 -> [bold green]{a.burst}[/]"),
         (
             "concurrency",
             f"2 x {c.theoretical:.4g} -> [bold green]{a.concurrency}[/]"

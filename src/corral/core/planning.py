@@ -126,14 +126,16 @@ def concurrency_limit(qps: float, latency_s: float, safety: float = DEFAULT_SAFE
 
 @dataclass(frozen=True, slots=True)
 class LimitAdvice:
-    """A limit that holds a downstream's QPS cap with a token bucket.
+    """A limit that holds a downstream's QPS cap.
 
-    The safety margin goes into the rate (``qps x safety`` a second); the
-    burst is half of what is left under the cap (``(qps - rate) / 2``): a
-    bucket charges a task when it is claimed, the downstream counts the call
-    when it arrives, and a worker that stalls between the two delivers a
-    second's calls late, on top of the next second's. The other half is
-    room for that, so no sliding second sees more than the cap. The concurrency is twice what is in
+    The safety margin goes into the rate (``qps x safety`` a second). No
+    ``burst=``: the default rate already lets at most that many start in any
+    sliding second, and the margin is room for calls that reach the
+    downstream later than their start was counted (a worker that stalls
+    between its claim and its call delivers them on top of the next
+    second's; measured about a tenth over the rate in the busiest second at
+    the downstream). A burst would let up to ``burst - 1`` more through in a
+    second. The concurrency is twice what is in
     flight at the cap (``2 x qps x latency``): a task holds its place from
     its claim to its written outcome, longer than the call itself (measured
     with ``corral bench limits``: about 1.3x the call at the median and 2x at
@@ -142,10 +144,9 @@ class LimitAdvice:
 
     concurrency: int
     rate_per_s: int
-    burst: int
 
     def line(self, name: str = "downstream") -> str:
-        return f'app.limit("{name}", concurrency={self.concurrency}, rate="{self.rate_per_s}/s", burst={self.burst})'
+        return f'app.limit("{name}", concurrency={self.concurrency}, rate="{self.rate_per_s}/s")'
 
 
 def limit_advice(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -> LimitAdvice:
@@ -153,9 +154,8 @@ def limit_advice(qps: float, latency_s: float, safety: float = DEFAULT_SAFETY) -
     _positive("qps", qps)
     _positive("latency", latency_s)
     rate = max(1, math.floor(qps * safety + _EPS))
-    burst = max(1, math.floor((qps - rate) / 2 + _EPS))
     concurrency = max(1, math.ceil(2 * qps * latency_s - _EPS))
-    return LimitAdvice(concurrency, rate, burst)
+    return LimitAdvice(concurrency, rate)
 
 
 # ---- (b) Little's law ------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def build_app(
 ) -> corral.App:
     app = corral.App(store_url)
     # what `corral plan --qps 100 --latency-ms 200` advises: the rate keeps the safety margin
-    app.limit("partner_api", concurrency=advice.concurrency, rate=f"{advice.rate_per_s}/s", burst=advice.burst)
+    app.limit("partner_api", concurrency=advice.concurrency, rate=f"{advice.rate_per_s}/s")
     # an outage of the partner opens it: its tasks wait (no attempt burned) instead of failing
     app.breaker("partner_api", failure_ratio=0.5, min_calls=20, window="30s", cooldown="5s", probes=3)
 
@@ -242,7 +242,7 @@ def run_demo(
     refused_429 = partner.refused.get(429, 0) - sum(1 for c in flaky.values() if c == 429)
     t.add_row(
         "rate held",
-        f"busiest second {busiest} calls (limit {advice.rate_per_s}/s + burst {advice.burst}, partner cap {qps:g}); "
+        f"busiest second {busiest} calls (limit {advice.rate_per_s}/s, partner cap {qps:g}); "
         f"{max(0, refused_429)} refused for the cap",
     )
     t.add_row(

@@ -236,9 +236,7 @@ def run_main_demo(
 
     app = demo_app.build_app(store_url)
     try:
-        app.limit(
-            demo_app.PARTNER_LIMIT, concurrency=advice.concurrency, rate=f"{advice.rate_per_s}/s", burst=advice.burst
-        )
+        app.limit(demo_app.PARTNER_LIMIT, concurrency=advice.concurrency, rate=f"{advice.rate_per_s}/s")
         app.breaker(demo_app.PARTNER_LIMIT, **BREAKER)
         app.limit(demo_app.PUSH_LIMIT, concurrency=PUSH_CONCURRENCY)
         where = (
@@ -385,7 +383,7 @@ def _live_lines(app: Any, partner: PartnerServer, advice: LimitAdvice, per_s: fl
     grid.add_row(
         "partner",
         f"{st.last_second()} calls in the last second, busiest {st.busiest_second()} "
-        f"(limit {advice.rate_per_s}/s + burst {advice.burst}, cap {st.cap}); {st.over_cap} refused for the cap",
+        f"(limit {advice.rate_per_s}/s, cap {st.cap}); {st.over_cap} refused for the cap",
     )
     grid.add_row("in flight", f"{in_use} of {advice.concurrency} partner calls (the limit's concurrency)")
     grid.add_row("retries", f"flaky answers 503 x{flaky.get(503, 0)}, 429 x{flaky.get(429, 0)}: each retried")
@@ -506,7 +504,7 @@ def render_report(rep: MainDemoReport, con: Any, hint_store: str | None) -> None
     t.add_row(
         "rate held",
         f"{verdict(rep.rate_held)}: busiest sliding second {rep.busiest_second} calls at the partner "
-        f"(cap {rep.cap}; limit {rep.advice.rate_per_s}/s + burst {rep.advice.burst}); "
+        f"(cap {rep.cap}; limit {rep.advice.rate_per_s}/s); "
         f"{rep.over_cap_429} 429s for the cap of {rep.partner_calls} calls",
     )
     t.add_row("in flight", f"peak {rep.peak_in_flight} calls at the partner (limit {rep.advice.concurrency})")
