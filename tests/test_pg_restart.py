@@ -225,6 +225,33 @@ def test_an_outage_longer_than_the_lease_runs_no_finished_work_again(owned_pg, t
     history.assert_ok()
 
 
+def test_a_store_reconnects_within_seconds_of_the_server_s_return_however_long_it_was_away(owned_pg):
+    """The pool tries to reconnect at least every second while the server is
+    away. Its own backoff doubles (1, 2, 4, 8, 16 s ...): after 16 s away its
+    next attempt came about 15 s after the server was back, longer than a
+    call waits for a connection and than a lease, so another worker's sweeper
+    took this worker's leases first."""
+    from corral.stores.postgres import PostgresStore
+
+    store = PostgresStore(owned_pg)
+    try:
+        store.migrate()
+        store.now()
+        pg_ctl("-m", "fast", "stop")
+        down = time.monotonic()
+        with pytest.raises(corral.StoreUnavailable):
+            store.now()  # finds its connections broken: the pool starts reconnecting
+        wait_for(lambda: time.monotonic() - down > 16.0, timeout=60, interval=0.5)
+        start_server(owned_pg)
+        back = time.monotonic()
+        # a call waits up to twice the connect timeout for a connection: it gets one
+        # once the pool's next attempt reaches the server
+        store.now()
+        assert time.monotonic() - back < 8.0, "the pool reconnected long after the server was back"
+    finally:
+        store.close()
+
+
 def test_a_crash_under_load_loses_nothing(owned_pg, tmp_path):
     """A crash may forget the last claims (committed asynchronously): their
     tasks run again. Nothing may be lost; overlaps are the subject of

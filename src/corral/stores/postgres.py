@@ -124,8 +124,35 @@ try:  # the driver is an optional dependency (pip install corral[postgres])
     import psycopg
     from psycopg.rows import dict_row, tuple_row
     from psycopg_pool import ConnectionPool, PoolTimeout
+    from psycopg_pool.base import AttemptWithBackoff
 except ImportError:  # pragma: no cover - reported when a store is opened
     psycopg = None  # type: ignore[assignment]
+else:
+
+    class _SteadyBackoff(AttemptWithBackoff):
+        """The pool's reconnection attempts, at most :data:`RECONNECT_EVERY` apart.
+
+        The pool doubles the wait between attempts (1, 2, 4, 8 ... s), so after
+        an outage of a minute its next attempt may come half a minute after the
+        server is back, and a worker would find its leases swept by a process
+        whose pool happened to try sooner (sweepers wait one lease after an
+        outage, not more). An attempt a second costs the server one refused
+        connection a second per pool while it is away."""
+
+        def update_delay(self, now: float) -> None:
+            super().update_delay(now)
+            self.delay = min(self.delay, RECONNECT_EVERY)
+
+    class _Pool(ConnectionPool):
+        def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+            if attempt is None:
+                attempt = _SteadyBackoff(timeout=self.reconnect_timeout)
+            super()._add_connection(attempt, growing)
+
+
+#: The longest wait (seconds) between a pool's attempts to reconnect while the
+#: server is away.
+RECONNECT_EVERY = 1.0
 
 T = TypeVar("T")
 
@@ -356,7 +383,7 @@ class PostgresStore(SqlStore):
             if "startup parameter" in str(exc):
                 hint = " (through a connection pooler? add ?pooler=transaction or ?pooler=session to the URL)"
             raise StoreUnavailable(f"cannot connect to {self._shown}: {first_line(exc)}{hint}") from None
-        self._pool = ConnectionPool(
+        self._pool = _Pool(
             url,
             min_size=min_size,
             max_size=max_size,
