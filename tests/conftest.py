@@ -50,21 +50,77 @@ def pg_admin_url() -> str:
     return url
 
 
-@pytest.fixture
-def pg_url(pg_admin_url: str):
-    """URL of a brand-new, empty database, dropped after the test."""
+def _pg_admin(url: str, statement) -> None:
     import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(statement)
+
+
+def _pg_database(admin_url: str, template: str):
+    """Create a database copied from ``template``; return its name and a dropper."""
     from psycopg import sql
 
     name = f"corral_t_{secrets.token_hex(6)}"
     ident = sql.Identifier(name)
-    with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(ident))
+    _pg_admin(admin_url, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(ident, sql.Identifier(template)))
+
+    def drop() -> None:
+        _pg_admin(admin_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+
+    return name, drop
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str):
+    """Name of a database migrated once per session, which ``pg_url`` copies.
+
+    Copying a migrated database is cheaper than migrating a new one for
+    every test, and each test still gets a database of its own (no state
+    left by an earlier test, not even in sequences or LISTEN channels)."""
+    from psycopg import sql
+
+    from corral.stores import open_store
+
+    name, drop = _pg_database(pg_admin_url, "template0")
+    try:
+        store = open_store(_with_database(pg_admin_url, name))
+        try:
+            store.migrate()
+        finally:
+            store.close()
+        # CREATE DATABASE ... TEMPLATE needs the template free of sessions
+        _pg_admin(
+            pg_admin_url,
+            sql.SQL("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = {}").format(
+                sql.Literal(name)
+            ),
+        )
+        yield name
+    finally:
+        drop()
+
+
+@pytest.fixture
+def pg_url(pg_admin_url: str, pg_template: str):
+    """URL of a new database of its own, migrated and empty, dropped after the test."""
+    name, drop = _pg_database(pg_admin_url, pg_template)
     try:
         yield _with_database(pg_admin_url, name)
     finally:
-        with psycopg.connect(pg_admin_url, autocommit=True, connect_timeout=10) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+        drop()
+
+
+@pytest.fixture
+def pg_empty_url(pg_admin_url: str):
+    """URL of a brand-new database holding no corral tables (for tests of
+    migrations and of commands on a database that is not a store), dropped
+    after the test."""
+    name, drop = _pg_database(pg_admin_url, "template0")
+    try:
+        yield _with_database(pg_admin_url, name)
+    finally:
+        drop()
 
 
 @pytest.fixture

@@ -128,13 +128,13 @@ def test_a_row_whose_status_names_no_state_does_not_block_its_group(durable_url)
 
 
 @pytest.mark.postgres
-def test_postgres_migration_to_version_4_adds_the_status_rule(pg_url):
+def test_postgres_migration_to_version_4_adds_the_status_rule(pg_empty_url):
     import psycopg
 
     from corral.stores.sql import load
 
     q = load("postgres")
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # the schema as version 3 left it
+    with psycopg.connect(pg_empty_url, autocommit=True) as conn:  # the schema as version 3 left it
         conn.execute(q["schema_version_table"])
         for n in (1, 2, 3):
             conn.execute(q[f"migration_000{n}"])
@@ -143,13 +143,13 @@ def test_postgres_migration_to_version_4_adds_the_status_rule(pg_url):
             "INSERT INTO corral_tasks (name, args, status, created_at, run_at) VALUES"
             " ('kept', '{}', 'PENDING', 0, 0), ('odd', '{}', 'PAUSED', 0, 0)"
         )
-    s = open_store(pg_url)
+    s = open_store(pg_empty_url)
     try:
         s.migrate()
         rows = s.list_tasks(TaskFilter(newest_first=False))
         assert [(r.name, r.status) for r in rows] == [("kept", State.PENDING), ("odd", State.FAILED)]
         assert "'PAUSED'" in rows[1].error
-        with psycopg.connect(pg_url, autocommit=True) as conn:
+        with psycopg.connect(pg_empty_url, autocommit=True) as conn:
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute("UPDATE corral_tasks SET status = 'LIMBO' WHERE name = 'kept'")
             valid = "SELECT convalidated FROM pg_constraint WHERE conname = 'corral_tasks_status_known'"

@@ -82,13 +82,13 @@ def test_an_existing_store_is_read(sqlite_url):
         assert "no corral store" not in got.output, (cmd, got.output)
 
 
-def test_a_postgresql_database_without_corral_gets_no_tables(pg_url):
+def test_a_postgresql_database_without_corral_gets_no_tables(pg_empty_url):
     import psycopg
 
     for cmd in READ_ONLY:
-        _one_line_error(_run("--store", pg_url, *cmd), "no corral store", "no corral tables")
-    with psycopg.connect(pg_url) as conn:
+        _one_line_error(_run("--store", pg_empty_url, *cmd), "no corral store", "no corral tables")
+    with psycopg.connect(pg_empty_url) as conn:
         tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()").fetchone()[0]
     assert tables == 0
-    corral.App(pg_url).close()
-    assert "no corral store" not in _run("--store", pg_url, "status").output
+    corral.App(pg_empty_url).close()
+    assert "no corral store" not in _run("--store", pg_empty_url, "status").output

@@ -313,9 +313,9 @@ def test_unparsable_url_is_store_unavailable():
     assert "\n" not in str(info.value)
 
 
-def test_concurrent_migrate_from_many_threads(pg_url):
+def test_concurrent_migrate_from_many_threads(pg_empty_url):
     def boot(i):
-        s = open_store(pg_url)
+        s = open_store(pg_empty_url)
         try:
             s.migrate()
             s.migrate()  # idempotent
@@ -430,13 +430,13 @@ def test_claims_find_heads_among_many_groups_in_round_robin_order(pg):
     assert [x.group for x in nxt] == ["user0"]
 
 
-def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
+def test_migrating_a_version_1_database_flags_its_group_heads(pg_empty_url):
     import psycopg
 
     from corral.stores.sql import load
 
     q = load("postgres")
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # the schema as version 1 left it
+    with psycopg.connect(pg_empty_url, autocommit=True) as conn:  # the schema as version 1 left it
         conn.execute(q["schema_version_table"])
         conn.execute(q["migration_0001"])
         conn.execute(q["set_schema_version"], {"v": 1})
@@ -447,7 +447,7 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
             " ('t', '{}', 'PENDING', 'a', 0, 0, NULL), ('t', '{}', 'RUNNING', 'b', 0, 0, NULL),"
             " ('t', '{}', 'PENDING', 'b', 0, 0, NULL), ('t', '{}', 'PENDING', NULL, 0, 0, NULL)"
         )
-    s = open_store(pg_url)
+    s = open_store(pg_empty_url)
     try:
         s.migrate()
         got = s.claim("w", ["default"], 10)
@@ -458,7 +458,7 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_url):
 
 
 @pytest.mark.parametrize("version", [4, 5, 6, 7])
-def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
+def test_an_older_database_gains_both_flow_control_migrations(pg_empty_url, version):
     """A database at version 4 (before flow control) takes migrations 0005
     (rates, snoozes, breakers), 0006 (dead letters, fleet level, events),
     0007 (the retry path's index) and every later one (periodic schedules,
@@ -471,7 +471,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
     from corral.stores.sql import load
 
     q = load("postgres")
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with psycopg.connect(pg_empty_url, autocommit=True) as conn:
         conn.execute(q["schema_version_table"])
         for n in range(1, version + 1):
             conn.execute(q[f"migration_000{n}"])
@@ -479,10 +479,10 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_url, version):
         conn.execute(
             "INSERT INTO corral_tasks (name, args, status, created_at, run_at) VALUES ('t', '{}', 'PENDING', 0, 0)"
         )
-    s = open_store(pg_url)
+    s = open_store(pg_empty_url)
     try:
         s.migrate()
-        with psycopg.connect(pg_url, autocommit=True) as conn:
+        with psycopg.connect(pg_empty_url, autocommit=True) as conn:
             assert conn.execute(q["schema_version"]).fetchone()[0] == SCHEMA_VERSION
             assert conn.execute("SELECT to_regclass('corral_batches') IS NOT NULL").fetchone()[0]
             ranked = "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE 'corral_tasks_ready_%%'"
