@@ -186,10 +186,6 @@ def force(b: Breaker, cfg: BreakerConfig, now: float, state: BreakerState, reaso
     return after, Change(b.state, after.state, reason, calls, fails)
 
 
-#: HTTP statuses that say the downstream is up and decided: not an outage.
-NOT_AN_OUTAGE = frozenset({400, 401, 403, 404, 409, 422, 429})
-
-
 def counts_as_failure(exc: BaseException | None, *, permanent: bool = False) -> bool:
     """Does this outcome count against a breaker? None (success) never does.
 

@@ -4,14 +4,14 @@ change is called.
 The durable stores write task events with triggers in the transaction that
 changed the task (so every path is covered: claims, completions, cancels,
 sweeps, a dependency's end), and the SQL there spells the same mapping as
-:data:`STATE_KINDS`; the memory store calls :func:`task_event_data`.
+:data:`STATE_KINDS`; the memory store calls :func:`task_event_fields`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from corral.core.model import TaskRecord, dumps
+from corral.core.model import TaskRecord
 
 #: What a task's new state is called in the stream.
 STATE_KINDS: dict[str, str] = {
@@ -45,9 +45,9 @@ def state_kind(status: str) -> str:
     return STATE_KINDS.get(status, status.lower())
 
 
-def task_event_data(t: TaskRecord, before: str | None) -> str:
-    """The JSON a task event carries (the same keys the SQL triggers write)."""
-    data: dict[str, Any] = {
+def task_event_fields(t: TaskRecord, before: str | None) -> dict[str, Any]:
+    """What a task event carries (the same keys the SQL triggers write)."""
+    return {
         "id": t.id,
         "name": t.name,
         "queue": t.queue,
@@ -59,11 +59,6 @@ def task_event_data(t: TaskRecord, before: str | None) -> str:
         "trace_id": t.trace_id,
         "error": t.error[:ERROR_CHARS] if t.error else None,
     }
-    return dumps(data)
-
-
-def progress_event_data(t: TaskRecord) -> str:
-    return dumps({"id": t.id, "name": t.name, "fraction": t.progress, "message": t.progress_message})
 
 
 def check_kinds(kinds: Any) -> frozenset[str] | None:

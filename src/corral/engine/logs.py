@@ -20,9 +20,6 @@ from typing import Any
 
 from corral.core.texts import log_message
 
-#: The record attributes that tie a line to a task.
-TASK_FIELDS = ("trace_id", "task_id", "attempt", "task_name")
-
 
 def task_fields(rec: Any, attempt: int | None = None) -> dict[str, Any]:
     """``extra=`` for a line about the task ``rec`` (a TaskRecord or a Context)."""

@@ -772,18 +772,7 @@ class MemoryStore(Store):
 
     def _task_event(self, t: TaskRecord, before: State | None, now: float) -> None:
         kind = ev.SUBMITTED if before is None else ev.state_kind(t.status.value)
-        data = {
-            "id": t.id,
-            "name": t.name,
-            "queue": t.queue,
-            "status": t.status.value,
-            "from": None if before is None else before.value,
-            "attempt": t.attempt,
-            "group": t.group,
-            "batch": t.batch,
-            "trace_id": t.trace_id,
-            "error": t.error[: ev.ERROR_CHARS] if t.error else None,
-        }
+        data = ev.task_event_fields(t, None if before is None else before.value)
         self._add_event(now, kind, ev.task_subject(t.id), data)
 
     def _breaker_event(self, bev: BreakerEvent) -> None:

@@ -1787,10 +1787,6 @@ def _plain_now(t: NewTask) -> bool:
     return t.group is None and not t.limits and not t.depends_on and not t.after and t.run_at is None
 
 
-def new_token() -> str:
-    return uuid.uuid4().hex
-
-
 class _RefusedData(StoreError):
     """The database refused a batch of outcomes for a value in one of its rows."""
 

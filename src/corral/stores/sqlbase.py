@@ -26,8 +26,6 @@ from corral.stores.flow import LimitState
 Read = tuple[str, Mapping[str, Any]]
 
 
-#: What ``counts()`` callers show rows whose status names no state under.
-UNKNOWN_STATUS = "UNKNOWN"
 _STATES = {s.value: s for s in State}
 
 
