@@ -219,15 +219,23 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 POOL_MAX_SIZE = 2
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
+#: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
+#: order; a number with no block was never a PostgreSQL migration):
+#: 1: the tasks table, its partial indexes, limits, leadership and groups;
+#: 2: group heads kept in the rows (is_head, ready_at) by statement triggers;
+#: 3: the group-head index holds grouped tasks only;
 #: 4: status must name a state (a CHECK constraint); 5: flow control;
 #: 6: the dead-letter index, the fleet level row and the event log; 7: the retry path;
 #: 8: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes; 18: claim-order indexes hold the ageing rank;
-#: 19: graph columns (ref, on_upstream_failure); 23: the event stream (task and
-#: breaker events by trigger; 16 before a task inserted RUNNING logged its start);
-#: 24: offers of waiting workers; 25: no statistics on status (claim plans);
-#: 27: a task's crash count; 28: a failed attempt's traceback; 33: a limit's log of recent starts (a sliding window's).
+#: 19: graph columns (ref, on_upstream_failure); 20: one claim index per path,
+#: by exact status (fresh work, retries); 21: the task table vacuumed after 1 %
+#: of its rows changed; 22: a search by group reads the line's index and an
+#: index of the tasks that left it; 23: the event stream (task and breaker
+#: events by trigger); 24: offers of waiting workers; 25: no statistics on
+#: status (claim plans); 27: a task's crash count; 28: a failed attempt's
+#: traceback; 33: a limit's log of recent starts (a sliding window's).
 SCHEMA_VERSION = 33
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads

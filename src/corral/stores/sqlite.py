@@ -150,9 +150,10 @@ from corral.stores.sqlbase import (
     task_record,
 )
 
-#: 2: index tasks_waiting; 3: triggers refuse a status that names no state;
+#: 1: the first schema; 2: index tasks_waiting; 3: triggers refuse a status that names no state;
 #: 4: flow control (a limit's bucket and pause, snoozes, breakers);
 #: 5: the dead-letter index, the fleet_control row and the events log;
+#: 6: the retry path's index (tasks waiting to be retried, in claim order);
 #: 7: periodic schedules and their ticks;
 #: 13: batch settings (callbacks) and the index of a batch's unfinished tasks;
 #: 14: the dashboard's indexes;
@@ -161,9 +162,14 @@ from corral.stores.sqlbase import (
 #: 19: ready_at, a group head's place in the round robin, and an index of
 #: ready heads in that order (a claim no longer reads every queued head);
 #: 20: graph columns (ref, on_upstream_failure);
+#: 21: a claim behind a full limit looks read-only first (gated_signature), and a
+#: group's running task is found from its own index;
+#: 22: a search by group reads its line's index and an index of the tasks that
+#: left the line (no index of every grouped task);
 #: 24: a task's crash count (tasks.crashes);
 #: 25: a failed attempt's traceback (tasks.traceback);
 #: 30: a limit's log of recent starts (named_limits.starts, a sliding window's).
+#: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
 SCHEMA_VERSION = 30

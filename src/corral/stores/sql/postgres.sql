@@ -294,11 +294,119 @@ CREATE TABLE IF NOT EXISTS corral_events (
 CREATE INDEX IF NOT EXISTS corral_tasks_ready_retry ON corral_tasks (priority DESC, run_at, id)
     WHERE status = 'RETRYING';
 
+-- name: migration_0008
+-- Periodic schedules: the definitions workers store when they start (so
+-- `corral periodic` lists them without the app) and what their last tick did;
+-- one row per tick, written in the transaction that enqueues the tick's task,
+-- whose primary key lets exactly one worker of the fleet win each tick.
+CREATE TABLE IF NOT EXISTS corral_schedules (
+    name         text PRIMARY KEY,
+    task         text NOT NULL,
+    expr         text NOT NULL,
+    timezone     text NOT NULL,
+    queue        text NOT NULL,
+    group_key    text,
+    overlap      boolean NOT NULL,
+    catch_up     text NOT NULL,
+    max_delay    double precision,
+    created_at   double precision NOT NULL,
+    updated_at   double precision NOT NULL,
+    last_tick    bigint,
+    last_outcome text,
+    last_task_id bigint
+);
+CREATE TABLE IF NOT EXISTS corral_schedule_ticks (
+    schedule text NOT NULL,
+    tick     bigint NOT NULL,
+    outcome  text NOT NULL,
+    task_id  bigint,
+    at       double precision NOT NULL,
+    PRIMARY KEY (schedule, tick)
+);
+
+-- name: migration_0013
+-- Batch settings: a batch's on_complete callback (a task template, JSON) and
+-- when it was settled, i.e. its callback submitted; a settled batch never gets
+-- a second one. Its concurrency is the named limit 'batch:<name>'. The index
+-- holds a batch's unfinished tasks: whether it ended is one probe.
+CREATE TABLE IF NOT EXISTS corral_batches (
+    name        text PRIMARY KEY,
+    on_complete text,
+    settled_at  float8,
+    callback_id bigint
+);
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_active ON corral_tasks (batch)
+    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
+-- name: migration_0014
+-- The dashboard's reads: tasks by finish time (the charts read the last
+-- minutes); search by trace id and by group in any state; a batch's tasks per
+-- state counted from the index alone.
+CREATE INDEX IF NOT EXISTS corral_tasks_finished ON corral_tasks (finished_at)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_trace ON corral_tasks (trace_id)
+    WHERE trace_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
+    WHERE batch IS NOT NULL;
+
+-- name: migration_0018
+-- Priorities with ageing: ready tasks are claimed by their rank, run_at (a
+-- group head: ready_at) less priority x 60 s, so one priority level is worth a
+-- minute of waiting and low priority still moves (core/priorities.py). The
+-- claim-order indexes hold the rank, so a claim still reads them in order.
+DROP INDEX IF EXISTS corral_tasks_ready_free;
+CREATE INDEX corral_tasks_ready_free ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL;
+DROP INDEX IF EXISTS corral_tasks_ready_heads;
+CREATE INDEX corral_tasks_ready_heads ON corral_tasks ((ready_at - priority * 60::float8), id)
+    WHERE status IN ('PENDING', 'RETRYING') AND is_head;
+DROP INDEX IF EXISTS corral_tasks_ready_retry;
+CREATE INDEX corral_tasks_ready_retry ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status = 'RETRYING';
+
 -- name: migration_0019
 -- Task graphs: a task's local name in the graph it was submitted with, and
 -- what an upstream's bad end does to it ('cancel', or 'run' anyway).
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS ref text;
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS on_upstream_failure text NOT NULL DEFAULT 'cancel';
+
+-- name: migration_0020
+-- One claim path, one index, by exact status: fresh ungrouped work (PENDING)
+-- and retries (RETRYING) each have their own. An index holding both made the
+-- planner read the retry path from the fresh one when the table had no
+-- statistics yet (a queue just filled), walking every queued row per claim.
+DROP INDEX IF EXISTS corral_tasks_ready_free;
+CREATE INDEX IF NOT EXISTS corral_tasks_ready_fresh ON corral_tasks ((run_at - priority * 60::float8), id)
+    WHERE status = 'PENDING' AND group_key IS NULL;
+DROP INDEX IF EXISTS corral_tasks_ready_unlimited;
+CREATE INDEX corral_tasks_ready_unlimited ON corral_tasks (queue, run_at)
+    WHERE status = 'PENDING' AND cardinality(limits) = 0;
+
+-- name: migration_0021
+-- Vacuum the task table once 1 % of its rows changed, not PostgreSQL's
+-- default 20 %: every claim and every completion leaves a dead row version
+-- with its index entries, which the claim's index reads step over until a
+-- vacuum removes them; at a million queued tasks the default waits for
+-- 200 000 of them. Statistics follow sooner too (the claim plans read them).
+ALTER TABLE corral_tasks SET (
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_analyze_scale_factor = 0.02
+);
+
+-- name: migration_0022
+-- A search by group reads a group's line (corral_tasks_group_block) and the
+-- tasks that left it (this index): between them every grouped task, each in
+-- one. The index of every grouped task took each submit's rows at as many
+-- places as the batch had groups, and every claim's and outcome's new row
+-- version again; these rows come in when a unit's tasks end, side by side.
+DROP INDEX IF EXISTS corral_tasks_group_all;
+CREATE INDEX IF NOT EXISTS corral_tasks_group_done ON corral_tasks (group_key, id)
+    WHERE group_key IS NOT NULL
+      AND (status IN ('SUCCESS', 'TIMEOUT', 'CANCELED')
+           OR (status = 'FAILED' AND NOT halt_group_on_failure));
 
 -- name: migration_0023
 -- The event stream. Task events are written by statement triggers in the
@@ -396,118 +504,6 @@ CREATE TRIGGER corral_breaker_events_stream AFTER INSERT ON corral_breaker_event
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION corral_breaker_events_stream();
 
--- name: migration_0013
--- Batch settings: a batch's on_complete callback (a task template, JSON) and
--- when it was settled, i.e. its callback submitted; a settled batch never gets
--- a second one. Its concurrency is the named limit 'batch:<name>'. The index
--- holds a batch's unfinished tasks: whether it ended is one probe.
-CREATE TABLE IF NOT EXISTS corral_batches (
-    name        text PRIMARY KEY,
-    on_complete text,
-    settled_at  float8,
-    callback_id bigint
-);
-CREATE INDEX IF NOT EXISTS corral_tasks_batch_active ON corral_tasks (batch)
-    WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
-
--- Which server and database a connection is on, and whether it sees corral's
--- tables: a caller's connection given to a transactional submit must match.
--- name: whereami
-SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
--- name: migration_0008
--- Periodic schedules: the definitions workers store when they start (so
--- `corral periodic` lists them without the app) and what their last tick did;
--- one row per tick, written in the transaction that enqueues the tick's task,
--- whose primary key lets exactly one worker of the fleet win each tick.
-CREATE TABLE IF NOT EXISTS corral_schedules (
-    name         text PRIMARY KEY,
-    task         text NOT NULL,
-    expr         text NOT NULL,
-    timezone     text NOT NULL,
-    queue        text NOT NULL,
-    group_key    text,
-    overlap      boolean NOT NULL,
-    catch_up     text NOT NULL,
-    max_delay    double precision,
-    created_at   double precision NOT NULL,
-    updated_at   double precision NOT NULL,
-    last_tick    bigint,
-    last_outcome text,
-    last_task_id bigint
-);
-CREATE TABLE IF NOT EXISTS corral_schedule_ticks (
-    schedule text NOT NULL,
-    tick     bigint NOT NULL,
-    outcome  text NOT NULL,
-    task_id  bigint,
-    at       double precision NOT NULL,
-    PRIMARY KEY (schedule, tick)
-);
-
--- name: migration_0014
--- The dashboard's reads: tasks by finish time (the charts read the last
--- minutes); search by trace id and by group in any state; a batch's tasks per
--- state counted from the index alone.
-CREATE INDEX IF NOT EXISTS corral_tasks_finished ON corral_tasks (finished_at)
-    WHERE finished_at IS NOT NULL;
-CREATE INDEX IF NOT EXISTS corral_tasks_trace ON corral_tasks (trace_id)
-    WHERE trace_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS corral_tasks_group_all ON corral_tasks (group_key, id)
-    WHERE group_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS corral_tasks_batch_status ON corral_tasks (batch, status)
-    WHERE batch IS NOT NULL;
-
--- name: migration_0018
--- Priorities with ageing: ready tasks are claimed by their rank, run_at (a
--- group head: ready_at) less priority x 60 s, so one priority level is worth a
--- minute of waiting and low priority still moves (core/priorities.py). The
--- claim-order indexes hold the rank, so a claim still reads them in order.
-DROP INDEX IF EXISTS corral_tasks_ready_free;
-CREATE INDEX corral_tasks_ready_free ON corral_tasks ((run_at - priority * 60::float8), id)
-    WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL;
-DROP INDEX IF EXISTS corral_tasks_ready_heads;
-CREATE INDEX corral_tasks_ready_heads ON corral_tasks ((ready_at - priority * 60::float8), id)
-    WHERE status IN ('PENDING', 'RETRYING') AND is_head;
-DROP INDEX IF EXISTS corral_tasks_ready_retry;
-CREATE INDEX corral_tasks_ready_retry ON corral_tasks ((run_at - priority * 60::float8), id)
-    WHERE status = 'RETRYING';
-
--- name: migration_0020
--- One claim path, one index, by exact status: fresh ungrouped work (PENDING)
--- and retries (RETRYING) each have their own. An index holding both made the
--- planner read the retry path from the fresh one when the table had no
--- statistics yet (a queue just filled), walking every queued row per claim.
-DROP INDEX IF EXISTS corral_tasks_ready_free;
-CREATE INDEX IF NOT EXISTS corral_tasks_ready_fresh ON corral_tasks ((run_at - priority * 60::float8), id)
-    WHERE status = 'PENDING' AND group_key IS NULL;
-DROP INDEX IF EXISTS corral_tasks_ready_unlimited;
-CREATE INDEX corral_tasks_ready_unlimited ON corral_tasks (queue, run_at)
-    WHERE status = 'PENDING' AND cardinality(limits) = 0;
-
--- name: migration_0021
--- Vacuum the task table once 1 % of its rows changed, not PostgreSQL's
--- default 20 %: every claim and every completion leaves a dead row version
--- with its index entries, which the claim's index reads step over until a
--- vacuum removes them; at a million queued tasks the default waits for
--- 200 000 of them. Statistics follow sooner too (the claim plans read them).
-ALTER TABLE corral_tasks SET (
-    autovacuum_vacuum_scale_factor = 0.01,
-    autovacuum_vacuum_threshold = 1000,
-    autovacuum_analyze_scale_factor = 0.02
-);
-
--- name: migration_0022
--- A search by group reads a group's line (corral_tasks_group_block) and the
--- tasks that left it (this index): between them every grouped task, each in
--- one. The index of every grouped task took each submit's rows at as many
--- places as the batch had groups, and every claim's and outcome's new row
--- version again; these rows come in when a unit's tasks end, side by side.
-DROP INDEX IF EXISTS corral_tasks_group_all;
-CREATE INDEX IF NOT EXISTS corral_tasks_group_done ON corral_tasks (group_key, id)
-    WHERE group_key IS NOT NULL
-      AND (status IN ('SUCCESS', 'TIMEOUT', 'CANCELED')
-           OR (status = 'FAILED' AND NOT halt_group_on_failure));
-
 -- name: migration_0024
 -- Offers: an idle worker's free slots while it waits for work on its
 -- listening connection. A submit of one plain task (no group, no limit, due
@@ -563,6 +559,11 @@ ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS starts text;
 SELECT EXISTS (SELECT 1 FROM pg_stats
                WHERE schemaname = current_schema() AND tablename = 'corral_tasks'
                  AND attname = 'status');
+
+-- Which server and database a connection is on, and whether it sees corral's
+-- tables: a caller's connection given to a transactional submit must match.
+-- name: whereami
+SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
 
 -- name: offer
 -- Open (or renew) a waiting worker's offer; tasks given and not yet picked
