@@ -71,7 +71,7 @@ def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_l
 def test_the_leader_recovers_lost_leases_every_tick_and_does_its_chores_at_their_own_pace():
     from corral.core.clock import FakeClock
     from corral.core.model import NewTask
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
     from corral.maintenance.sweeper import Sweeper
     from corral.stores.memory import MemoryStore
 

@@ -975,7 +975,7 @@ class App:
         what the signals call for at once, EMERGENCY included; from then on
         it steps up at once and down one level per ``level_calm_period``.
         Returns the level now in force."""
-        from corral.flow.levels import set_level
+        from corral.engine.level_follower import set_level
 
         return set_level(self.store, level, reason=reason)
 
@@ -1007,9 +1007,9 @@ class App:
         trims the event log while it leads (see :meth:`start`)."""
         from corral.core.slots import check_slots
         from corral.engine.worker import Worker
-        from corral.flow.batches import BatchHooks
-        from corral.flow.levels import LevelHooks
-        from corral.maintenance.levels import LevelKeeper
+        from corral.engine.batch_settler import BatchHooks
+        from corral.engine.level_follower import LevelHooks
+        from corral.maintenance.level_keeper import LevelKeeper
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)
         options.setdefault("retention", self.retention)

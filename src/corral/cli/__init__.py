@@ -13,7 +13,7 @@ shares, the error handling and :func:`main`. The commands live by area:
   ``cancel ID``, ``retry ID|--batch B``;
 - :mod:`corral.cli.prune`: ``prune --older-than AGE`` (old finished tasks);
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
-- :mod:`corral.cli.batches`: ``batch show B`` (a live progress bar);
+- :mod:`corral.cli.batch`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
 - ``bench``: the :mod:`corral.bench` package, added when it can be imported.
@@ -237,7 +237,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batches, demo, events, flow, periodic, plan, prune, tasks, worker
+    from corral.cli import batch, controls, demo, events, periodic, plan, prune, tasks, worker
 
     for command in (
         worker.worker,
@@ -249,15 +249,15 @@ def _add_commands() -> None:
         tasks.retry,
         worker.sweep,
         prune.prune,
-        flow.breaker,
-        flow.level,
-        flow.dead,
+        controls.breaker,
+        controls.level,
+        controls.dead,
         events.events,
         periodic.periodic,
         demo.dashboard,
         demo.demo,
         plan.plan,
-        batches.batch,
+        batch.batch,
     ):
         cli.add_command(command)
     _add_bench()

@@ -303,7 +303,7 @@ def sweep(
         return
     _setup_logging(log_level, log_format.lower())
     from corral.core.retention import policy
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
     from corral.maintenance.retention import Retention
 
     sweeper = Sweeper(

@@ -47,7 +47,7 @@ from corral.maintenance.recovery import (
 from corral.stores.base import Store
 
 if TYPE_CHECKING:
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
     from corral.maintenance.retention import Retention
 
 log = logging.getLogger("corral.sweeper")

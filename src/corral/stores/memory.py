@@ -70,7 +70,7 @@ from corral.stores.base import (
     Store,
     SweepRow,
 )
-from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
+from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
 
 #: Events the memory store keeps (the oldest go first); a durable store's
 #: sweeper trims by age and count instead.

@@ -109,7 +109,7 @@ from corral.stores.base import (
     schedule_params,
     schedule_state,
 )
-from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
+from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sqlbase import (
     Read,
     SqlStore,

@@ -20,7 +20,7 @@ from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State, shown, shown_counts
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
-from corral.stores.flow import LimitState
+from corral.stores.gates import LimitState
 
 #: A named query and its (named) parameters.
 Read = tuple[str, Mapping[str, Any]]

@@ -138,7 +138,7 @@ from corral.stores.base import (
     schedule_state,
 )
 from corral.stores.filewatch import FileWatch, open_watch
-from corral.stores.flow import BreakerRow, Gates, LimitState, record_outcomes
+from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
 from corral.stores.sql import load
 from corral.stores.sqlbase import (
     Read,

@@ -452,7 +452,7 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
         store.force_breaker(name, target, form.get("reason") or f"{state}ed from the dashboard")
         return f"breaker {name} {'opened' if target is BreakerState.OPEN else 'closed'}"
     if what == "level":
-        from corral.flow.levels import set_level
+        from corral.engine.level_follower import set_level
 
         lv = set_level(store, form.get("level", ""), reason=form.get("reason") or "set from the dashboard")
         if (form.get("level") or "").strip().lower() == "auto":

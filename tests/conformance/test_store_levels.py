@@ -264,7 +264,7 @@ def test_retry_dead_keeps_group_order(store):
 
 def test_level_keeper_steps_up_at_once_and_down_after_calm(store, advance):
     from corral.core.levels import Level, Thresholds
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
 
     for name in ("a", "b"):
         for _ in range(3):
@@ -287,7 +287,7 @@ def test_level_keeper_steps_up_at_once_and_down_after_calm(store, advance):
     assert Level(keeper.tick().level) is Level.EMERGENCY
     # handed back: the next evaluation sets what the signals say, at once
     from corral.core.levels import HANDED_BACK
-    from corral.flow.levels import set_level
+    from corral.engine.level_follower import set_level
 
     assert set_level(store, "auto") is Level.EMERGENCY
     assert store.fleet_level().calm_since == HANDED_BACK
@@ -298,7 +298,7 @@ def test_level_keeper_steps_up_at_once_and_down_after_calm(store, advance):
 def test_level_keeper_counts_queue_depth_and_lost_leases(store):
     from corral.core.levels import Level
     from corral.core.model import SweepReport
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
 
     submit(store, *(new() for _ in range(4)))
     assert Level(LevelKeeper(store, queue_bound=5).tick().level) is Level.WARNING
@@ -310,7 +310,7 @@ def test_level_keeper_counts_queue_depth_and_lost_leases(store):
 def test_level_keeper_counts_open_breakers_from_the_store(store):
     from corral.core.breaker import BreakerConfig, BreakerState
     from corral.core.levels import Level
-    from corral.maintenance.levels import LevelKeeper
+    from corral.maintenance.level_keeper import LevelKeeper
 
     for name in ("a", "b", "c"):
         store.set_breaker(name, BreakerConfig())

@@ -69,7 +69,7 @@ def _greedy_starts(rate_text: str, burst: int | None, ask_every: float, seconds:
     """Start times when a claim asks for 50 every ``ask_every`` seconds (far
     more than the rate), through the gates a store's claim uses."""
     from corral.core.model import LimitSpec
-    from corral.stores.flow import Gates, LimitState
+    from corral.stores.gates import Gates, LimitState
 
     lim = LimitState(LimitSpec("api", rate=rate_text, burst=burst))
     starts: list[float] = []
@@ -120,7 +120,7 @@ def test_a_burst_is_opt_in_and_lets_more_into_a_sliding_second():
 
 def test_a_worker_behind_a_busy_rate_looks_again_for_a_batch_not_each_start():
     from corral.core.model import LimitSpec
-    from corral.stores.flow import Gates, LimitState
+    from corral.stores.gates import Gates, LimitState
 
     def drained(text: str) -> tuple[LimitState, float]:
         lim = LimitState(LimitSpec("api", rate=text))

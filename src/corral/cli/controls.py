@@ -1,4 +1,4 @@
-"""The flow-control commands: ``corral breaker`` (circuit breakers' state and
+"""The operator's controls: ``corral breaker`` (circuit breakers' state and
 their last changes; open or close one by hand), ``corral level`` (the fleet's
 degradation level) and ``corral dead`` (the dead-letter view; ``corral retry
 --dead`` re-queues dead letters)."""
@@ -13,7 +13,7 @@ from corral.cli import CLIError, json_option, open_given_store, render, store_op
 from corral.core.breaker import BreakerState
 from corral.core.levels import Level
 from corral.errors import ConfigError
-from corral.flow.levels import set_level
+from corral.engine.level_follower import set_level
 
 
 def _when(at: float) -> str:
