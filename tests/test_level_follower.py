@@ -16,8 +16,8 @@ from corral.core.levels import Level
 from corral.core.model import NewTask, Outcome
 from corral.core.states import State
 from corral.engine.hooks import UNLIMITED, DispatchPolicy, HookChain, Hooks, Lane
-from corral.errors import ConfigError, StoreError
 from corral.engine.level_follower import LevelHooks
+from corral.errors import ConfigError, StoreError
 from corral.maintenance.level_keeper import LevelKeeper
 from corral.maintenance.sweeper import Sweeper
 from corral.stores.base import FleetLevel

@@ -1006,9 +1006,9 @@ class App:
         With ``sweep_interval`` its sweeper also keeps the fleet's level and
         trims the event log while it leads (see :meth:`start`)."""
         from corral.core.slots import check_slots
-        from corral.engine.worker import Worker
         from corral.engine.batch_settler import BatchHooks
         from corral.engine.level_follower import LevelHooks
+        from corral.engine.worker import Worker
         from corral.maintenance.level_keeper import LevelKeeper
 
         options.setdefault("max_payload_bytes", self.max_payload_bytes)

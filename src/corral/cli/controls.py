@@ -12,8 +12,8 @@ import click
 from corral.cli import CLIError, json_option, open_given_store, render, store_option
 from corral.core.breaker import BreakerState
 from corral.core.levels import Level
-from corral.errors import ConfigError
 from corral.engine.level_follower import set_level
+from corral.errors import ConfigError
 
 
 def _when(at: float) -> str:
