@@ -109,7 +109,7 @@ def tail_split(chunk: int, backlog: int, slots: int) -> tuple[int, int] | None:
     self-scheduling; a group whose line has at least ``long`` tasks (a
     slot's whole share) keeps ``chunk``: the end of the run waits for it,
     and short units would send it round the rotation between each.
-    Returns ``(short, long)``. Simulated and measured: ``docs/benchmarks.md``."""
+    Returns ``(short, long)``. Measured: ``docs/benchmarks.md`` (simulated first: its git history)."""
     if chunk <= 1 or slots <= 0 or backlog < 0:
         return None
     short = -(-backlog // (TAIL_SHARE * slots))
