@@ -271,3 +271,20 @@ def test_without_token_only_loopback_host_names_are_answered(store):
         assert status == 403 and "loopback" in body
     finally:
         dash.stop()
+
+
+def test_the_page_after_set_level_shows_the_level_set_by_hand(store):
+    """The sampler looks once a second; the page an action goes back to must
+    not show its look from before the action (L0 automatic under a flash
+    saying L2 by hand)."""
+    dash = serve_background(store)
+    try:
+        c = Client(dash.url)
+        assert "(automatic)" in c.request("/")[1]
+        data = {"level": "DEGRADED", "reason": "partner outage", "csrf": c.csrf(), "next": "/"}
+        status, _ = c.request("/actions/level", data)
+        assert status == 303
+        body = c.request("/?msg=x")[1]
+        assert "L2 DEGRADED</b> (set by hand): partner outage" in body
+    finally:
+        dash.stop()

@@ -21,36 +21,86 @@ def _when(at: float) -> str:
 
 
 @click.group(invoke_without_command=True)
+@store_option
+@json_option
+@click.option("--last", type=click.IntRange(min=0), default=10, show_default=True, help="Changes to list.")
 @click.pass_context
-def breaker(ctx: click.Context) -> None:
+def breaker(ctx: click.Context, store_url: str | None, as_json: bool, last: int) -> None:
     """Circuit breakers: show (default), open NAME, close NAME."""
+    ctx.ensure_object(dict)
+    ctx.obj["store_url"] = store_url
     if ctx.invoked_subcommand is None:
-        ctx.invoke(show)
+        _show_breakers(store_url, last, as_json)
+
+
+def breakers_dict(store, last: int) -> dict:
+    """Each breaker's state and settings, and its last changes (the JSON of ``breaker show``)."""
+    now = store.now()
+    out: dict = {"breakers": {}, "changes": []}
+    for name, (cfg, state) in sorted(store.breakers().items()):
+        calls, failures = state.counts(cfg, now)
+        reopen = state.reopens_at()
+        out["breakers"][name] = {
+            "state": state.state.value,
+            "forced": state.forced,
+            "calls": calls,
+            "failures": failures,
+            "probes_in": None if reopen is None or state.forced else max(0.0, reopen - now),
+            "opened_at": state.opened_at,
+            "config": {
+                "failure_ratio": cfg.failure_ratio,
+                "min_calls": cfg.min_calls,
+                "window": cfg.window,
+                "cooldown": cfg.cooldown,
+                "probes": cfg.probes,
+            },
+        }
+    out["changes"] = [
+        {
+            "at": ev.at,
+            "name": ev.name,
+            "before": ev.before,
+            "after": ev.after,
+            "reason": ev.reason,
+            "calls": ev.calls,
+            "failures": ev.failures,
+        }
+        for ev in store.breaker_events(limit=last)
+    ]
+    return out
+
+
+def _show_breakers(store_url: str | None, last: int, as_json: bool) -> None:
+    store = open_given_store(store_url, create=False)
+    data = breakers_dict(store, last)
+    if as_json:
+        render.print_json(data)
+        return
+    if not data["breakers"]:
+        click.echo("no breakers declared (app.breaker(name, ...))")
+        return
+    for name, b in data["breakers"].items():
+        extra = " (forced)" if b["forced"] else ""
+        if b["probes_in"] is not None:
+            extra += f", probes in {b['probes_in']:.0f}s"
+        click.echo(
+            f"{name}: {b['state']}{extra}; {b['failures']} of {b['calls']} calls failed in {b['config']['window']:g}s"
+        )
+    for ev in data["changes"]:
+        click.echo(
+            f"  {_when(ev['at'])}  {ev['name']}: {ev['before']} -> {ev['after']}  {ev['reason']}"
+            f" ({ev['failures']} of {ev['calls']} calls failed)"
+        )
 
 
 @breaker.command()
 @store_option
+@json_option
 @click.option("--last", type=click.IntRange(min=0), default=10, show_default=True, help="Changes to list.")
-def show(store_url=None, last=10):
+@click.pass_context
+def show(ctx: click.Context, store_url=None, as_json=False, last=10):
     """Each breaker's state, then its last changes with their reasons and counts."""
-    store = open_given_store(store_url, create=False)
-    rows = store.breakers()
-    if not rows:
-        click.echo("no breakers declared (app.breaker(name, ...))")
-        return
-    for name, (cfg, state) in sorted(rows.items()):
-        now = store.now()
-        calls, failures = state.counts(cfg, now)
-        extra = " (forced)" if state.forced else ""
-        reopen = state.reopens_at()
-        if reopen is not None and not state.forced:
-            extra += f", probes in {max(0.0, reopen - now):.0f}s"
-        click.echo(f"{name}: {state.state.value}{extra}; {failures} of {calls} calls failed in {cfg.window:g}s")
-    for ev in store.breaker_events(limit=last):
-        click.echo(
-            f"  {_when(ev.at)}  {ev.name}: {ev.before} -> {ev.after}  {ev.reason}"
-            f" ({ev.failures} of {ev.calls} calls failed)"
-        )
+    _show_breakers(_url(ctx, store_url), last, as_json)
 
 
 def _force(store_url, name: str, state: BreakerState, reason: str) -> None:
@@ -66,18 +116,20 @@ def _force(store_url, name: str, state: BreakerState, reason: str) -> None:
 @store_option
 @click.argument("name")
 @click.option("--reason", default="opened by hand", show_default=True)
-def open_(name, reason, store_url=None):
+@click.pass_context
+def open_(ctx: click.Context, name, reason, store_url=None):
     """Open NAME and hold it open until it is closed by hand."""
-    _force(store_url, name, BreakerState.OPEN, reason)
+    _force(_url(ctx, store_url), name, BreakerState.OPEN, reason)
 
 
 @breaker.command()
 @store_option
 @click.argument("name")
 @click.option("--reason", default="closed by hand", show_default=True)
-def close(name, reason, store_url=None):
+@click.pass_context
+def close(ctx: click.Context, name, reason, store_url=None):
     """Close NAME: its tasks are claimed again."""
-    _force(store_url, name, BreakerState.CLOSED, reason)
+    _force(_url(ctx, store_url), name, BreakerState.CLOSED, reason)
 
 
 def _level_dict(store) -> dict:
@@ -96,13 +148,14 @@ def _print_level(store) -> None:
     how = "set by hand" if d["manual"] else "automatic"
     since = f" since {render.when(d['changed_at'])}" if d["changed_at"] is not None else ""
     reason = f": {d['reason']}" if d["reason"] else ""
-    click.echo(f"L{d['value']} {d['level']} ({how}){since}{reason}")
+    click.echo(f"{Level(d['value'])} ({how}){since}{reason}")
 
 
 @click.group(invoke_without_command=True)
 @store_option
+@json_option
 @click.pass_context
-def level(ctx: click.Context, store_url: str | None) -> None:
+def level(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
     """Show or set the fleet's degradation level (default: show).
 
     Levels: NORMAL (L0) everything runs; WARNING (L1) smaller claims and an
@@ -113,7 +166,11 @@ def level(ctx: click.Context, store_url: str | None) -> None:
     ctx.ensure_object(dict)
     ctx.obj["store_url"] = store_url
     if ctx.invoked_subcommand is None:
-        _print_level(open_given_store(store_url, create=False))
+        store = open_given_store(store_url, create=False)
+        if as_json:
+            render.print_json(_level_dict(store))
+        else:
+            _print_level(store)
 
 
 def _url(ctx: click.Context, store_url: str | None) -> str | None:

@@ -122,6 +122,16 @@ def took(rec: TaskRecord) -> float | None:
     return max(0.0, end - rec.started_at)
 
 
+def titled(title: str, table):
+    """``table`` under ``title`` as a line of its own: a title set on a rich
+    table wraps at the table's width (a long store URL in pieces of a narrow
+    table), a line wraps only at the terminal's."""
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(Text(title, style="italic"), table)
+
+
 def _state(s: State) -> str:
     return f"[{STATE_STYLE[s]}]{s.value}[/]"
 
@@ -141,7 +151,7 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
     from rich.table import Table
 
     con = console()
-    t = Table(title=f"store {url}" + (f", queue {queue}" if queue else ""), title_justify="left")
+    t = Table()
     t.add_column("State")
     t.add_column("Tasks", justify="right")
     for s in STATE_ORDER:
@@ -151,14 +161,14 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
         t.add_row("[bold red]unknown[/]", f"[bold red]{counts[UNKNOWN]}[/]")
     t.add_section()
     t.add_row("[bold]total[/]", f"[bold]{sum(counts.values())}[/]")
-    con.print(t)
+    con.print(titled(f"store {url}" + (f", queue {queue}" if queue else ""), t))
     if specs:
-        lt = Table(title="limits", title_justify="left")
+        lt = Table()
         for col in ("Limit", "In use", "Concurrency", "Rate"):
             lt.add_column(col, justify="right" if col != "Limit" else "left")
         for n, s in sorted(specs.items()):
             lt.add_row(n, str(usage.get(n, 0)), str(s.concurrency or "-"), s.rate or "-")
-        con.print(lt)
+        con.print(titled("limits", lt))
     if summary is not None:
         con.print(batch_table(summary))
 
@@ -230,7 +240,7 @@ def follow_batch(read, interval: float) -> None:
 def batch_table(summary):
     from rich.table import Table
 
-    t = Table(title=f"batch {summary.batch}: {summary.status}", title_justify="left")
+    t = Table()
     t.add_column("State")
     t.add_column("Tasks", justify="right")
     for s in STATE_ORDER:
@@ -241,7 +251,7 @@ def batch_table(summary):
     t.add_row("total", str(summary.total))
     t.add_row("avg duration", secs(summary.avg_duration) or "-")
     t.add_row("p99 duration", secs(summary.p99_duration) or "-")
-    return t
+    return titled(f"batch {summary.batch}: {summary.status}", t)
 
 
 # ---- tasks and show -------------------------------------------------------------------------
@@ -320,7 +330,7 @@ def print_task(rec: TaskRecord) -> None:
     from rich.table import Table
 
     con = console()
-    t = Table(title=f"task {rec.id}: {rec.name}", title_justify="left", show_header=False)
+    t = Table(show_header=False)
     t.add_column("Field", style="bold")
     t.add_column("Value", overflow="fold")
     if len(rec.args) <= TABLE_FIELD_CHARS:
@@ -372,7 +382,7 @@ def print_task(rec: TaskRecord) -> None:
     ]
     for k, v in rows:
         t.add_row(k, v if k in ("status",) else escape(v))
-    con.print(t)
+    con.print(titled(f"task {rec.id}: {rec.name}", t))
     if rec.traceback:  # whole (it is bounded when stored), below the table: its lines stay lines
         con.print("traceback of the failed attempt:", style="bold")
         con.print(escape(rec.traceback), soft_wrap=True, highlight=False)

@@ -40,6 +40,10 @@ class Level(enum.IntEnum):
     CIRCUIT_OPEN = 3
     EMERGENCY = 4
 
+    def __str__(self) -> str:
+        """``L2 DEGRADED``: what ``print(app.level())`` shows (it stays an int to compare)."""
+        return f"L{self.value} {self.name}"
+
     @classmethod
     def parse(cls, text: str | int | Level) -> Level:
         """``"DEGRADED"``, ``"degraded"``, ``"L2"`` or ``2``."""

@@ -423,6 +423,8 @@ async def action(request: Request) -> Response:
         msg = f"{what} refused: {exc}"
     if msg is None:
         return PlainTextResponse("unknown action", status_code=404)
+    # the page it goes back to shows what the action did, not the look before it
+    await anyio.to_thread.run_sync(d.sampler.tick)
     sep = "&" if "?" in back else "?"
     return RedirectResponse(back + sep + urlencode({"msg": msg}), status_code=303)
 
