@@ -101,6 +101,7 @@ PG_SHIFT = (
     " FROM jsonb_array_elements(state::jsonb->'slots') WITH ORDINALITY AS x(e, n)), '[]'::jsonb))::text"
     " WHERE state IS NOT NULL AND jsonb_typeof(state::jsonb->'slots') = 'array'",
     "UPDATE corral_breaker_events SET at = at - %(s)s",
+    "UPDATE corral_workers SET started_at = started_at - %(s)s, heartbeat_at = heartbeat_at - %(s)s",
 )
 
 

@@ -192,6 +192,27 @@ class BreakerEvent:
     failures: int
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker process as it tells the store every few seconds (its row in
+    the workers table): who it is, what it serves, how busy it is. The store
+    stamps ``started_at`` (at the first report) and ``heartbeat_at`` (at each)
+    with its own clock; the values given here for them are ignored."""
+
+    id: str
+    host: str
+    pid: int
+    queues: tuple[str, ...]
+    #: its slots, and how many hold a unit now
+    slots: int
+    in_use: int
+    version: str
+    #: how often it reports: a row this much older, three times over, is a dead worker's
+    beat_every: float
+    started_at: float = 0.0
+    heartbeat_at: float = 0.0
+
+
 @dataclass(slots=True)
 class TaskFilter:
     status: State | None = None

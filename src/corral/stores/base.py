@@ -78,6 +78,7 @@ from corral.core.model import (
     SweepReport,
     TaskFilter,
     TaskRecord,
+    WorkerInfo,
 )
 from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
@@ -688,6 +689,27 @@ class Store(abc.ABC):
 
         All at once, so a group's re-queued tasks are back in its line in
         their submit order before any of them can be claimed."""
+        raise NotImplementedError
+
+    # ---- worker processes -------------------------------------------------
+    def report_worker(self, info: WorkerInfo) -> None:
+        """Write a worker process's row (insert or replace), stamping
+        ``heartbeat_at`` now, and ``started_at`` now at its first report."""
+        raise NotImplementedError
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Delete a worker's row: it stopped cleanly."""
+        raise NotImplementedError
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker row, oldest start first: live ones, and dead ones the
+        sweeper has not cleared yet."""
+        raise NotImplementedError
+
+    def forget_workers(self, before: float) -> int:
+        """Delete the rows of workers silent since before ``before`` that hold
+        no RUNNING task any more (the sweeper took their leases back); returns
+        how many. A dead worker that still holds tasks stays listed with them."""
         raise NotImplementedError
 
     # ---- fleet control ----------------------------------------------------

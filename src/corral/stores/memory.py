@@ -47,6 +47,7 @@ from corral.core.model import (
     SubmitResult,
     TaskFilter,
     TaskRecord,
+    WorkerInfo,
     dumps,
     loads,
 )
@@ -111,6 +112,7 @@ class MemoryStore(Store):
         self._waiting_on: dict[int, set[int]] = {}
         self._leases: dict[str, _Lease] = {}
         self._running: set[int] = set()
+        self._workers: dict[str, WorkerInfo] = {}
         self._limits: dict[str, LimitState] = {}
         self._usage: dict[str, int] = {}
         self._breakers: dict[str, BreakerRow] = {}
@@ -739,6 +741,30 @@ class MemoryStore(Store):
             if dead:
                 self._wake.notify_all()
             return [t.id for t in dead]
+
+    # ---- worker processes ---------------------------------------------------
+    def report_worker(self, info: WorkerInfo) -> None:
+        with self._lock:
+            now = self.now()
+            old = self._workers.get(info.id)
+            started = old.started_at if old is not None else now
+            self._workers[info.id] = replace(info, started_at=started, heartbeat_at=now)
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+
+    def workers(self) -> list[WorkerInfo]:
+        with self._lock:
+            return sorted(self._workers.values(), key=lambda w: (w.started_at, w.id))
+
+    def forget_workers(self, before: float) -> int:
+        with self._lock:
+            holding = {self._tasks[i].worker_id for i in self._running}
+            gone = [w for w, info in self._workers.items() if info.heartbeat_at < before and w not in holding]
+            for w in gone:
+                del self._workers[w]
+            return len(gone)
 
     # ---- fleet control ------------------------------------------------------
     def fleet_level(self) -> FleetLevel:

@@ -80,6 +80,7 @@ from corral.core.model import (
     SubmitResult,
     TaskFilter,
     TaskRecord,
+    WorkerInfo,
     dumps,
 )
 from corral.core.pacing import chunk_reach
@@ -235,8 +236,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: index of the tasks that left it; 23: the event stream (task and breaker
 #: events by trigger); 24: offers of waiting workers; 25: no statistics on
 #: status (claim plans); 27: a task's crash count; 28: a failed attempt's
-#: traceback; 33: a limit's log of recent starts (a sliding window's).
-SCHEMA_VERSION = 33
+#: traceback; 33: a limit's log of recent starts (a sliding window's);
+#: 34: worker processes' rows (corral_workers).
+SCHEMA_VERSION = 34
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1602,6 +1604,30 @@ class PostgresStore(SqlStore):
 
     def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
         return [BreakerEvent(*r) for r in self._fetchall("breaker_events", {"name": name, "limit": max(0, limit)})]
+
+    # ---- worker processes -----------------------------------------------------------
+    def report_worker(self, info: WorkerInfo) -> None:
+        params = {
+            "id": info.id,
+            "host": info.host,
+            "pid": info.pid,
+            "queues": list(info.queues),
+            "slots": info.slots,
+            "in_use": info.in_use,
+            "version": info.version,
+            "beat_every": info.beat_every,
+        }
+        self._rowcount("report_worker", params)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self._rowcount("remove_worker", {"id": worker_id})
+
+    def workers(self) -> list[WorkerInfo]:
+        rows = self._fetchall("workers")
+        return [WorkerInfo(r[0], r[1], r[2], tuple(r[3]), *r[4:]) for r in rows]
+
+    def forget_workers(self, before: float) -> int:
+        return self._rowcount("forget_workers", {"before": before})
 
     # ---- maintenance --------------------------------------------------------------
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:

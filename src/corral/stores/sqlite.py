@@ -114,6 +114,7 @@ from corral.core.model import (
     SubmitResult,
     TaskFilter,
     TaskRecord,
+    WorkerInfo,
     dumps,
     loads,
 )
@@ -168,11 +169,12 @@ from corral.stores.sqlbase import (
 #: left the line (no index of every grouped task);
 #: 24: a task's crash count (tasks.crashes);
 #: 25: a failed attempt's traceback (tasks.traceback);
-#: 30: a limit's log of recent starts (named_limits.starts, a sliding window's).
+#: 30: a limit's log of recent starts (named_limits.starts, a sliding window's);
+#: 34: worker processes' rows (workers).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 30
+SCHEMA_VERSION = 34
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -1731,6 +1733,38 @@ class SQLiteStore(SqlStore):
             if event is not None:
                 con.execute(Q["add_event"], (now, "level", "fleet", event))
             return True
+
+    # ---- worker processes -------------------------------------------------
+    @_guard
+    def report_worker(self, info: WorkerInfo) -> None:
+        params = {
+            "id": info.id,
+            "host": info.host,
+            "pid": info.pid,
+            "queues": json.dumps(list(info.queues)),
+            "slots": info.slots,
+            "in_use": info.in_use,
+            "version": info.version,
+            "beat_every": info.beat_every,
+            "now": self._clock.time(),
+        }
+        with self._write() as con:
+            con.execute(Q["report_worker"], params)
+
+    @_guard
+    def remove_worker(self, worker_id: str) -> None:
+        with self._write() as con:
+            con.execute(Q["remove_worker"], (worker_id,))
+
+    @_guard
+    def workers(self) -> list[WorkerInfo]:
+        rows = self._con().execute(Q["workers"]).fetchall()
+        return [WorkerInfo(r[0], r[1], r[2], tuple(json.loads(r[3])), *r[4:]) for r in rows]
+
+    @_guard
+    def forget_workers(self, before: float) -> int:
+        with self._write() as con:
+            return con.execute(Q["forget_workers"], {"before": before}).rowcount
 
     @_guard
     def add_event(self, kind: str, subject: str, data: str) -> int:

@@ -552,6 +552,24 @@ ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS traceback text;
 -- corral.core.rates.Window). "N/s" holds at most N starts in any second.
 ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS starts text;
 
+-- name: migration_0034
+-- Worker processes: each writes its row every few seconds (heartbeat_at) and
+-- deletes it when it stops cleanly; a row gone silent is a dead worker's,
+-- listed with the tasks it still holds until the sweeper has taken their
+-- leases back and clears it.
+CREATE TABLE IF NOT EXISTS corral_workers (
+    id           text PRIMARY KEY,
+    host         text NOT NULL,
+    pid          integer NOT NULL,
+    queues       text[] NOT NULL,
+    slots        integer NOT NULL,
+    in_use       integer NOT NULL,
+    version      text NOT NULL,
+    beat_every   double precision NOT NULL,
+    started_at   double precision NOT NULL,
+    heartbeat_at double precision NOT NULL
+);
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1405,6 +1423,30 @@ VALUES (%(at)s, %(name)s, %(before)s, %(after)s, %(reason)s, %(calls)s, %(failur
 -- name: breaker_events
 SELECT at, name, before, after, reason, calls, failures FROM corral_breaker_events
 WHERE (%(name)s::text IS NULL OR name = %(name)s::text) ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: report_worker
+-- A worker's report: its row written whole, its first start kept.
+INSERT INTO corral_workers AS w (id, host, pid, queues, slots, in_use, version, beat_every, started_at, heartbeat_at)
+SELECT %(id)s, %(host)s, %(pid)s, %(queues)s::text[], %(slots)s, %(in_use)s, %(version)s, %(beat_every)s,
+       c.now, c.now
+FROM (SELECT extract(epoch FROM clock_timestamp())::float8 AS now) c
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, queues = excluded.queues, slots = excluded.slots,
+    in_use = excluded.in_use, version = excluded.version, beat_every = excluded.beat_every,
+    heartbeat_at = excluded.heartbeat_at;
+
+-- name: remove_worker
+DELETE FROM corral_workers WHERE id = %(id)s;
+
+-- name: workers
+SELECT id, host, pid, queues, slots, in_use, version, beat_every, started_at, heartbeat_at
+FROM corral_workers ORDER BY started_at, id;
+
+-- name: forget_workers
+-- Silent workers that hold no task any more: the sweeper took their leases back.
+DELETE FROM corral_workers w
+WHERE w.heartbeat_at < %(before)s
+  AND NOT EXISTS (SELECT 1 FROM corral_tasks t WHERE t.status = 'RUNNING' AND t.worker_id = w.id);
 
 -- name: limit_usage
 SELECT n AS name, count(DISTINCT t.lease_token) AS used

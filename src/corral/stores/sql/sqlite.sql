@@ -229,6 +229,23 @@ CREATE INDEX IF NOT EXISTS tasks_batch_active
     ON tasks (batch)
     WHERE batch IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- Worker processes (schema 34): each writes its row every few seconds
+-- (heartbeat_at) and deletes it when it stops cleanly; a row gone silent is a
+-- dead worker's, listed with the tasks it still holds until the sweeper has
+-- taken their leases back and clears it. queues is a JSON array.
+CREATE TABLE IF NOT EXISTS workers (
+    id           TEXT PRIMARY KEY,
+    host         TEXT NOT NULL,
+    pid          INTEGER NOT NULL,
+    queues       TEXT NOT NULL,
+    slots        INTEGER NOT NULL,
+    in_use       INTEGER NOT NULL,
+    version      TEXT NOT NULL,
+    beat_every   REAL NOT NULL,
+    started_at   REAL NOT NULL,
+    heartbeat_at REAL NOT NULL
+) WITHOUT ROWID;
+
 -- Periodic schedules (schema 7): the definitions a worker stores when it
 -- starts (so `corral periodic` lists them without the app) and what their last
 -- tick did. last_task_id is the last task a tick enqueued (overlap=False
@@ -731,6 +748,28 @@ INSERT INTO breaker_events (at, name, before, after, reason, calls, failures) VA
 -- name: breaker_events
 SELECT at, name, before, after, reason, calls, failures FROM breaker_events
 WHERE (?1 IS NULL OR name = ?1) ORDER BY id DESC LIMIT ?2
+
+-- name: report_worker
+-- A worker's report: its row written whole, its first start kept.
+INSERT INTO workers (id, host, pid, queues, slots, in_use, version, beat_every, started_at, heartbeat_at)
+VALUES (:id, :host, :pid, :queues, :slots, :in_use, :version, :beat_every, :now, :now)
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, queues = excluded.queues, slots = excluded.slots,
+    in_use = excluded.in_use, version = excluded.version, beat_every = excluded.beat_every,
+    heartbeat_at = excluded.heartbeat_at
+
+-- name: remove_worker
+DELETE FROM workers WHERE id = ?
+
+-- name: workers
+SELECT id, host, pid, queues, slots, in_use, version, beat_every, started_at, heartbeat_at
+FROM workers ORDER BY started_at, id
+
+-- name: forget_workers
+-- Silent workers that hold no task any more: the sweeper took their leases back.
+DELETE FROM workers
+WHERE heartbeat_at < :before
+  AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.status = 'RUNNING' AND t.worker_id = workers.id)
 
 -- What a claim that found its work only behind a full limit depends on,
 -- besides the limits' usage: the newest task, and the ready heads of its
