@@ -35,6 +35,7 @@ COMMANDS = [
     "sweep",
     "tasks",
     "worker",
+    "workers",
 ]
 
 

@@ -25,6 +25,7 @@ READ_ONLY = [
     ("level",),
     ("level", "show"),
     ("batch", "show", "b"),
+    ("workers",),
     ("plan", "--from-history", "t"),
     # not a read, but deleting from a store that is not there is a mistake too
     ("prune", "--older-than", "7d"),

@@ -14,6 +14,7 @@ shares, the error handling and :func:`main`. The commands live by area:
 - :mod:`corral.cli.prune`: ``prune --older-than AGE`` (old finished tasks);
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
 - :mod:`corral.cli.batch`: ``batch show B`` (a live progress bar);
+- :mod:`corral.cli.workers`: ``workers`` (worker processes, what they hold, dead ones);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
 - ``bench``: the :mod:`corral.bench` package, added when it can be imported.
@@ -237,10 +238,11 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here: the command modules use the helpers above.
-    from corral.cli import batch, controls, demo, events, periodic, plan, prune, tasks, worker
+    from corral.cli import batch, controls, demo, events, periodic, plan, prune, tasks, worker, workers
 
     for command in (
         worker.worker,
+        workers.workers,
         tasks.submit,
         tasks.status,
         tasks.tasks,

@@ -388,6 +388,72 @@ def print_task(rec: TaskRecord) -> None:
         con.print(escape(rec.traceback), soft_wrap=True, highlight=False)
 
 
+# ---- workers ----------------------------------------------------------------------------------
+def ago(seconds: float | None) -> str:
+    """An age as ``4s``, ``3m 20s``, ``2h 5m``, ``3d 4h``; empty for None."""
+    if seconds is None:
+        return ""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def held_text(view, at_most: int = 8) -> str:
+    """What a worker holds: ``12 sync_sku, 15 push (RESERVED)``, cut after ``at_most``."""
+    parts = [f"{h.id} {h.name}" + (" (RESERVED)" if h.status == "RESERVED" else "") for h in view.held[:at_most]]
+    if len(view.held) > at_most:
+        parts.append(f"+{len(view.held) - at_most} more")
+    return ", ".join(parts)
+
+
+def print_workers(rows: list, now: float) -> None:
+    from rich.table import Table
+
+    con = console()
+    if not rows:
+        con.print("no worker has reported to this store (a stopped worker removes its row)")
+        return
+    dead = sum(not v.alive for v in rows)
+    t = Table()
+    for col, just in (
+        ("Worker", "left"),
+        ("State", "left"),
+        ("Host", "left"),
+        ("PID", "right"),
+        ("Queues", "left"),
+        ("Slots", "right"),
+        ("Holds", "left"),
+        ("Heartbeat", "right"),
+        ("Version", "left"),
+        ("Started", "left"),
+    ):
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for v in rows:
+        state = "[green]alive[/]" if v.alive else f"[bold red]DEAD[/] [red]{escape(v.dead)}[/]"
+        slots = "" if v.slots is None else f"{v.in_use or 0}/{v.slots}"
+        beat = "" if v.heartbeat_at is None else f"{ago(now - v.heartbeat_at)} ago"
+        held = escape(held_text(v))
+        t.add_row(
+            escape(v.id),
+            state,
+            escape(v.host),
+            "" if v.pid is None else str(v.pid),
+            escape(", ".join(v.queues)),
+            slots,
+            f"[red]{held}[/]" if not v.alive and held else held,
+            beat,
+            escape(v.version),
+            when(v.started_at),
+        )
+    title = f"{len(rows)} worker(s)" + (f", {dead} dead" if dead else "")
+    con.print(titled(title, t))
+
+
 # ---- sweep ------------------------------------------------------------------------------------
 def sweep_dict(report) -> dict:
     data = {f: list(getattr(report, f)) for f in report.__dataclass_fields__}

@@ -68,6 +68,7 @@ from corral.engine.context import Context, _set_current
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import OPEN, UNLIMITED, DispatchPolicy, Hooks
 from corral.engine.logs import task_fields
+from corral.engine.presence import Presence
 from corral.engine.registry import Registry, TaskSpec
 from corral.errors import (
     Canceled,
@@ -98,6 +99,9 @@ def _error_line(text: str | None) -> str:
     lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
     return lines[-1].strip() if lines else "-"
 
+
+#: A worker writes its row (engine/presence.py) at least this often, in seconds.
+PRESENCE_EVERY = 5.0
 
 #: The event a worker writes about once a minute with what it cannot fix itself.
 HEALTH_EVENT = "worker.health"
@@ -371,6 +375,7 @@ class Worker:
         self._starts_written_at = 0.0
         self.started = False
         self._sweeper: Any = None
+        self._presence: Presence | None = None
         self._periodic: Any = None
         #: Set when the store failed for good (damaged, foreign, too new) or a
         #: thread of this worker failed: the worker stopped claiming.
@@ -404,6 +409,14 @@ class Worker:
         self._thread(self._watchdog_loop, "watchdog")
         self._thread(self._heartbeat_loop, "heartbeat")
         self._thread(self._completer_loop, "completer")
+        self._presence = Presence(
+            self.store,
+            self.id,
+            queues=self.queues,
+            slots=self.concurrency,
+            in_use=lambda: len(self._runs),
+            every=min(self.heartbeat_interval, PRESENCE_EVERY),
+        ).start()
         if self.sweep_interval:
             from corral.maintenance.retention import Retention
             from corral.maintenance.sweeper import Sweeper
@@ -492,6 +505,8 @@ class Worker:
         self._let_go_abandoned()
         self._flush(10.0)
         self._stopped.set()
+        if self._presence is not None:
+            self._presence.stop()
         if self._sweeper is not None:
             self._sweeper.stop()
         for _ in range(self._slots):

@@ -7,7 +7,10 @@ leases every tick and, at most every ``chores_every`` seconds (30 by
 default), does the chores that must run once across the fleet and are not
 urgent: stale pending tasks, dependents a crash left unsettled, batch
 callbacks, (with ``levels``) the fleet's level and the event log's trim, and
-(with ``retention``) the deletion of old finished tasks.
+(with ``retention``) the deletion of old finished tasks. After recovering
+leases it forgets the rows of dead worker processes that hold nothing any
+more (silent for ``forget_workers_after``), so ``corral workers`` lists a
+dead worker, with what it held, until its leases were taken back.
 
 Every other sweeper is a backstop for the one rule that blocks groups: it
 recovers leases that expired ``backstop`` seconds ago (two intervals by
@@ -58,6 +61,9 @@ ROLE = "sweeper"
 DEFAULT_SWEEP_INTERVAL = 5.0
 #: The leader's chores other than lost leases run at least this far apart.
 CHORES_EVERY = 30.0
+#: A worker process's row silent this long, holding no task, is forgotten (its
+#: worker died or was stopped without a word); until then it is shown dead.
+FORGET_WORKERS_AFTER = 60.0
 
 
 class Sweeper(Loop):
@@ -77,6 +83,7 @@ class Sweeper(Loop):
         outage_grace: float = DEFAULT_LEASE_SECONDS,
         backstop: float | None = None,
         chores_every: float | None = None,
+        forget_workers_after: float = FORGET_WORKERS_AFTER,
     ):
         if interval <= 0:
             raise ConfigError("the sweep interval must be > 0 seconds")
@@ -106,6 +113,7 @@ class Sweeper(Loop):
         #: are what a sweep costs the database, and nothing in them is urgent.
         self.chores_every = max(self.interval, CHORES_EVERY) if chores_every is None else float(chores_every)
         self._chores_at: float | None = None
+        self.forget_workers_after = float(forget_workers_after)
         self._unreported = SweepReport()
         self.is_leader = False
         self.ticks = 0
@@ -182,6 +190,8 @@ class Sweeper(Loop):
             report = recover_lost_leases(self.store, max_rows=self.max_rows) if due else SweepReport()
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
+        if due:
+            self._forget_workers()
         for f in report.__dataclass_fields__:  # the level's signal counts every tick's losses
             getattr(self._unreported, f).extend(getattr(report, f))
         if chores:
@@ -199,6 +209,15 @@ class Sweeper(Loop):
                 self.levels.tick(seen)
             self.after_sweep()
         return report
+
+    def _forget_workers(self) -> None:
+        """Clear the rows of dead workers whose leases were taken back."""
+        try:
+            gone = self.store.forget_workers(self.store.now() - self.forget_workers_after)
+        except NotImplementedError:
+            return
+        if gone:
+            log.info("sweeper forgot %d dead worker(s) that held nothing any more", gone)
 
     def after_sweep(self) -> None:
         """The leader's housekeeping after its sweep: retention, if any. A
