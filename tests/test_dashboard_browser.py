@@ -15,6 +15,7 @@ in CI (``CI`` set) they fail instead.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
@@ -23,8 +24,10 @@ import pytest
 
 from corral import App
 from corral.core.breaker import BreakerState
+from corral.core.model import TaskFilter
 from corral.core.states import State
 from corral.edges.dashboard import serve_background
+from faults import AppWorker
 from helpers import in_ci, missing, wait_for
 
 CHROMIUM = os.environ.get("CORRAL_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -124,6 +127,7 @@ def test_click_through_every_page(env):
     for link, heading, name in [
         ("Queues", "Queues", "queues"),
         ("Groups", "Groups", "groups"),
+        ("Workers", "Workers", "workers"),
         ("Limits & breakers", "Limits and breakers", "limits"),
         ("Batches", "Batches", "batches"),
         ("Tasks", "Newest tasks", "tasks"),
@@ -162,6 +166,81 @@ def test_click_through_every_page(env):
     page.goto(dash.url + "/search?q=merchant-1&by=group")
     assert page.locator("table.tasks tbody tr").count() == 2
     no_script_ran(page)
+
+
+def test_the_tasks_filters_find_what_is_asked_with_ages(env):
+    app, dash, page, ids = env
+    page.goto(dash.url + "/tasks")
+    page.select_option("#task-filters select[name=status]", "FAILED")
+    page.click("#task-filters button")
+    page.wait_for_url("**/tasks?status=FAILED*")
+    rows = page.locator("table.tasks tbody tr")
+    failed = {t.id for t in app.store.list_tasks(TaskFilter(status=State.FAILED, limit=100))}
+    assert rows.count() == len(failed) == 2
+    assert {int(t) for t in rows.locator("td:first-child").all_inner_texts()} == failed
+    assert set(rows.locator("td:nth-child(3)").all_inner_texts()) == {"FAILED"}
+    # each row says how long ago it ended and what it took; the submit's age with its time
+    for text in rows.locator("td.age:nth-child(4)").all_inner_texts():
+        assert re.fullmatch(r"ended \d+(s|m \d\ds) ago, took \d+(\.\d+)? ?(ms|s)", text), text
+    assert re.fullmatch(r"\d+(s|m \d\ds) ago", rows.locator("td.age time").first.inner_text())
+    shot(page, "tasks-filtered")
+    # state and name together, kept in the form; a queue alone
+    page.goto(dash.url + "/tasks?status=SUCCESS&name=ok")
+    assert page.locator("#task-filters select[name=status]").input_value() == "SUCCESS"
+    assert page.locator("#task-filters input[name=name]").input_value() == "ok"
+    assert set(page.locator("table.tasks tbody tr td:nth-child(2)").all_inner_texts()) == {"ok"}
+    assert page.locator("table.tasks tbody tr").count() == 3
+    page.goto(dash.url + "/tasks?queue=parked")
+    texts = page.locator("table.tasks tbody tr td:nth-child(6)").all_inner_texts()
+    assert texts and set(texts) == {"parked"}
+    assert page.locator("table.tasks tbody tr td:first-child").all_inner_texts()[-1] == str(ids["parked"])
+    page.goto(dash.url + "/tasks?queue=parked&status=PENDING")
+    waiting = page.locator("table.tasks tbody tr td.age:nth-child(4)").all_inner_texts()
+    assert waiting and all(re.fullmatch(r"waiting \d+(s|m \d\ds)", t) for t in waiting), waiting
+    page.click("text=clear")
+    page.wait_for_url(dash.url + "/tasks")
+    assert page.locator("h1").inner_text() == "Newest tasks"
+
+
+def test_workers_page_shows_a_killed_worker_dead_with_what_it_held(env, tmp_path):
+    app, dash, page, ids = env
+    # the live in-process worker of the shared store, with the task it holds
+    page.goto(dash.url + "/workers")
+    live = page.locator("table.workers tbody tr.alive")
+    assert live.count() == 1 and str(ids["holding"]) in live.first.inner_text()
+    # a worker process on a store of its own, killed with kill -9 while it runs a task
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    submitter = App(url)
+
+    @submitter.task(name="slow", retries=3)
+    def slow(first_run: float) -> int:  # body runs in the worker process
+        raise AssertionError
+
+    held = slow.submit(120).id
+    worker = AppWorker(url, tmp_path / "runs.jsonl", tmp_path / "w.log", concurrency=2, lease_seconds=3)
+    other = serve_background(submitter.store)
+    try:
+        worker.wait_ready()
+        wait_for(lambda: submitter.get(held).status is State.RUNNING, 30, message="the worker runs the task")
+        worker.kill()
+        page.goto(other.url + "/workers")
+
+        def dead_row():
+            page.reload()
+            row = page.locator("table.workers tbody tr.dead")
+            return row if row.count() == 1 else None
+
+        row = wait_for(dead_row, 30, interval=0.5, message="the killed worker shown dead")
+        assert worker.pid in row.inner_text() and "DEAD" in row.inner_text()
+        link = row.locator("td.held a")
+        assert link.inner_text() == str(held)
+        assert link.evaluate("a => getComputedStyle(a).color") == "rgb(192, 57, 43)"  # in red
+        assert "1 dead" in page.inner_text("#dead-count")
+        shot(page, "workers-dead")
+    finally:
+        worker.close()
+        other.stop()
+        submitter.close()
 
 
 def test_script_payloads_are_shown_as_text(env):

@@ -390,17 +390,8 @@ def print_task(rec: TaskRecord) -> None:
 
 # ---- workers ----------------------------------------------------------------------------------
 def ago(seconds: float | None) -> str:
-    """An age as ``4s``, ``3m 20s``, ``2h 5m``, ``3d 4h``; empty for None."""
-    if seconds is None:
-        return ""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+    """An age as ``4s``, ``3m 20s``, ``2h 05m``, ``3d 04h``; empty for None."""
+    return "" if seconds is None else planning.format_age(seconds)
 
 
 def held_text(view, at_most: int = 8) -> str:

@@ -81,6 +81,19 @@ def parse_duration(text: str | float | int, default_unit: str = "s") -> float:
     return value * _UNITS[unit]
 
 
+def format_age(seconds: float) -> str:
+    """An age in whole units, for lists of things waiting or held: ``4s``,
+    ``3m 20s``, ``2h 05m``, ``3d 04h``."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
 def format_duration(seconds: float) -> str:
     """A short human form: ``450ms``, ``12.5s``, ``29.4 min``, ``2.5 h``, ``3.0 d``."""
     if seconds < 1:
@@ -535,6 +548,7 @@ __all__ = [
     "DEFAULT_WORKER_CAP",
     "DEFAULT_LANE_HEADROOM",
     "parse_duration",
+    "format_age",
     "format_duration",
     "ConcurrencyLimit",
     "concurrency_limit",

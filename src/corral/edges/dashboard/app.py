@@ -44,6 +44,7 @@ from starlette.staticfiles import StaticFiles
 from corral.core.breaker import BreakerState
 from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
+from corral.core.planning import format_age
 from corral.core.states import ACTIVE, State
 from corral.edges.dashboard.sampler import Sampler, fmt_seconds
 from corral.errors import CorralError
@@ -80,6 +81,17 @@ def when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def age(seconds: float | None) -> str:
+    """How long ago or how long for, shortly: ``4s``, ``3m 20s``, ``2h 05m``, ``3d 04h``."""
+    return "–" if seconds is None else format_age(seconds)
+
+
+def iso(ts: float | None) -> str:
+    import datetime as dt
+
+    return "" if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds")
+
+
 def _same(a: str | None, b: str) -> bool:
     return a is not None and hmac.compare_digest(a.encode(), b.encode())
 
@@ -106,6 +118,8 @@ class Dashboard:
         self.env.filters["when"] = when
         self.env.filters["seconds"] = fmt_seconds
         self.env.filters["truncate_text"] = truncate
+        self.env.filters["age"] = age
+        self.env.filters["iso"] = iso
         self.env.globals["urlq"] = lambda v: quote(str(v), safe="")
         self._registry: Any = None
 
@@ -119,6 +133,7 @@ class Dashboard:
             msg=request.query_params.get("msg", ""),
             snap=self.sampler.snapshot(),
         )
+        ctx.setdefault("now", self.store.now())  # ages in lists are counted from the store's clock
         html = self.env.get_template(template).render(**ctx)
         resp = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
         self._set_csrf_cookie(resp)
@@ -245,6 +260,22 @@ def limits(request: Request) -> Response:
     )
 
 
+def workers(request: Request) -> Response:
+    from corral.edges.workers import read_workers
+
+    d = _dash(request)
+    now, rows = read_workers(d.store)
+    return d.page(request, "workers.html", title="Workers", rows=rows, now=now, dead=sum(not v.alive for v in rows))
+
+
+def workers_json(request: Request) -> Response:
+    """What ``corral workers --json`` prints."""
+    from corral.edges.workers import read_workers
+
+    now, rows = read_workers(_dash(request).store)
+    return JSONResponse({"at": now, "workers": [v.as_dict(now) for v in rows]})
+
+
 def _batch_row(name: str, counts: dict[str, int]) -> dict[str, Any]:
     total = sum(counts.values()) or 1
     parts = [
@@ -347,18 +378,49 @@ def _task_list_page(request: Request, template: str, title: str, rows: list[Task
     d = _dash(request)
     more = len(rows) > PAGE
     rows = rows[:PAGE]
-    params = {k: v for k, v in request.query_params.items() if k != "after"}
+    params = {k: v for k, v in request.query_params.items() if k not in ("after", "msg")}
     next_url = None
     if more and rows:
         next_url = request.url.path + "?" + urlencode({**params, "after": rows[-1].id})
     return d.page(request, template, title=title, rows=rows, next_url=next_url, **ctx)
 
 
+#: The Tasks page's filters: query parameter -> TaskFilter field.
+TASK_FILTERS = {"name": "name", "queue": "queue", "group": "group", "batch": "batch", "trace": "trace_id", "key": "key"}
+STATE_NAMES = [s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED, State.RUNNING)] + [
+    s.value for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED)
+]
+
+
 def tasks(request: Request) -> Response:
+    """Tasks, newest first, filtered by state, name, queue, group, batch, trace id or key (all that are given)."""
     d = _dash(request)
-    after = _int(request.query_params.get("after"))
-    rows = d.store.list_tasks(TaskFilter(limit=PAGE + 1, after_id=after))
-    return _task_list_page(request, "tasks.html", "Tasks", rows, heading="Newest tasks")
+    q = request.query_params
+    after = _int(q.get("after"))
+    shown = {"status": (q.get("status") or "").strip().upper(), **{p: (q.get(p) or "").strip() for p in TASK_FILTERS}}
+    if shown["status"] and shown["status"] not in STATE_NAMES:
+        error = f"unknown state {shown['status']!r}; one of {', '.join(STATE_NAMES)}"
+        return d.page(request, "error.html", status_code=400, title="Bad filter", error=error)
+    flt = TaskFilter(limit=PAGE + 1, after_id=after, status=State(shown["status"]) if shown["status"] else None)
+    for param, attr in TASK_FILTERS.items():
+        if shown[param]:
+            setattr(flt, attr, shown[param])
+    rows = d.store.list_tasks(flt)
+    filtered = any(shown.values())
+    what = [f"{k} {v}" for k, v in shown.items() if v]
+    heading = ("Tasks: " + ", ".join(what)) if filtered else "Newest tasks"
+    first = {k: v for k, v in q.items() if k not in ("after", "msg")}
+    return _task_list_page(
+        request,
+        "tasks.html",
+        "Tasks",
+        rows,
+        heading=heading,
+        f=shown,
+        states=STATE_NAMES,
+        filtered=filtered,
+        first_url=request.url.path + ("?" + urlencode(first) if first else ""),
+    )
 
 
 def dead(request: Request) -> Response:
@@ -564,6 +626,8 @@ def create_app(store: Store, *, token: str | None = None, read_only: bool = Fals
         Route("/", overview),
         Route("/queues", queues),
         Route("/groups", groups),
+        Route("/workers", workers),
+        Route("/api/workers", workers_json),
         Route("/limits", limits),
         Route("/batches", batches),
         Route("/batches/{name:path}", batch_detail),
