@@ -280,9 +280,13 @@ def record_dict(rec: TaskRecord, limit: int = JSON_FIELD_CHARS) -> dict:
     return d
 
 
-def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered: bool) -> None:
+def print_tasks(
+    rows: list[TaskRecord], *, group_filtered: bool, batch_filtered: bool, now: float | None = None
+) -> None:
+    """A table of tasks; ``now`` (the store's time) counts their ages."""
     from rich.table import Table
 
+    now = time.time() if now is None else now
     con = console()
     if not rows:
         con.print("no tasks match")
@@ -297,6 +301,7 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
         ("Try", "right"),
         ("Progress", "right"),
         ("Created", "left"),
+        ("Age", "right"),
         ("Took", "right"),
         ("Error", "left"),
     ]
@@ -318,6 +323,7 @@ def print_tasks(rows: list[TaskRecord], *, group_filtered: bool, batch_filtered:
             "Try": f"{r.attempt}/{r.max_retries + 1}",
             "Progress": progress,
             "Created": when(r.created_at),
+            "Age": ago(now - r.created_at),
             "Took": secs(took(r)),
             "Error": escape(one_line(r.error[:TABLE_FIELD_CHARS])[:80] if r.error else ""),
         }

@@ -232,7 +232,7 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
     if as_json:
         render.print_json([render.record_dict(r) for r in rows])
     else:
-        render.print_tasks(rows, group_filtered=bool(group), batch_filtered=bool(batch))
+        render.print_tasks(rows, group_filtered=bool(group), batch_filtered=bool(batch), now=store.now())
 
 
 # ---- show -------------------------------------------------------------------------------
