@@ -116,3 +116,12 @@ def test_dead_is_a_silence_of_three_beats_or_a_lost_lease():
     # a holder with no row (a worker of a corral that kept none) is shown from its tasks
     (v,) = views([], [_task(8, "b:42:y", 110.0)], now=112.0)
     assert (v.host, v.pid, v.dead) == ("b", 42, "lease lost 2s ago")
+
+
+def test_slots_in_use_are_the_held_tasks_that_run_not_the_last_report():
+    row = WorkerInfo("a:1:x", "a", 1, ("default",), 4, 0, "1", 5.0, started_at=0.0, heartbeat_at=100.0)
+    reserved = _task(9, "a:1:x", 200.0)
+    reserved.started_at = None
+    reserved.status = State.RESERVED
+    (v,) = views([row], [_task(7, "a:1:x", 200.0), reserved], now=101.0)
+    assert v.in_use == 1 and [(h.id, h.status) for h in v.held] == [(7, "RUNNING"), (9, "RESERVED")]

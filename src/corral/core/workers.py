@@ -97,6 +97,8 @@ def views(rows: Iterable[WorkerInfo], held: Iterable[TaskRecord], now: float) ->
         v.held.append(HeldTask(t.id, t.name, t.status.value, t.lease_expires_at))
     for v in out.values():
         v.held.sort(key=lambda h: h.id)
+        if v.slots is not None:  # its held tasks that run: newer than the worker's last report
+            v.in_use = sum(h.status == "RUNNING" for h in v.held)
         expired = [h.lease_expires_at for h in v.held if h.lease_expires_at is not None and h.lease_expires_at < now]
         if expired:
             v.dead = f"lease lost {now - min(expired):.0f}s ago"
