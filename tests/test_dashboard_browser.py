@@ -216,7 +216,7 @@ def test_workers_page_shows_a_killed_worker_dead_with_what_it_held(env, tmp_path
     def slow(first_run: float) -> int:  # body runs in the worker process
         raise AssertionError
 
-    held = slow.submit(120).id
+    held = slow.submit(120, group="g-killed").id
     worker = AppWorker(url, tmp_path / "runs.jsonl", tmp_path / "w.log", concurrency=2, lease_seconds=3)
     other = serve_background(submitter.store)
     try:
@@ -237,6 +237,10 @@ def test_workers_page_shows_a_killed_worker_dead_with_what_it_held(env, tmp_path
         assert link.evaluate("a => getComputedStyle(a).color") == "rgb(192, 57, 43)"  # in red
         assert "1 dead" in page.inner_text("#dead-count")
         shot(page, "workers-dead")
+        # the group it held says so: not "RUNNING, held by" as if all were well
+        page.goto(other.url + "/groups")
+        line = page.locator("table tbody tr", has_text="g-killed")
+        assert "dead" in line.locator("td:nth-child(5)").inner_text() and worker.pid in line.inner_text()
     finally:
         worker.close()
         other.stop()

@@ -231,11 +231,15 @@ def groups(request: Request) -> Response:
     offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
     lines = d.store.group_lines(limit=PAGE + 1, offset=offset)
     more = len(lines) > PAGE
+    from corral.edges.workers import read_workers
+
+    dead = {v.id: v.dead for v in read_workers(d.store)[1] if not v.alive}
     return d.page(
         request,
         "groups.html",
         title="Groups",
         lines=lines[:PAGE],
+        dead=dead,
         offset=offset,
         next_offset=offset + PAGE if more else None,
         prev_offset=max(0, offset - PAGE) if offset else None,
