@@ -288,3 +288,26 @@ def test_the_page_after_set_level_shows_the_level_set_by_hand(store):
         assert "L2 DEGRADED</b> (set by hand): partner outage" in body
     finally:
         dash.stop()
+
+
+def test_the_tasks_page_filters_and_refuses_a_state_that_is_none(store):
+    from corral.core.model import Outcome
+    from corral.core.states import State
+
+    ids = [r.id for r in store.submit([NewTask(name=n, args=ARGS) for n in ("a", "b", "a")])]
+    (c,) = store.claim("w", ["default"], 1)
+    store.complete([Outcome(c.tasks[0].id, c.token, c.tasks[0].version, State.FAILED, error="boom")])
+    dash = serve_background(store)
+    try:
+        c = Client(dash.url)
+        status, body = c.request("/tasks?status=FAILED")
+        assert status == 200 and f'href="/tasks/{ids[0]}"' in body
+        assert f'href="/tasks/{ids[1]}"' not in body and f'href="/tasks/{ids[2]}"' not in body
+        status, body = c.request("/tasks?name=a&status=pending")  # a state in any case
+        assert status == 200 and f'href="/tasks/{ids[2]}"' in body and f'href="/tasks/{ids[1]}"' not in body
+        status, body = c.request("/tasks?status=BROKEN")
+        assert status == 400 and "unknown state" in body
+        status, body = c.request("/api/workers", accept="application/json")
+        assert status == 200 and json.loads(body)["workers"] == []
+    finally:
+        dash.stop()
