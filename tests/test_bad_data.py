@@ -22,6 +22,7 @@ from corral.core.clock import FakeClock
 from corral.core.model import NewTask, TaskFilter, dumps
 from corral.core.states import State
 from corral.errors import StoreCorrupt
+from corral.maintenance.recovery import sweep_once
 from corral.stores import open_store
 from corral.stores.sqlite import SCHEMA_VERSION, SQLiteStore
 
@@ -118,7 +119,7 @@ def test_a_row_whose_status_names_no_state_does_not_block_its_group(durable_url)
     try:
         odd, nxt = (r.id for r in s.submit([NewTask("a", ARGS, group="g"), NewTask("b", ARGS, group="g")]))
         _write_past_the_status_rule(durable_url, odd, "PAUSED")
-        s.sweep()
+        sweep_once(s)
         claims = s.claim("w", ["default"], 5)
         assert [[t.id for t in c.tasks] for c in claims] == [[nxt]]
         rec = s.get(odd)

@@ -32,6 +32,8 @@ task names ``retry_on`` and the exception is not among them.
 
 from __future__ import annotations
 
+import math
+
 
 class CorralError(Exception):
     """Base class of every corral error."""
@@ -137,11 +139,24 @@ class Retry(TaskSignal):
 
     def __init__(self, after: float | None = None, reason: str = "retry requested"):
         if after is not None:  # NaN or a negative pause would run the task again at once, unsaid
-            from corral.core.validation import seconds
-
-            after = seconds(after, "Retry(after=...)", zero_ok=True)
+            after = _pause(after)
         super().__init__(reason)
         self.after = after
+
+
+#: The longest pause a task may ask for: ten years (``corral.core.validation.MAX_DURATION``).
+MAX_PAUSE = 10 * 365.25 * 86_400
+
+
+def _pause(after: object) -> float:
+    """``Retry(after=...)`` as :func:`corral.core.validation.seconds` checks
+    a duration (written here: that module imports this one)."""
+    rule = f">= 0 and at most {MAX_PAUSE:.0f} (ten years)"
+    if isinstance(after, bool) or not isinstance(after, int | float):
+        raise ConfigError(f"Retry(after=...) must be a number of seconds {rule}, not {repr(after)[:80]}")
+    if not math.isfinite(after) or after < 0 or after > MAX_PAUSE:
+        raise ConfigError(f"Retry(after=...) must be a finite number of seconds {rule}, not {after!r}")
+    return float(after)
 
 
 class PermanentError(TaskSignal):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from corral.core.model import Outcome
 from corral.core.states import State
+from corral.maintenance.recovery import sweep_once
 from corral.stores.base import Rescue
 from helpers import run_concurrently
 
@@ -67,7 +68,7 @@ def test_success_never_becomes_anything_else(store):
             store.complete([Outcome(tid, c.token, t.version, State.FAILED)])[0],
             store.retry(tid),
             store.cancel(tid).status,
-            store.sweep(stale_pending_age=0).total,
+            sweep_once(store, stale_pending_age=0).total,
         ]
 
     for complete_ok, retried, status, _ in run_concurrently(6, attack):

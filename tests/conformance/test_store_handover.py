@@ -6,6 +6,7 @@ from __future__ import annotations
 from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.model import LimitSpec, Outcome
 from corral.core.states import State
+from corral.maintenance.recovery import sweep_once
 
 from .conftest import claim, claimed_ids, new, status_of, submit
 
@@ -209,7 +210,7 @@ def test_a_relayed_successor_of_a_dead_worker_comes_back_with_its_attempts(store
         return
     assert claimed_ids(got) == [second]
     advance(31)  # the worker died: the lease they share ran out
-    report = store.sweep()
+    report = sweep_once(store)
     assert set(report.lost_leases_retried) == {first, second}
     # it had started: a crash re-run, its attempt given back and the crash counted
     assert (store.get(first).attempt, store.get(first).crashes) == (0, 1)

@@ -6,6 +6,7 @@ import threading
 import time
 
 from corral.core.states import State
+from corral.maintenance.recovery import sweep_once
 from helpers import wait_for
 
 from .conftest import (
@@ -38,7 +39,7 @@ def test_heartbeat_keeps_a_lease_alive_past_its_first_expiry(store, advance):
     (c,) = claim(store, 1, lease_seconds=10)
     store.heartbeat([c.token], 60)
     advance(30)
-    report = store.sweep()
+    report = sweep_once(store)
     assert tid not in report.lost_leases_retried + report.lost_leases_failed
     assert status_of(store, tid) is State.RUNNING
     assert store.heartbeat([c.token], 60).lost_tokens == set()
@@ -64,7 +65,7 @@ def test_heartbeat_reports_lost_token_after_sweep(store, advance):
     tid = submit_one(store, max_retries=3)
     (c,) = claim(store, 1, lease_seconds=30)
     expire_lease(store, c.tasks[0], advance)
-    report = store.sweep()
+    report = sweep_once(store)
     assert tid in report.lost_leases_retried
     reply = store.heartbeat([c.token], 30)
     assert c.token in reply.lost_tokens

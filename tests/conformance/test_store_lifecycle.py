@@ -10,6 +10,7 @@ import pytest
 from corral.core.model import Outcome
 from corral.core.states import TRANSITIONS, State
 from corral.errors import IllegalTransition
+from corral.maintenance.recovery import sweep_once
 
 from .conftest import claim, claim_one, claimed_ids, finish, new, status_of, submit, submit_one
 
@@ -117,7 +118,7 @@ def test_success_never_changes_again(store):
     after_cancel = store.cancel(tid)
     assert after_cancel.status == State.SUCCESS and after_cancel.cancel_requested is False
     assert store.retry(tid) is False
-    store.sweep(stale_pending_age=0.0)
+    sweep_once(store, stale_pending_age=0.0)
     assert claim(store, 5) == []
     assert snapshot(store, tid) == done
     assert json.loads(store.get(tid).result) == {"v": 1}

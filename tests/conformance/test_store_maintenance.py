@@ -14,6 +14,7 @@ from corral.maintenance.recovery import (
     STALE_PENDING_ERROR,
     STALE_PENDING_PREFIX,
     stale_pending_error,
+    sweep_once,
 )
 
 from .conftest import (
@@ -36,7 +37,7 @@ def test_sweep_on_a_healthy_store_does_nothing(store):
     up = submit_one(store, "up", queue="elsewhere")
     submit_one(store, "down", depends_on=(up,))
     before = store.counts()
-    report = store.sweep()
+    report = sweep_once(store)
     assert report.total == 0
     assert store.counts() == before
 
@@ -46,7 +47,7 @@ def crash(store, advance, tid):
     rec = claim_one(store, lease_seconds=30)
     assert rec.id == tid
     expire_lease(store, rec, advance)
-    return store.sweep()
+    return sweep_once(store)
 
 
 def test_a_lost_lease_runs_again_with_its_attempt_given_back(store, advance):
@@ -108,7 +109,7 @@ def test_unstarted_chunk_members_go_back_pending_reported_as_lost_leases(store, 
     g1, g2, g3 = submit(store, *[new(group="g", max_retries=2) for _ in range(3)])
     (c,) = claim(store, 1, chunk_size=3, lease_seconds=30)
     expire_lease(store, c.tasks[0], advance)
-    report = store.sweep()
+    report = sweep_once(store)
     assert report.lost_leases_retried == [g1, g2, g3]
     assert report.lost_leases_failed == []
     r1, r2, r3 = (store.get(i) for i in (g1, g2, g3))
@@ -125,7 +126,7 @@ def test_unstarted_member_without_retries_is_not_failed(store, advance):
     g1, g2 = submit(store, new(group="g"), new(group="g"))
     (c,) = claim(store, 1, chunk_size=2, lease_seconds=30)
     expire_lease(store, c.tasks[0], advance)
-    report = store.sweep()
+    report = sweep_once(store)
     assert report.lost_leases_failed == []
     assert report.lost_leases_retried == [g1, g2]
     assert (store.get(g1).status, store.get(g1).attempt, store.get(g1).crashes) == (State.RETRYING, 0, 1)
@@ -143,9 +144,9 @@ def test_a_lost_lease_is_retried_however_long_ago_its_task_started(store, advanc
     advance(300)
     # past twice its timeout, but its worker still holds the lease: the task is
     # that worker's to end (a thread that cannot be killed holds its lane)
-    assert store.sweep().total == 0
+    assert sweep_once(store).total == 0
     advance(301)
-    report = store.sweep()
+    report = sweep_once(store)
     assert report.lost_leases_retried == [slow, fine]
     assert report.overdue_failed == [] and report.lost_leases_failed == []
     for tid in (slow, fine):
@@ -163,9 +164,9 @@ def test_stale_pending_is_canceled(store, advance):
     assert finish(store, rec, State.RETRYING, run_at=store.now() - 10)
     advance(3600 - 1)
     # the default age (24 h) keeps younger PENDING tasks, None disables the rule
-    assert store.sweep().stale_pending_canceled == []
-    assert store.sweep(stale_pending_age=None).stale_pending_canceled == []
-    report = store.sweep(stale_pending_age=3000)
+    assert sweep_once(store).stale_pending_canceled == []
+    assert sweep_once(store, stale_pending_age=None).stale_pending_canceled == []
+    report = sweep_once(store, stale_pending_age=3000)
     assert report.stale_pending_canceled == [old]
     got = store.get(old)
     assert got.status == State.CANCELED
@@ -187,18 +188,18 @@ def test_stale_rule_spares_tasks_waiting_their_turn(store, advance):
     assert claim(store, queues=["elsewhere"], lease_seconds=10 * day)[0].tasks[0].id == up
     advance(day + 3600)
     later = submit_one(store, "later", run_at=store.now() + 3600)
-    assert store.sweep().stale_pending_canceled == [loose]  # nothing held it back
+    assert sweep_once(store).stale_pending_canceled == [loose]  # nothing held it back
     for tid in behind:
         assert status_of(store, tid) is State.PENDING, "queued behind its group's head: not stale"
     assert status_of(store, waiting) is State.WAITING
     assert status_of(store, later) is State.PENDING
-    assert store.sweep(stale_pending_age=0).stale_pending_canceled == []
+    assert sweep_once(store, stale_pending_age=0).stale_pending_canceled == []
 
 
 def test_stale_rule_records_why_and_the_tasks_are_found_by_it(store, advance):
     tid = submit_one(store, "forgotten")
     advance(24 * 3600 + 1)
-    assert store.sweep().stale_pending_canceled == [tid]
+    assert sweep_once(store).stale_pending_canceled == [tid]
     got = store.get(tid)
     assert got.error == STALE_PENDING_ERROR
     assert "\n" not in got.error and "24h" in got.error and "sweeper" in got.error
@@ -217,9 +218,9 @@ def test_running_with_too_many_attempts_fails_once_its_lease_is_lost(store, adva
     assert finish(store, rec, State.RETRYING, run_at=store.now())
     rec2 = claim_one(store, lease_seconds=600)
     assert rec2.id == tid and rec2.attempt == 2
-    assert store.sweep().total == 0  # its worker holds the lease
+    assert sweep_once(store).total == 0  # its worker holds the lease
     advance(601)
-    report = store.sweep()
+    report = sweep_once(store)
     assert report.exhausted_failed == [tid]
     got = store.get(tid)
     assert got.status == State.FAILED
@@ -233,7 +234,7 @@ def test_sweep_after_completion_changes_nothing(store, advance):
     # the worker completes late but before the sweeper gets to it
     assert finish(store, rec, State.SUCCESS, result="1")
     done = store.get(tid)
-    report = store.sweep(stale_pending_age=0.0)
+    report = sweep_once(store, stale_pending_age=0.0)
     assert report.total == 0
     after = store.get(tid)
     assert (after.status, after.version, after.error) == (done.status, done.version, done.error)
@@ -243,7 +244,7 @@ def test_completion_after_sweep_is_stale(store, advance):
     tid = submit_one(store, max_retries=3)
     rec = claim_one(store, lease_seconds=30)
     expire_lease(store, rec, advance)
-    assert store.sweep().lost_leases_retried == [tid]
+    assert sweep_once(store).lost_leases_retried == [tid]
     swept = store.get(tid)
     assert finish(store, rec, State.SUCCESS, result="1") is False
     after = store.get(tid)
@@ -258,12 +259,12 @@ def test_max_rows_is_one_budget_for_the_whole_sweep(store, advance):
     stale = submit(store, *[new("stale") for _ in range(2)])
     for c in got:
         expire_lease(store, c.tasks[0], advance)
-    first = store.sweep(max_rows=2, stale_pending_age=0)
+    first = sweep_once(store, max_rows=2, stale_pending_age=0)
     assert first.total == 2
     assert first.lost_leases_retried == running[:2]
-    second = store.sweep(max_rows=2, stale_pending_age=0)
+    second = sweep_once(store, max_rows=2, stale_pending_age=0)
     assert (second.lost_leases_retried, second.stale_pending_canceled) == (running[2:], stale[:1])
-    third = store.sweep(max_rows=2, stale_pending_age=0)
+    third = sweep_once(store, max_rows=2, stale_pending_age=0)
     assert third.stale_pending_canceled == stale[1:]
     assert all(status_of(store, i) is State.RETRYING for i in running)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from corral.core.model import LimitSpec, Outcome
 from corral.core.states import State
+from corral.maintenance.recovery import sweep_once
 
 from .conftest import claim, claimed_ids, expire_lease, new, status_of, submit
 
@@ -56,7 +57,7 @@ def test_a_crash_hands_prefetched_units_back_without_burning_an_attempt(store, a
     got = claim(store, 10, prefetch=True, chunk_size=5)
     assert sorted(claimed_ids(got)) == sorted(ids)
     expire_lease(store, got[0].tasks[0], advance)
-    store.sweep()
+    sweep_once(store)
     for tid in ids:
         rec = store.get(tid)
         assert rec.status is State.PENDING, rec

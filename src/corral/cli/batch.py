@@ -7,7 +7,8 @@ import time
 
 import click
 
-from corral.cli import CLIError, json_option, open_given_store, render, store_option
+from corral.cli import render
+from corral.cli.common import CLIError, json_option, open_given_store, store_option
 from corral.core.batches import FINAL_STATUSES
 
 

@@ -9,7 +9,8 @@ import datetime
 
 import click
 
-from corral.cli import CLIError, json_option, open_given_store, render, store_option
+from corral.cli import render
+from corral.cli.common import CLIError, json_option, open_given_store, store_option
 from corral.core.breaker import BreakerState
 from corral.core.levels import Level
 from corral.engine.level_follower import set_level

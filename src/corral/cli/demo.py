@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from corral.cli import CLIError, given_store, open_given_store, render, store_option, store_url_of
+from corral.cli import render
+from corral.cli.common import CLIError, given_store, open_given_store, store_option, store_url_of
 from corral.stores import default_url
 
 

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from corral.cli import CLIError, json_option, one_line, open_given_store, store_option
+from corral.cli.common import CLIError, json_option, one_line, open_given_store, store_option
 from corral.core.events import KNOWN_KINDS
 from corral.stores.base import Event
 from corral.stores.stream import iter_events

@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from corral.cli import CLIError, json_option, load_app, open_given_store, render, store_option, store_url_of
+from corral.cli import render
+from corral.cli.common import CLIError, json_option, load_app, open_given_store, store_option, store_url_of
 from corral.core.cron import SKIPPED, ScheduleState, zone
 from corral.errors import ConfigError
 

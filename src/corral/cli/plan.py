@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from corral.cli import CLIError, duration_arg, json_option, render, store_option
+from corral.cli import render
+from corral.cli.common import CLIError, duration_arg, json_option, store_option
 from corral.core import planning
 
 
@@ -179,7 +180,7 @@ def plan(
 def _from_history(store_url, name, batch, sample, qps, safety, target, target_hours, as_json) -> None:
     """The plan with measured numbers: the store's newest finished tasks of
     ``name`` (or of ``batch``) fill the formulas in."""
-    from corral.cli import open_given_store
+    from corral.cli.common import open_given_store
 
     if target_hours is not None and target is None:
         raise click.UsageError("--target-hours needs --target")

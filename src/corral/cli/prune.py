@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from corral.cli import CLIError, json_option, open_given_store, render, store_option, store_url_of
+from corral.cli import render
+from corral.cli.common import CLIError, json_option, open_given_store, store_option, store_url_of
 from corral.core.planning import format_duration
 from corral.core.retention import DEFAULT_PRUNE_STATES, age, final_states
 from corral.errors import ConfigError

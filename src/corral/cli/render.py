@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from corral.cli import one_line
+from corral.cli.common import one_line
 from corral.core import planning
 from corral.core.model import TaskRecord, loads
 from corral.core.states import FINAL, State

@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from corral.cli import (
+from corral.cli import render
+from corral.cli.common import (
     CLIError,
     duration_arg,
     given_store,
@@ -15,7 +16,6 @@ from corral.cli import (
     json_option,
     load_app,
     open_given_store,
-    render,
     store_option,
     store_url_of,
 )

@@ -11,7 +11,8 @@ import sys
 
 import click
 
-from corral.cli import (
+from corral.cli import render
+from corral.cli.common import (
     CLIError,
     duration_arg,
     given_store,
@@ -19,7 +20,6 @@ from corral.cli import (
     load_app,
     log_level_option,
     open_given_store,
-    render,
     store_option,
     store_url_of,
 )
@@ -280,6 +280,7 @@ def sweep(
     """
     from corral.engine.runner import StopSignals
     from corral.maintenance import Sweeper
+    from corral.maintenance.recovery import sweep_once
 
     stale = (
         None
@@ -295,7 +296,7 @@ def sweep(
     store = open_given_store(store_url)
     url = store_url_of(store_url)
     if not loop:
-        report = store.sweep(stale_pending_age=stale, max_rows=max_rows)
+        report = sweep_once(store, stale_pending_age=stale, max_rows=max_rows)
         if as_json:
             render.print_json(render.sweep_dict(report))
         else:

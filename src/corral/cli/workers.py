@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import click
 
-from corral.cli import json_option, open_given_store, render, store_option
+from corral.cli import render
+from corral.cli.common import json_option, open_given_store, store_option
 
 
 @click.command()

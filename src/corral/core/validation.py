@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from corral.errors import ConfigError, CorralError
+from corral.errors import MAX_PAUSE, ConfigError, CorralError
 
 #: Default cap on a task's encoded arguments and on its encoded result, in bytes of JSON (UTF-8).
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
@@ -34,7 +34,7 @@ LIMIT_CONCURRENCY_RANGE = (1, 2**31 - 1)
 #: Task ids named in ``depends_on``.
 TASK_ID_RANGE = (1, 2**63 - 1)
 #: Longest timeout, delay or lease: ten years, in seconds.
-MAX_DURATION = 10 * 365.25 * 86_400
+MAX_DURATION = MAX_PAUSE
 #: Worker slots in one process: each is a thread.
 CONCURRENCY_RANGE = (1, 1_000)
 #: Tasks of one group a worker takes in one chunk.

@@ -151,9 +151,14 @@ class Context(CheckpointView):
         """A logger whose lines carry this task's trace id, id and attempt
         (``extra`` attributes ``trace_id``, ``task_id``, ``attempt``, ``task_name``)."""
         if self._log is None:
-            from corral.engine.logs import task_fields
-
-            self._log = _TraceAdapter(logger, task_fields(self))
+            # the fields of engine.logs.task_fields, written here: that module reads current()
+            fields = {
+                "trace_id": self.trace_id,
+                "task_id": self.task_id,
+                "attempt": self.attempt,
+                "task_name": self.name,
+            }
+            self._log = _TraceAdapter(logger, fields)
         return self._log
 
     def _upstream(self) -> Sequence[Upstream]:

@@ -75,7 +75,6 @@ from corral.core.model import (
     Outcome,
     Start,
     SubmitResult,
-    SweepReport,
     TaskFilter,
     TaskRecord,
     WorkerInfo,
@@ -914,12 +913,6 @@ class Store(abc.ABC):
 
         Nothing to do where a write and its effects commit together; the
         PostgreSQL store settles dependents in a statement of their own."""
-
-    def sweep(self, **options: Any) -> SweepReport:
-        """One sweep by :func:`corral.maintenance.recovery.sweep_once` (same keywords)."""
-        from corral.maintenance.recovery import sweep_once
-
-        return sweep_once(self, **options)
 
     @abc.abstractmethod
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:

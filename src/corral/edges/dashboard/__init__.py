@@ -8,26 +8,16 @@ address needs a token (:func:`check_bind`).
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 from typing import Any
 
+from corral.edges.dashboard.hosts import is_loopback
 from corral.errors import ConfigError
 from corral.stores.base import Store
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8484
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``: addresses no other machine can reach."""
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, token: str | None) -> None:

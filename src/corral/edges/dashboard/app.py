@@ -46,6 +46,7 @@ from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
 from corral.core.planning import format_age
 from corral.core.states import ACTIVE, State
+from corral.edges.dashboard.hosts import is_loopback
 from corral.edges.dashboard.sampler import Sampler, fmt_seconds
 from corral.errors import CorralError
 from corral.stores.base import DEAD, Store, batch_status
@@ -172,8 +173,6 @@ class Dashboard:
 
 
 def _loopback_host(header: str) -> bool:
-    from corral.edges.dashboard import is_loopback
-
     host = header.strip()
     if host.startswith("["):
         host = host[1 : host.find("]")] if "]" in host else host
