@@ -19,7 +19,7 @@ def _age_event(app: corral.App, kind: str, url: str) -> int:
     if url.startswith("memory"):
         store = app.store
         with store._lock:
-            store._events = [(e[0], e[1] - TWO_DAYS, *e[2:]) if e[0] == event_id else e for e in store._events]
+            store._events = [e._replace(at=e.at - TWO_DAYS) if e.id == event_id else e for e in store._events]
     elif url.startswith("sqlite"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as con:
             con.execute("UPDATE events SET at = at - ? WHERE id = ?", (TWO_DAYS, event_id))

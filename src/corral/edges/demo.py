@@ -213,8 +213,8 @@ def run_demo(
         elapsed = time.monotonic() - started
         summary = app.batch_status(batch)
         rows = app.store.list_tasks(TaskFilter(batch=batch, limit=skus + 10, newest_first=False))
-        found = app.store.breakers().get("partner_api")
-        breaker = found[1].state.value if found is not None else "CLOSED"
+        _, partner_breaker = app.store.breakers().get("partner_api", (None, None))
+        breaker = partner_breaker.state.value if partner_breaker is not None else "CLOSED"
         level = app.level().name
     finally:
         app.close(timeout=10)  # closes the store too: read everything first

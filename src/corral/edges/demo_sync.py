@@ -366,7 +366,10 @@ def _drive(
 
 def _breaker_and_level(app: Any) -> tuple[str, str]:
     found = app.store.breakers().get(demo_app.PARTNER_LIMIT)
-    return (found[1].state.value if found is not None else "CLOSED"), app.level().name
+    if found is None:
+        return "CLOSED", app.level().name
+    _, breaker = found
+    return breaker.state.value, app.level().name
 
 
 def _live_lines(app: Any, partner: PartnerServer, advice: LimitAdvice, per_s: float, dashboard_url: str | None) -> Any:

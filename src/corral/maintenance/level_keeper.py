@@ -83,7 +83,10 @@ class LevelKeeper:
     def signals(self, now: float, report: SweepReport | None = None) -> Signals:
         if report is not None:
             self._losses.append((now, len(report.lost_leases_retried) + len(report.lost_leases_failed)))
-        while self._losses and self._losses[0][0] < now - self.window:
+        while self._losses:
+            at, _ = self._losses[0]
+            if at >= now - self.window:
+                break
             self._losses.popleft()
         depth = 0
         if self.queue_bound is not None:

@@ -226,23 +226,24 @@ def schedule_params(s: Schedule, now: float) -> dict[str, Any]:
     }
 
 
-def schedule_state(row: Sequence[Any]) -> ScheduleState:
-    """A row of the ``schedules`` query (same columns on every SQL dialect)."""
+def schedule_state(row: Mapping[str, Any]) -> ScheduleState:
+    """A row of the ``schedules`` query, read by column name (the same
+    columns on every SQL dialect; the memory store builds the same row)."""
     return ScheduleState(
-        name=row[0],
-        task=row[1],
-        expr=row[2],
-        timezone=row[3],
-        queue=row[4],
-        group=row[5],
-        overlap=bool(row[6]),
-        catch_up=row[7],
-        max_delay=row[8],
-        created_at=row[9],
-        last_tick=row[10],
-        last_outcome=row[11],
-        last_task_id=row[12],
-        last_task_status=row[13],
+        name=row["name"],
+        task=row["task"],
+        expr=row["expr"],
+        timezone=row["timezone"],
+        queue=row["queue"],
+        group=row["group_key"],
+        overlap=bool(row["overlap"]),
+        catch_up=row["catch_up"],
+        max_delay=row["max_delay"],
+        created_at=row["created_at"],
+        last_tick=row["last_tick"],
+        last_outcome=row["last_outcome"],
+        last_task_id=row["last_task_id"],
+        last_task_status=row["last_task_status"],
     )
 
 

@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from corral.core import breaker as brk
 from corral.core import dag, texts
@@ -91,6 +91,23 @@ class _Lease:
     limits: tuple
 
 
+class _EventRow(NamedTuple):
+    """An event as kept: its data may still be a dict (the JSON is made when
+    someone reads, so a task's state changes cost the memory store little)."""
+
+    id: int
+    at: float
+    kind: str
+    subject: str
+    data: str | dict
+
+
+@dataclass(slots=True)
+class _Batch:
+    on_complete: str | None = None  # the callback's template
+    settled: bool = False
+
+
 class MemoryStore(Store):
     shared = False
 
@@ -119,13 +136,12 @@ class MemoryStore(Store):
         self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
         self._level = FleetLevel()
-        self._events: list[tuple] = []  # (id, at, kind, subject, data), oldest first
+        self._events: list[_EventRow] = []  # oldest first
         self._event_added = threading.Condition(self._lock)
         self._event_ids = itertools.count(1)
         self._changes = 0
         self._count: dict[State, int] = {s: 0 for s in State}  # kept current: counts() is O(1)
-        #: batch -> [on_complete template or None, settled]
-        self._batches: dict[str, list] = {}
+        self._batches: dict[str, _Batch] = {}
         self._schedules: dict[str, dict[str, Any]] = {}  # name -> stored columns
         self._ticks: dict[str, dict[int, TickRecord]] = {}  # schedule -> tick -> row
 
@@ -786,11 +802,9 @@ class MemoryStore(Store):
             return True
 
     # ---- the event stream (lock held by the callers of _add_event) ---------
-    # Kept as tuples whose data may still be a dict: the JSON is made when
-    # someone reads, so a task's state changes cost the memory store little.
     def _add_event(self, at: float, kind: str, subject: str, data: str | dict) -> int:
         eid = next(self._event_ids)
-        self._events.append((eid, at, kind, subject, data))
+        self._events.append(_EventRow(eid, at, kind, subject, data))
         if len(self._events) > MEMORY_EVENTS_KEEP + MEMORY_EVENTS_KEEP // 8:
             del self._events[: len(self._events) - MEMORY_EVENTS_KEEP]
         self._event_added.notify_all()
@@ -807,9 +821,9 @@ class MemoryStore(Store):
         self._add_event(bev.at, ev.BREAKER, f"breaker:{bev.name}", data)
 
     @staticmethod
-    def _event(row: tuple) -> Event:
-        eid, at, kind, subject, data = row
-        return Event(eid, at, kind, subject, data if isinstance(data, str) else dumps(data))
+    def _event(row: _EventRow) -> Event:
+        data = row.data if isinstance(row.data, str) else dumps(row.data)
+        return Event(row.id, row.at, row.kind, row.subject, data)
 
     def add_event(self, kind: str, subject: str, data: str) -> int:
         with self._lock:
@@ -817,25 +831,25 @@ class MemoryStore(Store):
 
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         with self._lock:
-            rows = (e for e in reversed(self._events) if kind is None or e[2] == kind)
+            rows = (e for e in reversed(self._events) if kind is None or e.kind == kind)
             return [self._event(r) for r in itertools.islice(rows, max(0, limit))]
 
     def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
         with self._lock:
-            start = bisect.bisect_right(self._events, int(cursor), key=lambda r: r[0])
+            start = bisect.bisect_right(self._events, int(cursor), key=lambda r: r.id)
             rows = self._events[start : start + max(0, limit)]
         out = [self._event(r) for r in rows]
         return out, (out[-1].id if out else cursor)
 
     def wait_for_events(self, timeout: float) -> None:
         with self._lock:
-            last = self._events[-1][0] if self._events else 0
-            self._event_added.wait_for(lambda: (self._events[-1][0] if self._events else 0) != last, max(0.0, timeout))
+            last = self._events[-1].id if self._events else 0
+            self._event_added.wait_for(lambda: (self._events[-1].id if self._events else 0) != last, max(0.0, timeout))
 
     def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
         with self._lock:
             n = len(self._events)
-            kept = [e for e in self._events[-keep:] if e[1] >= before] if keep > 0 else []
+            kept = [e for e in self._events[-keep:] if e.at >= before] if keep > 0 else []
             gone = n - len(kept)
             if limit is not None and gone > limit:  # the oldest ``limit`` go
                 gone = max(0, limit)
@@ -877,7 +891,9 @@ class MemoryStore(Store):
                     needed.update(t.depends_on)
                 if t.batch is not None and t.status in ACTIVE:
                     busy_batches.add(t.batch)
-            busy_batches.update(name for name, (cb, settled) in self._batches.items() if cb is not None and not settled)
+            busy_batches.update(
+                name for name, b in self._batches.items() if b.on_complete is not None and not b.settled
+            )
             gone = 0
             for t in old:
                 if gone >= limit:
@@ -903,8 +919,7 @@ class MemoryStore(Store):
 
     def set_batch(self, batch: str, on_complete: str | None) -> None:
         with self._lock:
-            entry = self._batches.setdefault(batch, [None, False])
-            entry[0] = on_complete
+            self._batches.setdefault(batch, _Batch()).on_complete = on_complete
 
     def settle_batches(self, batches: Collection[str] | None = None, limit: int = 100) -> list[int]:
         due = []
@@ -912,12 +927,12 @@ class MemoryStore(Store):
             names = self._batches if batches is None else [b for b in batches if b in self._batches]
             for name in names:
                 entry = self._batches[name]
-                if entry[0] is None or entry[1]:
+                if entry.on_complete is None or entry.settled:
                     continue
                 summary = self._batch_summary([t for t in self._tasks.values() if t.batch == name], name)
                 if summary.status in FINAL_BATCH:
-                    entry[1] = True  # marked under the lock: one caller submits it
-                    due.append(callback_task(name, entry[0], summary.as_dict()))
+                    entry.settled = True  # marked under the lock: one caller submits it
+                    due.append(callback_task(name, entry.on_complete, summary.as_dict()))
                     if len(due) >= limit:
                         break
         return [r.id for r in self.submit(due)] if due else []
@@ -979,9 +994,7 @@ class MemoryStore(Store):
             for name in sorted(self._schedules):
                 r = self._schedules[name]
                 last = self._tasks.get(r["last_task_id"]) if r["last_task_id"] is not None else None
-                cols = ("name", "task", "expr", "timezone", "queue", "group_key", "overlap", "catch_up", "max_delay")
-                row = [r[c] for c in cols] + [r["created_at"], r["last_tick"], r["last_outcome"], r["last_task_id"]]
-                out.append(base.schedule_state([*row, last.status.value if last is not None else None]))
+                out.append(base.schedule_state({**r, "last_task_status": last.status.value if last else None}))
             return out
 
     def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
@@ -1153,8 +1166,8 @@ class MemoryStore(Store):
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         with self._lock:
             now = self.now()
-            cur = self._leaders.get(role)
-            if cur is None or cur[0] == holder or cur[1] < now:
+            leader, until = self._leaders.get(role, (holder, now))
+            if leader == holder or until < now:
                 self._leaders[role] = (holder, now + ttl)
                 return True
             return False

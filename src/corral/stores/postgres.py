@@ -488,6 +488,11 @@ class PostgresStore(SqlStore):
 
         return self._run(go)
 
+    def _value(self, name: str, params: dict | None = None) -> Any:
+        """The one value the named query selects."""
+        ((value,),) = self._fetchall(name, params)
+        return value
+
     def _rowcount(self, name: str, params: dict) -> int:
         return self._run(lambda conn: conn.execute(self._q[name], params).rowcount)
 
@@ -511,8 +516,7 @@ class PostgresStore(SqlStore):
 
         def steps(conn):
             conn.execute(self._q["schema_version_table"])
-            row = conn.execute(self._q["schema_version"]).fetchone()
-            current = row[0] if row else 0
+            (current,) = conn.execute(self._q["schema_version"]).fetchone() or (0,)
             if current > SCHEMA_VERSION:
                 raise StoreCorrupt(
                     f"{self._shown} has schema version {current}, newer than this corral knows"
@@ -526,7 +530,7 @@ class PostgresStore(SqlStore):
                     conn.execute(self._q["set_schema_version"], {"v": version})
 
         self._run(go)
-        if self._run(lambda conn: conn.execute(self._q["status_statistics"]).fetchone()[0]):
+        if self._value("status_statistics"):
             log.warning(
                 "%s: corral_tasks.status still has planner statistics from an older corral, with which "
                 "claims may read the whole table; a superuser can delete them (docs/scaling.md, "
@@ -556,7 +560,7 @@ class PostgresStore(SqlStore):
         self._pool.close()
 
     def now(self) -> float:
-        return self._run(lambda conn: conn.execute(self._q["now"]).fetchone()[0])
+        return self._value("now")
 
     # ---- producers --------------------------------------------------------------
     def submit(self, tasks: Sequence[NewTask], *, max_queued: int | None = None) -> list[SubmitResult]:
@@ -681,11 +685,13 @@ class PostgresStore(SqlStore):
             mine: Any = getattr(self, "_whereami", None)
             if mine is None:  # this store's own database: asked once
                 mine = self._whereami = self._run(lambda conn: conn.execute(self._q["whereami"]).fetchone())
-            if (where[0], where[1], where[2]) != (mine[0], mine[1], mine[2]):
+            database, tasks_table, started = where
+            ours, _, _ = mine
+            if (database, tasks_table, started) != tuple(mine):
                 raise ConfigError(
-                    f"connection= is open on database {where[0]!r}, not on this store's database {mine[0]!r}"
+                    f"connection= is open on database {database!r}, not on this store's database {ours!r}"
                 )
-            if where[1] is None:
+            if tasks_table is None:
                 raise ConfigError("connection= does not see corral's tables (another schema search path?)")
             self._end_plain_hint(tasks, None)
             if any(t.after for t in tasks):
@@ -700,7 +706,8 @@ class PostgresStore(SqlStore):
         """Settle the dependents of ended tasks; the ones canceled on the way
         are settled in turn, so a dependent that runs anyway sees them ended."""
         while ids:
-            ids = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()[0] or []
+            canceled, _, _ = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()
+            ids = canceled or []
 
     def upstream(self, task_id: int) -> list[TaskRecord]:
         return [shown_record(_record(r)) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
@@ -893,7 +900,7 @@ class PostgresStore(SqlStore):
     def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
         if not task_ids:
             return set()
-        return {r[0] for r in self._fetchall("cancel_requested", {"ids": sorted(task_ids)})}
+        return {tid for (tid,) in self._fetchall("cancel_requested", {"ids": sorted(task_ids)})}
 
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
         outcomes = texts.safe_outcomes(outcomes)
@@ -932,7 +939,7 @@ class PostgresStore(SqlStore):
                     got = self._run(alone)
                 except _RefusedData:
                     continue
-            rows += [(i + 1, *r[1:]) for r in got]
+            rows += [(i + 1, ended, notified, name, limits) for _, ended, notified, name, limits in got]
         return rows
 
     hands_over = True
@@ -999,7 +1006,7 @@ class PostgresStore(SqlStore):
         """Settle the dependents of the outcomes that ended their task: in a
         statement of its own (a fresh snapshot), after the rows committed; if
         it fails, sweep() settles those dependents later."""
-        settle = [outcomes[r[0] - 1].task_id for r in rows if r[1]]
+        settle = [outcomes[pos - 1].task_id for pos, ended_upstream, _, _, _ in rows if ended_upstream]
         if settle:
             try:
                 self._settle(conn, settle)
@@ -1008,7 +1015,7 @@ class PostgresStore(SqlStore):
 
     def _after_complete(self, outcomes: list[Outcome], rows: list) -> list[bool]:
         self._feed_breakers(outcomes, rows)
-        applied = {row[0] for row in rows}
+        applied = {pos for pos, _, _, _, _ in rows}
         return [i + 1 in applied for i in range(len(outcomes))]
 
     def _feed_breakers(self, outcomes: list[Outcome], rows: list) -> None:
@@ -1021,10 +1028,10 @@ class PostgresStore(SqlStore):
         if not known:
             return
         feed = []
-        for r in rows:
-            gate_names = (r[3], *(r[4] or ()))
+        for pos, _, _, name, limits in rows:
+            gate_names = (name, *(limits or ()))
             if any(n in known for n in gate_names):
-                feed.append((gate_names, outcomes[r[0] - 1].breaker_failure))
+                feed.append((gate_names, outcomes[pos - 1].breaker_failure))
         if not feed:
             return
         names = sorted({n for g, _ in feed for n in g if n in known})
@@ -1059,7 +1066,8 @@ class PostgresStore(SqlStore):
                 row = conn.execute(self._q["get_checkpoint"], {"id": task_id, "token": token}).fetchone()
                 if row is None:
                     return False
-                data = json.loads(row[0]) if row[0] else {}
+                (checkpoint,) = row
+                data = json.loads(checkpoint) if checkpoint else {}
                 data.pop(stage, None)  # last stage last
                 data[stage] = value
                 cur = conn.execute(
@@ -1339,7 +1347,7 @@ class PostgresStore(SqlStore):
         return shown_counts({status: n for status, n in rows})
 
     def backlog(self, at_most: int) -> int | None:
-        return self._fetchall("backlog", {"n": max(0, at_most)})[0][0]
+        return self._value("backlog", {"n": max(0, at_most)})
 
     def queue_counts(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
@@ -1354,7 +1362,7 @@ class PostgresStore(SqlStore):
 
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
         def go(conn):
-            names = [r[0] for r in conn.execute(self._q["batch_names"], {"after": after or "", "limit": limit})]
+            names = [name for (name,) in conn.execute(self._q["batch_names"], {"after": after or "", "limit": limit})]
             if after is None and limit > 0 and conn.execute(self._q["batch_empty_name"]).fetchone():
                 names = [""] + names[: limit - 1]  # '' itself is a name: min(batch) > '' skips it
             per: dict[str, dict[str, int]] = {b: {} for b in names}
@@ -1381,9 +1389,10 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["cancel_queued"], {"id": task_id}).fetchone()
                 if row is not None:
+                    _, queue, group = row
                     self._settle(conn, [task_id])
-                    if row[2] is not None:  # the next task of its group may start
-                        conn.execute(self._q["notify"], {"queue": row[1]})
+                    if group is not None:  # the next task of its group may start
+                        conn.execute(self._q["notify"], {"queue": queue})
                 else:
                     conn.execute(self._q["cancel_running"], {"id": task_id})
 
@@ -1396,7 +1405,8 @@ class PostgresStore(SqlStore):
                 conn.execute(self._q["lock_group_of"], {"id": task_id})
                 row = conn.execute(self._q["retry"], {"id": task_id}).fetchone()
                 if row is not None:
-                    conn.execute(self._q["notify"], {"queue": row[1]})
+                    _, queue = row
+                    conn.execute(self._q["notify"], {"queue": queue})
                 return row is not None
 
         return self._run(go)
@@ -1426,7 +1436,7 @@ class PostgresStore(SqlStore):
 
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
         params = {"since": float(since), "n": max(1, in_a_row), "scan": max(0, scan)}
-        return [r[0] for r in self._fetchall("failing_kinds", params)]
+        return [name for (name,) in self._fetchall("failing_kinds", params)]
 
     # ---- fleet control ------------------------------------------------------------
     def fleet_level(self) -> FleetLevel:
@@ -1456,7 +1466,8 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     def add_event(self, kind: str, subject: str, data: str) -> int:
-        return int(self._fetchall("add_event", {"kind": kind, "subject": subject, "data": data})[0][0])
+        ((event_id, _),) = self._fetchall("add_event", {"kind": kind, "subject": subject, "data": data})
+        return int(event_id)
 
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
         return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
@@ -1481,8 +1492,9 @@ class PostgresStore(SqlStore):
         hi, gaps = cursor
         noted = dict(gaps)
         rows = self._fetchall("read_events", {"hi": int(hi), "gaps": sorted(noted), "limit": max(0, limit)})
-        xmin, xmax = int(rows[0][5]), int(rows[0][6])
-        out = [Event(*r[:5]) for r in rows if r[0] is not None]
+        _, _, _, _, _, xmin, xmax = rows[0]  # every row holds the snapshot's bounds, even with no event
+        xmin, xmax = int(xmin), int(xmax)
+        out = [Event(i, at, kind, subject, data) for i, at, kind, subject, data, _, _ in rows if i is not None]
         got = {e.id for e in out}
         new_hi = max([hi, *got])
         if len(out) >= limit:  # the page ended: ids past its last one are not missed, only unread
@@ -1522,13 +1534,13 @@ class PostgresStore(SqlStore):
         )
 
     def has_schema(self) -> bool:
-        return bool(self._fetchall("has_schema")[0][0])
+        return bool(self._value("has_schema"))
 
     def prune(self, before: Mapping[str, float], limit: int) -> int:
         params = prune_params(before, limit)
         if params is None:
             return 0
-        return int(self._fetchall("prune", params)[0][0])
+        return int(self._value("prune", params))
 
     def _read_all(self, reads: Sequence[Read]) -> list[list[Any]]:
         def go(conn):
@@ -1545,7 +1557,7 @@ class PostgresStore(SqlStore):
         names = None if batches is None else sorted(set(batches))
         if names == []:
             return []
-        candidates = [r[0] for r in self._fetchall("batches_unsettled", {"names": names, "limit": int(limit)})]
+        candidates = [b for (b,) in self._fetchall("batches_unsettled", {"names": names, "limit": int(limit)})]
         submitted: list[int] = []
         for name in candidates:  # one short transaction per batch: a lock held for one batch only
 
@@ -1559,7 +1571,8 @@ class PostgresStore(SqlStore):
                     summary = summary_from_rows(name, counts_rows, durations)
                     if summary.status not in FINAL_BATCH:
                         return None
-                    plan = _SubmitPlan([callback_task(name, row[0], summary.as_dict())])
+                    (on_complete,) = row
+                    plan = _SubmitPlan([callback_task(name, on_complete, summary.as_dict())])
                     (res,) = plan.results(self._submit_on(conn, plan, None))
                     conn.execute(self._q["batch_settle"], {"id": res.id, "name": name})
                     return res.id
@@ -1591,7 +1604,7 @@ class PostgresStore(SqlStore):
                 row = self._breaker_rows(conn).get(name)
                 if row is None:
                     raise ConfigError(f"no breaker named {name!r}")
-                now = conn.execute(self._q["tx_now"]).fetchone()[0]
+                (now,) = conn.execute(self._q["tx_now"]).fetchone()
                 after, change = brk.force(row.state, row.config, now, state, reason)
                 ev = BreakerEvent(
                     now, name, change.before.value, change.after.value, reason, change.calls, change.failures
@@ -1656,14 +1669,14 @@ class PostgresStore(SqlStore):
                     conn.execute(self._q["notify"], {"queue": queue})
             return rows
 
-        done = {r[0] for r in self._run(go, retry=False)}
+        done = {tid for tid, _, _ in self._run(go, retry=False)}
         return [r.task_id in done for r in rescues]
 
     def repair(self, limit: int) -> None:
         """Settle dependents a crashed completion left WAITING behind a finished task."""
 
         def go(conn):
-            ids = [r[0] for r in conn.execute(self._q["unsettled"], {"max_rows": limit})]
+            ids = [tid for (tid,) in conn.execute(self._q["unsettled"], {"max_rows": limit})]
             if ids:
                 self._settle(conn, ids)
 
@@ -1673,7 +1686,7 @@ class PostgresStore(SqlStore):
     def save_schedules(self, schedules: Sequence[Schedule], now: float | None = None) -> None:
         def go(conn):
             with conn.transaction():
-                db_now = conn.execute(self._q["now"]).fetchone()[0]
+                (db_now,) = conn.execute(self._q["now"]).fetchone()
                 stamp = db_now if now is None else first_stamp(now, db_now)
                 with conn.cursor() as cur:
                     cur.executemany(self._q["save_schedule"], [schedule_params(s, stamp) for s in schedules])
@@ -1681,7 +1694,7 @@ class PostgresStore(SqlStore):
         self._run(go)
 
     def schedules(self) -> list[ScheduleState]:
-        return [schedule_state(r) for r in self._fetchall("schedules")]
+        return [schedule_state(r) for r in self._fetchall("schedules", dicts=True)]
 
     def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
         name = schedule.name
@@ -1691,18 +1704,19 @@ class PostgresStore(SqlStore):
                 last = conn.execute(self._q["schedule_lock"], {"name": name}).fetchone()
                 if last is None:
                     raise ConfigError(f"schedule {name!r} was never saved in this store")
-                if too_early(tick, last[2]):  # the database's clock, not this worker's
+                _, last_status, db_now = last
+                if too_early(tick, db_now):  # the database's clock, not this worker's
                     return TickResult(EARLY)
                 params = {"name": name, "tick": tick}
                 outcome = ENQUEUED
-                if not schedule.overlap and last[1] in STILL_GOING:
+                if not schedule.overlap and last_status in STILL_GOING:
                     outcome = SKIPPED
                 if conn.execute(self._q["tick_claim"], dict(params, outcome=outcome)).fetchone() is None:
                     return TickResult(TAKEN)
                 task_id = None
                 if outcome == ENQUEUED:
                     rows = _submit_rows([schedule.new_task(tick)], [State.PENDING.value], [None])
-                    task_id = conn.execute(self._q["submit"], {"rows": rows}).fetchone()[0]
+                    task_id, _, _ = conn.execute(self._q["submit"], {"rows": rows}).fetchone()
                     conn.execute(self._q["tick_set_task"], dict(params, task_id=task_id))
                 conn.execute(self._q["schedule_ticked"], dict(params, outcome=outcome, task_id=task_id))
                 conn.execute(self._q["trim_ticks"], {"name": name, "before": tick - TICKS_KEPT_SECONDS})

@@ -163,7 +163,9 @@ class SqlStore(Store):
             # among the newest tasks of every name, so a rare name's read stays bounded too
             read = ("history_of_name", {"name": name, "limit": max(0, limit), "scan": max(0, limit) * HISTORY_SCAN})
         (rows,) = self._read_all([read])
-        return [HistoryRow(r[0], r[1], r[2], r[3]) for r in rows]
+        return [
+            HistoryRow(status, started_at, finished_at, attempt) for status, started_at, finished_at, attempt in rows
+        ]
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])

@@ -342,6 +342,10 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
     )
 
 
+#: Where a row of ``insert_task`` (its id, then :func:`_row_fields`) holds the group.
+_GROUP_FIELD = 8
+
+
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
@@ -358,7 +362,8 @@ def _limit_state(row: Sequence[Any]) -> LimitState:
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
-    """A cursor whose rows are read by column name (task rows)."""
+    """A cursor whose rows are read by column name (task rows, and any row
+    wider than one or two values; narrower rows are unpacked into names)."""
     cur = con.cursor()
     cur.row_factory = sqlite3.Row
     return cur
@@ -381,6 +386,12 @@ class _PlainRows:
 
     def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
         return self._cursor().executemany(sql, rows)
+
+
+def _next_id(con: sqlite3.Connection) -> int:
+    """The id the next inserted task takes."""
+    (base,) = con.execute(Q["next_id_base"]).fetchone()
+    return base + 1
 
 
 def _split_script(script: str) -> list[str]:
@@ -570,7 +581,7 @@ class SQLiteStore(SqlStore):
         deadline = time.monotonic() + self.busy_timeout_ms / 1000.0
         while True:
             try:
-                mode = con.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                (mode,) = con.execute("PRAGMA journal_mode = WAL").fetchone()
                 break
             except sqlite3.OperationalError as exc:  # another process is converting it
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -685,7 +696,8 @@ class SQLiteStore(SqlStore):
     def migrate(self) -> None:
         with self._write() as con:
             con.execute(Q["schema_version_table"])
-            version = con.execute(Q["schema_version"]).fetchone()[0] or 0
+            (version,) = con.execute(Q["schema_version"]).fetchone()
+            version = version or 0
             if version > SCHEMA_VERSION:
                 raise StoreCorrupt(
                     f"SQLite database {self.path!r} has schema version {version}, newer than this corral knows"
@@ -697,7 +709,7 @@ class SQLiteStore(SqlStore):
                 con.execute(stmt)
             for stmt in _split_script(Q["columns_v4"]):
                 table, column = stmt.split()[2], stmt.split()[5]
-                if column not in {r[1] for r in con.execute(f"PRAGMA table_info({table})")}:
+                if column not in {r["name"] for r in _task_cursor(con).execute(f"PRAGMA table_info({table})")}:
                     con.execute(stmt)
             for stmt in _split_script(Q["schema_v17"]):
                 con.execute(stmt)
@@ -768,7 +780,7 @@ class SQLiteStore(SqlStore):
     def _dependents_after_final(self, con, ended, now, groups: set) -> None:
         if not ended:
             return
-        with_dependents = {r[0] for r in con.execute(Q["has_dependents"], (dumps([i for i, _ in ended]),))}
+        with_dependents = {tid for (tid,) in con.execute(Q["has_dependents"], (dumps([i for i, _ in ended]),))}
         if not with_dependents:
             return
         frontier = [(tid, status) for tid, status in ended if tid in with_dependents]
@@ -819,7 +831,7 @@ class SQLiteStore(SqlStore):
         if now is None:
             now = self._clock.time()
         if made is not None:
-            first = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+            first = _next_id(con)
             self._insert_rows(con, [(first + i, *fields) for i, fields in enumerate(made)], [])
             return [SubmitResult(first + i, True) for i in range(len(made))]
         all_deps = {d for t in tasks for d in t.depends_on}
@@ -831,7 +843,7 @@ class SQLiteStore(SqlStore):
                 raise SubmitError(
                     f"unknown dependency id{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}"
                 )
-        next_id = con.execute(Q["next_id_base"]).fetchone()[0] + 1
+        next_id = _next_id(con)
         results: list[SubmitResult] = []
         rows: list[tuple] = []
         edges: list[tuple[int, int, int]] = []
@@ -840,11 +852,11 @@ class SQLiteStore(SqlStore):
             if nt.key is not None:
                 existing = batch_keys.get(nt.key)
                 if existing is None:
-                    hit = con.execute(Q["find_key"], (nt.key,)).fetchone()
-                    existing = hit[0] if hit else None
+                    (existing,) = con.execute(Q["find_key"], (nt.key,)).fetchone() or (None,)
                     if existing is not None and existing not in dep_state:
                         # a later task of this call may depend on it
-                        dep_state[existing] = State(con.execute(Q["status_of"], (existing,)).fetchone()[0])
+                        status_now, _, _ = con.execute(Q["status_of"], (existing,)).fetchone()
+                        dep_state[existing] = State(status_now)
                 if existing is not None:
                     results.append(SubmitResult(existing, False))
                     continue
@@ -866,11 +878,11 @@ class SQLiteStore(SqlStore):
             con.executemany(Q["insert_task"], rows)
         if edges:
             con.executemany(Q["insert_dep"], edges)
-        groups = {r[8] for r in rows if r[8] is not None}
+        groups = {r[_GROUP_FIELD] for r in rows if r[_GROUP_FIELD] is not None}
         if groups:
             # New tasks come after every task already in a line: a group that
             # has a head keeps it, and only the others need one.
-            headed = {r[0] for r in con.execute(Q["groups_with_head"], (dumps(sorted(groups)),))}
+            headed = {group for (group,) in con.execute(Q["groups_with_head"], (dumps(sorted(groups)),))}
             self._refresh_heads(con, groups - headed)
 
     def submit_in(
@@ -887,7 +899,8 @@ class SQLiteStore(SqlStore):
             )
         tasks = list(tasks)
         try:
-            files = [r[2] for r in connection.execute("PRAGMA database_list").fetchall() if r[1] == "main"]
+            listed = _task_cursor(connection).execute("PRAGMA database_list").fetchall()
+            files = [r["file"] for r in listed if r["name"] == "main"]
             same = bool(files and files[0]) and os.path.samefile(files[0], self.path)
         except (sqlite3.Error, OSError) as exc:
             raise ConfigError(f"connection= cannot be used: {first_line(exc)}") from None
@@ -1245,7 +1258,8 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def backlog(self, at_most: int) -> int | None:
-        return self._con().execute(Q["backlog"], (max(0, at_most),)).fetchone()[0]
+        (count,) = self._con().execute(Q["backlog"], (max(0, at_most),)).fetchone()
+        return count
 
     @_guard
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
@@ -1276,7 +1290,7 @@ class SQLiteStore(SqlStore):
     def cancel_requested(self, task_ids: Collection[int]) -> set[int]:
         if not task_ids:
             return set()
-        return {r[0] for r in self._con().execute(Q["cancel_requested"], (dumps(sorted(task_ids)),))}
+        return {tid for (tid,) in self._con().execute(Q["cancel_requested"], (dumps(sorted(task_ids)),))}
 
     @_guard
     def complete(self, outcomes: Sequence[Outcome]) -> list[bool]:
@@ -1396,10 +1410,11 @@ class SQLiteStore(SqlStore):
                     ),
                 ).fetchall()
                 if rows:
+                    ((group, name, limits),) = rows
                     ended.append((o.task_id, status))
-                    if rows[0][0] is not None:
-                        groups.add(rows[0][0])
-                    verdicts.append((o, rows[0][1], rows[0][2]))
+                    if group is not None:
+                        groups.add(group)
+                    verdicts.append((o, name, limits))
                 applied.append(bool(rows))
             else:  # back in the queue: the group's line is unchanged
                 rows = cur.execute(
@@ -1422,9 +1437,10 @@ class SQLiteStore(SqlStore):
                     ),
                 ).fetchall()
                 if rows:
-                    verdicts.append((o, rows[0][0], rows[0][1]))
-                    if o.pause_limits is not None and rows[0][1]:
-                        con.execute(Q["limit_pause"], (now + o.pause_limits, rows[0][1]))
+                    ((name, limits),) = rows
+                    verdicts.append((o, name, limits))
+                    if o.pause_limits is not None and limits:
+                        con.execute(Q["limit_pause"], (now + o.pause_limits, limits))
                 applied.append(bool(rows))
         self._flow_after_complete(con, verdicts, now)
         self._after_final(con, ended, now, groups)
@@ -1469,11 +1485,11 @@ class SQLiteStore(SqlStore):
             ]
         )
         got = con.execute(Q["complete_final_many"], (rows,)).fetchall()
-        done = {r[0]: r[1] for r in got}
+        done = {tid: group for tid, group, _, _ in got}
         status_of = {o.task_id: s for o, s in zip(outcomes, statuses)}
         ended = [(tid, status_of[tid]) for tid in done]
         by_id = {o.task_id: o for o in outcomes}
-        self._flow_after_complete(con, [(by_id[r[0]], r[2], r[3]) for r in got], now)
+        self._flow_after_complete(con, [(by_id[tid], name, limits) for tid, _, name, limits in got], now)
         self._after_final(con, ended, now, {g for g in done.values() if g is not None})
         return [o.task_id in done for o in outcomes]
 
@@ -1512,7 +1528,7 @@ class SQLiteStore(SqlStore):
             seen = self._local.__dict__.pop("probe_version", None)
             watch = self._watch()
             if seen is None:
-                seen = con.execute(pragma).fetchone()[0]
+                (seen,) = con.execute(pragma).fetchone()
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._wakes != wakes or self._closed:
@@ -1524,7 +1540,7 @@ class SQLiteStore(SqlStore):
                     # look now and then anyway, for wake_waiters() and for a
                     # write the watch cannot see)
                     watch.wait(min(WATCH_SLICE, remaining))
-                version = con.execute(pragma).fetchone()[0]
+                (version,) = con.execute(pragma).fetchone()
                 if version != seen:
                     if queues is None or self._due_in(con, queues):
                         return
@@ -1535,7 +1551,7 @@ class SQLiteStore(SqlStore):
     def _due_in(self, con: sqlite3.Connection, queues: Collection[str]) -> bool:
         """Is a task in ``queues`` due now (read only, no lock)?"""
         now = self._clock.time()
-        return any(con.execute(Q["due_probe"], (q, now)).fetchone()[0] for q in queues)
+        return any(due for q in queues for (due,) in con.execute(Q["due_probe"], (q, now)))
 
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
@@ -1546,10 +1562,10 @@ class SQLiteStore(SqlStore):
     @_guard
     def save_checkpoint(self, task_id: int, token: str, stage: str, data_json: str) -> bool:
         with self._write() as con:
-            row = con.execute(Q["get_checkpoint"], (task_id, token)).fetchone()
+            row = _task_cursor(con).execute(Q["get_checkpoint"], (task_id, token)).fetchone()
             if row is None:
                 return False
-            cp = loads(row[0]) or {}
+            cp = loads(row["checkpoint"]) or {}
             cp.pop(stage, None)
             cp[stage] = loads(data_json)
             return con.execute(Q["set_checkpoint"], (dumps(cp), task_id, token)).rowcount == 1
@@ -1631,7 +1647,7 @@ class SQLiteStore(SqlStore):
     @_guard
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
         with self._read() as con:
-            names = [r[0] for r in con.execute(Q["batch_names"], (after if after is not None else "", limit))]
+            names = [name for (name,) in con.execute(Q["batch_names"], (after if after is not None else "", limit))]
             if after is None and limit > 0:  # '' itself is a name: min(batch) > '' skips it
                 if con.execute(Q["batch_empty_name"]).fetchone():
                     names = [""] + names[: limit - 1]
@@ -1646,16 +1662,16 @@ class SQLiteStore(SqlStore):
     @_guard
     def cancel(self, task_id: int) -> TaskRecord | None:
         with self._write() as con:
-            row = con.execute(Q["status_of"], (task_id,)).fetchone()
+            row = _task_cursor(con).execute(Q["status_of"], (task_id,)).fetchone()
             if row is None:
                 return None
-            status = State(row[0]) if row[0] in State.__members__ else None
+            status = State(row["status"]) if row["status"] in State.__members__ else None
             now = self._clock.time()
             if status is State.RUNNING:
                 con.execute(Q["cancel_running"], (task_id,))
             elif status in (State.WAITING, State.PENDING, State.RETRYING):
                 con.execute(Q["cancel_queued"], (now, task_id))
-                self._after_final(con, [(task_id, State.CANCELED)], now, {row[2]})
+                self._after_final(con, [(task_id, State.CANCELED)], now, {row["group_key"]})
             return self._records(con, [_task_cursor(con).execute(Q["get"], (task_id,)).fetchone()])[0]
 
     @_guard
@@ -1671,7 +1687,7 @@ class SQLiteStore(SqlStore):
         Such a row (written past the status rule) reads as FAILED and never
         blocks its group, as on PostgreSQL, whose triggers move the head at
         once; here the head flag it held moves on at the next sweep."""
-        groups = [r[0] for r in self._con().execute(Q["heads_of_no_state"], (max(0, limit),))]
+        groups = [group for (group,) in self._con().execute(Q["heads_of_no_state"], (max(0, limit),))]
         if groups:
             with self._write() as con:
                 self._refresh_heads(con, groups)
@@ -1680,7 +1696,7 @@ class SQLiteStore(SqlStore):
     def retry(self, task_id: int) -> bool:
         with self._write() as con:
             rows = con.execute(Q["retry"], (self._clock.time(), task_id)).fetchall()
-            self._refresh_heads(con, {r[0] for r in rows})
+            self._refresh_heads(con, {group for (group,) in rows})
             return bool(rows)
 
     # ---- dead letters -------------------------------------------------------
@@ -1695,18 +1711,18 @@ class SQLiteStore(SqlStore):
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         with self._write() as con:
             q = Q["dead_ids" if batch is None else "dead_ids_batch"]
-            ids = [r[0] for r in con.execute(q, {"batch": batch, "limit": max(0, limit)})]
+            ids = [tid for (tid,) in con.execute(q, {"batch": batch, "limit": max(0, limit)})]
             now = self._clock.time()
             groups: set[str | None] = set()
             for tid in ids:
-                groups.update(r[0] for r in con.execute(Q["retry"], (now, tid)))
+                groups.update(group for (group,) in con.execute(Q["retry"], (now, tid)))
             self._refresh_heads(con, groups)
             return ids
 
     @_guard
     def failing_kinds(self, since: float, in_a_row: int, scan: int = 500) -> list[str]:
         params = {"since": since, "n": max(1, in_a_row), "scan": max(0, scan)}
-        return [r[0] for r in self._con().execute(Q["failing_kinds"], params)]
+        return [name for (name,) in self._con().execute(Q["failing_kinds"], params)]
 
     # ---- fleet control ----------------------------------------------------------
     @_guard
@@ -1714,7 +1730,8 @@ class SQLiteStore(SqlStore):
         row = self._con().execute(Q["fleet_level"]).fetchone()
         if row is None:
             return FleetLevel()
-        return FleetLevel(row[0], bool(row[1]), row[2], row[3], row[4])
+        level, manual, calm_since, reason, changed_at = row
+        return FleetLevel(level, bool(manual), calm_since, reason, changed_at)
 
     @_guard
     def set_fleet_level(self, new: FleetLevel, *, auto: bool, event: str | None = None) -> bool:
@@ -1779,7 +1796,8 @@ class SQLiteStore(SqlStore):
     @_guard
     def event_cursor(self, since: int | None) -> Any:
         if since is None:
-            return int(self._con().execute(Q["last_event_id"]).fetchone()[0])
+            (last,) = self._con().execute(Q["last_event_id"]).fetchone()
+            return int(last)
         return int(since)
 
     @_guard
@@ -1796,10 +1814,10 @@ class SQLiteStore(SqlStore):
         id every few milliseconds, one indexed read."""
         deadline = time.monotonic() + max(0.0, timeout)
         con = self._con()
-        seen = con.execute(Q["last_event_id"]).fetchone()[0]
+        (seen,) = con.execute(Q["last_event_id"]).fetchone()
         while (left := deadline - time.monotonic()) > 0:
             time.sleep(min(EVENTS_POLL, left))
-            if con.execute(Q["last_event_id"]).fetchone()[0] != seen:
+            if con.execute(Q["last_event_id"]).fetchone() != (seen,):
                 return
 
     @_guard
@@ -1814,7 +1832,7 @@ class SQLiteStore(SqlStore):
         if params is None:
             return 0
         with self._write() as con:
-            ids = [r[0] for r in con.execute(Q["prune"], params).fetchall()]
+            ids = [tid for (tid,) in con.execute(Q["prune"], params).fetchall()]
             if ids:
                 con.execute(Q["prune_deps"], (json.dumps(ids),))
         return len(ids)
@@ -1919,7 +1937,8 @@ class SQLiteStore(SqlStore):
                 ).fetchone()
                 applied.append(row is not None)
                 if row is not None:
-                    groups.add(row[0])
+                    (group,) = row
+                    groups.add(group)
                     if r.to in FINAL:
                         ended.append((r.task_id, r.to))
             self._after_final(con, ended, now, groups)
@@ -1934,7 +1953,7 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def schedules(self) -> list[ScheduleState]:
-        return [schedule_state(r) for r in self._con().execute(Q["schedules"]).fetchall()]
+        return [schedule_state(r) for r in _task_cursor(self._con()).execute(Q["schedules"]).fetchall()]
 
     @_guard
     def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
@@ -1949,7 +1968,8 @@ class SQLiteStore(SqlStore):
                 return TickResult(EARLY)
             if con.execute(Q["tick_claim"], (schedule.name, tick, ENQUEUED, now)).rowcount != 1:
                 return TickResult(TAKEN)
-            if not schedule.overlap and last[1] in STILL_GOING:
+            _, last_status = last
+            if not schedule.overlap and last_status in STILL_GOING:
                 con.execute(Q["tick_skipped"], (schedule.name, tick))
                 self._ticked(con, schedule.name, tick, SKIPPED, None)
                 return TickResult(SKIPPED)

@@ -292,7 +292,7 @@ def _batch_row(name: str, counts: dict[str, int]) -> dict[str, Any]:
         "total": sum(counts.values()),
         "status": batch_status(counts),
         "done_pct": 100.0 * final / total,
-        "parts": [p for p in parts if p[1]],
+        "parts": [(status, n, pct) for status, n, pct in parts if n],
     }
 
 
@@ -307,9 +307,17 @@ def batches(request: Request) -> Response:
         "batches.html",
         title="Batches",
         rows=[_batch_row(b, c) for b, c in rows],
-        next_after=rows[-1][0] if more and rows else None,
+        next_after=_last_batch_name(rows) if more else None,
         first=after is not None,
     )
+
+
+def _last_batch_name(rows: list[tuple[str, dict[str, int]]]) -> str | None:
+    """Where the next page of ``batch_list`` starts: after this page's last batch."""
+    if not rows:
+        return None
+    name, _ = rows[-1]
+    return name
 
 
 def batch_detail(request: Request) -> Response:
@@ -360,7 +368,7 @@ def task_detail(request: Request) -> Response:
                 timeline.append((ev.kind, ev.at, truncate(ev.data, 300)))
     except NotImplementedError:
         pass
-    timeline.sort(key=lambda t: t[1])
+    timeline.sort(key=lambda entry: entry[1])  # (what, at, detail): by when
     duration = rec.finished_at - rec.started_at if rec.finished_at and rec.started_at else None
     return d.page(
         request,

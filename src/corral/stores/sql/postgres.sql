@@ -1765,7 +1765,7 @@ ON CONFLICT (name) DO UPDATE SET
 
 -- name: schedules
 SELECT s.name, s.task, s.expr, s.timezone, s.queue, s.group_key, s.overlap, s.catch_up, s.max_delay,
-       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status
+       s.created_at, s.last_tick, s.last_outcome, s.last_task_id, t.status AS last_task_status
 FROM corral_schedules s LEFT JOIN corral_tasks t ON t.id = s.last_task_id
 ORDER BY s.name;
 
