@@ -17,7 +17,6 @@ from corral.core.states import (
     State,
     can_transition,
     check_transition,
-    sources,
 )
 from corral.errors import IllegalTransition, PermanentError, Retry
 
@@ -41,7 +40,7 @@ def test_success_is_final_and_nothing_returns_to_running_from_a_final_state():
     assert not [dst for (src, dst) in TRANSITIONS if src is State.SUCCESS]
     for final in FINAL:
         assert not can_transition(final, State.RUNNING)
-    assert sources(State.RUNNING) == QUEUED
+    assert {src for (src, dst) in TRANSITIONS if dst is State.RUNNING} == QUEUED
 
 
 def test_every_state_has_a_way_out_or_is_final():

@@ -119,8 +119,3 @@ def check_transition(src: State | str, dst: State | str) -> None:
 
     if not can_transition(src, dst):
         raise IllegalTransition(f"illegal transition {State(src).value} -> {State(dst).value}")
-
-
-def sources(dst: State) -> frozenset[State]:
-    """States from which ``dst`` may be reached (used to build guarded SQL)."""
-    return frozenset(s for (s, d) in TRANSITIONS if d == dst)

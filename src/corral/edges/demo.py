@@ -99,7 +99,6 @@ class DemoResult:
     retries: int
     limit: int
     peak_in_flight: int
-    failed_ids: list[int] = field(default_factory=list)
     #: the most calls the partner accepted in any sliding second, and its cap
     busiest_second: int = 0
     rate: str = ""
@@ -270,7 +269,6 @@ def run_demo(
         retries=retries,
         limit=advice.concurrency,
         peak_in_flight=partner.peak_in_flight,
-        failed_ids=[r.id for r in failed],
         task_ids=[h.id for h in handles],
         busiest_second=busiest,
         rate=f"{advice.rate_per_s}/s",

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,6 @@ class MainDemoReport:
     breaker_opened: int
     level: str
     dashboard_url: str | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def ordering_verified(self) -> bool:

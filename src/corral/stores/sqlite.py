@@ -492,7 +492,7 @@ class SQLiteStore(SqlStore):
         except ValueError:
             raise ConfigError(f"busy_timeout must be milliseconds, not {options['busy_timeout']!r}") from None
         try:
-            self.file_mode = int(options.get("mode", "0600"), 8)
+            self.file_mode = int(options["mode"], 8) if "mode" in options else DEFAULT_FILE_MODE
         except ValueError:
             raise ConfigError(f"mode must be octal permission bits like 0600, not {options['mode']!r}") from None
         if not 0 <= self.file_mode <= 0o777:
