@@ -78,7 +78,7 @@ def run(
     feeder.start()
     samples: list[dict[str, Any]] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        autovacuum = conn.execute("SHOW autovacuum").fetchone()[0]  # type: ignore[index]
+        (autovacuum,) = conn.execute("SHOW autovacuum").fetchone()  # type: ignore[misc]
         try:
             while True:
                 elapsed = time.monotonic() - t0

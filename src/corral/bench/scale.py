@@ -461,13 +461,13 @@ def _server_snapshot(url: str, dbname: str) -> dict[str, Any]:
 
     with psycopg.connect(url, autocommit=True) as con:
         row = con.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (dbname,)).fetchone()
-        xact = row[0] if row else 0
+        (xact,) = row or (0,)
         try:
             wal = con.execute("SELECT wal_records, wal_bytes, wal_write, wal_sync FROM pg_stat_wal").fetchone()
         except psycopg.Error:
             wal = None
-        mine = con.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-        pids = [r[0] for r in con.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))]
+        (mine,) = con.execute("SELECT pg_backend_pid()").fetchone()  # type: ignore[misc]
+        pids = [pid for (pid,) in con.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))]
     server_cpu = None
     backends_cpu = 0.0
     try:

@@ -182,7 +182,7 @@ def prefill(app, url: str, rows: int, progress) -> float:
         ph = "?"
 
         def columns(table: str) -> list[str]:
-            return [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+            return [name for _, name, *_ in con.execute(f"PRAGMA table_info({table})")]
     else:
         import psycopg
 
@@ -191,8 +191,8 @@ def prefill(app, url: str, rows: int, progress) -> float:
 
         def columns(table: str) -> list[str]:
             return [
-                r[0]
-                for r in con.execute(
+                name
+                for (name,) in con.execute(
                     "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
                     "AND table_schema = current_schema() ORDER BY ordinal_position",
                     (table,),
