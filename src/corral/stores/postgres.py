@@ -1357,8 +1357,8 @@ class PostgresStore(SqlStore):
         return out
 
     def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
-        rows = self._fetchall("group_lines", {"limit": max(0, limit), "offset": max(0, offset)})
-        return [GroupLine(*r) for r in rows]
+        rows = self._fetchall("group_lines", {"limit": max(0, limit), "offset": max(0, offset)}, dicts=True)
+        return [GroupLine(**r) for r in rows]
 
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
         def go(conn):
@@ -1374,7 +1374,7 @@ class PostgresStore(SqlStore):
 
     def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
         q = "recent_finished_desc" if newest_first else "recent_finished"
-        return [FinishedTask(*r) for r in self._fetchall(q, {"since": since, "limit": max(0, limit)})]
+        return [FinishedTask(**r) for r in self._fetchall(q, {"since": since, "limit": max(0, limit)}, dicts=True)]
 
     def active_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -1470,7 +1470,7 @@ class PostgresStore(SqlStore):
         return int(event_id)
 
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
-        return [Event(*r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)})]
+        return [Event(**r) for r in self._fetchall("events", {"kind": kind, "limit": max(0, limit)}, dicts=True)]
 
     def event_cursor(self, since: int | None) -> Any:
         """A cursor is (the highest id delivered, the ids below it not seen
@@ -1616,7 +1616,8 @@ class PostgresStore(SqlStore):
         return self._run(go, retry=False)
 
     def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
-        return [BreakerEvent(*r) for r in self._fetchall("breaker_events", {"name": name, "limit": max(0, limit)})]
+        params = {"name": name, "limit": max(0, limit)}
+        return [BreakerEvent(**r) for r in self._fetchall("breaker_events", params, dicts=True)]
 
     # ---- worker processes -----------------------------------------------------------
     def report_worker(self, info: WorkerInfo) -> None:
@@ -1644,10 +1645,11 @@ class PostgresStore(SqlStore):
 
     # ---- maintenance --------------------------------------------------------------
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
-        return [SweepRow(*r) for r in self._fetchall("find_stuck", {"now": now, "limit": limit})]
+        return [SweepRow(**r) for r in self._fetchall("find_stuck", {"now": now, "limit": limit}, dicts=True)]
 
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
-        return [SweepRow(*r) for r in self._fetchall("find_stale_pending", {"before": before, "limit": limit})]
+        rows = self._fetchall("find_stale_pending", {"before": before, "limit": limit}, dicts=True)
+        return [SweepRow(**r) for r in rows]
 
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         params = {
@@ -1725,7 +1727,8 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
-        return [TickRecord(*r) for r in self._fetchall("schedule_ticks", {"name": schedule, "limit": max(0, limit)})]
+        params = {"name": schedule, "limit": max(0, limit)}
+        return [TickRecord(**r) for r in self._fetchall("schedule_ticks", params, dicts=True)]
 
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:
         rows = self._fetchall("try_lead", {"role": role, "holder": holder, "ttl": float(ttl)})

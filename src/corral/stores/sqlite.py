@@ -1641,8 +1641,8 @@ class SQLiteStore(SqlStore):
     @_guard
     def group_lines(self, limit: int = 50, offset: int = 0) -> list[GroupLine]:
         with self._read() as con:
-            rows = con.execute(Q["group_lines"], (max(0, limit), max(0, offset))).fetchall()
-        return [GroupLine(*r) for r in rows]
+            rows = _task_cursor(con).execute(Q["group_lines"], (max(0, limit), max(0, offset))).fetchall()
+        return [GroupLine(**r) for r in rows]
 
     @_guard
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
@@ -1657,7 +1657,7 @@ class SQLiteStore(SqlStore):
     def recent_finished(self, since: float, limit: int, *, newest_first: bool = False) -> list[FinishedTask]:
         q = Q["recent_finished_desc" if newest_first else "recent_finished"]
         with self._read() as con:
-            return [FinishedTask(*r) for r in con.execute(q, (since, max(0, limit)))]
+            return [FinishedTask(**r) for r in _task_cursor(con).execute(q, (since, max(0, limit)))]
 
     @_guard
     def cancel(self, task_id: int) -> TaskRecord | None:
@@ -1791,7 +1791,8 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def events(self, kind: str | None = None, limit: int = 100) -> list[Event]:
-        return [Event(*r) for r in self._con().execute(Q["events"], {"kind": kind, "limit": max(0, limit)})]
+        params = {"kind": kind, "limit": max(0, limit)}
+        return [Event(**r) for r in _task_cursor(self._con()).execute(Q["events"], params)]
 
     @_guard
     def event_cursor(self, since: int | None) -> Any:
@@ -1803,7 +1804,7 @@ class SQLiteStore(SqlStore):
     @_guard
     def read_events(self, cursor: Any, limit: int = 500) -> tuple[list[Event], Any]:
         # ids follow commit order: one writer at a time holds the write lock
-        out = [Event(*r) for r in self._con().execute(Q["read_events"], (int(cursor), max(0, limit)))]
+        out = [Event(**r) for r in _task_cursor(self._con()).execute(Q["read_events"], (int(cursor), max(0, limit)))]
         return out, (out[-1].id if out else cursor)
 
     @_guard
@@ -1903,16 +1904,19 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def breaker_events(self, name: str | None = None, limit: int = 20) -> list[BreakerEvent]:
-        return [BreakerEvent(*r) for r in self._con().execute(Q["breaker_events"], (name, max(0, limit)))]
+        return [
+            BreakerEvent(**r) for r in _task_cursor(self._con()).execute(Q["breaker_events"], (name, max(0, limit)))
+        ]
 
     # ---- maintenance ------------------------------------------------------
     @_guard
     def find_stuck(self, now: float, limit: int) -> list[SweepRow]:
-        return [SweepRow(*r) for r in self._con().execute(Q["find_stuck"], {"now": now, "limit": limit})]
+        return [SweepRow(**r) for r in _task_cursor(self._con()).execute(Q["find_stuck"], {"now": now, "limit": limit})]
 
     @_guard
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
-        return [SweepRow(*r) for r in self._con().execute(Q["find_stale_pending"], {"before": before, "limit": limit})]
+        rows = _task_cursor(self._con()).execute(Q["find_stale_pending"], {"before": before, "limit": limit})
+        return [SweepRow(**r) for r in rows]
 
     @_guard
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
@@ -1985,8 +1989,8 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def schedule_ticks(self, schedule: str, limit: int = 100) -> list[TickRecord]:
-        rows = self._con().execute(Q["schedule_ticks"], (schedule, max(0, limit))).fetchall()
-        return [TickRecord(*r) for r in rows]
+        rows = _task_cursor(self._con()).execute(Q["schedule_ticks"], (schedule, max(0, limit))).fetchall()
+        return [TickRecord(**r) for r in rows]
 
     @_guard
     def try_lead(self, role: str, holder: str, ttl: float) -> bool:

@@ -1711,9 +1711,9 @@ SELECT queue, 'WAITING', count(*) FROM corral_tasks WHERE status = 'WAITING' GRO
 -- name: group_lines
 -- Groups with a live line (the group-block index), blocked heads first; the
 -- head is the line's smallest id.
-SELECT l.group_key, l.n, h.id, h.name,
-       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END,
-       h.worker_id, h.error
+SELECT l.group_key AS "group", l.n AS backlog, h.id AS head_id, h.name AS head_name,
+       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END AS head_status,
+       h.worker_id AS head_worker, h.error AS head_error
 FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM corral_tasks
       WHERE group_key IS NOT NULL
         AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')

@@ -1165,9 +1165,9 @@ SELECT queue, 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE stat
 -- Groups with a live line (the line index), blocked heads first. The head is
 -- the line's smallest id.
 -- name: group_lines
-SELECT l.group_key, l.n, h.id, h.name,
-       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END,
-       h.worker_id, h.error
+SELECT l.group_key AS "group", l.n AS backlog, h.id AS head_id, h.name AS head_name,
+       CASE WHEN h.status = 'RUNNING' AND h.started_at IS NULL THEN 'RESERVED' ELSE h.status END AS head_status,
+       h.worker_id AS head_worker, h.error AS head_error
 FROM (SELECT group_key, count(*) AS n, min(id) AS head FROM tasks INDEXED BY tasks_group_line
       WHERE group_key IS NOT NULL
         AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
