@@ -1637,8 +1637,8 @@ class PostgresStore(SqlStore):
         self._rowcount("remove_worker", {"id": worker_id})
 
     def workers(self) -> list[WorkerInfo]:
-        rows = self._fetchall("workers")
-        return [WorkerInfo(r[0], r[1], r[2], tuple(r[3]), *r[4:]) for r in rows]
+        rows = self._fetchall("workers", dicts=True)
+        return [WorkerInfo(**{**r, "queues": tuple(r["queues"])}) for r in rows]
 
     def forget_workers(self, before: float) -> int:
         return self._rowcount("forget_workers", {"before": before})

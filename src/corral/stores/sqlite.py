@@ -1775,8 +1775,8 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def workers(self) -> list[WorkerInfo]:
-        rows = self._con().execute(Q["workers"]).fetchall()
-        return [WorkerInfo(r[0], r[1], r[2], tuple(json.loads(r[3])), *r[4:]) for r in rows]
+        rows = _task_cursor(self._con()).execute(Q["workers"]).fetchall()
+        return [WorkerInfo(**{**r, "queues": tuple(json.loads(r["queues"]))}) for r in rows]
 
     @_guard
     def forget_workers(self, before: float) -> int:

@@ -232,7 +232,8 @@ def groups(request: Request) -> Response:
     more = len(lines) > PAGE
     from corral.edges.workers import read_workers
 
-    dead = {v.id: v.dead for v in read_workers(d.store)[1] if not v.alive}
+    _, seen = read_workers(d.store)
+    dead = {v.id: v.dead for v in seen if not v.alive}
     return d.page(
         request,
         "groups.html",
