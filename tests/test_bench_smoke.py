@@ -186,3 +186,73 @@ def test_dag_graph_is_the_same_for_a_seed():
         for i, deps in enumerate(g)
         if i >= 50
     )
+
+
+LATENCY_FIELDS = {
+    "rate",
+    "submitted",
+    "submit_rate",
+    "measured",
+    "started",
+    "missing",
+    "duplicates",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "pickup_p50_ms",
+    "pickup_p95_ms",
+    "pickup_p99_ms",
+    "submit_call_p50_ms",
+    "submit_call_p99_ms",
+    "late_p99_ms",
+}
+
+
+def test_latency_sqlite():
+    report = _run("latency", "--rates", "50", "--seconds", "3", "--json", "--no-progress")
+    assert report["scenario"] == "latency"
+    (run,) = report["runs"]
+    assert run["store"] == "sqlite" and run["workers"] == 2
+    (r,) = run["results"]
+    assert LATENCY_FIELDS <= set(r)
+    assert r["rate"] == 50 and r["submitted"] > 0
+    # the first 2 s are warm-up: about a third of 3 s of submits is measured
+    assert 0 < r["measured"] < r["submitted"]
+    assert r["started"] == r["measured"] and r["missing"] == 0 and r["duplicates"] == 0
+    assert 0 < r["submit_rate"] <= 50 * 1.05
+    assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
+    # the pickup is the part of submit-to-start after the submit call returned
+    assert r["pickup_p50_ms"] <= r["p50_ms"] and 0 < r["submit_call_p50_ms"] <= r["p50_ms"]
+
+
+def test_latency_schedule_is_steady_and_open_loop():
+    from corral.bench.latency import figures, submit_steady
+
+    class Clock:
+        now = 0.0
+
+        def __call__(self) -> float:
+            return self.now
+
+        def sleep(self, s: float) -> None:
+            self.now += s
+
+    clock = Clock()
+    calls: list[float] = []
+
+    def slow_submit(i: int) -> None:  # the 3rd submit takes 0.1 s: the next ones go at once until on time
+        calls.append(clock.now)
+        clock.now += 0.1 if i == 2 else 0.001
+
+    sub = submit_steady(slow_submit, 100.0, 0.2, clock=clock, wall=clock, sleep=clock.sleep)
+    assert len(sub) == 20 and calls[:3] == pytest.approx([0.0, 0.01, 0.02])
+    assert calls[3:5] == pytest.approx([0.12, 0.121]) and sub.late[3] == pytest.approx(0.09)  # behind: no wait
+    assert calls[-1] == pytest.approx(0.19)  # on time again, never ahead of its schedule
+    assert all(c >= i / 100.0 - 1e-9 for i, c in enumerate(calls))
+
+    starts = {i: sub.after[i] + 0.002 for i in range(20) if i != 19}  # the last one never started
+    fig = figures(sub, starts, 100.0, warmup=0.05)
+    assert fig["measured"] == 17 and fig["started"] == 16 and fig["missing"] == 1
+    assert fig["pickup_p50_ms"] == pytest.approx(2.0)
+    assert fig["max_ms"] is None  # a task that never started is slower than any that did

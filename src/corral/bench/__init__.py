@@ -4,6 +4,8 @@
                 against two thread-pool baselines;
 ``throughput``  enqueue and processing rates, I/O efficiency and idle
                 submit-to-start latency of one store;
+``latency``     submit-to-start at a steady rate of single submits, into
+                ``corral worker`` processes;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
 ``dashboard``   the dashboard's pages on a store of a million finished tasks;
@@ -33,8 +35,8 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `limits`, `dashboard`,
-    `scale`, `processes`, `dag` and `retention`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `limits`,
+    `dashboard`, `scale`, `processes`, `dag` and `retention`."""
 
 
 class StoreParam(click.ParamType):
@@ -339,6 +341,78 @@ def throughput_cmd(
         progress=not no_progress,
     )
     _run_and_show(argv, f"throughput ({kind})", render, as_json=as_json, progress=not no_progress)
+
+
+@bench.command("latency")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    multiple=True,
+    default=("sqlite",),
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
+)
+@pg_url_option
+@click.option("--rates", default="100,300,1000", show_default=True, help="Submits per second, comma-separated.")
+@click.option("--seconds", default=60.0, show_default=True, help="Seconds of submits at each rate.")
+@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Slots per worker process. Default: `corral worker`'s own default.",
+)
+@json_option
+@no_progress_option
+def latency_cmd(
+    store: tuple[tuple[str, str | None], ...],
+    pg_url: str | None,
+    rates: str,
+    seconds: float,
+    workers: int,
+    concurrency: int | None,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Submit-to-start latency at a steady rate of single submits.
+
+    For each rate, on a fresh store, --workers `corral worker` processes (their
+    defaults) are started; this process submits one task at a time, task i due
+    at i / rate seconds, for --seconds (open-loop: behind schedule it submits at
+    once, and the rate it reached is reported). Each task records when it
+    started; reported per store and rate: p50, p95, p99 and max of submit to
+    start (the first 2 s left out), the rate reached, and the pickup after the
+    submit call returned."""
+    from corral.bench.latency import child_argv, render
+
+    try:
+        rate_list = [float(r) for r in rates.split(",") if r.strip()]
+    except ValueError:
+        rate_list = []
+    if not rate_list or min(rate_list) <= 0:
+        raise click.BadParameter("submits per second > 0, comma-separated", param_hint="--rates")
+    if seconds <= 0 or workers < 1:
+        raise click.UsageError("--seconds must be > 0 and --workers >= 1")
+    reports = []
+    for one in dict.fromkeys(store):
+        kind, url = _shared_store(one, pg_url)
+        argv = child_argv(
+            store=kind,
+            pg_url=url,
+            rates=",".join(f"{r:g}" for r in rate_list),
+            seconds=seconds,
+            workers=workers,
+            concurrency=concurrency,
+            progress=not no_progress,
+        )
+        try:
+            reports.append(common.run_child(argv, f"latency ({kind})", show_progress=not no_progress))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps({"scenario": "latency", "runs": reports}))
+        return
+    render(reports)
 
 
 @bench.command("limits")

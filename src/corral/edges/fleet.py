@@ -33,9 +33,10 @@ def lazy_app(build: Callable[[], Any]) -> Callable[[str], Any]:
 
 
 class WorkerFleet:
-    """``n`` ``corral worker APP_SPEC --store URL -c SLOTS`` processes."""
+    """``n`` ``corral worker APP_SPEC --store URL -c SLOTS`` processes (``slots``
+    None: the command's default)."""
 
-    def __init__(self, app_spec: str, url: str, n: int, slots: int, env: Mapping[str, str] | None = None):
+    def __init__(self, app_spec: str, url: str, n: int, slots: int | None, env: Mapping[str, str] | None = None):
         self.app_spec, self.url, self.n, self.slots = app_spec, url, n, slots
         self.env = dict(env or {})
         self.procs: list[subprocess.Popen] = []
@@ -47,7 +48,9 @@ class WorkerFleet:
             log = tempfile.TemporaryFile(mode="w+")
             self.logs.append(log)
             cmd = [sys.executable, "-m", "corral", "worker", self.app_spec, "--store", self.url]
-            cmd += ["-c", str(self.slots), "--grace", "10"]
+            if self.slots is not None:
+                cmd += ["-c", str(self.slots)]
+            cmd += ["--grace", "10"]
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, env=env, stdin=subprocess.DEVNULL))
         return self
 
