@@ -156,6 +156,9 @@ def test_bad_variant_is_a_usage_error():
         ["groups", "--tasks", "0"],
         ["throughput", "--processes", "x"],
         ["throughput", "--store", "memory", "--claim-delay-ms", "-1"],
+        ["latency", "--rates", "0"],
+        ["latency", "--rates", "x"],
+        ["latency", "--store", "memory"],
     ],
 )
 def test_bad_numbers(args):
