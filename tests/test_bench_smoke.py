@@ -159,6 +159,7 @@ def test_bad_variant_is_a_usage_error():
         ["latency", "--rates", "0"],
         ["latency", "--rates", "x"],
         ["latency", "--store", "memory"],
+        ["latency", "--seconds", "2", "--warmup", "2"],
     ],
 )
 def test_bad_numbers(args):
@@ -212,15 +213,29 @@ LATENCY_FIELDS = {
 }
 
 
-def test_latency_sqlite():
-    report = _run("latency", "--rates", "50", "--seconds", "3", "--json", "--no-progress")
+def _latency_run(*store: str) -> dict:
+    report = _run("latency", *store, "--rates", "50", "--seconds", "2", "--warmup", "0.5", "--json", "--no-progress")
     assert report["scenario"] == "latency"
     (run,) = report["runs"]
-    assert run["store"] == "sqlite" and run["workers"] == 2
+    assert run["workers"] == 2 and run["warmup_s"] == 0.5
     (r,) = run["results"]
+    return {"store": run["store"], **r}
+
+
+def test_latency_sqlite():
+    _assert_sane_latency(_latency_run("--store", "sqlite"), "sqlite")
+
+
+@pytest.mark.postgres
+def test_latency_postgres(pg_admin_url):
+    _assert_sane_latency(_latency_run("--store", "postgres", "--pg-url", pg_admin_url), "postgres")
+
+
+def _assert_sane_latency(r: dict, store: str) -> None:
+    assert r["store"] == store
     assert LATENCY_FIELDS <= set(r)
     assert r["rate"] == 50 and r["submitted"] > 0
-    # the first 2 s are warm-up: about a third of 3 s of submits is measured
+    # the first 0.5 s are warm-up: about three quarters of 2 s of submits are measured
     assert 0 < r["measured"] < r["submitted"]
     assert r["started"] == r["measured"] and r["missing"] == 0 and r["duplicates"] == 0
     assert 0 < r["submit_rate"] <= 50 * 1.05

@@ -355,6 +355,9 @@ def throughput_cmd(
 @pg_url_option
 @click.option("--rates", default="100,300,1000", show_default=True, help="Submits per second, comma-separated.")
 @click.option("--seconds", default=60.0, show_default=True, help="Seconds of submits at each rate.")
+@click.option(
+    "--warmup", default=2.0, show_default=True, help="Seconds of submits at the start of each rate not measured."
+)
 @click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
 @click.option(
     "--concurrency",
@@ -369,6 +372,7 @@ def latency_cmd(
     pg_url: str | None,
     rates: str,
     seconds: float,
+    warmup: float,
     workers: int,
     concurrency: int | None,
     as_json: bool,
@@ -381,8 +385,8 @@ def latency_cmd(
     at i / rate seconds, for --seconds (open-loop: behind schedule it submits at
     once, and the rate it reached is reported). Each task records when it
     started; reported per store and rate: p50, p95, p99 and max of submit to
-    start (the first 2 s left out), the rate reached, and the pickup after the
-    submit call returned."""
+    start (the first --warmup seconds left out), the rate reached, and the
+    pickup after the submit call returned."""
     from corral.bench.latency import child_argv, render
 
     try:
@@ -391,8 +395,8 @@ def latency_cmd(
         rate_list = []
     if not rate_list or min(rate_list) <= 0:
         raise click.BadParameter("submits per second > 0, comma-separated", param_hint="--rates")
-    if seconds <= 0 or workers < 1:
-        raise click.UsageError("--seconds must be > 0 and --workers >= 1")
+    if seconds <= 0 or workers < 1 or not 0 <= warmup < seconds:
+        raise click.UsageError("--seconds must be > 0, --warmup from 0 to less than --seconds, --workers >= 1")
     reports = []
     for one in dict.fromkeys(store):
         kind, url = _shared_store(one, pg_url)
@@ -401,6 +405,7 @@ def latency_cmd(
             pg_url=url,
             rates=",".join(f"{r:g}" for r in rate_list),
             seconds=seconds,
+            warmup=warmup,
             workers=workers,
             concurrency=concurrency,
             progress=not no_progress,

@@ -15,7 +15,7 @@ and just after each submit call. Every process runs on this host, so the
 clocks are one. Per task: **submit to start** (start - before the call),
 and its two parts, the submit call (after - before) and **pickup** (start -
 after the call returned: the commit seen, the worker woken, the claim, the
-slot). Tasks submitted in the first ``WARMUP_S`` seconds are left out; a
+slot). Tasks submitted in the first ``--warmup`` seconds (2) are left out; a
 task that never started counts as slower than every one that did.
 
 One child process per store (``python -m corral.bench.latency``) prints one
@@ -46,7 +46,7 @@ TASK = "latency.mark"
 MARKS_ENV = "CORRAL_BENCH_MARKS"
 #: one mark: the task's index and the wall-clock time its body started
 REC = struct.Struct("<qd")
-#: submits of the first seconds of each rate are not measured
+#: submits of the first seconds of each rate are not measured (``--warmup``)
 WARMUP_S = 2.0
 #: tasks run before the schedule starts, so every worker has claimed and run work
 PROBES = 20
@@ -244,7 +244,7 @@ def run_rate(args, rate: float, progress: Callable[[int], None] | None) -> dict[
             starts, duplicates = read_marks(marks)
         finally:
             app.close()
-    out = figures(sub, starts, rate)
+    out = figures(sub, starts, rate, args.warmup)
     out["seconds"] = args.seconds
     out["duplicates"] = duplicates
     return out
@@ -268,7 +268,7 @@ def run(args) -> dict[str, Any]:
         "workers": args.workers,
         "concurrency": args.concurrency,
         "seconds": args.seconds,
-        "warmup_s": WARMUP_S,
+        "warmup_s": args.warmup,
         "results": results,
     }
 
@@ -280,6 +280,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default="100,300,1000")
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--warmup", type=float, default=WARMUP_S)
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--progress", action="store_true")
     return p
