@@ -237,8 +237,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: events by trigger); 24: offers of waiting workers; 25: no statistics on
 #: status (claim plans); 27: a task's crash count; 28: a failed attempt's
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
-#: 34: worker processes' rows (corral_workers).
-SCHEMA_VERSION = 34
+#: 34: worker processes' rows (corral_workers); 35: the tasks each worker holds,
+#: by worker (an index of held rows).
+SCHEMA_VERSION = 35
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).

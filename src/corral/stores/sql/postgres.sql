@@ -570,6 +570,13 @@ CREATE TABLE IF NOT EXISTS corral_workers (
     heartbeat_at double precision NOT NULL
 );
 
+-- name: migration_0035
+-- The tasks each worker holds, read by the Workers and Groups pages and the
+-- Tasks page's worker filter in one bounded read (Store.held_tasks): only
+-- held rows, so its size follows the running work, never the history.
+CREATE INDEX IF NOT EXISTS corral_tasks_held_by_worker ON corral_tasks (worker_id, id)
+    WHERE status = 'RUNNING';
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole

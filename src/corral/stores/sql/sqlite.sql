@@ -105,6 +105,12 @@ CREATE INDEX IF NOT EXISTS tasks_running_expiry
     ON tasks (lease_expires_at)
     WHERE status = 'RUNNING';
 
+-- The tasks each worker holds (schema 35), in id order: the Workers and
+-- Groups pages and the Tasks page's worker filter read them from here.
+CREATE INDEX IF NOT EXISTS tasks_held_by_worker
+    ON tasks (worker_id, id)
+    WHERE status = 'RUNNING';
+
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_idem_key
     ON tasks (idem_key)
     WHERE idem_key IS NOT NULL;
