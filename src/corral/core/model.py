@@ -231,6 +231,10 @@ class TaskFilter:
     #: keyset paging: only ids below this one (with ``newest_first``), above it otherwise;
     #: a page costs the same however deep it is
     after_id: int | None = None
+    #: only ids in this range (both ends kept): an age bound turned into ids
+    #: (ids follow submit order), so a page never reads past it
+    min_id: int | None = None
+    max_id: int | None = None
 
 
 @dataclass(slots=True)

@@ -589,6 +589,17 @@ class Store(abc.ABC):
         """Tasks matching ``flt``, shown as :meth:`get` shows them (a status
         of RUNNING matches started tasks only, RESERVED the others)."""
 
+    def held_tasks(
+        self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
+    ) -> list[TaskRecord]:
+        """Tasks held by workers now (shown RUNNING or RESERVED), by worker id
+        then task id, those after ``after`` (a ``(worker id, task id)``
+        position), at most ``limit``; only ``worker``'s when given.
+
+        One read of an index of held rows: its cost follows the running
+        work, never the history of finished tasks."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def counts(self, queue: str | None = None) -> dict[str, int]:
         """Number of tasks per state name (states with no task may be absent),

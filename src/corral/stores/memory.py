@@ -630,8 +630,24 @@ class MemoryStore(Store):
                 and (flt.key is None or t.key == flt.key)
                 and (flt.after_id is None or (t.id < flt.after_id if flt.newest_first else t.id > flt.after_id))
             ]
+            if flt.min_id is not None or flt.max_id is not None:
+                lo, hi = flt.min_id, flt.max_id
+                rows = [t for t in rows if (lo is None or t.id >= lo) and (hi is None or t.id <= hi)]
             rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
             return [_shown(t) for t in rows[flt.offset : flt.offset + flt.limit]]
+
+    def held_tasks(
+        self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
+    ) -> list[TaskRecord]:
+        with self._lock:
+            held = [
+                t
+                for t in (self._tasks[i] for i in self._running)
+                if (worker is None or t.worker_id == worker)
+                and (after is None or (t.worker_id or "", t.id) > (after[0], after[1]))
+            ]
+            held.sort(key=lambda t: (t.worker_id or "", t.id))
+            return [_shown(t) for t in held[: max(0, limit)]]
 
     def counts(self, queue: str | None = None) -> dict[str, int]:
         out: dict[str, int] = {}

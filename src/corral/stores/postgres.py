@@ -1320,6 +1320,12 @@ class PostgresStore(SqlStore):
         if flt.after_id is not None:
             where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
             params["after_id"] = flt.after_id
+        if flt.min_id is not None:
+            where.append("id >= %(min_id)s")
+            params["min_id"] = flt.min_id
+        if flt.max_id is not None:
+            where.append("id <= %(max_id)s")
+            params["max_id"] = flt.max_id
         if flt.group is not None:
             # every grouped task is in its line's index or in the finished
             # ones': one arm each, merged in id order
@@ -1333,6 +1339,25 @@ class PostgresStore(SqlStore):
         sql += f" ORDER BY id {'DESC' if flt.newest_first else 'ASC'} LIMIT %(limit)s OFFSET %(offset)s"
         params["limit"] = max(0, int(flt.limit))
         params["offset"] = max(0, int(flt.offset))
+
+        def go(conn):
+            cur = conn.cursor(row_factory=dict_row)
+            return [shown_record(_record(r)) for r in cur.execute(sql, params).fetchall()]
+
+        return self._run(go)
+
+    def held_tasks(
+        self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
+    ) -> list[TaskRecord]:
+        sql = "SELECT * FROM corral_tasks WHERE status = 'RUNNING'"
+        params: dict[str, Any] = {"limit": max(0, int(limit))}
+        if worker is not None:
+            sql += " AND worker_id = %(worker)s"
+            params["worker"] = worker
+        if after is not None:
+            sql += " AND (worker_id, id) > (%(after_worker)s, %(after_id)s)"
+            params["after_worker"], params["after_id"] = after
+        sql += " ORDER BY worker_id, id LIMIT %(limit)s"
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)

@@ -1603,6 +1603,12 @@ class SQLiteStore(SqlStore):
         if flt.after_id is not None:
             where.append("id < ?" if flt.newest_first else "id > ?")
             params.append(flt.after_id)
+        if flt.min_id is not None:
+            where.append("id >= ?")
+            params.append(flt.min_id)
+        if flt.max_id is not None:
+            where.append("id <= ?")
+            params.append(flt.max_id)
         if flt.group is not None:
             # every grouped task is in the line's index or in the finished
             # ones': one arm each, merged in id order
@@ -1616,6 +1622,23 @@ class SQLiteStore(SqlStore):
         sql += " ORDER BY id DESC" if flt.newest_first else " ORDER BY id"
         sql += " LIMIT ? OFFSET ?"
         params += [max(0, flt.limit), max(0, flt.offset)]
+        with self._read() as con:
+            return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
+
+    @_guard
+    def held_tasks(
+        self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
+    ) -> list[TaskRecord]:
+        sql = Q["select_tasks"] + " WHERE status = 'RUNNING'"
+        params: list[Any] = []
+        if worker is not None:
+            sql += " AND worker_id = ?"
+            params.append(worker)
+        if after is not None:
+            sql += " AND (worker_id, id) > (?, ?)"
+            params += [after[0], after[1]]
+        sql += " ORDER BY worker_id, id LIMIT ?"
+        params.append(max(0, limit))
         with self._read() as con:
             return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
 
