@@ -3,12 +3,11 @@ Workers page show them: rows and held tasks read, assembled by :mod:`corral.core
 
 from __future__ import annotations
 
-from corral.core.model import TaskFilter
-from corral.core.states import State
 from corral.core.workers import WorkerView, views
 from corral.stores.base import Store
 
-#: Held tasks read per state: past it a worker's list is cut (its slots say how many it runs).
+#: Held tasks read, all workers together: past it the last workers' lists are
+#: cut (their slots say how many they run).
 HELD_SCAN = 5000
 
 
@@ -19,9 +18,7 @@ def read_workers(store: Store) -> tuple[float, list[WorkerView]]:
         rows = store.workers()
     except NotImplementedError:
         rows = []
-    held = []
-    for state in (State.RUNNING, State.RESERVED):
-        held += store.list_tasks(TaskFilter(status=state, limit=HELD_SCAN, newest_first=False))
+    held = store.held_tasks(limit=HELD_SCAN)  # one read of the index of held rows
     return now, views(rows, held, now)
 
 
