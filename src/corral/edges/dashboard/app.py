@@ -48,6 +48,7 @@ from corral.core.planning import format_age
 from corral.core.states import ACTIVE, State
 from corral.edges.dashboard.hosts import is_loopback
 from corral.edges.dashboard.sampler import Sampler, fmt_seconds
+from corral.edges.task_lists import TaskQuery
 from corral.errors import CorralError
 from corral.stores.base import DEAD, Store, batch_status
 
@@ -123,6 +124,28 @@ class Dashboard:
         self.env.filters["iso"] = iso
         self.env.globals["urlq"] = lambda v: quote(str(v), safe="")
         self._registry: Any = None
+        #: bulk actions shown with their count, waiting to be confirmed: ticket -> (action, ids, until)
+        self._bulk: dict[str, tuple[str, list[int], float]] = {}
+
+    def remember_bulk(self, action: str, ids: list[int]) -> str:
+        """Keep the ids a shown count is about; the ticket confirms them once, within BULK_TTL."""
+        import time
+
+        now = time.monotonic()
+        self._bulk = {k: v for k, v in self._bulk.items() if v[2] > now}
+        while len(self._bulk) >= BULK_PENDING:
+            self._bulk.pop(next(iter(self._bulk)))
+        ticket = secrets.token_urlsafe(16)
+        self._bulk[ticket] = (action, ids, now + BULK_TTL)
+        return ticket
+
+    def take_bulk(self, ticket: str) -> tuple[str, list[int]] | None:
+        import time
+
+        got = self._bulk.pop(ticket, None)
+        if got is None or got[2] <= time.monotonic():
+            return None
+        return got[0], got[1]
 
     # ---- rendering --------------------------------------------------------------------
     def page(self, request: Request, template: str, status_code: int = 200, **ctx: Any) -> HTMLResponse:
@@ -397,41 +420,151 @@ def _task_list_page(request: Request, template: str, title: str, rows: list[Task
     return d.page(request, template, title=title, rows=rows, next_url=next_url, **ctx)
 
 
-#: The Tasks page's filters: query parameter -> TaskFilter field.
-TASK_FILTERS = {"name": "name", "queue": "queue", "group": "group", "batch": "batch", "trace": "trace_id", "key": "key"}
+#: The Tasks page's filters: query parameter -> TaskQuery field.
+TASK_FILTERS = {
+    "name": "name",
+    "queue": "queue",
+    "group": "group",
+    "batch": "batch",
+    "trace": "trace_id",
+    "key": "key",
+    "worker": "worker",
+}
+#: Age filters: query parameter -> TaskQuery field (``5m``, ``2h``, ``1d``).
+AGE_FILTERS = {"older": "min_age", "newer": "max_age"}
 STATE_NAMES = [s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED, State.RUNNING)] + [
     s.value for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED)
 ]
+#: Tasks one bulk retry or cancel may take (the newest of a larger set).
+BULK_MAX = 10_000
+#: How long a shown count may be confirmed, and how many may wait at once.
+BULK_TTL = 600.0
+BULK_PENDING = 32
+#: The states each bulk action applies to.
+BULK_STATES = {"retry": FINAL_STATES, "cancel": tuple(s.value for s in ACTIVE) + (State.RESERVED.value,)}
+
+
+class BadFilter(ValueError):
+    pass
+
+
+def _task_query(request: Request) -> tuple[TaskQuery, dict[str, str]]:
+    """The Tasks page's query from its URL, and the values shown in its form."""
+    from corral.edges.task_lists import SORTS, TaskQuery, parse_age
+
+    q = request.query_params
+    shown = {
+        "status": (q.get("status") or "").strip().upper(),
+        **{p: (q.get(p) or "").strip() for p in (*TASK_FILTERS, *AGE_FILTERS)},
+    }
+    if shown["status"] and shown["status"] not in STATE_NAMES:
+        raise BadFilter(f"unknown state {shown['status']!r}; one of {', '.join(STATE_NAMES)}")
+    sort = (q.get("sort") or "submitted").strip()
+    if sort not in SORTS:
+        raise BadFilter(f"unknown sort {sort!r}; one of {', '.join(SORTS)}")
+    query = TaskQuery(status=shown["status"] or None, sort=sort, after=q.get("after") or None, limit=PAGE)
+    for param, attr in TASK_FILTERS.items():
+        if shown[param]:
+            setattr(query, attr, shown[param])
+    for param, attr in AGE_FILTERS.items():
+        if shown[param]:
+            try:
+                setattr(query, attr, parse_age(shown[param]))
+            except ValueError as exc:
+                raise BadFilter(str(exc)) from None
+    return query, shown
+
+
+def _list_params(request: Request) -> dict[str, str]:
+    """The list's own parameters (its filters and sort), without the page or a message."""
+    return {k: v for k, v in request.query_params.items() if k not in ("after", "msg", "action") and v}
 
 
 def tasks(request: Request) -> Response:
-    """Tasks, newest first, filtered by state, name, queue, group, batch, trace id or key (all that are given)."""
+    """Tasks filtered by state, name, queue, group, batch, trace id, key, worker and age
+    (all that are given), sorted by submit time, age or state, paged by keyset."""
+    from corral.edges.task_lists import SORTS, find_tasks
+
     d = _dash(request)
-    q = request.query_params
-    after = _int(q.get("after"))
-    shown = {"status": (q.get("status") or "").strip().upper(), **{p: (q.get(p) or "").strip() for p in TASK_FILTERS}}
-    if shown["status"] and shown["status"] not in STATE_NAMES:
-        error = f"unknown state {shown['status']!r}; one of {', '.join(STATE_NAMES)}"
-        return d.page(request, "error.html", status_code=400, title="Bad filter", error=error)
-    flt = TaskFilter(limit=PAGE + 1, after_id=after, status=State(shown["status"]) if shown["status"] else None)
-    for param, attr in TASK_FILTERS.items():
-        if shown[param]:
-            setattr(flt, attr, shown[param])
-    rows = d.store.list_tasks(flt)
+    try:
+        query, shown = _task_query(request)
+    except BadFilter as exc:
+        return d.page(request, "error.html", status_code=400, title="Bad filter", error=str(exc))
+    now = d.store.now()
+    page = find_tasks(d.store, query, now)
     filtered = any(shown.values())
     what = [f"{k} {v}" for k, v in shown.items() if v]
     heading = ("Tasks: " + ", ".join(what)) if filtered else "Newest tasks"
-    first = {k: v for k, v in q.items() if k not in ("after", "msg")}
-    return _task_list_page(
+    params = _list_params(request)
+    next_url = request.url.path + "?" + urlencode({**params, "after": page.next}) if page.next else None
+    return d.page(
         request,
         "tasks.html",
-        "Tasks",
-        rows,
+        title="Tasks",
+        rows=page.rows,
+        now=now,
+        next_url=next_url,
         heading=heading,
         f=shown,
+        sort=query.sort,
+        sorts=SORTS,
         states=STATE_NAMES,
         filtered=filtered,
-        first_url=request.url.path + ("?" + urlencode(first) if first else ""),
+        first_url=request.url.path + ("?" + urlencode(params) if params else ""),
+        bulk_url="/tasks/bulk?" + urlencode(params),
+        live_rows=",".join(str(r.id) for r in page.rows),
+    )
+
+
+def tasks_bulk(request: Request) -> Response:
+    """The count a bulk retry or cancel of a filtered list would apply to, to confirm first.
+
+    The ids that match now (at most ``BULK_MAX``, newest first) are kept under a
+    one-time ticket for ``BULK_TTL`` seconds; confirming applies the action to
+    those tasks only, each write guarded on its state as it is then."""
+    from dataclasses import replace
+
+    from corral.edges.task_lists import matching_ids
+
+    d = _dash(request)
+    if d.read_only:
+        return PlainTextResponse("refused: this dashboard is read-only", status_code=403)
+    act = request.query_params.get("action") or ""
+    if act not in BULK_STATES:
+        error = "action must be retry or cancel"
+        return d.page(request, "error.html", status_code=400, title="Bad action", error=error)
+    try:
+        query, shown = _task_query(request)
+    except BadFilter as exc:
+        return d.page(request, "error.html", status_code=400, title="Bad filter", error=str(exc))
+    if not any(shown.values()):
+        error = "a bulk action needs a filter (a state, name, queue, group, batch, trace id, key, worker or age)"
+        return d.page(request, "error.html", status_code=400, title="Bad filter", error=error)
+    now = d.store.now()
+    states = [s for s in BULK_STATES[act] if query.status in (None, s)]
+    ids: list[int] = []
+    for st in states:
+        ids += matching_ids(d.store, replace(query, status=st, sort="submitted"), BULK_MAX + 1 - len(ids), now)
+        if len(ids) > BULK_MAX:
+            break
+    ids = sorted(set(ids), reverse=True)
+    capped = len(ids) > BULK_MAX
+    ids = ids[:BULK_MAX]
+    ticket = d.remember_bulk(act, ids)
+    params = _list_params(request)
+    what = ", ".join(f"{k} {v}" for k, v in shown.items() if v)
+    return d.page(
+        request,
+        "bulk.html",
+        title="Confirm",
+        action=act,
+        what=what,
+        count=len(ids),
+        count_text=f"{len(ids):,}".replace(",", " "),
+        capped=capped,
+        ticket=ticket,
+        ttl_text=f"{int(BULK_TTL // 60)} minutes",
+        back="/tasks?" + urlencode(params),
     )
 
 
@@ -492,7 +625,11 @@ async def action(request: Request) -> Response:
     what = request.path_params["what"]
     back = _safe_next(form.get("next"))
     try:
-        msg = await anyio.to_thread.run_sync(_do_action, d.store, what, form)
+        msg: str | None
+        if what == "bulk":
+            msg = await anyio.to_thread.run_sync(_do_bulk, d, form)
+        else:
+            msg = await anyio.to_thread.run_sync(_do_action, d.store, what, form)
     except (CorralError, ValueError) as exc:
         msg = f"{what} refused: {exc}"
     if msg is None:
@@ -501,6 +638,25 @@ async def action(request: Request) -> Response:
     await anyio.to_thread.run_sync(d.sampler.tick)
     sep = "&" if "?" in back else "?"
     return RedirectResponse(back + sep + urlencode({"msg": msg}), status_code=303)
+
+
+def _do_bulk(d: Dashboard, form: dict[str, str]) -> str:
+    taken = d.take_bulk(form.get("ticket", ""))
+    if taken is None:
+        return "bulk action refused: its count was not confirmed in time or was used already; ask again"
+    act, ids = taken
+    done = 0
+    for tid in ids:
+        if act == "retry":
+            done += bool(d.store.retry(tid))
+        else:
+            rec = d.store.get(tid)
+            if rec is not None and rec.status.value in BULK_STATES["cancel"]:
+                done += d.store.cancel(tid) is not None
+    left = len(ids) - done
+    verb = "queued again" if act == "retry" else "canceled (running ones stop at their worker)"
+    n = f"{done:,}".replace(",", " ")
+    return f"{n} of {len(ids)} tasks {verb}" + (f"; {left} had changed state and were left" if left else "")
 
 
 def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
@@ -553,11 +709,40 @@ def _task_live(store: Store, tid: int) -> dict[str, Any] | None:
     }
 
 
+def _row_ids(text: str | None) -> list[int]:
+    """The ids of a list's rows to follow (``?rows=3,2,1``), at most a page's."""
+    out = []
+    for part in (text or "").split(",")[:PAGE]:
+        if part.strip().isdigit():
+            out.append(int(part))
+    return out
+
+
+def _rows_live(store: Store, ids: list[int]) -> list[dict[str, Any]]:
+    """The changing cells of a list's rows (read by id, one page at most)."""
+    out = []
+    for tid in ids:
+        rec = store.get(tid)
+        if rec is not None:
+            out.append(
+                {
+                    "id": rec.id,
+                    "status": rec.status.value,
+                    "attempt": f"{rec.attempt}/{rec.max_retries + 1}",
+                    "error": truncate(rec.error or "", 120),
+                }
+            )
+    return out
+
+
 async def stream(request: Request) -> Response:
     """Server-sent events: ``snapshot`` every second, ``event`` for each new store event,
-    ``task`` with the watched task's state (``?task=ID``)."""
+    ``task`` with the watched task's state (``?task=ID``), ``row`` when a row of a
+    list changes (``?rows=ID,ID,...``, the ids a page shows)."""
     d = _dash(request)
     tid = _int(request.query_params.get("task"))
+    watched = _row_ids(request.query_params.get("rows"))
+    rows_seen: dict[int, dict[str, Any]] = {}
 
     async def gen() -> AsyncIterator[str]:
         last_event = None
@@ -580,6 +765,12 @@ async def stream(request: Request) -> Response:
                 live = await anyio.to_thread.run_sync(_task_live, d.store, tid)
                 if live is not None:
                     yield f"event: task\ndata: {json.dumps(live)}\n\n"
+            if watched:
+                for row in await anyio.to_thread.run_sync(_rows_live, d.store, watched):
+                    if rows_seen.get(row["id"]) != row:
+                        if row["id"] in rows_seen:  # the page drew the first look itself
+                            yield f"event: row\ndata: {json.dumps(row)}\n\n"
+                        rows_seen[row["id"]] = row
             for _ in range(10):
                 if d.stopping or await request.is_disconnected():
                     return
@@ -644,6 +835,7 @@ def create_app(store: Store, *, token: str | None = None, read_only: bool = Fals
         Route("/batches", batches),
         Route("/batches/{name:path}", batch_detail),
         Route("/tasks", tasks),
+        Route("/tasks/bulk", tasks_bulk),
         Route("/tasks/{task_id}", task_detail),
         Route("/dead", dead),
         Route("/search", search),

@@ -100,6 +100,26 @@
     });
   }
 
+  function setRow(r) {
+    var tr = document.querySelector('tr[data-row="' + String(Number(r.id)) + '"]');
+    if (!tr) return;
+    var st = tr.querySelector('[data-col="status"]');
+    if (st) {
+      var span = document.createElement("span");
+      span.className = "st st-" + String(r.status).toLowerCase();
+      span.textContent = String(r.status);
+      while (st.firstChild) st.removeChild(st.firstChild);
+      st.appendChild(span);
+    }
+    var since = tr.querySelector('[data-col="since"]');
+    if (since) since.textContent = "changed just now";
+    var at = tr.querySelector('[data-col="attempt"]');
+    if (at) at.textContent = String(r.attempt);
+    var err = tr.querySelector('[data-col="error"]');
+    if (err) err.textContent = String(r.error);
+    tr.setAttribute("data-changed", "1");
+  }
+
   function bump() {
     updates += 1;
     document.body.setAttribute("data-updates", String(updates));
@@ -118,6 +138,7 @@
     });
     source.addEventListener("event", function (e) { addEvent(JSON.parse(e.data)); });
     source.addEventListener("task", function (e) { setTask(JSON.parse(e.data)); });
+    source.addEventListener("row", function (e) { setRow(JSON.parse(e.data)); });
   }
 
   function close() {

@@ -1,0 +1,168 @@
+"""The Tasks page over HTTP: each filter (worker, age), each sort, keyset pages,
+the live rows of a list, and a bulk retry or cancel confirmed by its count."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import pytest
+
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+from corral.core.clock import FakeClock  # noqa: E402
+from corral.core.model import NewTask, Outcome  # noqa: E402
+from corral.core.states import State  # noqa: E402
+from corral.edges.dashboard import serve_background  # noqa: E402
+from corral.stores import open_store  # noqa: E402
+from test_dashboard import ARGS, Client  # noqa: E402
+
+
+@pytest.fixture
+def clock():
+    return FakeClock(1_000_000.0)
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    s = open_store(f"sqlite:///{tmp_path / 'd.db'}", clock=clock)
+    s.migrate()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def client(store):
+    dash = serve_background(store)
+    try:
+        yield Client(dash.url), dash
+    finally:
+        dash.stop()
+
+
+def shown_ids(body: str) -> list[int]:
+    return [int(m) for m in re.findall(r'<tr data-row="(\d+)">', body)]
+
+
+def submit(store, n: int, **kw) -> list[int]:
+    return [r.id for r in store.submit([NewTask(name=kw.pop("name", "t"), args=ARGS, **kw) for _ in range(n)])]
+
+
+def fail(store, worker: str = "w", submit_first: bool = False) -> int:
+    """Claim the oldest queued task and fail it (one is submitted first if asked)."""
+    if submit_first:
+        submit(store, 1)
+    (c,) = store.claim(worker, ["default"], 1)
+    t = c.tasks[0]
+    store.complete([Outcome(t.id, c.token, t.version, State.FAILED, error="boom")])
+    return t.id
+
+
+def test_a_worker_filter_shows_what_that_worker_holds(store, client):
+    c, _ = client
+    ids = submit(store, 4)
+    store.claim("vm-1:100:a", ["default"], 2)
+    store.claim("vm-2:200:b", ["default"], 1)
+    status, body = c.request("/tasks?worker=vm-1:100:a")
+    assert status == 200 and shown_ids(body) == [ids[1], ids[0]]
+    assert shown_ids(c.request("/tasks?worker=vm-2:200:b")[1]) == [ids[2]]
+    assert shown_ids(c.request("/tasks?worker=nobody")[1]) == []
+
+
+def test_age_filters_keep_tasks_submitted_before_or_since(store, client, clock):
+    c, _ = client
+    old = submit(store, 2)
+    clock.advance(3600)
+    new = submit(store, 2)
+    clock.advance(60)
+    assert shown_ids(c.request("/tasks?older=30m")[1]) == old[::-1]
+    assert shown_ids(c.request("/tasks?newer=5m")[1]) == new[::-1]
+    assert shown_ids(c.request("/tasks?older=10s&newer=2m")[1]) == new[::-1]
+    assert shown_ids(c.request("/tasks?older=2d")[1]) == []
+    status, body = c.request("/tasks?older=soon")
+    assert status == 400 and "not an age" in body
+
+
+def test_sorts_and_keyset_pages(store, client):
+    c, _ = client
+    ids = submit(store, 120)
+    failed = fail(store)  # ids[0]
+    assert failed == ids[0]
+    # newest first, page by page: 50, 50, 20, none twice
+    seen, url = [], "/tasks"
+    while url:
+        body = c.request(url)[1]
+        seen.append(shown_ids(body))
+        m = re.search(r'<a href="([^"]+)">next →</a>', body)
+        url = m.group(1).replace("&amp;", "&") if m else None
+    assert [len(p) for p in seen] == [50, 50, 20] and sum(seen, []) == ids[::-1]
+    # oldest first (age)
+    assert shown_ids(c.request("/tasks?sort=age")[1])[:3] == ids[:3]
+    # by state: the queued ones first, newest first among them; the failure after
+    body = c.request("/tasks?sort=status")[1]
+    assert shown_ids(body)[0] == ids[-1]
+    m = re.search(r'href="(/tasks\?sort=status&amp;after=[^"]+)"', body)
+    assert m and "PENDING" in m.group(1)
+    third = c.request("/tasks?sort=status&after=PENDING%3A" + str(ids[2]))[1]
+    assert shown_ids(third) == [ids[1], failed]
+    status, body = c.request("/tasks?sort=sideways")
+    assert status == 400 and "unknown sort" in body
+
+
+def test_a_bulk_retry_shows_its_count_then_retries_the_set_as_it_stood(store, client):
+    c, dash = client
+    failed = [fail(store, submit_first=True) for _ in range(3)]
+    submit(store, 1)  # pending: not retryable
+    c.request("/tasks")  # the CSRF cookie
+    status, body = c.request("/tasks/bulk?status=FAILED&action=retry")
+    assert status == 200 and 'This will retry <b data-count="3">3</b> tasks' in body
+    ticket = re.search(r'name="ticket" value="([^"]+)"', body).group(1)
+    # a failure after the count is not part of what was confirmed
+    late = fail(store)  # the pending one
+    # no CSRF token: refused, nothing changes
+    assert c.request("/actions/bulk", {"ticket": ticket})[0] == 403
+    assert all(store.get(t).status is State.FAILED for t in failed)
+    status, _ = c.request("/actions/bulk", {"ticket": ticket, "csrf": c.csrf(), "next": "/tasks?status=FAILED"})
+    assert status == 303
+    assert all(store.get(t).status is State.PENDING for t in failed)
+    assert store.get(late).status is State.FAILED
+    # a ticket confirms once
+    status, _ = c.request("/actions/bulk", {"ticket": ticket, "csrf": c.csrf()})
+    assert status == 303 and store.get(late).status is State.FAILED
+
+
+def test_a_bulk_cancel_takes_only_active_tasks_of_the_filter(store, client):
+    c, _ = client
+    mine = submit(store, 3, batch="b1")
+    other = submit(store, 2, batch="b2")
+    c.request("/tasks")
+    body = c.request("/tasks/bulk?batch=b1&action=cancel")[1]
+    assert 'data-count="3"' in body
+    ticket = re.search(r'name="ticket" value="([^"]+)"', body).group(1)
+    store.cancel(mine[0])  # changed state meanwhile: skipped, and said so
+    status, _ = c.request("/actions/bulk", {"ticket": ticket, "csrf": c.csrf(), "next": "/tasks?batch=b1"})
+    assert status == 303
+    assert all(store.get(t).status is State.CANCELED for t in mine)
+    assert all(store.get(t).status is State.PENDING for t in other)
+    # without a filter a bulk action is refused
+    status, body = c.request("/tasks/bulk?action=cancel")
+    assert status == 400 and "needs a filter" in body
+
+
+def test_the_stream_sends_a_listed_row_when_it_changes(store, client):
+    c, dash = client
+    ids = submit(store, 2)
+    body = c.request("/tasks")[1]
+    assert f'data-stream="/stream?rows={ids[1]},{ids[0]}"' in body
+    req = urllib.request.Request(dash.url + f"/stream?rows={ids[1]},{ids[0]}", headers={"Accept": "text/event-stream"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        lines = []
+        while lines.count("event: snapshot") < 2:  # the first look is taken
+            lines.append(resp.readline().decode().strip())
+        store.cancel(ids[0])
+        line = ""
+        while line != "event: row":
+            line = resp.readline().decode().strip()
+        row = json.loads(resp.readline().decode().strip()[6:])
+        assert row["id"] == ids[0] and row["status"] == "CANCELED"
