@@ -345,3 +345,40 @@ def test_an_action_without_its_csrf_token_is_refused(env):
     )
     assert resp.status == 403
     assert app.store.fleet_level() == before
+
+
+def test_a_listed_row_changes_live_and_a_filtered_set_is_retried_after_its_count(env):
+    app, dash, page, ids = env
+    mine = [app.submit("ok", [i], queue="parked", batch="b-bulk").id for i in range(3)]
+    # a filter by worker and age, sorted oldest first, kept in the form
+    held_by = app.get(ids["holding"]).worker_id
+    page.goto(dash.url + "/tasks")
+    page.fill("#task-filters input[name=worker]", held_by)
+    page.fill("#task-filters input[name=older]", "0s")
+    page.select_option("#task-filters select[name=sort]", "age")
+    page.click("#task-filters button")
+    page.wait_for_url("**/tasks?*worker=*")
+    listed = {int(t) for t in page.locator("table.tasks tbody tr td:first-child").all_inner_texts()}
+    assert ids["holding"] in listed and not listed & set(mine)
+    assert page.locator("#task-filters select[name=sort]").input_value() == "age"
+    # a row changes state: the list shows it without a reload
+    page.goto(dash.url + "/tasks?batch=b-bulk")
+    page.evaluate("window.__same_page = true")
+    row = page.locator(f'tr[data-row="{mine[0]}"] td[data-col=status]')
+    assert row.inner_text() == "PENDING"
+    app.cancel(mine[0])
+    wait_for(lambda: row.inner_text() == "CANCELED", 15, message="the row's new state shown live")
+    assert page.evaluate("window.__same_page === true")
+    for tid in mine[1:]:
+        app.cancel(tid)
+    # bulk retry: the count first, then the set as it stood
+    page.goto(dash.url + "/tasks?batch=b-bulk&status=CANCELED")
+    page.click("#bulk >> text=Retry all these")
+    page.wait_for_selector("#bulk-count")
+    assert "This will retry 3 tasks" in page.inner_text("#bulk-count")
+    shot(page, "tasks-bulk-confirm")
+    page.click("#bulk-confirm button")
+    page.wait_for_selector("p.msg")
+    assert "3 of 3 tasks queued again" in page.inner_text("p.msg")
+    assert all(app.get(t).status is State.PENDING for t in mine)
+    no_script_ran(page)
