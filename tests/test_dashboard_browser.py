@@ -132,11 +132,16 @@ def test_click_through_every_page(env):
         ("Batches", "Batches", "batches"),
         ("Tasks", "Newest tasks", "tasks"),
         ("Dead letters", "Dead letters", "dead"),
+        ("Schedules", "Schedules", "schedules"),
+        ("Events", "Events", "events"),
     ]:
         page.click(f"header nav >> text={link}")
         page.wait_for_url(f"**/{name if name != 'overview' else ''}*")
         assert page.locator("h1").inner_text().startswith(heading)
         shot(page, name)
+    page.goto(dash.url + "/events?kind=failed")
+    kinds = page.locator("#event-list tbody tr td:nth-child(3)").all_inner_texts()
+    assert kinds and set(kinds) == {"failed"}
     page.goto(dash.url + "/queues")
     assert "parked" in page.locator("table").inner_text()
     page.goto(dash.url + "/groups")

@@ -166,3 +166,36 @@ def test_the_stream_sends_a_listed_row_when_it_changes(store, client):
             line = resp.readline().decode().strip()
         row = json.loads(resp.readline().decode().strip()[6:])
         assert row["id"] == ids[0] and row["status"] == "CANCELED"
+
+
+def test_the_schedules_page_shows_last_and_next_ticks_and_runs(store, client, clock):
+    from corral.core.cron import Schedule
+
+    c, _ = client
+    sched = Schedule(name="refresh", task="refresh_prices", expr="*/5 * * * *", timezone="UTC")
+    store.save_schedules([sched])
+    tick = sched.next_after(store.now() - 600)
+    result = store.fire_tick(sched, tick)
+    status, body = c.request("/schedules")
+    assert status == 200 and 'data-schedule="refresh"' in body and "*/5 * * * *" in body
+    assert f'href="/tasks/{result.task_id}"' in body  # its run, with its state
+    assert "no tick yet" not in body and "(in " in body  # the next tick
+
+
+def test_the_events_page_filters_by_kind_and_subject_and_shows_level_history(store, client):
+    c, _ = client
+    ids = submit(store, 2)
+    store.cancel(ids[0])
+    store.add_event("level", "fleet", json.dumps({"to": "DEGRADED", "reason": "partner outage"}))
+    status, body = c.request("/events?kind=canceled")
+    assert status == 200
+    rows = re.findall(r'<tr data-event="\d+">.*?</tr>', body, re.S)
+    assert rows and all("canceled" in r for r in rows)
+    body = c.request(f"/events?subject={ids[1]}")[1]
+    rows = re.findall(r'<tr data-event="\d+">.*?</tr>', body, re.S)
+    assert rows and all(f">task:{ids[1]}<" in r for r in rows) and not any(f">task:{ids[0]}<" in r for r in rows)
+    # a task's page lists its events in its timeline
+    assert "<b>canceled</b>" in c.request(f"/tasks/{ids[0]}")[1].split('class="timeline"')[1]
+    assert "partner outage" in body.split('id="level-history"')[1]
+    status, body = c.request("/events?kind=nonsense")
+    assert status == 400 and "unknown event kind" in body

@@ -42,6 +42,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from corral.core.breaker import BreakerState
+from corral.core.events import task_subject
 from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
 from corral.core.planning import format_age
@@ -295,6 +296,81 @@ def workers(request: Request) -> Response:
     return d.page(request, "workers.html", title="Workers", rows=rows, now=now, dead=sum(not v.alive for v in rows))
 
 
+#: Events a page shows, and how many of a kind a subject filter looks through.
+EVENTS_SHOWN = 200
+EVENTS_SCANNED = 2000
+#: Ticks shown per schedule.
+TICKS_SHOWN = 8
+
+
+def schedules(request: Request) -> Response:
+    """Periodic schedules with their last and next ticks, last outcome and recent runs."""
+    from corral.cli.periodic import _at, outcome, schedule_dict
+
+    d = _dash(request)
+    now = d.store.now()
+    rows = []
+    try:
+        stored = d.store.schedules()
+    except NotImplementedError:
+        stored = []
+    for st in stored:
+        row = schedule_dict(st, now)
+        row["outcome"] = outcome(st)
+        row["last_tick_local"] = _at(st.last_tick, st.timezone)
+        row["next_tick_local"] = _at(row["next_tick"], st.timezone)
+        runs = []
+        for tick in d.store.schedule_ticks(st.name, limit=TICKS_SHOWN):
+            rec = d.store.get(tick.task_id) if tick.task_id is not None else None
+            runs.append(
+                {
+                    "task_id": tick.task_id,
+                    "status": rec.status.value if rec is not None else "deleted",
+                    "outcome": tick.outcome,
+                    "tick_local": _at(tick.tick, st.timezone),
+                }
+            )
+        row["runs"] = runs
+        rows.append(row)
+    return d.page(request, "schedules.html", title="Schedules", rows=rows, now=now)
+
+
+def events_page(request: Request) -> Response:
+    """The event stream, newest first, filtered by kind and subject; the level's and breakers' history."""
+    from corral.core.events import KNOWN_KINDS, LEVEL
+
+    d = _dash(request)
+    kind = (request.query_params.get("kind") or "").strip()
+    subject = (request.query_params.get("subject") or "").strip()
+    if subject.isdigit():  # a task's id: its events' subject
+        subject = task_subject(int(subject))
+    if kind and kind not in KNOWN_KINDS:
+        error = f"unknown event kind {kind!r}; one of {', '.join(sorted(KNOWN_KINDS))}"
+        return d.page(request, "error.html", status_code=400, title="Bad filter", error=error)
+    try:
+        if subject:
+            events = [e for e in d.store.events(kind or None, limit=EVENTS_SCANNED) if e.subject == subject]
+        else:
+            events = d.store.events(kind or None, limit=EVENTS_SHOWN)
+        levels = d.store.events(LEVEL, limit=20)
+    except NotImplementedError:
+        events, levels = [], []
+    what = ", ".join(f"{k} {v}" for k, v in (("kind", kind), ("subject", subject)) if v)
+    return d.page(
+        request,
+        "events.html",
+        title="Events",
+        heading=f"Events: {what}" if what else "Events",
+        events=events[:EVENTS_SHOWN],
+        kinds=sorted(KNOWN_KINDS),
+        kind=kind,
+        subject=subject,
+        levels=levels,
+        breakers=d.store.breaker_events(limit=50),
+        now=d.store.now(),
+    )
+
+
 def workers_json(request: Request) -> Response:
     """What ``corral workers --json`` prints."""
     from corral.edges.workers import read_workers
@@ -388,7 +464,7 @@ def task_detail(request: Request) -> Response:
         timeline.append(("finished", rec.finished_at, rec.status.value))
     try:
         for ev in d.store.events(limit=200):
-            if ev.subject == str(rec.id):
+            if ev.subject in (str(rec.id), task_subject(rec.id)):
                 timeline.append((ev.kind, ev.at, truncate(ev.data, 300)))
     except NotImplementedError:
         pass
@@ -832,6 +908,8 @@ def create_app(store: Store, *, token: str | None = None, read_only: bool = Fals
         Route("/workers", workers),
         Route("/api/workers", workers_json),
         Route("/limits", limits),
+        Route("/schedules", schedules),
+        Route("/events", events_page),
         Route("/batches", batches),
         Route("/batches/{name:path}", batch_detail),
         Route("/tasks", tasks),
