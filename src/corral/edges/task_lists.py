@@ -28,7 +28,7 @@ from corral.stores.base import Store
 SORTS = {
     "submitted": "newest first",
     "age": "oldest first",
-    "status": "by state (queued, held, finished), newest first in each",
+    "status": "queued, held, then finished",
 }
 #: The order of states in a ``status`` sort.
 STATE_ORDER = [
