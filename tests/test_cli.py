@@ -445,3 +445,26 @@ def test_store_may_be_given_before_the_command(sqlite_url):
     tid = int(run("--store", sqlite_url, "submit", "notify_merchant", '["m", "x"]', "--app", SHOP).stdout)
     assert run_json("show", str(tid), "--store", sqlite_url)["name"] == "notify_merchant"
     assert json.loads(run("--store", sqlite_url, "status", "--json").stdout)["total"] == 1
+
+
+def test_tasks_by_worker_age_and_sort_page_by_position(tmp_path):
+    from corral.core.model import NewTask
+    from corral.stores import open_store
+
+    url = f"sqlite:///{tmp_path / 'pos.db'}"
+    store = open_store(url)
+    store.migrate()
+    ids = [r.id for r in store.submit([NewTask(name="t", args='{"args":[],"kwargs":{}}') for _ in range(5)])]
+    store.claim("vm-1:7:w", ["default"], 2)
+    store.close()
+    s = ("--store", url)
+    assert [r["id"] for r in run_json("tasks", *s, "--worker", "vm-1:7:w")] == ids[1::-1]
+    assert [r["id"] for r in run_json("tasks", *s, "--sort", "age", "--limit", "2")] == ids[:2]
+    first = run("tasks", *s, "--sort", "age", "--limit", "2")
+    assert f"more: --after {ids[1]}" in first.stderr
+    assert [r["id"] for r in run_json("tasks", *s, "--sort", "age", "--limit", "2", "--after", str(ids[1]))] == ids[2:4]
+    assert [r["id"] for r in run_json("tasks", *s, "--sort", "status", "--limit", "3")] == [ids[4], ids[3], ids[2]]
+    assert run_json("tasks", *s, "--older", "1h") == []
+    assert len(run_json("tasks", *s, "--newer", "1h")) == 5
+    assert_one_line_error(run("tasks", *s, "--older", "soon", ok=False), "not an age")
+    assert run("tasks", *s, "--sort", "age", "--offset", "3", ok=False).exit_code != 0

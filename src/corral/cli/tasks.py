@@ -206,16 +206,52 @@ def worker_health(store) -> dict:
     is_flag=True,
     help="Only tasks the sweeper canceled because no worker took them in time (`corral retry --stale` re-queues them).",
 )
+@click.option("--worker", help="Only tasks this worker holds now (RUNNING or RESERVED).")
+@click.option("--older", metavar="AGE", help="Only tasks submitted at least AGE ago (90s, 5m, 2h, 1d).")
+@click.option("--newer", metavar="AGE", help="Only tasks submitted at most AGE ago.")
+@click.option(
+    "--sort",
+    type=click.Choice(["submitted", "age", "status"]),
+    help="submitted: newest first (the default); age: oldest first; status: queued, held, then finished.",
+)
+@click.option("--after", metavar="POS", help="The page after this position (printed under a full page).")
 @click.option(
     "--json",
     "as_json",
     is_flag=True,
     help=render.json_help(f"the table cuts it to {render.TABLE_FIELD_CHARS}."),
 )
-def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_first, stale, as_json):
-    """List tasks, newest first."""
+def tasks(
+    store_url,
+    state,
+    batch,
+    group,
+    name,
+    queue,
+    limit,
+    offset,
+    oldest_first,
+    stale,
+    worker,
+    older,
+    newer,
+    sort,
+    after,
+    as_json,
+):
+    """List tasks, newest first.
+
+    With --worker, --older, --newer, --sort or --after, pages go by position
+    (a deep page costs what the first does), as on the dashboard's Tasks page."""
     if stale and state and state.upper() != State.CANCELED.value:
         raise click.UsageError("--stale lists CANCELED tasks; it does not go with --status " + state.upper())
+    if any(v is not None for v in (worker, older, newer, sort, after)):
+        if stale or offset:
+            raise click.UsageError("--stale and --offset do not go with --worker, --older, --newer, --sort or --after")
+        filters = dict(status=state.upper() if state else None, batch=batch, group=group, name=name, queue=queue)
+        sort = sort or ("age" if oldest_first else "submitted")
+        _find(store_url, filters, worker, older, newer, sort, after, limit, as_json)
+        return
     store = open_given_store(store_url, create=False)
     flt = TaskFilter(
         status=State.CANCELED if stale else State(state.upper()) if state else None,
@@ -233,6 +269,33 @@ def tasks(store_url, state, batch, group, name, queue, limit, offset, oldest_fir
         render.print_json([render.record_dict(r) for r in rows])
     else:
         render.print_tasks(rows, group_filtered=bool(group), batch_filtered=bool(batch), now=store.now())
+
+
+def _find(store_url, filters, worker, older, newer, sort, after, limit, as_json) -> None:
+    """``corral tasks`` by position: the dashboard's query (corral.edges.task_lists)."""
+    from corral.edges.task_lists import TaskQuery, find_tasks, parse_age
+
+    try:
+        query = TaskQuery(
+            **filters,
+            worker=worker,
+            min_age=parse_age(older) if older else None,
+            max_age=parse_age(newer) if newer else None,
+            sort=sort,
+            after=after,
+            limit=limit,
+        )
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    store = open_given_store(store_url, create=False)
+    now = store.now()
+    page = find_tasks(store, query, now)
+    if as_json:
+        render.print_json([render.record_dict(r) for r in page.rows])
+        return
+    render.print_tasks(page.rows, group_filtered=bool(query.group), batch_filtered=bool(query.batch), now=now)
+    if page.next is not None:
+        click.echo(f"more: --after {page.next}", err=True)
 
 
 # ---- show -------------------------------------------------------------------------------
