@@ -108,6 +108,8 @@ def pages(n: int) -> list[str]:
         "/tasks?newer=10m&status=SUCCESS",
         "/tasks?older=6h&newer=12h&name=sync_sku",
         "/tasks?worker=vm-1%3A1%3Aw",
+        "/tasks/bulk?status=FAILED&action=retry",
+        f"/tasks/bulk?batch=batch-{mid // BATCH}&action=retry",
         f"/tasks/{mid}",
         "/dead",
         f"/search?q={mid:032x}&by=trace",
