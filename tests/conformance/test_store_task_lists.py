@@ -110,3 +110,19 @@ def test_matching_ids_reads_a_filtered_set_page_by_page(store):
     assert matching_ids(store, TaskQuery(batch="b1"), 100) == ids[6::-1]
     assert matching_ids(store, TaskQuery(batch="b1"), 3) == ids[6:3:-1]
     assert matching_ids(store, TaskQuery(batch="b1", max_id=ids[2]), 100) == ids[2::-1]
+
+
+def test_an_age_bound_holds_across_gaps_in_the_ids(store, advance):
+    """Ids have gaps (deleted tasks, sequences): the search must still end, at the right task."""
+    ids = submit(store, *[new("t") for _ in range(12)])
+    for tid in ids[1:5] + ids[6:11]:
+        store.cancel(tid)
+    assert store.prune({"CANCELED": store.now() + 1}, 100) == 9
+    kept = [ids[0], ids[5], ids[11]]
+    advance(600)
+    later = submit(store, new("t"))
+    now = store.now()
+    assert first_id_after(store, now - 300, strictly=False) == later[0]
+    assert first_id_after(store, now - 900, strictly=False) == kept[0]
+    assert [r.id for r in find_tasks(store, TaskQuery(min_age=300)).rows] == kept[::-1]
+    assert [r.id for r in find_tasks(store, TaskQuery(max_age=300)).rows] == later

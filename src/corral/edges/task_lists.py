@@ -126,17 +126,18 @@ def first_id_after(store: Store, ts: float, *, strictly: bool) -> int | None:
 
     if not later(newest[0]):
         return None
-    lo, hi = oldest[0].id, newest[0].id  # answer in [lo, hi]; the task at hi is later
+    # the answer is the first task at or above some id in [lo, hi]; the first
+    # task at or above hi is later (ids may have gaps: deleted rows, sequences)
+    lo, hi = oldest[0].id, newest[0].id
     while lo < hi:
         mid = (lo + hi) // 2
-        rec = _first_id(store, mid)
-        if rec is None or rec.id > hi:
+        rec = _first_id(store, mid)  # exists: the newest is at or above mid
+        if rec is None or later(rec):
             hi = mid
-        elif later(rec):
-            hi = rec.id
-        else:
+        else:  # it and every task before it are not later
             lo = rec.id + 1
-    return lo
+    found = _first_id(store, lo)
+    return found.id if found is not None else None
 
 
 def _id_bounds(store: Store, q: TaskQuery, now: float) -> tuple[int | None, int | None] | None:
