@@ -157,15 +157,24 @@ def test_the_stream_sends_a_listed_row_when_it_changes(store, client):
     assert f'data-stream="/stream?rows={ids[1]},{ids[0]}"' in body
     req = urllib.request.Request(dash.url + f"/stream?rows={ids[1]},{ids[0]}", headers={"Accept": "text/event-stream"})
     with urllib.request.urlopen(req, timeout=10) as resp:
-        lines = []
-        while lines.count("event: snapshot") < 2:  # the first look is taken
-            lines.append(resp.readline().decode().strip())
-        store.cancel(ids[0])
-        line = ""
-        while line != "event: row":
+        rows, snapshots = [], 0
+
+        def read_event() -> None:
+            nonlocal snapshots
             line = resp.readline().decode().strip()
-        row = json.loads(resp.readline().decode().strip()[6:])
-        assert row["id"] == ids[0] and row["status"] == "CANCELED"
+            if line == "event: snapshot":
+                snapshots += 1
+            elif line == "event: row":
+                row = json.loads(resp.readline().decode().strip()[6:])
+                rows.append((row["id"], row["status"]))
+
+        while snapshots < 2:  # the first look is taken (and sent: a change since the page drew would show)
+            read_event()
+        assert sorted(rows) == [(ids[0], "PENDING"), (ids[1], "PENDING")]
+        store.cancel(ids[0])
+        while rows[-1][1] != "CANCELED":
+            read_event()
+        assert rows[2:] == [(ids[0], "CANCELED")]  # only the row that changed
 
 
 def test_the_schedules_page_shows_last_and_next_ticks_and_runs(store, client, clock):

@@ -793,19 +793,24 @@ def _row_ids(text: str | None) -> list[int]:
 
 
 def _rows_live(store: Store, ids: list[int]) -> list[dict[str, Any]]:
-    """The changing cells of a list's rows (read by id, one page at most)."""
+    """The changing cells of a list's rows: one read of their id range when
+    it is dense (a page of newest tasks), else one read per row (a page at most)."""
+    lo, hi = min(ids), max(ids)
+    if hi - lo < 4 * len(ids) + 50:
+        wanted = set(ids)
+        recs = [r for r in store.list_tasks(TaskFilter(min_id=lo, max_id=hi, limit=hi - lo + 1)) if r.id in wanted]
+    else:
+        recs = [r for r in map(store.get, ids) if r is not None]
     out = []
-    for tid in ids:
-        rec = store.get(tid)
-        if rec is not None:
-            out.append(
-                {
-                    "id": rec.id,
-                    "status": rec.status.value,
-                    "attempt": f"{rec.attempt}/{rec.max_retries + 1}",
-                    "error": truncate(rec.error or "", 120),
-                }
-            )
+    for rec in recs:
+        out.append(
+            {
+                "id": rec.id,
+                "status": rec.status.value,
+                "attempt": f"{rec.attempt}/{rec.max_retries + 1}",
+                "error": truncate(rec.error or "", 120),
+            }
+        )
     return out
 
 
@@ -841,9 +846,8 @@ async def stream(request: Request) -> Response:
                     yield f"event: task\ndata: {json.dumps(live)}\n\n"
             if watched:
                 for row in await anyio.to_thread.run_sync(_rows_live, d.store, watched):
-                    if rows_seen.get(row["id"]) != row:
-                        if row["id"] in rows_seen:  # the page drew the first look itself
-                            yield f"event: row\ndata: {json.dumps(row)}\n\n"
+                    if rows_seen.get(row["id"]) != row:  # the first look too: a change since the page drew
+                        yield f"event: row\ndata: {json.dumps(row)}\n\n"
                         rows_seen[row["id"]] = row
             for _ in range(10):
                 if d.stopping or await request.is_disconnected():

@@ -104,6 +104,8 @@
     var tr = document.querySelector('tr[data-row="' + String(Number(r.id)) + '"]');
     if (!tr) return;
     var st = tr.querySelector('[data-col="status"]');
+    var at = tr.querySelector('[data-col="attempt"]');
+    if (st && st.textContent.trim() === String(r.status) && (!at || at.textContent === String(r.attempt))) return;
     if (st) {
       var span = document.createElement("span");
       span.className = "st st-" + String(r.status).toLowerCase();
@@ -113,7 +115,6 @@
     }
     var since = tr.querySelector('[data-col="since"]');
     if (since) since.textContent = "changed just now";
-    var at = tr.querySelector('[data-col="attempt"]');
     if (at) at.textContent = String(r.attempt);
     var err = tr.querySelector('[data-col="error"]');
     if (err) err.textContent = String(r.error);
