@@ -107,6 +107,8 @@ POSTGRES_ONLY = {
     "migration_0018": "numbered migrations (SQLite: one idempotent `schema`)",
     "migration_0033": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0034": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0035": "numbered migrations (SQLite: one idempotent `schema`)",
+    "migration_0036": "numbered migrations (SQLite: one idempotent `schema`)",
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
 }

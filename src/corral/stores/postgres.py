@@ -238,8 +238,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: status (claim plans); 27: a task's crash count; 28: a failed attempt's
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: the tasks each worker holds,
-#: by worker (an index of held rows).
-SCHEMA_VERSION = 35
+#: by worker (an index of held rows); 36: each minute's figures (corral_minute_stats).
+SCHEMA_VERSION = 36
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).

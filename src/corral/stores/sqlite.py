@@ -171,11 +171,12 @@ from corral.stores.sqlbase import (
 #: 25: a failed attempt's traceback (tasks.traceback);
 #: 30: a limit's log of recent starts (named_limits.starts, a sliding window's);
 #: 34: worker processes' rows (workers);
-#: 35: the tasks each worker holds, by worker (tasks_held_by_worker).
+#: 35: the tasks each worker holds, by worker (tasks_held_by_worker);
+#: 36: each minute's figures (minute_stats).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 35
+SCHEMA_VERSION = 36
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05

@@ -577,6 +577,24 @@ CREATE TABLE IF NOT EXISTS corral_workers (
 CREATE INDEX IF NOT EXISTS corral_tasks_held_by_worker ON corral_tasks (worker_id, id)
     WHERE status = 'RUNNING';
 
+-- name: migration_0036
+-- Each minute's figures per queue and task name, written by the sweeper's
+-- leader and kept a day (corral.core.minutes): what the dashboard's Over
+-- time page draws.
+CREATE TABLE IF NOT EXISTS corral_minute_stats (
+    minute   bigint NOT NULL,
+    queue    text   NOT NULL,
+    name     text   NOT NULL,
+    done     integer NOT NULL,
+    failed   integer NOT NULL,
+    depth    integer NOT NULL,
+    dur_p50  double precision,
+    dur_p99  double precision,
+    wait_p50 double precision,
+    wait_p99 double precision,
+    PRIMARY KEY (minute, queue, name)
+);
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole

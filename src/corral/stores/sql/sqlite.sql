@@ -111,6 +111,23 @@ CREATE INDEX IF NOT EXISTS tasks_held_by_worker
     ON tasks (worker_id, id)
     WHERE status = 'RUNNING';
 
+-- Each minute's figures per queue and task name (schema 36), written by the
+-- sweeper's leader and kept a day (corral.core.minutes): what the dashboard's
+-- Over time page draws.
+CREATE TABLE IF NOT EXISTS minute_stats (
+    minute   INTEGER NOT NULL,
+    queue    TEXT    NOT NULL,
+    name     TEXT    NOT NULL,
+    done     INTEGER NOT NULL,
+    failed   INTEGER NOT NULL,
+    depth    INTEGER NOT NULL,
+    dur_p50  REAL,
+    dur_p99  REAL,
+    wait_p50 REAL,
+    wait_p99 REAL,
+    PRIMARY KEY (minute, queue, name)
+) WITHOUT ROWID;
+
 CREATE UNIQUE INDEX IF NOT EXISTS tasks_idem_key
     ON tasks (idem_key)
     WHERE idem_key IS NOT NULL;
