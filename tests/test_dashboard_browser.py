@@ -134,6 +134,7 @@ def test_click_through_every_page(env):
         ("Dead letters", "Dead letters", "dead"),
         ("Schedules", "Schedules", "schedules"),
         ("Events", "Events", "events"),
+        ("Over time", "Over time", "over-time"),
     ]:
         page.click(f"header nav >> text={link}")
         page.wait_for_url(f"**/{name if name != 'overview' else ''}*")

@@ -45,8 +45,8 @@ def shown_ids(body: str) -> list[int]:
     return [int(m) for m in re.findall(r'<tr data-row="(\d+)">', body)]
 
 
-def submit(store, n: int, **kw) -> list[int]:
-    return [r.id for r in store.submit([NewTask(name=kw.pop("name", "t"), args=ARGS, **kw) for _ in range(n)])]
+def submit(store, n: int, name: str = "t", **kw) -> list[int]:
+    return [r.id for r in store.submit([NewTask(name=name, args=ARGS, **kw) for _ in range(n)])]
 
 
 def fail(store, worker: str = "w", submit_first: bool = False) -> int:
@@ -208,3 +208,29 @@ def test_the_events_page_filters_by_kind_and_subject_and_shows_level_history(sto
     assert "partner outage" in body.split('id="level-history"')[1]
     status, body = c.request("/events?kind=nonsense")  # a kind no store writes: nothing, no error
     assert status == 200 and not re.findall(r'<tr data-event="\d+">', body)
+
+
+def test_the_over_time_page_draws_the_recorded_minutes(store, client, clock):
+    from corral.maintenance.minute_recorder import MinuteRecorder
+
+    c, _ = client
+    status, body = c.request("/over-time")
+    assert status == 200 and "Nothing recorded yet" in body
+    submit(store, 3, name="sync")
+    for _ in range(2):
+        (u,) = store.claim("w", ["default"], 1)
+        clock.advance(1.5)
+        store.complete([Outcome(u.tasks[0].id, u.token, u.tasks[0].version, State.SUCCESS)])
+    fail(store)
+    clock.advance(60)
+    assert MinuteRecorder(store).tick() >= 1
+    status, body = c.request("/over-time")
+    assert status == 200 and "Nothing recorded yet" not in body
+    assert body.count('<figure class="chart"') == 5
+    done_chart = body.split('data-over-time="done"')[1].split("</figure>")[0]
+    assert '<path class="line"' in done_chart and "max 3" in done_chart
+    names = body.split('class="over-time-names"')[1]
+    assert "<td>sync</td>" not in names and ">sync</a></td><td>3</td><td>1</td>" in names
+    status, body = c.request("/over-time?window=day&queue=default&name=sync")
+    assert status == 200 and "the last day, queue default, sync" in body
+    assert c.request("/over-time?window=week")[0] == 400

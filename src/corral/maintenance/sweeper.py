@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 from corral.core.model import DEFAULT_LEASE_SECONDS, SweepReport, new_holder_id
 from corral.errors import ConfigError, StoreUnavailable
 from corral.maintenance.loop import Loop
+from corral.maintenance.minute_recorder import MinuteRecorder
 from corral.maintenance.recovery import (
     DEFAULT_MAX_ROWS,
     DEFAULT_STALE_PENDING_AGE,
@@ -114,6 +115,8 @@ class Sweeper(Loop):
         self.chores_every = max(self.interval, CHORES_EVERY) if chores_every is None else float(chores_every)
         self._chores_at: float | None = None
         self.forget_workers_after = float(forget_workers_after)
+        #: each minute's figures, written by the leader (the Over time page's)
+        self.minutes = MinuteRecorder(store)
         self._unreported = SweepReport()
         self.is_leader = False
         self.ticks = 0
@@ -220,8 +223,14 @@ class Sweeper(Loop):
             log.info("sweeper forgot %d dead worker(s) that held nothing any more", gone)
 
     def after_sweep(self) -> None:
-        """The leader's housekeeping after its sweep: retention, if any. A
-        failure here is logged and does not undo the sweep."""
+        """The leader's housekeeping after its sweep: the minutes' figures,
+        then retention, if any. A failure here is logged and does not undo the sweep."""
+        try:
+            self.minutes.tick()
+        except NotImplementedError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - retried at the next tick
+            log.warning("recording the minutes' figures failed, will try again: %s", exc)
         if self.retention is None:
             return
         try:

@@ -66,6 +66,7 @@ from typing import Any
 
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
 from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -588,6 +589,20 @@ class Store(abc.ABC):
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         """Tasks matching ``flt``, shown as :meth:`get` shows them (a status
         of RUNNING matches started tasks only, RESERVED the others)."""
+
+    def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
+        """Tasks that finished in ``[start, end)``, in finish order, at most
+        ``limit`` (read from the index of finish times)."""
+        raise NotImplementedError
+
+    def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
+        """Write a minute's rows (replacing rows of the same minute, queue and
+        name) and delete every row of a minute before ``before``: one write."""
+        raise NotImplementedError
+
+    def minute_stats(self, since: float) -> list[MinuteStat]:
+        """Every row of a minute at or after ``since``, by minute."""
+        raise NotImplementedError
 
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None

@@ -36,6 +36,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -129,6 +130,7 @@ class MemoryStore(Store):
         self._waiting_on: dict[int, set[int]] = {}
         self._leases: dict[str, _Lease] = {}
         self._running: set[int] = set()
+        self._minutes: dict[tuple[int, str, str], MinuteStat] = {}
         self._workers: dict[str, WorkerInfo] = {}
         self._limits: dict[str, LimitState] = {}
         self._usage: dict[str, int] = {}
@@ -635,6 +637,27 @@ class MemoryStore(Store):
                 rows = [t for t in rows if (lo is None or t.id >= lo) and (hi is None or t.id <= hi)]
             rows.sort(key=lambda t: t.id, reverse=flt.newest_first)
             return [_shown(t) for t in rows[flt.offset : flt.offset + flt.limit]]
+
+    def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
+        with self._lock:
+            rows = [
+                FinishedRun(t.id, t.name, t.queue, t.status.value, t.run_at, t.started_at, t.finished_at)
+                for t in self._tasks.values()
+                if t.finished_at is not None and start <= t.finished_at < end
+            ]
+        rows.sort(key=lambda r: (r.finished_at, r.id))
+        return rows[: max(0, limit)]
+
+    def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
+        with self._lock:
+            for r in rows:
+                self._minutes[(r.minute, r.queue, r.name)] = r
+            for k in [k for k in self._minutes if k[0] < before]:
+                del self._minutes[k]
+
+    def minute_stats(self, since: float) -> list[MinuteStat]:
+        with self._lock:
+            return sorted((r for r in self._minutes.values() if r.minute >= since), key=lambda r: r.minute)
 
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None

@@ -49,7 +49,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -69,6 +69,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -1345,6 +1346,22 @@ class PostgresStore(SqlStore):
             return [shown_record(_record(r)) for r in cur.execute(sql, params).fetchall()]
 
         return self._run(go)
+
+    def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
+        params = {"start": start, "end": end, "limit": max(0, int(limit))}
+        return [FinishedRun(*r) for r in self._fetchall("finished_runs", params)]
+
+    def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
+        def go(conn):
+            with conn.transaction():
+                if rows:
+                    conn.cursor().executemany(self._q["save_minute_stat"], [asdict(r) for r in rows])
+                conn.execute(self._q["trim_minute_stats"], {"before": int(before)})
+
+        self._run(go)
+
+    def minute_stats(self, since: float) -> list[MinuteStat]:
+        return [MinuteStat(*r) for r in self._fetchall("minute_stats", {"since": int(since)})]
 
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None

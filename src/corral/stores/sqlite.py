@@ -82,7 +82,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -103,6 +103,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
     BreakerEvent,
@@ -1625,6 +1626,22 @@ class SQLiteStore(SqlStore):
         params += [max(0, flt.limit), max(0, flt.offset)]
         with self._read() as con:
             return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
+
+    @_guard
+    def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
+        with self._read() as con:
+            return [FinishedRun(*r) for r in con.execute(Q["finished_runs"], (start, end, max(0, limit)))]
+
+    @_guard
+    def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
+        with self._write() as con:
+            con.executemany(Q["save_minute_stat"], [astuple(r) for r in rows])
+            con.execute(Q["trim_minute_stats"], (int(before),))
+
+    @_guard
+    def minute_stats(self, since: float) -> list[MinuteStat]:
+        with self._read() as con:
+            return [MinuteStat(*r) for r in con.execute(Q["minute_stats"], (int(since),))]
 
     @_guard
     def held_tasks(

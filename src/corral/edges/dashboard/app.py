@@ -369,6 +369,113 @@ def events_page(request: Request) -> Response:
     )
 
 
+#: The Over time page's windows: name -> (seconds, seconds per point).
+WINDOWS = {"hour": (3600, 60), "day": (86_400, 900)}
+#: Its charts: bucket field(s) -> title.
+OVER_TIME_CHARTS = [
+    (("done",), "finished per point"),
+    (("failed",), "failed (FAILED, TIMEOUT) per point"),
+    (("depth",), "queue depth (queued, at the point's end)"),
+    (("dur_p50", "dur_p99"), "duration p50 / p99 (s)"),
+    (("wait_p50", "wait_p99"), "wait from due to start p50 / p99 (s)"),
+]
+
+
+def _svg_path(values: list[float | None], top: float, w: float = 300.0, h: float = 80.0, pad: float = 4.0) -> str:
+    step = w / (len(values) - 1) if len(values) > 1 else w
+    d, pen = [], False
+    for i, v in enumerate(values):
+        if v is None:
+            pen = False
+            continue
+        y = h - pad - (v / top) * (h - 2 * pad) if top else h - pad
+        d.append(f"{'L' if pen else 'M'}{i * step:.1f} {y:.1f}")
+        pen = True
+    return " ".join(d)
+
+
+def over_time(request: Request) -> Response:
+    """Throughput, failures, queue depth and p50/p99 of duration and wait, for the last
+    hour or day, for every queue or one (and one task name), from the minutes the
+    sweeper's leader records."""
+    from corral.core.minutes import OTHER, QUEUE_ROW, buckets, minute_of
+
+    d = _dash(request)
+    q = request.query_params
+    window = q.get("window") or "hour"
+    if window not in WINDOWS:
+        return d.page(request, "error.html", status_code=400, title="Bad window", error="window must be hour or day")
+    span, width = WINDOWS[window]
+    queue = (q.get("queue") or "").strip()
+    name = (q.get("name") or "").strip()
+    now = d.store.now()
+    end = minute_of(now)
+    start = end - span
+    try:
+        rows = d.store.minute_stats(start)
+    except NotImplementedError:
+        rows = []
+    queues = sorted({r.queue for r in rows})
+    names = sorted({r.name for r in rows if r.name != QUEUE_ROW and (not queue or r.queue == queue)})
+    chosen = [
+        r
+        for r in rows
+        if (not queue or r.queue == queue)
+        and (r.name == name if name else r.name == QUEUE_ROW)
+        and (not name or not queue or r.queue == queue)
+    ]
+    points = buckets(chosen, start - start % width, end, width)
+    charts = []
+    for fields, title in OVER_TIME_CHARTS:
+        series = [[getattr(b, f) for b in points] for f in fields]
+        top = max([v for vals in series for v in vals if v is not None] + [0]) or 1
+        charts.append(
+            {"title": title, "key": fields[-1], "top": top, "paths": [_svg_path(vals, top) for vals in series]}
+        )
+    per_name: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        if r.name == QUEUE_ROW or (queue and r.queue != queue):
+            continue
+        t = per_name.setdefault((r.queue, r.name), {"done": 0, "failed": 0, "p50s": [], "p99": None})
+        t["done"] += r.done
+        t["failed"] += r.failed
+        if r.dur_p50 is not None:
+            t["p50s"].append(r.dur_p50)
+        if r.dur_p99 is not None:
+            t["p99"] = max(t["p99"] or 0.0, r.dur_p99)
+    table = sorted(
+        (
+            {
+                "queue": k[0],
+                "name": k[1],
+                "done": v["done"],
+                "failed": v["failed"],
+                "p50": sorted(v["p50s"])[len(v["p50s"]) // 2] if v["p50s"] else None,
+                "p99": v["p99"],
+            }
+            for k, v in per_name.items()
+        ),
+        key=lambda t: (-t["done"], t["queue"], t["name"]),
+    )
+    return d.page(
+        request,
+        "over_time.html",
+        title="Over time",
+        window=window,
+        windows=list(WINDOWS),
+        queue=queue,
+        name=name,
+        queues=queues,
+        names=names,
+        other=OTHER,
+        charts=charts,
+        table=table[:100],
+        width=width,
+        recorded=len(rows),
+        now=now,
+    )
+
+
 def workers_json(request: Request) -> Response:
     """What ``corral workers --json`` prints."""
     from corral.edges.workers import read_workers
@@ -912,6 +1019,7 @@ def create_app(store: Store, *, token: str | None = None, read_only: bool = Fals
         Route("/limits", limits),
         Route("/schedules", schedules),
         Route("/events", events_page),
+        Route("/over-time", over_time),
         Route("/batches", batches),
         Route("/batches/{name:path}", batch_detail),
         Route("/tasks", tasks),

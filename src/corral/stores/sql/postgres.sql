@@ -1776,6 +1776,26 @@ WHERE finished_at >= %(since)s ORDER BY finished_at, id LIMIT %(limit)s;
 SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
 WHERE finished_at >= %(since)s ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
+-- name: finished_runs
+SELECT id, name, queue, status, run_at, started_at, finished_at FROM corral_tasks
+WHERE finished_at >= %(start)s AND finished_at < %(end)s ORDER BY finished_at, id LIMIT %(limit)s;
+
+-- name: save_minute_stat
+INSERT INTO corral_minute_stats (minute, queue, name, done, failed, depth, dur_p50, dur_p99, wait_p50, wait_p99)
+VALUES (%(minute)s, %(queue)s, %(name)s, %(done)s, %(failed)s, %(depth)s,
+        %(dur_p50)s, %(dur_p99)s, %(wait_p50)s, %(wait_p99)s)
+ON CONFLICT (minute, queue, name) DO UPDATE SET
+    done = EXCLUDED.done, failed = EXCLUDED.failed, depth = EXCLUDED.depth,
+    dur_p50 = EXCLUDED.dur_p50, dur_p99 = EXCLUDED.dur_p99,
+    wait_p50 = EXCLUDED.wait_p50, wait_p99 = EXCLUDED.wait_p99;
+
+-- name: trim_minute_stats
+DELETE FROM corral_minute_stats WHERE minute < %(before)s;
+
+-- name: minute_stats
+SELECT minute, queue, name, done, failed, depth, dur_p50, dur_p99, wait_p50, wait_p99
+FROM corral_minute_stats WHERE minute >= %(since)s ORDER BY minute, queue, name;
+
 -- ---- periodic schedules ------------------------------------------------------------
 
 -- name: save_schedule

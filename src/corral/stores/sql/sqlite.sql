@@ -1228,6 +1228,21 @@ WHERE finished_at >= ? ORDER BY finished_at, id LIMIT ?
 SELECT id, name, queue, status, started_at, finished_at FROM tasks INDEXED BY tasks_finished
 WHERE finished_at >= ? ORDER BY finished_at DESC, id DESC LIMIT ?
 
+-- name: finished_runs
+SELECT id, name, queue, status, run_at, started_at, finished_at FROM tasks INDEXED BY tasks_finished
+WHERE finished_at >= ? AND finished_at < ? ORDER BY finished_at, id LIMIT ?
+
+-- name: save_minute_stat
+INSERT OR REPLACE INTO minute_stats (minute, queue, name, done, failed, depth, dur_p50, dur_p99, wait_p50, wait_p99)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: trim_minute_stats
+DELETE FROM minute_stats WHERE minute < ?
+
+-- name: minute_stats
+SELECT minute, queue, name, done, failed, depth, dur_p50, dur_p99, wait_p50, wait_p99
+FROM minute_stats WHERE minute >= ? ORDER BY minute, queue, name
+
 -- ---- periodic schedules ------------------------------------------------------------
 
 -- name: save_schedule
