@@ -1349,7 +1349,7 @@ class PostgresStore(SqlStore):
 
     def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
         params = {"start": start, "end": end, "limit": max(0, int(limit))}
-        return [FinishedRun(*r) for r in self._fetchall("finished_runs", params)]
+        return [FinishedRun(**r) for r in self._fetchall("finished_runs", params, dicts=True)]
 
     def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
         def go(conn):
@@ -1361,7 +1361,7 @@ class PostgresStore(SqlStore):
         self._run(go)
 
     def minute_stats(self, since: float) -> list[MinuteStat]:
-        return [MinuteStat(*r) for r in self._fetchall("minute_stats", {"since": int(since)})]
+        return [MinuteStat(**r) for r in self._fetchall("minute_stats", {"since": int(since)}, dicts=True)]
 
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None

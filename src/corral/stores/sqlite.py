@@ -1630,7 +1630,8 @@ class SQLiteStore(SqlStore):
     @_guard
     def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
         with self._read() as con:
-            return [FinishedRun(*r) for r in con.execute(Q["finished_runs"], (start, end, max(0, limit)))]
+            rows = _task_cursor(con).execute(Q["finished_runs"], (start, end, max(0, limit)))
+            return [FinishedRun(**r) for r in rows]
 
     @_guard
     def save_minute_stats(self, rows: Sequence[MinuteStat], before: float) -> None:
@@ -1641,7 +1642,7 @@ class SQLiteStore(SqlStore):
     @_guard
     def minute_stats(self, since: float) -> list[MinuteStat]:
         with self._read() as con:
-            return [MinuteStat(*r) for r in con.execute(Q["minute_stats"], (int(since),))]
+            return [MinuteStat(**r) for r in _task_cursor(con).execute(Q["minute_stats"], (int(since),))]
 
     @_guard
     def held_tasks(
