@@ -12,7 +12,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_for", "run_concurrently", "Downstream", "HandOverLog", "in_ci", "missing"]
+#: A task's empty arguments, as a store holds them (``NewTask(name, ARGS)``).
+ARGS = '{"args":[],"kwargs":{}}'
+
+__all__ = ["ARGS", "wait_for", "run_concurrently", "Downstream", "HandOverLog", "in_ci", "missing"]
 
 
 def in_ci() -> bool:

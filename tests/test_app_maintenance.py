@@ -8,7 +8,7 @@ import sqlite3
 import corral
 from corral.cli import render
 from corral.core.states import State
-from helpers import wait_for
+from helpers import ARGS, wait_for
 
 TWO_DAYS = 2 * 86400.0
 
@@ -82,9 +82,8 @@ def test_the_leader_recovers_lost_leases_every_tick_and_does_its_chores_at_their
     keeper.tick = seen.append  # what the level would be stepped with
     sweeper = Sweeper(store, interval=1, chores_every=3600, levels=keeper)
     assert sweeper.tick() is not None and len(seen) == 1  # the first tick does the chores
-    args = '{"args":[],"kwargs":{}}'
-    (stale,) = store.submit([NewTask(name="t", args=args, run_at=clock.time() - 2 * 86400)])
-    (lost,) = store.submit([NewTask(name="u", args=args)])
+    (stale,) = store.submit([NewTask(name="t", args=ARGS, run_at=clock.time() - 2 * 86400)])
+    (lost,) = store.submit([NewTask(name="u", args=ARGS)])
     store.claim("dead", ["default"], 1, names=["u"], lease_seconds=30)
     clock.advance(31)
     assert sweeper.tick().lost_leases_retried == [lost.id]  # every tick: groups must not wait

@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
+from subprocess import DEVNULL
 
 import pytest
 from click.testing import CliRunner
-from tests.helpers import wait_for
 
 from corral.cli import cli
 from corral.core.clock import FakeClock
@@ -25,10 +23,11 @@ from corral.errors import StoreCorrupt
 from corral.maintenance.recovery import sweep_once
 from corral.stores import open_store
 from corral.stores.sqlite import SCHEMA_VERSION, SQLiteStore
+from faults import CORRAL, Process
+from helpers import ARGS, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SHOP = "examples.shop:app"
-ARGS = '{"args":[],"kwargs":{}}'
 
 
 def run(*args: str):
@@ -87,11 +86,6 @@ def test_status_counts_foreign_rows_and_tasks_lists_them(sqlite_url):
     status = json.loads(run("status", "--store", sqlite_url, "--json").stdout)
     assert status["counts"]["UNKNOWN"] == 1 and status["total"] == 2
     assert "unknown" in run("status", "--store", sqlite_url).stdout
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def durable_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 def _write_past_the_status_rule(url: str, task_id: int, status: str) -> None:
@@ -218,64 +212,49 @@ def test_stale_tasks_are_listed_and_queued_again_in_one_command(sqlite_url):
 
 
 # ---- workers ----------------------------------------------------------------------------
-def _worker(url: str, *args: str) -> subprocess.Popen:
-    env = dict(os.environ)
-    env.pop("CORRAL_STORE", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "corral", "worker", SHOP, "--store", url, *args],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+def _worker(processes, url: str, *args: str) -> Process:
+    """`corral worker` of the example app; its log is its stderr alone."""
+    return processes.start([*CORRAL, "worker", SHOP, "--store", url, *args], "worker", cwd=REPO, stdout=DEVNULL)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 20) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"worker still running after {timeout}s:\n{err}") from None
-    return proc.returncode, err
+def _finish(proc: Process, timeout: float = 20) -> tuple[int, str]:
+    return proc.wait(timeout), proc.log
 
 
 @pytest.mark.slow
-def test_a_worker_started_with_defaults_recovers_a_dead_claimers_lease(sqlite_url):
+def test_a_worker_started_with_defaults_recovers_a_dead_claimers_lease(sqlite_url, processes):
     # Claimed an hour ago (a store whose clock is set back) by a worker that died.
     ghost = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))
     [sub] = ghost.submit([NewTask("sync_sku", dumps({"args": ["L1", "jd"], "kwargs": {}}), max_retries=2)])
     assert ghost.claim("ghost", ["default"], 1, lease_seconds=30)
     ghost.close()
-    proc = _worker(sqlite_url)
+    proc = _worker(processes, sqlite_url)
     store = open_store(sqlite_url)
     try:
         wait_for(lambda: store.get(sub.id).status is State.SUCCESS, timeout=20, message="recovered and run")
         rec = store.get(sub.id)
         assert (rec.attempt, rec.crashes) == (1, 1)  # a crash re-run: the lost run is counted apart
     finally:
-        proc.terminate()
-        _finish(proc)
+        proc.stop()
         store.close()
 
 
 @pytest.mark.slow
-def test_a_worker_on_garbage_bytes_exits_with_one_line_naming_the_file(tmp_path):
+def test_a_worker_on_garbage_bytes_exits_with_one_line_naming_the_file(tmp_path, processes):
     junk = tmp_path / "junk.db"
     junk.write_bytes(os.urandom(8192))
-    code, err = _finish(_worker(f"sqlite:///{junk}"))
+    code, err = _finish(_worker(processes, f"sqlite:///{junk}"))
     lines = err.strip().splitlines()
     assert code == 1 and len(lines) == 1 and str(junk) in lines[0], err
 
 
 @pytest.mark.slow
-def test_a_worker_whose_database_is_damaged_under_it_stops(tmp_path):
+def test_a_worker_whose_database_is_damaged_under_it_stops(tmp_path, processes):
     path = tmp_path / "corral.db"
     SQLiteStore(f"sqlite:///{path}").close()
-    proc = _worker(f"sqlite:///{path}", "--no-sweep")
-    wait_for(lambda: proc.poll() is not None or (tmp_path / "corral.db-wal").exists(), timeout=20, message="running")
-    assert proc.poll() is None
+    proc = _worker(processes, f"sqlite:///{path}", "--no-sweep")
+    wait_for(lambda: not proc.running() or (tmp_path / "corral.db-wal").exists(), timeout=20, message="running")
+    assert proc.running()
     with open(path, "r+b") as f:  # the header and first pages overwritten by something else
         f.write(os.urandom(8192))
     code, err = _finish(proc)

@@ -15,6 +15,7 @@ from corral.cli import cli, render
 from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
 from corral.stores import open_store
+from helpers import ARGS
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -40,7 +41,7 @@ def big_task(sqlite_url):
     store.complete(
         [Outcome(rec.id, claim.token, rec.version, State.FAILED, result=dumps("r" * 50_000), error="E" * 5_000 + "\n")]
     )
-    (far,) = store.submit([NewTask(name="far", args='{"args":[],"kwargs":{}}', run_at=1e12)])
+    (far,) = store.submit([NewTask(name="far", args=ARGS, run_at=1e12)])
     store.close()
     return sqlite_url, res.id, len(args), far.id
 

@@ -3,10 +3,7 @@ what was in flight on the killed worker runs twice."""
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,18 +11,14 @@ import pytest
 
 import corral
 from corral.testing import History, HistoryLog
+from faults import APPS, Process
 from helpers import order_violations_past_a_crash, wait_for
 
-APP = Path(__file__).parent / "apps" / "crash_app.py"
+APP = APPS / "crash_app.py"
 GROUPS, PER_GROUP = 50, 40
 
 
-def _start_worker(url: str, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, CORRAL_STORE=url, CRASH_LOG=str(log), PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.Popen([sys.executable, str(APP)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def run_crash_scenario(url: str, log: Path) -> None:
+def run_crash_scenario(url: str, log: Path, processes) -> None:
     submitter = corral.App(url)
 
     @submitter.task(name="step", retries=5)
@@ -40,29 +33,26 @@ def run_crash_scenario(url: str, log: Path) -> None:
             for g in range(GROUPS)
         ]
     )
-    workers = [_start_worker(url, log), _start_worker(url, log)]
-    try:
-        wait_for(
-            lambda: sum(r.end is not None for r in History.load(log).runs) >= 500,
-            timeout=60,
-            message="work under way",
-        )
-        victim = workers[0]
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
-        HistoryLog(log).died(str(victim.pid))
-        workers.append(_start_worker(url, log))
-        wait_for(
-            lambda: submitter.counts().get("SUCCESS", 0) == GROUPS * PER_GROUP,
-            timeout=120,
-            interval=0.1,
-            message="every task SUCCESS after the crash",
-        )
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-                w.wait(10)
+
+    def start(name: str) -> Process:
+        return processes.start([sys.executable, APP], name, store=url, env={"CRASH_LOG": log})
+
+    victim = start("worker0")
+    start("worker1")
+    wait_for(
+        lambda: sum(r.end is not None for r in History.load(log).runs) >= 500,
+        timeout=60,
+        message="work under way",
+    )
+    victim.kill()
+    HistoryLog(log).died(str(victim.pid))
+    start("worker2")
+    wait_for(
+        lambda: submitter.counts().get("SUCCESS", 0) == GROUPS * PER_GROUP,
+        timeout=120,
+        interval=0.1,
+        message="every task SUCCESS after the crash",
+    )
     assert submitter.counts() == {"SUCCESS": GROUPS * PER_GROUP}
 
     history = History.load(log)
@@ -83,11 +73,11 @@ def run_crash_scenario(url: str, log: Path) -> None:
 
 
 @pytest.mark.slow
-def test_crash_recovery_sqlite(tmp_path):
-    run_crash_scenario(f"sqlite:///{tmp_path}/crash.db", tmp_path / "runs.log")
+def test_crash_recovery_sqlite(tmp_path, processes):
+    run_crash_scenario(f"sqlite:///{tmp_path}/crash.db", tmp_path / "runs.log", processes)
 
 
 @pytest.mark.slow
 @pytest.mark.postgres
-def test_crash_recovery_postgres(pg_url, tmp_path):
-    run_crash_scenario(pg_url, tmp_path / "runs.log")
+def test_crash_recovery_postgres(pg_url, tmp_path, processes):
+    run_crash_scenario(pg_url, tmp_path / "runs.log", processes)

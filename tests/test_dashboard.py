@@ -22,8 +22,7 @@ from corral.edges.dashboard import check_bind, is_loopback, serve_background  # 
 from corral.edges.dashboard.sampler import Sampler  # noqa: E402
 from corral.errors import ConfigError  # noqa: E402
 from corral.stores import open_store  # noqa: E402
-
-ARGS = '{"args":[],"kwargs":{}}'
+from helpers import ARGS
 
 
 class Client:

@@ -6,20 +6,13 @@ from __future__ import annotations
 import os
 import threading
 
-import pytest
-
 import corral
 from corral import State
 from helpers import wait_for
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request):
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-
-
-def test_cancel_from_another_process_reaches_a_running_task(url):
-    worker_app = corral.App(url)
+def test_cancel_from_another_process_reaches_a_running_task(durable_url):
+    worker_app = corral.App(durable_url)
     started = threading.Event()
 
     @worker_app.task
@@ -29,7 +22,7 @@ def test_cancel_from_another_process_reaches_a_running_task(url):
             ctx.check_cancelled()
             threading.Event().wait(0.01)
 
-    operator = corral.App(url)  # e.g. `corral cancel ID` in another process
+    operator = corral.App(durable_url)  # e.g. `corral cancel ID` in another process
     h = worker_app.submit("coop")
     worker_app.start(workers=1)
     try:
@@ -45,8 +38,8 @@ def test_cancel_from_another_process_reaches_a_running_task(url):
         worker_app.close(10)
 
 
-def test_process_task_killed_by_a_cancel_from_another_process(url, tmp_path):
-    worker_app = corral.App(url)
+def test_process_task_killed_by_a_cancel_from_another_process(durable_url, tmp_path):
+    worker_app = corral.App(durable_url)
     pidfile = tmp_path / "pid"
 
     @worker_app.task(isolation="process")
@@ -55,7 +48,7 @@ def test_process_task_killed_by_a_cancel_from_another_process(url, tmp_path):
             f.write(str(os.getpid()))
         threading.Event().wait()  # the workload never ends by itself
 
-    operator = corral.App(url)
+    operator = corral.App(durable_url)
     h = stuck.submit(str(pidfile))
     worker_app.start(workers=1)
     try:
@@ -71,9 +64,9 @@ def test_process_task_killed_by_a_cancel_from_another_process(url, tmp_path):
         worker_app.close(10)
 
 
-def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(url):
+def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(durable_url):
     """Chunk members record their start with their outcome: attempts are right."""
-    app = corral.App(url)
+    app = corral.App(durable_url)
     seen = []
 
     @app.task(retries=2, backoff=corral.Backoff(base=0.001, cap=0.01))
@@ -92,10 +85,10 @@ def test_chunks_on_a_durable_store_record_attempts_without_a_write_per_task(url)
         app.close(10)
 
 
-def test_an_idle_worker_stops_without_waiting_out_its_poll_interval(url):
+def test_an_idle_worker_stops_without_waiting_out_its_poll_interval(durable_url):
     """A long poll interval (a listening PostgreSQL worker needs few polls)
     must not hold up a stop: the dispatcher's wait for work ends at once."""
-    app = corral.App(url)
+    app = corral.App(durable_url)
     app.task(lambda: None, name="step")
     worker = app.worker(2, poll_interval=60)
     waits = {"in": 0, "out": 0}
@@ -121,7 +114,7 @@ def test_an_idle_worker_stops_without_waiting_out_its_poll_interval(url):
     try:
         # the dispatcher found nothing and waits (a first wait on PostgreSQL
         # only starts listening)
-        done = 1 if url.startswith("postgresql") else 0
+        done = 1 if durable_url.startswith("postgresql") else 0
         wait_for(lambda: waits["in"] - waits["out"] == 1 and waits["out"] >= done, timeout=30)
         stopped = threading.Event()
         threading.Thread(target=lambda: worker.stop(5) and stopped.set(), daemon=True).start()
@@ -130,9 +123,9 @@ def test_an_idle_worker_stops_without_waiting_out_its_poll_interval(url):
         app.close(10)
 
 
-def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
+def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(durable_url):
 
-    app = corral.App(url)
+    app = corral.App(durable_url)
     gate = threading.Event()
     ran = []
 
@@ -160,13 +153,13 @@ def test_stop_hands_back_a_chunk_mid_run_with_attempts_intact(url):
         second.stop(grace=5)
 
 
-def test_a_worker_behind_a_rate_starts_the_next_task_when_the_rate_allows_not_at_its_poll(url):
+def test_a_worker_behind_a_rate_starts_the_next_task_when_the_rate_allows_not_at_its_poll(durable_url):
     """With a minute between polls, every task under ``rate="4/s"`` still
     runs within seconds: a worker whose only ready work waits for the rate
     looks again when the rate allows a start. No second holds more than 4."""
     from corral.edges.partner import max_in_window
 
-    app = corral.App(url)
+    app = corral.App(durable_url)
     app.limit("paced", rate="4/s")
     step = app.task(lambda i: i, name="step", limits=["paced"])
     hs = step.submit_many([{"args": (i,)} for i in range(10)])

@@ -19,9 +19,8 @@ pytestmark = pytest.mark.slow
 GROUPS, PER_GROUP = 8, 15
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_order_holds_in_every_group_under_failures_and_timeouts_with_two_processes(kind, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+def test_order_holds_in_every_group_under_failures_and_timeouts_with_two_processes(durable_url, tmp_path):
+    url = durable_url
     app = corral.App(url)
     app.task(name="step", retries=5)(lambda ctx, group, seq, dur, fail_first=False, first_dur=None: seq)
     rng = random.Random(11)

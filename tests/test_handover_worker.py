@@ -76,8 +76,8 @@ def test_a_stopping_worker_hands_no_place_over(url):
         app.close(10)
 
 
-def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(handing_url):
-    app = corral.App(handing_url)
+def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(durable_url):
+    app = corral.App(durable_url)
     app.limit("api", concurrency=1)
     lock = threading.Lock()
     order: list[str] = []
@@ -106,10 +106,10 @@ def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(han
     assert min(first_half.count("a"), first_half.count("b")) >= 5, "".join(order)
 
 
-def test_a_handover_does_not_wait_for_a_count_of_the_queued_work(handing_url):
+def test_a_handover_does_not_wait_for_a_count_of_the_queued_work(durable_url):
     """The count that sizes the end's chunks is read after the places have
     passed over, never between a unit's end and its successor's claim."""
-    app = corral.App(handing_url)
+    app = corral.App(durable_url)
     app.limit("downstream", concurrency=4)
 
     @app.task(limits=["downstream"])

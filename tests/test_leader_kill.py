@@ -14,11 +14,8 @@ seconds from the kill until every group the killed worker held ran again.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +31,9 @@ from corral.core.states import State
 from corral.testing import History, HistoryLog
 
 sys.path.insert(0, str(Path(__file__).parent))
+from faults import CORRAL, TESTS, Process, Processes  # noqa: E402
 from helpers import order_violations_past_a_crash, wait_for  # noqa: E402
 
-TESTS = Path(__file__).parent
 GROUPS, PER_GROUP = 24, 60
 #: The test's deadline for the killed worker's groups to run again: generous
 #: against a loaded machine, and still short of what a dead leader's lead
@@ -44,20 +41,15 @@ GROUPS, PER_GROUP = 24, 60
 DEADLINE = DEFAULT_LEASE_SECONDS + 30
 
 
-def _worker(url: str, history: Path, log: Path) -> subprocess.Popen:
+def _worker(processes: Processes, url: str, history: Path, name: str) -> Process:
     """`corral worker` with every default (only the store and the app named)."""
-    env = dict(os.environ, CORRAL_STORE=url, HISTORY_LOG=str(history), PYTHONPATH=os.pathsep.join(sys.path))
-    out = open(log, "ab")
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "corral", "worker", "apps.history_app:app", "--store", url],
-            cwd=TESTS,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    finally:
-        out.close()
+    return processes.start(
+        [*CORRAL, "worker", "apps.history_app:app", "--store", url],
+        name,
+        store=url,
+        env={"HISTORY_LOG": history},
+        cwd=TESTS,
+    )
 
 
 def _leader(url: str) -> str | None:
@@ -86,10 +78,11 @@ def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
     ]
     submitter.submit_many("step", calls)
     history_path = tmp / "runs.jsonl"
+    processes = Processes(tmp)
     workers = {}
     try:
         for i in range(3):
-            p = _worker(url, history_path, tmp / f"w{i}.log")
+            p = _worker(processes, url, history_path, f"w{i}")
             workers[str(p.pid)] = p
         pid_of = lambda holder: holder.split(":")[1] if holder and holder.count(":") >= 2 else None  # noqa: E731
         leader = wait_for(
@@ -107,8 +100,7 @@ def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
         time.sleep(kill_after)
         victim = workers[leader]
         killed_at = time.monotonic()
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(10)
+        victim.kill()
         HistoryLog(history_path).died(leader, killed_at)
         held = [t for t in submitter.tasks(status=State.RUNNING, limit=10_000) if f":{leader}:" in (t.worker_id or "")]
         assert held, "the kill hit nothing in flight; the scenario proved nothing"
@@ -132,10 +124,7 @@ def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
             message="every task ended",
         )
     finally:
-        for p in workers.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
+        processes.close()
     counts = submitter.counts()
     failed = submitter.tasks(status=State.FAILED, limit=20)
     assert counts == {"SUCCESS": len(calls)}, f"{counts}; failed: {[(t.id, t.error) for t in failed]}"

@@ -22,7 +22,7 @@ from corral.maintenance.level_keeper import LevelKeeper
 from corral.maintenance.sweeper import Sweeper
 from corral.stores.base import FleetLevel
 from corral.stores.memory import MemoryStore
-from helpers import wait_for
+from helpers import ARGS, wait_for
 
 
 class _Ticker:
@@ -211,7 +211,7 @@ def test_the_sweeper_leader_steps_the_level_after_its_sweep(caplog):
     store = MemoryStore(clock=clock)
     for name in ("a", "b", "c"):
         for _ in range(3):
-            store.submit([NewTask(name=name, args='{"args":[],"kwargs":{}}')])
+            store.submit([NewTask(name=name, args=ARGS)])
             (c,) = store.claim("w", ["default"], 1)
             rec = c.tasks[0]
             store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")])

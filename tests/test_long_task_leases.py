@@ -16,9 +16,8 @@ pytestmark = pytest.mark.slow
 LEASE = 1.0
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_a_task_running_three_leases_runs_exactly_once(kind, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+def test_a_task_running_three_leases_runs_exactly_once(durable_url, tmp_path):
+    url = durable_url
     app = corral.App(url)
     app.task(name="slow", retries=3)(lambda ctx, first_run: None)
     runs = tmp_path / "runs.jsonl"

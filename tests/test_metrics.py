@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import corral
 from corral.edges import metrics
+from faults import CORRAL
 from helpers import missing, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,29 +68,15 @@ def test_a_worker_counts_what_it_ran_and_the_store_gauges_come_from_one_process(
         app.close(timeout=10)
 
 
-def test_corral_worker_serves_metrics_over_http(tmp_path):
+def test_corral_worker_serves_metrics_over_http(tmp_path, processes):
     import socket
-    import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"sqlite:///{tmp_path}/w.db"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "corral",
-            "worker",
-            "tests.apps.crash_app:app",
-            "--store",
-            url,
-            "--metrics-port",
-            str(port),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+    proc = processes.start(
+        [*CORRAL, "worker", "tests.apps.crash_app:app", "--store", url, "--metrics-port", str(port)], cwd=ROOT
     )
     try:
 
@@ -103,8 +90,7 @@ def test_corral_worker_serves_metrics_over_http(tmp_path):
         names = {f.name for f in text_string_to_metric_families(text)}
         assert {"corral_claims", "corral_tasks", "corral_queue_depth"} <= names
     finally:
-        proc.terminate()
-        proc.wait(30)
+        proc.stop(30)
 
 
 def test_the_alert_rules_name_only_metrics_corral_exports():
@@ -133,13 +119,7 @@ def test_the_alert_rules_pass_promtool():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_the_store_gauges_show_rate_tokens_breaker_states_and_the_level(kind, tmp_path, request):
-    url = {
-        "memory": lambda: "memory://",
-        "sqlite": lambda: f"sqlite:///{tmp_path}/g.db",
-        "postgres": lambda: request.getfixturevalue("pg_url"),
-    }[kind]()
+def test_the_store_gauges_show_rate_tokens_breaker_states_and_the_level(url):
     app = corral.App(url)
     app.limit("api", concurrency=4, rate="10/s", burst=5)
     app.breaker("api", failure_ratio=0.5, min_calls=5)

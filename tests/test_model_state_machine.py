@@ -30,8 +30,8 @@ from corral.core.model import NewTask, Outcome, Start
 from corral.core.states import ACTIVE, FINAL, QUEUED, State
 from corral.maintenance.recovery import MAX_CRASH_RERUNS, sweep_once
 from corral.stores import open_store
+from helpers import ARGS
 
-ARGS = '{"args":[],"kwargs":{}}'
 LEASE = 25.0
 TIMEOUT = 43.0
 BACKOFF = 5.0
@@ -447,20 +447,6 @@ class StoreModel(RuleBasedStateMachine):
             assert len(ids) == 1, f"group {group}: tasks {ids} RUNNING at once"
 
 
-def _pg_reset(url: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        tables = [
-            r[0]
-            for r in conn.execute(
-                "SELECT tablename FROM pg_tables WHERE tablename LIKE 'corral%' AND tablename <> 'corral_meta'"
-            )
-        ]
-        if tables:
-            conn.execute("TRUNCATE " + ", ".join(tables) + " RESTART IDENTITY CASCADE")
-
-
 @pytest.mark.parametrize(
     "kind, examples",
     [("memory", 50), ("sqlite", 15), pytest.param("postgres", 15, marks=pytest.mark.postgres)],
@@ -468,7 +454,8 @@ def _pg_reset(url: str) -> None:
 def test_store_follows_the_model(kind, examples, request, tmp_path):
     counter = itertools.count()
     if kind == "postgres":
-        url = request.getfixturevalue("pg_url")
+        request.getfixturevalue("pg_url")
+        reset = request.getfixturevalue("pg_reset")  # each example on an emptied database
 
     class Machine(StoreModel):
         def open_store(self, clock):
@@ -477,8 +464,7 @@ def test_store_follows_the_model(kind, examples, request, tmp_path):
             elif kind == "sqlite":
                 s = open_store(f"sqlite:///{tmp_path}/model-{next(counter)}.db", clock=clock)
             else:
-                _pg_reset(url)
-                s = open_store(url)
+                s = open_store(reset())
             s.migrate()
             return s
 
@@ -488,7 +474,7 @@ def test_store_follows_the_model(kind, examples, request, tmp_path):
                 return
             import psycopg
 
-            with psycopg.connect(url) as conn, conn.transaction():
+            with psycopg.connect(self.store.url) as conn, conn.transaction():
                 for statement in PG_SHIFT:
                     conn.execute(statement, {"s": seconds})
 

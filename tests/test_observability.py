@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from corral.cli import load_app
 from corral.core import tracing as w3c
 from corral.edges.partner import PartnerServer, call
 from corral.engine.logs import JsonFormatter, TaskFilter, TextFormatter
+from faults import CORRAL
 from helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,34 +130,21 @@ def test_every_line_about_a_task_carries_its_fields(app, caplog):
     assert below.startswith("Traceback (most recent call last):")  # the failed attempt's, below its line
 
 
-def _env(url: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["CORRAL_STORE"] = url
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def test_a_worker_writes_json_log_lines(tmp_path, sqlite_url, monkeypatch):
+def test_a_worker_writes_json_log_lines(processes, sqlite_url, monkeypatch):
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("CORRAL_STORE", sqlite_url)
     observed = load_app(OBSERVED, sqlite_url)
     h = observed.registry["flaky_step"].submit("A1", trace_id="sync-0801-A1")
-    log_path = tmp_path / "worker.log"
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corral", "worker", OBSERVED, "--store", sqlite_url, "--log-format", "json"],
-            cwd=REPO,
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-            env=_env(sqlite_url),
-        )
-        try:
-            assert h.result(timeout=30) == "A1"
-            wait_for(lambda: log_path.read_text().count("own logger line") >= 2, timeout=20)
-        finally:
-            proc.terminate()
-            proc.wait(20)
-    lines = [json.loads(ln) for ln in log_path.read_text().splitlines() if ln.strip()]
+    proc = processes.start(  # its log: stderr alone
+        [*CORRAL, "worker", OBSERVED, "--store", sqlite_url, "--log-format", "json"],
+        store=sqlite_url,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    assert h.result(timeout=30) == "A1"
+    wait_for(lambda: proc.log.count("own logger line") >= 2, timeout=20)
+    proc.stop()
+    lines = [json.loads(ln) for ln in proc.log.splitlines() if ln.strip()]
     assert all({"time", "level", "logger", "message"} <= set(d) for d in lines)
     about = [d for d in lines if d.get("task_id") == h.id]
     assert {(d["message"], d["attempt"]) for d in about} >= {
@@ -173,7 +159,7 @@ def test_a_worker_writes_json_log_lines(tmp_path, sqlite_url, monkeypatch):
 
 
 # ---- corral events --follow ------------------------------------------------------------
-def test_corral_events_follow_prints_new_events(tmp_path, sqlite_url):
+def test_corral_events_follow_prints_new_events(processes, sqlite_url):
     app = corral.App(sqlite_url)
 
     @app.task
@@ -182,27 +168,20 @@ def test_corral_events_follow_prints_new_events(tmp_path, sqlite_url):
 
     noop.submit(0)  # before the follower's starting point: not printed
     (last,) = list(app.events())
-    out_path = tmp_path / "events.out"
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corral", "events", "--follow", "--since", str(last.id), "--json"],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_env(sqlite_url),
-        )
-        try:
-            h = noop.submit(1)
-            app.store.cancel(h.id)
+    proc = processes.start(
+        [*CORRAL, "events", "--follow", "--since", str(last.id), "--json"], "events", store=sqlite_url, cwd=REPO
+    )
+    try:
+        h = noop.submit(1)
+        app.store.cancel(h.id)
 
-            def printed() -> list[dict]:
-                return [json.loads(ln) for ln in out_path.read_text().splitlines() if ln.startswith("{")]
+        def printed() -> list[dict]:
+            return [json.loads(ln) for ln in proc.log.splitlines() if ln.startswith("{")]
 
-            wait_for(lambda: [e["kind"] for e in printed()] == ["submitted", "canceled"], timeout=20)
-        finally:
-            proc.terminate()
-            proc.wait(20)
-            app.close()
+        wait_for(lambda: [e["kind"] for e in printed()] == ["submitted", "canceled"], timeout=20)
+    finally:
+        proc.stop()
+        app.close()
     events = printed()
     assert [e["subject"] for e in events] == [f"task:{h.id}"] * 2
     assert events[1]["data"]["from"] == "PENDING" and events[0]["id"] < events[1]["id"]

@@ -11,7 +11,6 @@ import json
 import threading
 
 import psycopg
-import pytest
 
 import corral
 from corral import State
@@ -242,9 +241,8 @@ def test_a_stopping_worker_gives_back_what_was_handed_to_it(pg_url):
     app.close(5)
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
-def test_stores_without_offers_just_wait(store, sqlite_url):
-    app = corral.App(sqlite_url if store == "sqlite" else "memory://")
+def test_stores_without_offers_just_wait(fake_clock_url):
+    app = corral.App(fake_clock_url)
     assert app.store.wait_offering(0.01, ("default",), Offer("w", ("default",), None, 4)) == []
     app.close(1)
 

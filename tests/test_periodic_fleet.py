@@ -10,8 +10,6 @@ tick must still have exactly one task, on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -22,10 +20,11 @@ from corral.core.cron import ENQUEUED
 from corral.core.model import TaskFilter
 from corral.core.states import State
 from corral.stores import open_store
+from faults import APPS
 from helpers import wait_for
 
 pytestmark = pytest.mark.slow
-APP = Path(__file__).parent / "apps" / "periodic_app.py"
+APP = APPS / "periodic_app.py"
 T0 = 1_700_000_100  # a whole minute
 TICKS = 50
 KILL_AT = 25
@@ -37,53 +36,35 @@ def _set_clock(path: Path, at: float) -> None:
     os.replace(tmp, path)  # readers see the old time or the new one, never half a number
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_three_workers_run_each_tick_once_with_one_killed(kind, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+def test_three_workers_run_each_tick_once_with_one_killed(durable_url, tmp_path, processes):
+    url = durable_url
     store = open_store(url)
     store.migrate()
     clock, runs = tmp_path / "clock.txt", tmp_path / "runs.log"
     _set_clock(clock, T0 + 30)
-    env = dict(
-        os.environ, CORRAL_STORE=url, CLOCK_FILE=str(clock), RUNS_LOG=str(runs), PYTHONPATH=os.pathsep.join(sys.path)
-    )
-    logs = [open(tmp_path / f"worker{i}.log", "wb") for i in range(3)]
     procs = [
-        subprocess.Popen([sys.executable, str(APP)], env=env, stdout=log, stderr=subprocess.STDOUT) for log in logs
+        processes.start([sys.executable, APP], f"worker{i}", store=url, env={"CLOCK_FILE": clock, "RUNS_LOG": runs})
+        for i in range(3)
     ]
-    try:
-        wait_for(lambda: [s.name for s in store.schedules()] == ["every_minute"], timeout=60, message="schedule stored")
-        for k in range(1, TICKS + 1):
-            tick = T0 + 60 * k
-            _set_clock(clock, tick + 1)
-            if k == KILL_AT:
-                procs[0].send_signal(signal.SIGKILL)
-                procs[0].wait(10)
-            wait_for(
-                lambda t=tick: store.schedules()[0].last_tick == t,
-                timeout=60,
-                message=f"tick {k} handled",
-            )
+    wait_for(lambda: [s.name for s in store.schedules()] == ["every_minute"], timeout=60, message="schedule stored")
+    for k in range(1, TICKS + 1):
+        tick = T0 + 60 * k
+        _set_clock(clock, tick + 1)
+        if k == KILL_AT:
+            procs[0].kill()
         wait_for(
-            lambda: (
-                [t.status for t in store.list_tasks(TaskFilter(name="every_minute", limit=1000))]
-                == [State.SUCCESS] * TICKS
-            ),
-            timeout=90,
-            message="every tick's task ran",
+            lambda t=tick: store.schedules()[0].last_tick == t,
+            timeout=60,
+            message=f"tick {k} handled",
         )
-        assert [p.poll() for p in procs[1:]] == [None, None], "the other workers kept running"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for log in logs:
-            log.close()
+    wait_for(
+        lambda: (
+            [t.status for t in store.list_tasks(TaskFilter(name="every_minute", limit=1000))] == [State.SUCCESS] * TICKS
+        ),
+        timeout=90,
+        message="every tick's task ran",
+    )
+    assert [p.running() for p in procs[1:]] == [True, True], "the other workers kept running"
 
     ticks = store.schedule_ticks("every_minute", limit=1000)
     assert sorted(t.tick for t in ticks) == [T0 + 60 * k for k in range(1, TICKS + 1)]

@@ -13,8 +13,7 @@ from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome
 from corral.core.states import State
 from corral.stores import open_store
-
-ARGS = '{"args":[],"kwargs":{}}'
+from helpers import ARGS
 
 
 @pytest.fixture

@@ -17,11 +17,9 @@ from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter
 from corral.core.states import State
 from corral.errors import StoreUnavailable
 from corral.stores import open_store
-from helpers import run_concurrently, wait_for
+from helpers import ARGS, run_concurrently, wait_for
 
 pytestmark = pytest.mark.postgres
-
-ARGS = '{"args":[],"kwargs":{}}'
 
 
 def task(name: str = "t", **kw) -> NewTask:
@@ -519,7 +517,7 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_empty_url, vers
 
 
 @pytest.mark.parametrize("share", [None, 0.25])
-def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_url, share):
+def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_own_url, share):
     """A queue just filled has no planner statistics yet. A plain claim, with
     or without a retry share, must still read fresh work and retries from
     their own indexes: touching a few rows, not every queued one."""
@@ -527,7 +525,7 @@ def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_url, share)
 
     import psycopg
 
-    s = open_store(pg_url)
+    s = open_store(pg_own_url)
     try:
         s.migrate()
         s.submit([task() for _ in range(3000)])
@@ -546,7 +544,7 @@ def test_a_claim_reads_its_own_path_on_a_table_with_no_statistics(pg_url, share)
             prefetch=False,
             n=8,
         )
-        with psycopg.connect(pg_url) as conn:
+        with psycopg.connect(pg_own_url) as conn:
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + s._q["claim_plain"], params).fetchone()[0]
             conn.rollback()
         removed = []
@@ -610,7 +608,7 @@ def test_the_task_table_is_vacuumed_after_a_small_share_of_changes(pg):
     assert "autovacuum_analyze_scale_factor=0.02" in options
 
 
-def test_a_store_warns_of_old_planner_statistics_on_status(pg, pg_url, caplog):
+def test_a_store_warns_of_old_planner_statistics_on_status(pg_own_url, caplog):
     """Statistics an ANALYZE took on the status column before the column
     stopped taking them can make a claim read the whole table: opening the
     store says so, and says nothing once they are gone (or were never taken)."""
@@ -619,27 +617,32 @@ def test_a_store_warns_of_old_planner_statistics_on_status(pg, pg_url, caplog):
     import psycopg
 
     caplog.set_level(logging.WARNING, logger="corral.store")
-    pg.submit([task() for _ in range(50)])
-    pg.migrate()
-    assert "planner statistics" not in caplog.text  # a new database has none
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        # as an older corral left it: statistics taken, then the column stopped
-        conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 100")
-        conn.execute("ANALYZE corral_tasks")
-        conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0")
-    pg.migrate()
-    assert "corral_tasks.status still has planner statistics" in caplog.text
-    caplog.clear()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(
-            "DELETE FROM pg_statistic WHERE starelid = 'corral_tasks'::regclass AND staattnum = "
-            "(SELECT attnum FROM pg_attribute WHERE attrelid = 'corral_tasks'::regclass AND attname = 'status')"
-        )
-    pg.migrate()
-    assert "planner statistics" not in caplog.text
+    pg = open_store(pg_own_url)  # a database of its own: no statistics an earlier test took
+    try:
+        pg.migrate()
+        pg.submit([task() for _ in range(50)])
+        pg.migrate()
+        assert "planner statistics" not in caplog.text  # a new database has none
+        with psycopg.connect(pg_own_url, autocommit=True) as conn:
+            # as an older corral left it: statistics taken, then the column stopped
+            conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 100")
+            conn.execute("ANALYZE corral_tasks")
+            conn.execute("ALTER TABLE corral_tasks ALTER COLUMN status SET STATISTICS 0")
+        pg.migrate()
+        assert "corral_tasks.status still has planner statistics" in caplog.text
+        caplog.clear()
+        with psycopg.connect(pg_own_url, autocommit=True) as conn:
+            conn.execute(
+                "DELETE FROM pg_statistic WHERE starelid = 'corral_tasks'::regclass AND staattnum = "
+                "(SELECT attnum FROM pg_attribute WHERE attrelid = 'corral_tasks'::regclass AND attname = 'status')"
+            )
+        pg.migrate()
+        assert "planner statistics" not in caplog.text
+    finally:
+        pg.close()
 
 
-def test_a_claim_walks_the_claim_order_index_after_the_table_is_analyzed(pg_url):
+def test_a_claim_walks_the_claim_order_index_after_the_table_is_analyzed(pg_own_url):
     """Once ANALYZE has sized a full table (autovacuum does it in a busy
     run), the claim's generic plan must still walk fresh work in claim order
     and stop after the rows it takes, not read and sort every queued task on
@@ -649,13 +652,13 @@ def test_a_claim_walks_the_claim_order_index_after_the_table_is_analyzed(pg_url)
 
     from corral.stores.postgres import SESSION_OPTIONS, _claim_params
 
-    s = open_store(pg_url)
+    s = open_store(pg_own_url)
     try:
         s.migrate()
         s.submit([task() for _ in range(3000)])
         s.submit([task(group=f"g{i % 30}") for i in range(300)])
         params = {**_claim_params("w", ["default"]), "n": 4, "allowed": []}
-        with psycopg.connect(pg_url, autocommit=True, options=SESSION_OPTIONS) as conn:
+        with psycopg.connect(pg_own_url, autocommit=True, options=SESSION_OPTIONS) as conn:
             conn.execute("ANALYZE corral_tasks")
 
             def fresh_rows_read() -> int:

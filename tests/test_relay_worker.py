@@ -21,8 +21,8 @@ def _knows_quick_tasks(worker) -> None:
         worker._auto_chunk.observe(0.001)
 
 
-def test_relayed_places_stay_within_the_limit_and_keep_group_order(handing_url):
-    app = corral.App(handing_url)
+def test_relayed_places_stay_within_the_limit_and_keep_group_order(durable_url):
+    app = corral.App(durable_url)
     app.limit("downstream", concurrency=2)
     down = Downstream()
 
@@ -74,10 +74,10 @@ def _b_waits_in_as_place(url, release: threading.Event, ran: list[str], **option
     return app, worker, first, second
 
 
-def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
+def test_a_stopping_worker_gives_a_waiting_successor_back(durable_url):
     release = threading.Event()
     ran: list[str] = []
-    app, worker, first, second = _b_waits_in_as_place(handing_url, release, ran)
+    app, worker, first, second = _b_waits_in_as_place(durable_url, release, ran)
     try:
         wait_for(lambda: ran == ["a"])
         rec = app.get(second.id)
@@ -97,13 +97,13 @@ def test_a_stopping_worker_gives_a_waiting_successor_back(handing_url):
         app.close(10)
 
 
-def test_a_successor_is_not_held_behind_a_timed_out_thread(handing_url):
+def test_a_successor_is_not_held_behind_a_timed_out_thread(durable_url):
     """A thread that timed out keeps its lease, and so its place, until it
     really ends: a successor relayed to it goes back to the queue meanwhile
     rather than wait beside it, and runs once the place is free."""
     release = threading.Event()
     ran: list[str] = []
-    app, worker, _, second = _b_waits_in_as_place(handing_url, release, ran, timeout=0.5)
+    app, worker, _, second = _b_waits_in_as_place(durable_url, release, ran, timeout=0.5)
     try:
         wait_for(lambda: app.get(second.id).status is State.PENDING, timeout=20)  # a timed out: b given back
         rec = app.get(second.id)

@@ -138,11 +138,6 @@ def _cli(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def durable_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-
-
 def test_corral_prune_removes_old_finished_tasks(durable_url):
     with _app(durable_url) as app:
         _finished(app)

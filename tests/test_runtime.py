@@ -21,19 +21,14 @@ from helpers import wait_for
 FAST = corral.Backoff(base=0.001, cap=0.01, jitter=0.5)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store_url(request, tmp_path):
-    return "memory://" if request.param == "memory" else f"sqlite:///{tmp_path}/corral.db"
-
-
 @pytest.fixture
 def clock():
     return FakeClock()
 
 
 @pytest.fixture
-def app(store_url, clock):
-    a = corral.App(store_url, clock=clock)
+def app(fake_clock_url, clock):
+    a = corral.App(fake_clock_url, clock=clock)
     yield a
     a.close(timeout=10)
 
@@ -63,9 +58,9 @@ def test_group_next_task_waits_for_a_timed_out_thread_to_end(app, clock):
     assert events == [("start", "a"), ("end", "a"), ("start", "b"), ("end", "b")]
 
 
-def test_lease_of_a_timed_out_thread_is_renewed(store_url, clock):
+def test_lease_of_a_timed_out_thread_is_renewed(fake_clock_url, clock):
     release = threading.Event()
-    app = corral.App(store_url, clock=clock)
+    app = corral.App(fake_clock_url, clock=clock)
 
     began = threading.Event()
 
@@ -87,8 +82,8 @@ def test_lease_of_a_timed_out_thread_is_renewed(store_url, clock):
     app.close(timeout=10)
 
 
-def test_abandoned_threads_are_capped_and_the_worker_stops_claiming(store_url, clock, caplog):
-    app = corral.App(store_url, clock=clock)
+def test_abandoned_threads_are_capped_and_the_worker_stops_claiming(fake_clock_url, clock, caplog):
+    app = corral.App(fake_clock_url, clock=clock)
     release = threading.Event()
     started = []
 
@@ -119,8 +114,8 @@ def test_abandoned_threads_are_capped_and_the_worker_stops_claiming(store_url, c
     assert report.drained and report.left == {"blocked": 1}
 
 
-def test_abandoned_thread_at_stop_keeps_its_lease_and_writes_nothing(store_url, clock):
-    app = corral.App(store_url, clock=clock)
+def test_abandoned_thread_at_stop_keeps_its_lease_and_writes_nothing(fake_clock_url, clock):
+    app = corral.App(fake_clock_url, clock=clock)
     release = threading.Event()
 
     began = threading.Event()
@@ -136,7 +131,7 @@ def test_abandoned_thread_at_stop_keeps_its_lease_and_writes_nothing(store_url, 
     clock.advance(6)
     wait_for(lambda: app._worker.abandoned_threads == 1)
     worker = app._worker
-    store = app.store if store_url == "memory://" else None
+    store = app.store if fake_clock_url == "memory://" else None
     report = app.close(timeout=5)
     assert report.abandoned_threads == 1 and "still running" in report.summary()
     release.set()
@@ -172,8 +167,8 @@ def test_close_ends_with_work_this_worker_cannot_run(app, clock):
     assert report.left == {"unregistered": 1, "other_queue": 1, "delayed": 1}
 
 
-def test_drain_waits_for_a_retry_due_before_its_deadline(store_url):
-    app = corral.App(store_url)
+def test_drain_waits_for_a_retry_due_before_its_deadline(fake_clock_url):
+    app = corral.App(fake_clock_url)
     runs = []
 
     @app.task(retries=2, backoff=corral.Backoff(base=0.2, cap=0.2, jitter=0))
@@ -199,8 +194,8 @@ def test_drain_waits_for_a_retry_due_before_its_deadline(store_url):
     assert report.drained and report.left == {"delayed": 1}
 
 
-def test_close_at_timeout_hands_back_what_is_in_flight(store_url):
-    app = corral.App(store_url)
+def test_close_at_timeout_hands_back_what_is_in_flight(fake_clock_url):
+    app = corral.App(fake_clock_url)
     release = threading.Event()
 
     @app.task
@@ -216,8 +211,8 @@ def test_close_at_timeout_hands_back_what_is_in_flight(store_url):
     assert "not drained" in report.summary()
 
 
-def test_worker_warns_once_of_queued_tasks_it_does_not_register(store_url, caplog):
-    app = corral.App(store_url)
+def test_worker_warns_once_of_queued_tasks_it_does_not_register(fake_clock_url, caplog):
+    app = corral.App(fake_clock_url)
 
     @app.task
     def mine():

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from corral.core.model import NewTask, dumps
 from corral.core.states import State
 from corral.engine import runner
 from corral.stores import open_store
+from faults import CORRAL, Process
 from helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,30 +40,13 @@ def pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture
-def worker(tmp_path, sqlite_url):
-    procs: list[subprocess.Popen] = []
-    log_path = tmp_path / "worker.log"
+def worker(processes, sqlite_url):
+    """``worker(*args)``: `corral worker` of the runtime app in the repository root."""
 
-    def start(*args: str) -> subprocess.Popen:
-        env = dict(os.environ)
-        env.pop("CORRAL_STORE", None)
-        with open(log_path, "ab") as log:
-            p = subprocess.Popen(
-                [sys.executable, "-m", "corral", "worker", APP, "--store", sqlite_url, *args],
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        procs.append(p)
-        return p
+    def start(*args: str) -> Process:
+        return processes.start([*CORRAL, "worker", APP, "--store", sqlite_url, *args], "worker", cwd=REPO)
 
-    start.log = lambda: log_path.read_text(errors="replace") if log_path.exists() else ""
-    yield start
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
+    return start
 
 
 def _submit(url: str, name: str, *args: object, timeout: float | None = None) -> int:
@@ -89,13 +71,13 @@ def test_process_task_child_dies_with_its_worker(worker, sqlite_url, tmp_path, h
     child = _child_pid(pidfile)
     assert pid_alive(child)
     if how == "kill -9":
-        w.kill()
+        w.signal(signal.SIGKILL)
         assert w.wait(10) == -signal.SIGKILL
     else:
-        w.send_signal(signal.SIGTERM)
-        wait_for(lambda: "SIGTERM received" in worker.log(), timeout=20)
-        w.send_signal(signal.SIGTERM)
-        assert w.wait(10) == EXIT_FORCED, worker.log()
+        w.signal(signal.SIGTERM)
+        w.wait_log("SIGTERM received", timeout=20)
+        w.signal(signal.SIGTERM)
+        assert w.wait(10) == EXIT_FORCED, w.log
     wait_for(lambda: not pid_alive(child), timeout=10, message="the orphaned child is gone")
 
 
@@ -103,12 +85,9 @@ def test_worker_exits_4_at_its_abandoned_thread_cap(worker, sqlite_url):
     assert EXIT_ABANDONED == runner.EXIT_ABANDONED == 4
     tid = _submit(sqlite_url, "hang_in_thread", timeout=0.3)
     w = worker("--concurrency", "2", "--grace", "1", "--max-abandoned-threads", "1")
-    try:
-        code = w.wait(30)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"worker did not exit:\n{worker.log()}") from None
-    assert code == EXIT_ABANDONED, worker.log()
-    text = worker.log()
+    code = w.wait(30)
+    assert code == EXIT_ABANDONED, w.log
+    text = w.log
     assert "max_abandoned_threads=1" in text and "Traceback" not in text
     store = open_store(sqlite_url)
     try:  # still leased: the sweeper recovers it once the lease runs out, not before

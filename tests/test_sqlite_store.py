@@ -20,9 +20,7 @@ from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailabl
 from corral.stores import open_store
 from corral.stores.filewatch import open_watch
 from corral.stores.sqlite import SCHEMA_VERSION, Q, SQLiteStore, parse_url
-from helpers import wait_for
-
-ARGS = '{"args":[],"kwargs":{}}'
+from helpers import ARGS, wait_for
 
 
 def new(name: str = "t", **kw) -> NewTask:

@@ -54,15 +54,9 @@ def test_assert_enqueued_says_what_is_queued_when_nothing_matches():
 
 
 # ---- run_until_idle on realistic apps: it moves the clock to what frees work next, or fails loudly ----
-@pytest.fixture(params=["memory", "sqlite"])
-def kit_url(request) -> str:
-    """The stores a fake clock drives (PostgreSQL keeps the database's clock)."""
-    return "memory://" if request.param == "memory" else request.getfixturevalue("sqlite_url")
-
-
-def test_run_until_idle_waits_for_each_token_of_a_rate(kit_url):
+def test_run_until_idle_waits_for_each_token_of_a_rate(fake_clock_url):
     clock = FakeClock(start=1_000.0)
-    app = corral.App(kit_url, clock=clock)
+    app = corral.App(fake_clock_url, clock=clock)
     app.limit("partner", rate="5/s")
     started: list[float] = []
 
@@ -78,9 +72,9 @@ def test_run_until_idle_waits_for_each_token_of_a_rate(kit_url):
     app.close()
 
 
-def test_run_until_idle_runs_retries_with_the_default_backoff(kit_url):
+def test_run_until_idle_runs_retries_with_the_default_backoff(fake_clock_url):
     clock = FakeClock(start=1_000.0)
-    app = corral.App(kit_url, clock=clock)
+    app = corral.App(fake_clock_url, clock=clock)
     failed: set[int] = set()
 
     @app.task(retries=1)
@@ -98,9 +92,9 @@ def test_run_until_idle_runs_retries_with_the_default_backoff(kit_url):
     app.close()
 
 
-def test_run_until_idle_fails_loudly_when_nothing_will_free_the_work(kit_url):
+def test_run_until_idle_fails_loudly_when_nothing_will_free_the_work(fake_clock_url):
     clock = FakeClock(start=1_000.0)
-    app = corral.App(kit_url, clock=clock)
+    app = corral.App(fake_clock_url, clock=clock)
 
     @app.task
     def job() -> None:
@@ -113,8 +107,8 @@ def test_run_until_idle_fails_loudly_when_nothing_will_free_the_work(kit_url):
     app.close()
 
 
-def test_run_until_idle_on_the_real_clock_waits_for_a_rates_next_tokens(kit_url):
-    app = corral.App(kit_url)
+def test_run_until_idle_on_the_real_clock_waits_for_a_rates_next_tokens(fake_clock_url):
+    app = corral.App(fake_clock_url)
     app.limit("partner", rate="50/s")
 
     @app.task(limits=["partner"])

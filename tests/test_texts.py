@@ -186,22 +186,16 @@ def test_a_failed_attempt_keeps_its_traceback_shown_by_the_log_and_the_dashboard
         app.close(10)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request) -> str:
-    """A store the CLI can open from outside the app (memory:// is the app's own)."""
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-
-
-def test_corral_show_prints_the_traceback(shared_url, caplog):
+def test_corral_show_prints_the_traceback(durable_url, caplog):
     from corral.cli import cli
 
-    app, rec = _tracebacked(shared_url, caplog)
+    app, rec = _tracebacked(durable_url, caplog)
     app.close(10)
-    out = CliRunner().invoke(cli, ["show", str(rec.id), "--store", shared_url], catch_exceptions=False)
+    out = CliRunner().invoke(cli, ["show", str(rec.id), "--store", durable_url], catch_exceptions=False)
     assert out.exit_code == 0, out.output
     assert "Traceback (most recent call last):" in out.output and "in _deep_failure" in out.output
     assert "ValueError: nope: the partner said no" in out.output
-    as_json = CliRunner().invoke(cli, ["show", str(rec.id), "--store", shared_url, "--json"], catch_exceptions=False)
+    as_json = CliRunner().invoke(cli, ["show", str(rec.id), "--store", durable_url, "--json"], catch_exceptions=False)
     assert "in _deep_failure" in json.loads(as_json.output)["traceback"]
 
 

@@ -16,9 +16,8 @@ pytestmark = pytest.mark.slow
 N, WORKERS = 10_000, 8
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_eight_workers_start_together_and_claim_nothing_twice(kind, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+def test_eight_workers_start_together_and_claim_nothing_twice(durable_url, tmp_path):
+    url = durable_url
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="noop")(lambda ctx: 0)

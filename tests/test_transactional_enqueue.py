@@ -16,14 +16,9 @@ from corral import State
 from corral.errors import ConfigError
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request):
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-
-
 @pytest.fixture
-def app(url) -> Iterator[corral.App]:
-    a = corral.App(url)
+def app(durable_url) -> Iterator[corral.App]:
+    a = corral.App(durable_url)
 
     @a.task
     def ship(order_id: int) -> int:
@@ -89,8 +84,8 @@ def test_committed_business_write_leaves_exactly_one_task(app):
     assert rows[0].status is State.PENDING and rows[0].name == "ship"
 
 
-def test_task_is_invisible_to_others_until_the_commit(app, url):
-    other = corral.App(url)
+def test_task_is_invisible_to_others_until_the_commit(app, durable_url):
+    other = corral.App(durable_url)
     try:
         with business(app) as con:
             insert_order(con, 3)
@@ -153,8 +148,8 @@ def test_a_rolled_back_key_is_free_again(app):
     assert again.created and len(app.tasks()) == 1
 
 
-def test_connection_to_another_database_is_refused(app, url, tmp_path):
-    if url.startswith("sqlite"):
+def test_connection_to_another_database_is_refused(app, durable_url, tmp_path):
+    if durable_url.startswith("sqlite"):
         con: Any = sqlite3.connect(tmp_path / "elsewhere.db")
         with pytest.raises(ConfigError, match="not on this store's database"):
             app.submit("ship", args=(1,), connection=con)
@@ -166,7 +161,7 @@ def test_connection_to_another_database_is_refused(app, url, tmp_path):
     else:
         import psycopg
 
-        con = psycopg.connect(url.rsplit("/", 1)[0] + "/postgres")
+        con = psycopg.connect(durable_url.rsplit("/", 1)[0] + "/postgres")
         with pytest.raises(ConfigError, match="connection= is open on database"):
             app.submit("ship", args=(1,), connection=con)
         con.close()

@@ -18,9 +18,9 @@ from corral.core.model import NewTask
 from corral.core.retries import Backoff, retry_delay
 from corral.errors import BadArguments, ConfigError, Retry, StoreError, StoreUnavailable
 from corral.stores import open_store
+from helpers import ARGS
 
 NAN, INF = math.nan, math.inf
-STORE_KINDS = ("memory", "sqlite", "postgres")
 
 
 # ---- the pure checks ---------------------------------------------------------------------------
@@ -211,15 +211,9 @@ def test_app_options_are_checked():
 
 
 # ---- submit: the same on every store -------------------------------------------------------------
-def _url(request: pytest.FixtureRequest, kind: str) -> str:
-    if kind == "memory":
-        return "memory://"
-    return request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
-
-
-@pytest.fixture(params=STORE_KINDS)
-def app(request: pytest.FixtureRequest):
-    a = corral.App(_url(request, request.param), clock=FakeClock())
+@pytest.fixture
+def app(url: str):
+    a = corral.App(url, clock=FakeClock())
     yield a
     a.close(timeout=5)
 
@@ -424,11 +418,11 @@ def test_postgres_index_entry_too_big_is_a_store_error_not_an_outage(pg_url):
         rng = random.Random(7)
         key = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(6000))  # incompressible
         with pytest.raises(StoreError) as exc:
-            store.submit([NewTask(name="t", args='{"args":[],"kwargs":{}}', key=key)])
+            store.submit([NewTask(name="t", args=ARGS, key=key)])
         assert not isinstance(exc.value, StoreUnavailable), str(exc.value)
         assert "cannot reach" not in str(exc.value) and "index row" in str(exc.value)
         assert sum(store.counts().values()) == 0
-        store.submit([NewTask(name="t", args='{"args":[],"kwargs":{}}', key="k")])  # the store still works
+        store.submit([NewTask(name="t", args=ARGS, key="k")])  # the store still works
         assert sum(store.counts().values()) == 1
     finally:
         store.close()

@@ -7,7 +7,6 @@ After a forced stop the sweeper recovers what was left RUNNING.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -21,52 +20,13 @@ from corral.core.clock import FakeClock
 from corral.core.model import NewTask, dumps
 from corral.core.states import State
 from corral.stores import open_store
+from faults import CORRAL, Process
 from helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SHOP = "examples.shop:app"
 
 pytestmark = pytest.mark.slow
-
-
-class WorkerProcess:
-    """`python -m corral worker ...` in the repository root, stderr to a file."""
-
-    def __init__(self, tmp_path: Path, url: str, *args: str, name: str = "worker"):
-        self.log_path = tmp_path / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        env = dict(os.environ)
-        env.pop("CORRAL_STORE", None)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "corral", "worker", SHOP, "--store", url, *args],
-            cwd=REPO,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_log(self, needle: str, timeout: float = 20) -> None:
-        wait_for(lambda: needle in self.log or self.proc.poll() is not None, timeout=timeout, message=needle)
-        assert needle in self.log, f"worker exited ({self.proc.returncode}) without {needle!r}:\n{self.log}"
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"worker still running after {timeout}s:\n{self.log}") from None
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
 
 
 @pytest.fixture
@@ -79,17 +39,13 @@ def shop(sqlite_url, monkeypatch):
 
 
 @pytest.fixture
-def workers(tmp_path, sqlite_url):
-    started: list[WorkerProcess] = []
+def workers(processes, sqlite_url):
+    """``workers(*args, name=...)``: `corral worker` of the example app in the repository root."""
 
-    def start(*args: str, name: str = "worker") -> WorkerProcess:
-        w = WorkerProcess(tmp_path, sqlite_url, *args, name=name)
-        started.append(w)
-        return w
+    def start(*args: str, name: str = "worker") -> Process:
+        return processes.start([*CORRAL, "worker", SHOP, "--store", sqlite_url, *args], name, cwd=REPO)
 
-    yield start
-    for w in started:
-        w.close()
+    return start
 
 
 def _states(store, ids):
@@ -175,28 +131,18 @@ def test_second_signal_during_grace_stops_at_once_and_the_sweeper_recovers(shop,
     store.close()
 
 
-def test_sweep_loop_runs_as_its_own_process_and_stops_on_sigterm(shop, tmp_path, sqlite_url):
+def test_sweep_loop_runs_as_its_own_process_and_stops_on_sigterm(shop, processes, sqlite_url):
     store = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))  # an hour ago
     [sub] = store.submit([NewTask("notify_merchant", dumps({"args": ["m", "x"], "kwargs": {}}), max_retries=2)])
     tid = sub.id
     [claim] = store.claim("ghost", ["default"], 1, lease_seconds=30)
     assert claim.tasks[0].id == tid
-    log_path = tmp_path / "sweeper.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "corral", "sweep", "--loop", "--interval", "0.2s", "--store", sqlite_url],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_for(lambda: store.get(tid).status is State.RETRYING, timeout=20, message="the loop recovers the task")
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=10) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    text = log_path.read_text()
+    proc = processes.start(
+        [*CORRAL, "sweep", "--loop", "--interval", "0.2s", "--store", sqlite_url], "sweeper", cwd=REPO
+    )
+    wait_for(lambda: store.get(tid).status is State.RETRYING, timeout=20, message="the loop recovers the task")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    text = proc.log
     assert "sweeper" in text and "started" in text and "stopped" in text
     store.close()

@@ -23,9 +23,8 @@ from helpers import wait_for
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(kind, request, tmp_path):
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(durable_url, tmp_path):
+    url = durable_url
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="slow", retries=3)(lambda ctx, first_run: None)
@@ -88,12 +87,11 @@ def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(kind, requ
         app.close()
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(kind, request, tmp_path):
+def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(durable_url, tmp_path):
     """Stopped past its lease while a chunk's head runs, the zombie wakes after
     the sweep re-queued the chunk and a second worker ran it: it must not start
     the chunk's next member (it would run twice, beside later tasks of its group)."""
-    url = request.getfixturevalue("sqlite_url" if kind == "sqlite" else "pg_url")
+    url = durable_url
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="step", retries=5)(lambda ctx, group, seq, dur, fail_first=False, first_dur=None: seq)

@@ -21,9 +21,7 @@ from corral.core.model import Claim, NewTask, Outcome, TaskRecord
 from corral.core.states import State
 from corral.stores import open_store
 from corral.stores.base import Store
-
-ARGS = '{"args":[],"kwargs":{}}'
-STORE_KINDS = ("memory", "sqlite", "postgres")
+from helpers import ARGS
 
 
 def new(name: str = "t", group: str | None = None, **kw) -> NewTask:
@@ -32,23 +30,14 @@ def new(name: str = "t", group: str | None = None, **kw) -> NewTask:
     return NewTask(name=name, group=group, **kw)
 
 
-def _url(request: pytest.FixtureRequest, kind: str) -> str:
-    if kind == "memory":
-        return "memory://"
-    if kind == "sqlite":
-        return request.getfixturevalue("sqlite_url")
-    return request.getfixturevalue("pg_url")  # skips this run alone without a server
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     """The time of the memory and SQLite stores (PostgreSQL ignores it)."""
     return FakeClock()
 
 
-@pytest.fixture(params=STORE_KINDS)
-def store(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Store]:
-    url = _url(request, request.param)
+@pytest.fixture
+def store(url: str, clock: FakeClock) -> Iterator[Store]:
     s = open_store(url, clock=clock)
     try:
         s.migrate()
@@ -60,7 +49,7 @@ def store(request: pytest.FixtureRequest, clock: FakeClock) -> Iterator[Store]:
 @pytest.fixture
 def store_kind(request: pytest.FixtureRequest, store: Store) -> str:
     """Which store the current test runs on (``memory``, ``sqlite``, ``postgres``)."""
-    return request.node.callspec.params["store"]
+    return request.node.callspec.params["url"]
 
 
 @pytest.fixture
