@@ -194,6 +194,42 @@ def test_drain_waits_for_a_retry_due_before_its_deadline(fake_clock_url):
     assert report.drained and report.left == {"delayed": 1}
 
 
+def test_drain_does_not_end_on_a_retry_claimed_while_it_looked(sqlite_url):
+    """The retry falls due and is claimed between the drain's last empty
+    claim and its look for retries: it is RUNNING then, no longer RETRYING,
+    and the drain must wait for it rather than end. (The store's read is
+    where the test makes the claim happen; on SQLite the drain reads the
+    retry before it is due.)"""
+    app = corral.App(sqlite_url)
+    ended = []
+
+    @app.task(retries=1, backoff=corral.Backoff(base=0.05, cap=0.05, jitter=0))
+    def flaky(ctx):
+        if ctx.attempt == 1:
+            raise ConnectionError("reset")
+        threading.Event().wait(0.5)  # the retry's run: still going when the look ends
+        ended.append(ctx.attempt)
+
+    h = flaky.submit()
+    looks = app.store.list_tasks
+
+    def look(f):
+        rows = looks(f)
+        if f.status is State.RETRYING and rows:
+            # the dispatcher claims the retry while the drain reads
+            wait_for(lambda: app.store.get(h.id).attempt == 2, message="the retry claimed")
+            return looks(f)
+        return rows
+
+    app.store.list_tasks = look
+    app.start(workers=1)
+    try:
+        assert app.drain(timeout=30)
+        assert ended == [2] and h.status() is State.SUCCESS
+    finally:
+        app.close(timeout=10)
+
+
 def test_close_at_timeout_hands_back_what_is_in_flight(fake_clock_url):
     app = corral.App(fake_clock_url)
     release = threading.Event()

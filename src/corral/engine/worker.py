@@ -368,6 +368,9 @@ class Worker:
         self.completer_window = completer_window
         self._completer_idle = threading.Event()
         self._completer_idle.set()
+        # orders "queue empty, so idle" against "not idle, then queued": without
+        # it an item put in between could be written while the flag says idle
+        self._completer_gate = threading.Lock()
         #: starts not recorded yet of held tasks whose bodies run:
         #: id -> (when due to be written, lease token, attempt, started_at)
         self._starts: dict[int, tuple[float, str, int, float]] = {}
@@ -569,7 +572,12 @@ class Worker:
                     continue
                 due = self._retries_due(horizon)
                 if due is None:
-                    return True
+                    with self._cond:
+                        # a claim begun since may have taken a retry that fell
+                        # due meanwhile (it is RUNNING, no longer RETRYING)
+                        if self._claim_seq == since[0] and self._inflight == 0:
+                            return True
+                    continue
                 pause = 0.05 if end is None else min(0.05, end - time.monotonic())
                 if pause <= 0:
                     return False
@@ -1408,8 +1416,9 @@ class Worker:
     def _to_completer(self, item: Outcome | _Unit | _Relay) -> None:
         """An outcome to write, a unit whose slot frees once what came before
         it is written, or a unit near its end that asks for its successor."""
-        self._completer_idle.clear()
-        self._completer_q.put(item)
+        with self._completer_gate:
+            self._completer_idle.clear()
+            self._completer_q.put(item)
 
     def _apply(self, outcomes: list[Outcome]) -> None:
         """Write outcomes; through an outage, for as long as it lasts (each
@@ -1604,8 +1613,9 @@ class Worker:
             for x in items:
                 if isinstance(x, _Unit):
                     self._settle(x)
-            if q.empty():
-                self._completer_idle.set()
+            with self._completer_gate:
+                if q.empty():
+                    self._completer_idle.set()
 
     def _start_wait(self) -> float:
         """How long the completer may wait for an item: until the next start
