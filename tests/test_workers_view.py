@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 import corral
@@ -20,11 +19,6 @@ from corral.maintenance.sweeper import Sweeper
 from corral.stores import open_store
 from faults import AppWorker
 from helpers import wait_for
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def durable_url(request) -> str:
-    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 def _workers_json(url: str) -> list[dict]:
