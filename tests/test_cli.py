@@ -21,7 +21,7 @@ from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
 from corral.stores import open_store
-from helpers import wait_for
+from helpers import ARGS, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 SHOP = "examples.shop:app"
@@ -454,7 +454,7 @@ def test_tasks_by_worker_age_and_sort_page_by_position(tmp_path):
     url = f"sqlite:///{tmp_path / 'pos.db'}"
     store = open_store(url)
     store.migrate()
-    ids = [r.id for r in store.submit([NewTask(name="t", args='{"args":[],"kwargs":{}}') for _ in range(5)])]
+    ids = [r.id for r in store.submit([NewTask(name="t", args=ARGS) for _ in range(5)])]
     store.claim("vm-1:7:w", ["default"], 2)
     store.close()
     s = ("--store", url)
