@@ -1,0 +1,480 @@
+"""Limits that learn: the controller that sets a limit's effective concurrency
+and rate from what the partner answered, and the reports it reads. Pure: no
+thread, no store, time passed in.
+
+Workers count, per limit, what happened between two reports
+(:class:`ReportAccumulator`, about once a second, never a write per task);
+the reports of every worker are merged (:meth:`LimitReport.merge`) and the
+sweeper's leader feeds the merged one to :func:`decide` with the limit's
+:class:`ControllerState`, which is a small JSON record kept in the limit's
+row, so a new leader continues where the old one stopped. :func:`decide`
+returns the new state, the effective concurrency and rate (always inside the
+user's :class:`Bounds`) and an explanation: the inputs and the rule that
+fired for each, to be written as an event.
+
+Two controllers, one per knob, each reading the signal that belongs to it:
+
+- **Rate** (CUBIC, as the AWS SDKs' adaptive retry): a throttle (429, 503,
+  ``Retry(after=)``) cuts the rate to ``RATE_BETA`` of the rate that was
+  *measured to succeed* in that interval (the partner's real capacity for
+  us, not what we sent); nothing else cuts it. It grows again only in
+  intervals where the rate held work back (the limit was the bottleneck),
+  along a cubic curve that comes back to the capacity where the cut happened
+  slowly and then probes past it, and never above twice the rate measured to
+  succeed. Before the first throttle it grows by ``RATE_START_GROWTH`` an
+  interval (a slow start).
+- **Concurrency** (a gradient on latency, as Vector's ARC and Envoy's
+  adaptive concurrency): the median latency of successful calls against a
+  baseline, the median seen when the partner was not loaded. Above
+  ``LATENCY_CUT`` times the baseline the limit is cut in proportion to the
+  excess; errors (timeouts, connection errors, 5xx that are not throttles)
+  above ``ERROR_CUT`` of the calls cut it too; it grows by about
+  ``CONCURRENCY_GROWTH`` only when the places were all in use and latency is
+  within ``LATENCY_GROW`` of the baseline.
+
+The pitfalls others met, and what avoids them here (docs/adaptive-limits.md):
+
+- a latency controller against a rate-limited server (its 429s are fast and
+  lower the measured latency): throttled calls never enter the latency
+  histogram, an interval with throttles never grows the concurrency, and the
+  rate has its own controller;
+- a baseline that drifts up under steady overload: the baseline drops at
+  once to a lower median but rises only every ``BASELINE_PERIOD`` seconds, to
+  the lowest median seen in that period and by at most ``BASELINE_RISE``;
+- latency alone cannot tell "the dependency got slower" from "we send too
+  much": after ``SLOWER_STREAK`` cuts in a row that brought the calls in
+  flight down by a quarter without bringing the latency down, the dependency
+  is taken to be slower and the baseline is measured again;
+- a floor that never recovers: the same rule fires at ``min_concurrency``
+  (cutting there cannot help), and a rate cut to its floor grows again as
+  soon as it is the bottleneck and succeeds;
+- a first adaptive mode that lost its state between calls and cut far below
+  the server's capacity: the whole state is the record, and a cut goes to a
+  fraction of what succeeded, not of what was sent, at most once an interval
+  unless throttles keep coming.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+#: latency histogram buckets: bucket i holds latencies in [BASE * R**i, BASE * R**(i+1)) milliseconds
+HISTOGRAM_BASE_MS = 0.5
+HISTOGRAM_RATIO = 2**0.25
+HISTOGRAM_BUCKETS = 80
+
+#: a throttle cuts the rate to this fraction of the rate measured to succeed
+RATE_BETA = 0.9
+#: the cubic's scale, relative to the rate at the last cut: the rate is
+#: ``w_max * (1 + RATE_CUBIC_C * (t - K) ** 3)`` after ``t`` bottleneck seconds
+RATE_CUBIC_C = 0.004
+#: before the first throttle the rate grows by this factor an interval
+RATE_START_GROWTH = 1.5
+#: the rate never grows above this multiple of the rate measured to succeed
+RATE_SUCCESS_CAP = 2.0
+#: past the rate of the last cut, the rate grows by at most this fraction of it an interval
+RATE_PROBE_STEP = 0.02
+#: this many bottleneck seconds past the last cut without a throttle, the rate grows as before the first
+RATE_STALE_AFTER = 8.0
+#: an interval says the partner's capacity only if the limit sent at least this share of its rate
+RATE_BUSY_SHARE = 0.8
+#: throttles in the interval right after a cut cut again only above this share of the calls
+RATE_RECUT_SHARE = 0.02
+
+#: median latency above this multiple of the baseline cuts the concurrency
+LATENCY_CUT = 1.3
+#: the concurrency grows only with median latency within this multiple of the baseline
+LATENCY_GROW = 1.15
+#: a latency cut aims at this multiple of the baseline
+LATENCY_TARGET = 1.1
+#: errors above this share of the calls cut the concurrency ...
+ERROR_CUT = 0.05
+#: ... to this fraction of the calls that were in flight
+ERROR_BETA = 0.75
+#: a cut keeps at least this fraction of the calls in flight, an interval
+MAX_CUT = 0.5
+#: growth an interval, as a fraction of the limit (at least 1)
+CONCURRENCY_GROWTH = 0.1
+#: fewer successful calls than this in an interval say nothing about latency
+MIN_SAMPLES = 5
+#: the baseline rises at most every this many seconds ...
+BASELINE_PERIOD = 30.0
+#: ... by at most this factor
+BASELINE_RISE = 1.25
+#: latency cuts in a row without the latency falling before the baseline is measured again
+SLOWER_STREAK = 3
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The user's hard bounds; the controller's output always lies inside them."""
+
+    min_concurrency: int = 1
+    max_concurrency: int = 100
+    min_rate: float = 1.0
+    max_rate: float = 1000.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_concurrency <= self.max_concurrency:
+            raise ValueError("bounds need 1 <= min_concurrency <= max_concurrency")
+        if not 0 < self.min_rate <= self.max_rate:
+            raise ValueError("bounds need 0 < min_rate <= max_rate")
+
+    def concurrency(self, value: float) -> float:
+        return min(float(self.max_concurrency), max(float(self.min_concurrency), value))
+
+    def rate(self, value: float) -> float:
+        return min(self.max_rate, max(self.min_rate, value))
+
+
+def bucket_of(latency_ms: float) -> int:
+    """The histogram bucket of a latency (milliseconds)."""
+    if latency_ms <= HISTOGRAM_BASE_MS:
+        return 0
+    return min(HISTOGRAM_BUCKETS - 1, int(math.log(latency_ms / HISTOGRAM_BASE_MS) / math.log(HISTOGRAM_RATIO)))
+
+
+def quantile_ms(histogram: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile of a histogram (interpolated geometrically inside its bucket), None if empty."""
+    total = sum(histogram.values())
+    if total <= 0:
+        return None
+    rank = q * total
+    seen = 0.0
+    for bucket in sorted(histogram):
+        count = histogram[bucket]
+        if count and seen + count >= rank:
+            inside = (rank - seen) / count
+            return HISTOGRAM_BASE_MS * HISTOGRAM_RATIO ** (bucket + inside)
+        seen += count
+    return HISTOGRAM_BASE_MS * HISTOGRAM_RATIO ** (max(histogram) + 1)
+
+
+@dataclass(frozen=True)
+class LimitReport:
+    """What happened under one limit during ``seconds``: one worker's count, or the fleet's merged.
+
+    ``throttles`` are calls the partner refused for load (429, 503,
+    ``Retry(after=)``), ``errors`` calls that failed in a way load can cause
+    (timeouts, connection errors, other 5xx); neither is in ``successes``.
+    ``peak_in_flight`` is the most calls in flight under the limit across the
+    fleet, as the claims saw it when they charged the limit. ``held_by_rate``
+    and ``held_by_concurrency`` count claims the limit held back (the limit
+    was the bottleneck). ``latency`` is a histogram of successful calls'
+    latencies, bucket index (:func:`bucket_of`) to count.
+    """
+
+    seconds: float
+    calls: int = 0
+    successes: int = 0
+    throttles: int = 0
+    errors: int = 0
+    peak_in_flight: int = 0
+    held_by_rate: int = 0
+    held_by_concurrency: int = 0
+    latency: Mapping[int, int] = field(default_factory=dict)
+
+    def merge(self, other: LimitReport) -> LimitReport:
+        """Two reports of the same interval (two workers) as one: counts add, peaks and spans take the larger."""
+        latency = dict(self.latency)
+        for bucket, count in other.latency.items():
+            latency[bucket] = latency.get(bucket, 0) + count
+        return LimitReport(
+            seconds=max(self.seconds, other.seconds),
+            calls=self.calls + other.calls,
+            successes=self.successes + other.successes,
+            throttles=self.throttles + other.throttles,
+            errors=self.errors + other.errors,
+            peak_in_flight=max(self.peak_in_flight, other.peak_in_flight),
+            held_by_rate=self.held_by_rate + other.held_by_rate,
+            held_by_concurrency=self.held_by_concurrency + other.held_by_concurrency,
+            latency=latency,
+        )
+
+    @staticmethod
+    def merged(reports: Iterable[LimitReport], seconds: float) -> LimitReport:
+        """The fleet's report over ``seconds`` from its workers' (an empty fleet reports nothing happened)."""
+        total = LimitReport(seconds=seconds)
+        for report in reports:
+            total = total.merge(report)
+        return replace(total, seconds=seconds)
+
+    def p50_ms(self) -> float | None:
+        if sum(self.latency.values()) < MIN_SAMPLES:
+            return None
+        return quantile_ms(self.latency, 0.5)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["latency"] = {str(k): v for k, v in sorted(self.latency.items())}
+        return data
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> LimitReport:
+        fields = dict(data)
+        fields["latency"] = {int(k): int(v) for k, v in dict(data.get("latency") or {}).items()}
+        return LimitReport(**fields)
+
+
+class ReportAccumulator:
+    """One worker's counts for one limit between two reports: a few integers
+    and a sparse histogram, updated in memory per call, taken once a second."""
+
+    __slots__ = ("_since", "_calls", "_ok", "_throttles", "_errors", "_peak", "_held_rate", "_held_conc", "_hist")
+
+    def __init__(self, now: float):
+        self._since = now
+        self._reset()
+
+    def _reset(self) -> None:
+        self._calls = self._ok = self._throttles = self._errors = self._peak = 0
+        self._held_rate = self._held_conc = 0
+        self._hist: dict[int, int] = {}
+
+    def started(self, in_flight: int) -> None:
+        """A call started; ``in_flight`` is the limit's count (fleet-wide) the claim saw, this call included."""
+        self._calls += 1
+        if in_flight > self._peak:
+            self._peak = in_flight
+
+    def held(self, by: str) -> None:
+        """A claim was held back by the limit's ``"rate"`` or ``"concurrency"``."""
+        if by == "rate":
+            self._held_rate += 1
+        elif by == "concurrency":
+            self._held_conc += 1
+        else:
+            raise ValueError(f"held by 'rate' or 'concurrency', not {by!r}")
+
+    def succeeded(self, latency_ms: float) -> None:
+        self._ok += 1
+        bucket = bucket_of(latency_ms)
+        self._hist[bucket] = self._hist.get(bucket, 0) + 1
+
+    def throttled(self) -> None:
+        self._throttles += 1
+
+    def failed(self) -> None:
+        self._errors += 1
+
+    def take(self, now: float) -> LimitReport:
+        """The report since the last one; counting starts again from nothing."""
+        report = LimitReport(
+            seconds=max(0.0, now - self._since),
+            calls=self._calls,
+            successes=self._ok,
+            throttles=self._throttles,
+            errors=self._errors,
+            peak_in_flight=self._peak,
+            held_by_rate=self._held_rate,
+            held_by_concurrency=self._held_conc,
+            latency=self._hist,
+        )
+        self._since = now
+        self._reset()
+        return report
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """Everything the controller remembers: a few numbers, kept as JSON in the limit's row.
+
+    ``rate`` and ``concurrency`` are the unrounded effective values; ``w_max``
+    the rate measured to succeed at the last cut (None before the first);
+    ``since_cut`` the bottleneck seconds since then (the cubic's clock: idle
+    time does not count); ``baseline_ms`` the unloaded median latency,
+    ``probe_min_ms`` the lowest median since ``probe_start``; ``streak``,
+    ``streak_p50_ms`` and ``streak_peak`` follow a run of latency cuts.
+    """
+
+    rate: float
+    concurrency: float
+    w_max: float | None = None
+    since_cut: float = 0.0
+    last_cut_at: float | None = None
+    baseline_ms: float | None = None
+    probe_min_ms: float | None = None
+    probe_start: float = 0.0
+    streak: int = 0
+    streak_p50_ms: float = 0.0
+    streak_peak: int = 0
+    concurrency_cut_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> ControllerState:
+        return ControllerState(**dict(data))
+
+
+def initial_state(
+    bounds: Bounds, now: float, rate: float | None = None, concurrency: float | None = None
+) -> ControllerState:
+    """Where a new adaptive limit starts: the given values, else the lower bounds (clamped into the bounds)."""
+    return ControllerState(
+        rate=bounds.rate(rate if rate is not None else bounds.min_rate),
+        concurrency=bounds.concurrency(concurrency if concurrency is not None else bounds.min_concurrency),
+        probe_start=now,
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The controller's answer for one interval."""
+
+    state: ControllerState
+    concurrency: int
+    rate: float
+    rate_rule: str
+    concurrency_rule: str
+    inputs: Mapping[str, Any]
+
+    @property
+    def explanation(self) -> dict[str, Any]:
+        """What an event records: the inputs, each knob's rule and its new value."""
+        return {
+            "rate": round(self.rate, 3),
+            "rate_rule": self.rate_rule,
+            "concurrency": self.concurrency,
+            "concurrency_rule": self.concurrency_rule,
+            "inputs": dict(self.inputs),
+        }
+
+
+def effective_concurrency(state: ControllerState, bounds: Bounds) -> int:
+    return int(bounds.concurrency(math.floor(state.concurrency + 1e-9)))
+
+
+def _cubic_k() -> float:
+    """Bottleneck seconds for the cubic to come back to the rate of the last cut."""
+    return float(((1 - RATE_BETA) / RATE_CUBIC_C) ** (1 / 3))
+
+
+def _cubic(w_max: float, t: float) -> float:
+    return w_max * (1 + RATE_CUBIC_C * (t - _cubic_k()) ** 3)
+
+
+def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now: float) -> tuple[ControllerState, str]:
+    seconds = max(report.seconds, 1e-6)
+    ok_rate = report.successes / seconds
+    if report.throttles:
+        just_cut = state.last_cut_at is not None and now - state.last_cut_at < 1.5 * seconds
+        share = report.throttles / max(1, report.calls)
+        if just_cut and share <= RATE_RECUT_SHARE:
+            return state, "throttled just after a cut: hold"
+        # what succeeded says the partner's capacity only if the limit was the bottleneck;
+        # otherwise the app sent less than it may, and the rate is cut from where it is
+        throughout = report.held_by_rate > 0 and report.calls >= RATE_BUSY_SHARE * state.rate * seconds
+        measured = ok_rate if throughout else max(ok_rate, state.rate)
+        w_max = min(state.rate, measured)
+        rate = bounds.rate(min(state.rate, RATE_BETA * measured))
+        return replace(
+            state, rate=rate, w_max=max(w_max, bounds.min_rate), since_cut=0.0, last_cut_at=now
+        ), "throttled: cut"
+    if report.held_by_rate <= 0:
+        return state, "not the bottleneck: hold"
+    cap = RATE_SUCCESS_CAP * ok_rate
+    if state.w_max is None:
+        grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, never throttled: slow start"
+    else:
+        since = state.since_cut + seconds
+        grown, rule = max(state.rate, _cubic(state.w_max, since)), "bottleneck: cubic recovery"
+        if grown > state.w_max:
+            past = max(1.0, since - _cubic_k())  # the probe's step grows by one every interval past the cut
+            if past > RATE_STALE_AFTER:  # long past the last cut without a throttle: it says nothing any more
+                grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, long past the last cut: slow start"
+            else:
+                step = max(state.rate, state.w_max) + RATE_PROBE_STEP * state.w_max * past
+                grown, rule = min(grown, step), "bottleneck: probing past the last cut"
+        state = replace(state, since_cut=since)
+    if grown > cap:
+        grown, rule = max(state.rate, cap), rule + ", held to twice the measured success"
+    return replace(state, rate=bounds.rate(grown)), rule
+
+
+def _next_concurrency(
+    state: ControllerState, report: LimitReport, bounds: Bounds, now: float
+) -> tuple[ControllerState, str]:
+    p50 = report.p50_ms()
+    conc = state.concurrency
+    if p50 is not None:  # the baseline: down at once, up slowly
+        probe_min = p50 if state.probe_min_ms is None else min(state.probe_min_ms, p50)
+        baseline = state.baseline_ms
+        if baseline is None:
+            baseline = p50
+        elif p50 < baseline:  # halfway down at once: one lucky interval does not set it
+            baseline = (baseline + p50) / 2
+        state = replace(state, baseline_ms=baseline, probe_min_ms=probe_min)
+        if now - state.probe_start >= BASELINE_PERIOD:
+            risen = min(probe_min, baseline * BASELINE_RISE)
+            state = replace(state, baseline_ms=max(baseline, risen), probe_min_ms=None, probe_start=now)
+    in_flight = max(1, report.peak_in_flight)
+    used = min(conc, float(in_flight))
+    if report.calls and report.errors / report.calls > ERROR_CUT:
+        cut = bounds.concurrency(min(conc, max(used * ERROR_BETA, conc * MAX_CUT)))
+        return replace(state, concurrency=cut, streak=0, concurrency_cut_at=now), "errors above the threshold: cut"
+    if p50 is None or state.baseline_ms is None:
+        return replace(state, streak=0), "too few successful calls: hold"
+    baseline = state.baseline_ms
+    if p50 > LATENCY_CUT * baseline:
+        if state.streak == 0:
+            state = replace(state, streak_p50_ms=p50, streak_peak=in_flight)
+        lowest = min(state.streak_p50_ms, p50)
+        streak = state.streak + 1
+        at_floor = conc <= bounds.min_concurrency
+        sent_less = in_flight <= 0.75 * state.streak_peak
+        if streak > SLOWER_STREAK and (at_floor or (sent_less and p50 >= 0.85 * lowest)):
+            state = replace(state, baseline_ms=p50, probe_min_ms=None, probe_start=now, streak=0)
+            return state, "latency stayed up though fewer calls were in flight: the partner is slower, new baseline"
+        if state.concurrency_cut_at is not None and now - state.concurrency_cut_at < 1.5 * report.seconds:
+            return replace(
+                state, streak_p50_ms=lowest
+            ), "latency above the baseline just after a cut: wait for its effect"
+        gradient = max(MAX_CUT, LATENCY_TARGET * baseline / p50)
+        cut = bounds.concurrency(min(conc, used * gradient))
+        state = replace(state, concurrency=cut, streak=streak, streak_p50_ms=lowest, concurrency_cut_at=now)
+        return state, "latency above the baseline: cut"
+    state = replace(state, streak=0)
+    if report.throttles:
+        return state, "throttled: hold (throttles are the rate's)"
+    in_use = report.held_by_concurrency > 0 or in_flight >= math.floor(conc + 1e-9)
+    if not in_use:
+        return state, "not in use: hold"
+    if p50 > LATENCY_GROW * baseline:
+        return state, "latency near the threshold: hold"
+    grown = bounds.concurrency(conc + max(1.0, CONCURRENCY_GROWTH * conc))
+    return replace(state, concurrency=grown), "in use, latency at the baseline: grow"
+
+
+def decide(state: ControllerState, report: LimitReport, bounds: Bounds, now: float) -> Decision:
+    """One step of the controller: the fleet's report for the last interval in, the new limits out."""
+    state = replace(state, rate=bounds.rate(state.rate), concurrency=bounds.concurrency(state.concurrency))
+    p50 = report.p50_ms()
+    inputs = {
+        "seconds": round(report.seconds, 3),
+        "calls": report.calls,
+        "successes": report.successes,
+        "throttles": report.throttles,
+        "errors": report.errors,
+        "peak_in_flight": report.peak_in_flight,
+        "held_by_rate": report.held_by_rate,
+        "held_by_concurrency": report.held_by_concurrency,
+        "p50_ms": None if p50 is None else round(p50, 2),
+        "baseline_ms": None if state.baseline_ms is None else round(state.baseline_ms, 2),
+        "rate_before": round(state.rate, 3),
+        "concurrency_before": effective_concurrency(state, bounds),
+    }
+    state, rate_rule = _next_rate(state, report, bounds, now)
+    state, conc_rule = _next_concurrency(state, report, bounds, now)
+    return Decision(
+        state=state,
+        concurrency=effective_concurrency(state, bounds),
+        rate=state.rate,
+        rate_rule=rate_rule,
+        concurrency_rule=conc_rule,
+        inputs=inputs,
+    )
