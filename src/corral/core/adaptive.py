@@ -38,15 +38,16 @@ The pitfalls others met, and what avoids them here (docs/adaptive-limits.md):
   lower the measured latency): throttled calls never enter the latency
   histogram, an interval with throttles never grows the concurrency, and the
   rate has its own controller;
-- a baseline that drifts up under steady overload: the baseline drops at
-  once to a lower median but rises only every ``BASELINE_PERIOD`` seconds, to
+- a baseline that drifts up under steady overload: the baseline drops
+  halfway to a lower median at once but rises only every ``BASELINE_PERIOD`` seconds, to
   the lowest median seen in that period and by at most ``BASELINE_RISE``;
 - latency alone cannot tell "the dependency got slower" from "we send too
-  much": after ``SLOWER_STREAK`` cuts in a row that brought the calls in
+  much": after more than ``SLOWER_STREAK`` latency cuts in a row that brought the calls in
   flight down by a quarter without bringing the latency down, the dependency
   is taken to be slower and the baseline is measured again;
 - a floor that never recovers: the same rule fires at ``min_concurrency``
-  (cutting there cannot help), and a rate cut to its floor grows again as
+  (cutting there cannot help), a limit of a few places needs only as many
+  successful calls as it has places to judge its latency, and a rate cut to its floor grows again as
   soon as it is the bottleneck and succeeds;
 - a first adaptive mode that lost its state between calls and cut far below
   the server's capacity: the whole state is the record, and a cut goes to a
@@ -202,8 +203,9 @@ class LimitReport:
             total = total.merge(report)
         return replace(total, seconds=seconds)
 
-    def p50_ms(self) -> float | None:
-        if sum(self.latency.values()) < MIN_SAMPLES:
+    def p50_ms(self, min_samples: int = MIN_SAMPLES) -> float | None:
+        """The median latency of successful calls, None with fewer than ``min_samples`` of them."""
+        if sum(self.latency.values()) < max(1, min_samples):
             return None
         return quantile_ms(self.latency, 0.5)
 
@@ -358,6 +360,10 @@ def _cubic(w_max: float, t: float) -> float:
     return w_max * (1 + RATE_CUBIC_C * (t - _cubic_k()) ** 3)
 
 
+def _samples_needed(state: ControllerState) -> int:
+    return min(MIN_SAMPLES, math.floor(state.concurrency + 1e-9))
+
+
 def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now: float) -> tuple[ControllerState, str]:
     seconds = max(report.seconds, 1e-6)
     ok_rate = report.successes / seconds
@@ -399,7 +405,8 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
 def _next_concurrency(
     state: ControllerState, report: LimitReport, bounds: Bounds, now: float
 ) -> tuple[ControllerState, str]:
-    p50 = report.p50_ms()
+    # a limit of a few places cannot bring many samples: it must not be stuck for want of them
+    p50 = report.p50_ms(_samples_needed(state))
     conc = state.concurrency
     if p50 is not None:  # the baseline: down at once, up slowly
         probe_min = p50 if state.probe_min_ms is None else min(state.probe_min_ms, p50)
@@ -453,7 +460,8 @@ def _next_concurrency(
 def decide(state: ControllerState, report: LimitReport, bounds: Bounds, now: float) -> Decision:
     """One step of the controller: the fleet's report for the last interval in, the new limits out."""
     state = replace(state, rate=bounds.rate(state.rate), concurrency=bounds.concurrency(state.concurrency))
-    p50 = report.p50_ms()
+    # a limit of a few places cannot bring many samples: it must not be stuck for want of them
+    p50 = report.p50_ms(_samples_needed(state))
     inputs = {
         "seconds": round(report.seconds, 3),
         "calls": report.calls,
