@@ -5,6 +5,8 @@
   :func:`fire_ticks` enqueues the periodic ticks due on that clock.
 - :class:`History`: check that every group ran one task at a time, in submit
   order, and that no task overlapped itself (``corral.testing.history``).
+- ``corral.testing.limits_sim``: a fleet calling a simulated partner under one
+  limit, on simulated time, to test the adaptive limit controller.
 """
 
 from corral.testing.history import History, HistoryLog, Run, Violation
