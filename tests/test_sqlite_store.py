@@ -617,6 +617,56 @@ def test_an_idle_wait_looks_at_the_database_only_when_its_files_are_written(stor
     assert sum(looks) < elapsed / 0.005, (sum(looks), elapsed)
 
 
+def test_a_wake_whose_commit_is_not_visible_yet_looks_again_before_sleeping(store, monkeypatch):
+    """A commit's WAL write wakes the watch before data_version shows the
+    commit (SQLite updates its -shm index afterwards, which raises no
+    event): the wait looks again a moment later instead of sleeping on the
+    watch until the next write or the end of its slice."""
+    monkeypatch.setattr("corral.stores.sqlite.WATCH_SLICE", 30.0)  # the old sleep: the whole wait
+    done = threading.Event()
+
+    class Watch:  # one write event, then nothing until the wait ends
+        broken = False
+
+        def __init__(self):
+            self.events = 1
+
+        def wait(self, timeout):
+            if self.events:
+                self.events -= 1
+                return True
+            done.wait(timeout)
+            return False
+
+    class Versions:  # the commit shows on the second look after the event
+        def __init__(self):
+            self.looks = 0
+            self.con = sqlite3.connect(":memory:", check_same_thread=False)
+
+        def execute(self, sql, *a):
+            assert sql == "PRAGMA data_version"
+            self.looks += 1
+            return self.con.execute("SELECT ?", (1 if self.looks <= 2 else 2,))
+
+    versions = Versions()
+    monkeypatch.setattr(store, "_watch", Watch)
+    monkeypatch.setattr(store, "_con", lambda: versions)
+    returned = threading.Event()
+
+    def wait():
+        store.wait_for_work(30.0)
+        returned.set()
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        assert returned.wait(10.0), "the wait slept on the watch though the commit showed a moment later"
+        assert versions.looks == 3
+    finally:
+        done.set()
+        waiter.join(30.0)
+
+
 def test_without_a_watch_a_wait_polls_and_still_wakes_on_a_commit(sqlite_url, monkeypatch):
     monkeypatch.setattr("corral.stores.sqlite.open_watch", lambda *a: None)
     store = SQLiteStore(sqlite_url)
