@@ -9,6 +9,11 @@ so a thread can sleep on an inotify descriptor watching the file's directory
 and look only when one of those files was written. Where inotify is missing
 (not Linux) or refused (its per-user limits), :func:`open_watch` returns
 None and the caller polls as before.
+
+A wake says a file was written, not that a commit shows yet: SQLite makes a
+commit visible by updating its ``-shm`` index in shared memory, after the WAL
+writes, and that raises no event. The SQLite store's wait looks again for a
+moment after a wake that shows no change (``SQLiteStore.wait_for_work``).
 """
 
 from __future__ import annotations
