@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import cli, main
-from corral.engine.runner import StopSignals
+from corral.engine.foreground import StopSignals
 
 COMMANDS = [
     "batch",
@@ -97,11 +97,11 @@ def test_a_signal_before_wait_is_not_lost_and_handlers_come_back():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
-def test_the_forced_exit_code_is_the_runners():
+def test_the_forced_exit_code_is_the_foreground_runs():
     from corral.cli import EXIT_FORCED
-    from corral.engine import runner
+    from corral.engine import foreground
 
-    assert EXIT_FORCED == runner.EXIT_FORCED == 3
+    assert EXIT_FORCED == foreground.EXIT_FORCED == 3
 
 
 def test_plan_prints_the_limit_line_to_paste():

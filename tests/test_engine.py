@@ -118,9 +118,9 @@ def test_ctx_retry_snoozes_without_counting_an_attempt(app):
 
 
 def test_snoozes_are_capped(app, monkeypatch):
-    import corral.engine.worker as worker_mod
+    import corral.engine.outcomes as outcomes
 
-    monkeypatch.setattr(worker_mod, "MAX_SNOOZES", 3)
+    monkeypatch.setattr(outcomes, "MAX_SNOOZES", 3)
 
     @app.task
     def t(ctx):
@@ -424,7 +424,7 @@ def _with_a_broken_claim(app):
 def test_a_worker_whose_dispatcher_fails_stops_with_the_error(app, caplog):
     """A bug in a worker's own thread ends the run with one line naming it
     (``corral worker`` exits 1 with it), not a worker that takes no work."""
-    from corral.engine.runner import run_until_signal
+    from corral.engine.foreground import run_until_signal
 
     _with_a_broken_claim(app)
     worker = app.worker(concurrency=2, poll_interval=0.05)

@@ -263,12 +263,12 @@ def test_a_worker_shortens_its_chunks_near_the_end_of_grouped_work(monkeypatch):
 
 
 def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
-    import corral.engine.worker as worker_module
+    import corral.engine.claiming as claiming
 
     app = corral.App("memory://")
     worker = app.worker(4)
     for _ in range(10):
-        worker._auto_chunk.observe(0.010)  # chunks of 100: about a second of work each
+        worker.pace.tasks.observe(0.010)  # chunks of 100: about a second of work each
     queued = [10**6]
     reads: list[float] = []
     clock = [1000.0]
@@ -278,30 +278,30 @@ def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
         return min(at_most, queued[0])
 
     monkeypatch.setattr(app.store, "backlog", backlog)
-    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(claiming.time, "monotonic", lambda: clock[0])
     for _ in range(20):  # one second of claims, 50 ms apart, grouped work coming
-        worker._grouped_at = clock[0]
-        assert worker._tail(100) is None
+        worker.claimer.grouped_at = clock[0]
+        assert worker.claimer.tail(100) is None
         clock[0] += 0.05
     assert len(reads) == 4  # far from the end: every 250 ms
     queued[0] = 100
     reads.clear()
     clock[0] += 0.3
     for _ in range(20):
-        worker._grouped_at = clock[0]
-        assert worker._tail(100) is not None
+        worker.claimer.grouped_at = clock[0]
+        assert worker.claimer.tail(100) is not None
         clock[0] += 0.051
     assert len(reads) == 20  # near it: at every claim 50 ms apart
     app.close()
 
 
 def test_a_handover_uses_the_last_count_and_never_waits_for_one(monkeypatch):
-    import corral.engine.worker as worker_module
+    import corral.engine.claiming as claiming
 
     app = corral.App("memory://")
     worker = app.worker(4)
     for _ in range(10):
-        worker._auto_chunk.observe(0.010)
+        worker.pace.tasks.observe(0.010)
     reads: list[float] = []
     clock = [1000.0]
 
@@ -310,14 +310,14 @@ def test_a_handover_uses_the_last_count_and_never_waits_for_one(monkeypatch):
         return 100  # near the end: short chunks
 
     monkeypatch.setattr(app.store, "backlog", backlog)
-    monkeypatch.setattr(worker_module.time, "monotonic", lambda: clock[0])
-    worker._grouped_at = clock[0]
-    assert worker._tail(100, read=False) is None  # nothing counted yet: chunks as usual
+    monkeypatch.setattr(claiming.time, "monotonic", lambda: clock[0])
+    worker.claimer.grouped_at = clock[0]
+    assert worker.claimer.tail(100, read=False) is None  # nothing counted yet: chunks as usual
     assert reads == []
-    assert worker._tail(100) is not None  # the completer's read, after a handover
+    assert worker.claimer.tail(100) is not None  # the completer's read, after a handover
     clock[0] += 10.0  # long past due
-    worker._grouped_at = clock[0]
-    assert worker._tail(100, read=False) == worker_module.tail_split(100, 100, 4)
+    worker.claimer.grouped_at = clock[0]
+    assert worker.claimer.tail(100, read=False) == claiming.tail_split(100, 100, 4)
     assert len(reads) == 1  # the handover read nothing
     app.close()
 
@@ -364,7 +364,7 @@ def test_a_worker_holds_more_ahead_once_its_units_prove_quick(url):
     auto.start()
     try:
         wait_for(lambda: all(app.get(h.id).status is State.SUCCESS for h in handles))
-        measured = auto._unit_time.known()
+        measured = auto.pace.units.known()
         assert measured is not None  # the worker timed its units
         # the prefetch follows what it measured (how much that is depends on the machine's pace)
         assert auto.prefetch == auto_prefetch(2, measured)
@@ -372,8 +372,8 @@ def test_a_worker_holds_more_ahead_once_its_units_prove_quick(url):
         auto.stop(10)
         app.close(10)
     for _ in range(200):
-        fixed._unit_time.observe(0.0005)
-        auto._unit_time.observe(0.0005)
+        fixed.pace.units.observe(0.0005)
+        auto.pace.units.observe(0.0005)
     assert auto.prefetch > 4 * default_prefetch(2)  # units of half a millisecond: far more held ahead
     assert fixed.prefetch == 3  # a prefetch given is kept
 
@@ -456,9 +456,9 @@ def test_a_unit_given_back_before_it_started_is_in_flight_until_the_hand_back_is
 
         worker.store.complete = held_complete
         worker._stop_claiming.set()  # as a halt does, then its prefetched units go back
-        assert worker._hand_back_prefetched() == 1
+        assert worker.completer.hand_back_prefetched() == 1
         release.set()  # the slot ends task 0, then picks the unit given back
-        wait_for(lambda: worker._inbox.empty(), message="the slot took the unit given back")
+        wait_for(lambda: worker.ledger.inbox.empty(), message="the slot took the unit given back")
         end = time.monotonic() + 0.5
         while time.monotonic() < end:  # the hand-back is not written yet: still in flight
             assert worker.busy >= 1

@@ -18,7 +18,7 @@ def _knows_quick_tasks(worker) -> None:
     """As if the worker had timed a few 1 ms tasks: a unit asks for its relay
     from its start (the default lead is longer than the whole unit)."""
     for _ in range(5):
-        worker._auto_chunk.observe(0.001)
+        worker.pace.tasks.observe(0.001)
 
 
 def test_relayed_places_stay_within_the_limit_and_keep_group_order(durable_url):

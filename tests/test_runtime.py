@@ -136,7 +136,7 @@ def test_abandoned_thread_at_stop_keeps_its_lease_and_writes_nothing(fake_clock_
     assert report.abandoned_threads == 1 and "still running" in report.summary()
     release.set()
     if store is not None:  # left for the sweeper once the lease runs out, not retried here
-        wait_for(lambda: worker._runs == {}, message="the thread ends")
+        wait_for(lambda: worker.ledger.runs == {}, message="the thread ends")
         assert store.get(h.id).status is State.RUNNING
 
 
@@ -264,7 +264,7 @@ def test_worker_warns_once_of_queued_tasks_it_does_not_register(fake_clock_url, 
 
         wait_for(warned, message="a warning names the stray tasks")
         worker = app._worker
-        wait_for(lambda: worker._stray_checks >= 3, message="later checks ran")
+        wait_for(lambda: worker.heartbeat.stray_checks >= 3, message="later checks ran")
         msgs = warned()
     assert len(msgs) == 1 and "'not_here'" in msgs[0] and "'default'" in msgs[0] and " 2 " in msgs[0]
     app.close(timeout=10)

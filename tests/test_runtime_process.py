@@ -16,7 +16,7 @@ import pytest
 from corral.cli import EXIT_ABANDONED, EXIT_FORCED
 from corral.core.model import NewTask, dumps
 from corral.core.states import State
-from corral.engine import runner
+from corral.engine import foreground
 from corral.stores import open_store
 from faults import CORRAL, Process
 from helpers import wait_for
@@ -82,7 +82,7 @@ def test_process_task_child_dies_with_its_worker(worker, sqlite_url, tmp_path, h
 
 
 def test_worker_exits_4_at_its_abandoned_thread_cap(worker, sqlite_url):
-    assert EXIT_ABANDONED == runner.EXIT_ABANDONED == 4
+    assert EXIT_ABANDONED == foreground.EXIT_ABANDONED == 4
     tid = _submit(sqlite_url, "hang_in_thread", timeout=0.3)
     w = worker("--concurrency", "2", "--grace", "1", "--max-abandoned-threads", "1")
     code = w.wait(30)

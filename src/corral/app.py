@@ -1075,7 +1075,7 @@ class App:
         it. A sweeper runs beside it as with :meth:`start` (``sweep_interval``,
         5 s by default; None for none). ``extra_hooks`` watch this worker
         (metrics). Returns True if nothing had to be handed back."""
-        from corral.engine.runner import run_until_signal
+        from corral.engine.foreground import run_until_signal
 
         holder = options.pop("worker_id", None) or new_holder_id()
         if sweep_interval == "default":

@@ -26,9 +26,9 @@ EXIT_ERROR = 1
 #: Bad usage: an unknown option, a missing argument, options that go together.
 EXIT_USAGE = 2
 #: A worker stopped at once by a second signal during its grace period.
-EXIT_FORCED = 3  # the same value as corral.engine.runner.EXIT_FORCED (a test holds them equal)
+EXIT_FORCED = 3  # the same value as corral.engine.foreground.EXIT_FORCED (a test holds them equal)
 #: A worker that stopped because too many of its timed-out task threads still ran: restart it.
-EXIT_ABANDONED = 4  # the same value as corral.engine.runner.EXIT_ABANDONED
+EXIT_ABANDONED = 4  # the same value as corral.engine.foreground.EXIT_ABANDONED
 #: Interrupted by Ctrl-C (outside a worker, which handles it).
 EXIT_INTERRUPTED = 130
 

@@ -163,7 +163,7 @@ def worker_health(store) -> dict:
     any worker saw) and timed-out threads still running (summed)."""
     import json
 
-    from corral.engine.worker import HEALTH_EVENT
+    from corral.engine.heartbeat import HEALTH_EVENT
 
     try:
         events = store.events(HEALTH_EVENT, limit=500)

@@ -1,7 +1,7 @@
 """``corral worker`` and ``corral sweep``: the long-running processes.
 
 Both run until SIGTERM or SIGINT. ``corral worker`` is ``App.run`` with
-options from the command line; signals are handled in ``engine/runner.py``.
+options from the command line; signals are handled in ``engine/foreground.py``.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def sweep(
     group's head, on a dependency or for its delay is never canceled. Every
     change is guarded, so sweepers racing each other change a task at most once.
     """
-    from corral.engine.runner import StopSignals
+    from corral.engine.foreground import StopSignals
     from corral.maintenance import Sweeper
     from corral.maintenance.recovery import sweep_once
 

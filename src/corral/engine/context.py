@@ -8,7 +8,6 @@ raises :class:`~corral.errors.Canceled`.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,9 +15,8 @@ from corral.core import texts
 from corral.core.model import dumps, loads
 from corral.core.states import State
 from corral.core.validation import DEFAULT_MAX_PAYLOAD_BYTES
+from corral.engine.logs import running, task_fields
 from corral.errors import Canceled, PermanentError, Retry
-
-_current = threading.local()
 
 logger = logging.getLogger("corral.task")
 
@@ -151,14 +149,7 @@ class Context(CheckpointView):
         """A logger whose lines carry this task's trace id, id and attempt
         (``extra`` attributes ``trace_id``, ``task_id``, ``attempt``, ``task_name``)."""
         if self._log is None:
-            # the fields of engine.logs.task_fields, written here: that module reads current()
-            fields = {
-                "trace_id": self.trace_id,
-                "task_id": self.task_id,
-                "attempt": self.attempt,
-                "task_name": self.name,
-            }
-            self._log = _TraceAdapter(logger, fields)
+            self._log = _TraceAdapter(logger, task_fields(self))
         return self._log
 
     def _upstream(self) -> Sequence[Upstream]:
@@ -204,8 +195,5 @@ class Context(CheckpointView):
 
 def current() -> Context | None:
     """The context of the task running in this thread, if any."""
-    return getattr(_current, "ctx", None)
-
-
-def _set_current(ctx: Context | None) -> None:
-    _current.ctx = ctx
+    ctx = running()
+    return ctx if isinstance(ctx, Context) else None

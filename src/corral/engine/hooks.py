@@ -13,10 +13,13 @@ dropped, never allowed to stop the worker.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from corral.core.model import Claim, Outcome
+
+log = logging.getLogger("corral.worker")
 
 #: What :meth:`Hooks.dispatch_budget` returns when nothing limits dispatch.
 UNLIMITED = 1 << 30
@@ -125,3 +128,37 @@ class HookChain(Hooks):
     def on_leases_lost(self, worker_id: str, tokens: Collection[str]) -> None:
         for h in self.hooks:
             h.on_leases_lost(worker_id, tokens)
+
+
+class Guarded:
+    """The hooks as the engine calls them: a hook that raises is logged and
+    ignored, never allowed to stop the worker (watching the work must never
+    stop it); a ``dispatch`` that raises restricts nothing."""
+
+    def __init__(self, hooks: Hooks):
+        self.hooks = hooks
+
+    def dispatch(self) -> DispatchPolicy:
+        try:
+            return self.hooks.dispatch()
+        except Exception:  # noqa: BLE001 - a watcher's bug must not stop the work
+            log.exception("hook dispatch failed")
+            return OPEN
+
+    def on_claims(self, worker_id: str, claims: Sequence[Claim]) -> None:
+        try:
+            self.hooks.on_claims(worker_id, claims)
+        except Exception:  # noqa: BLE001
+            log.exception("hook on_claims failed")
+
+    def on_outcomes(self, outcomes: Sequence[Outcome], applied: Sequence[bool]) -> None:
+        try:
+            self.hooks.on_outcomes(outcomes, applied)
+        except Exception:  # noqa: BLE001
+            log.exception("hook on_outcomes failed")
+
+    def on_leases_lost(self, worker_id: str, tokens: Collection[str]) -> None:
+        try:
+            self.hooks.on_leases_lost(worker_id, tokens)
+        except Exception:  # noqa: BLE001
+            log.exception("hook on_leases_lost failed")

@@ -15,10 +15,25 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
 from corral.core.texts import log_message
+
+_running = threading.local()
+
+
+def running() -> Any:
+    """The task running in this thread (its ctx), if any."""
+    return getattr(_running, "task", None)
+
+
+def set_running(task: Any) -> None:
+    """Say which task runs in this thread from now on (None: none): the
+    worker's slot sets it around a task's body, so lines the body writes
+    carry the task's fields and ``corral.engine.context.current`` finds it."""
+    _running.task = task
 
 
 def task_fields(rec: Any, attempt: int | None = None) -> dict[str, Any]:
@@ -38,9 +53,7 @@ class TaskFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "task_id", None) is None:
-            from corral.engine.context import current
-
-            ctx = current()
+            ctx = running()
             if ctx is not None:
                 for k, v in task_fields(ctx).items():
                     setattr(record, k, v)

@@ -1,168 +1,304 @@
-"""Running a worker in the foreground until it is told to stop.
+"""The slots: run a unit's tasks in order, each task's body, and what it ended as.
 
-The one place that turns signals into a worker's life cycle, used by
-``App.run`` and therefore by ``corral worker``:
+A worker has ``concurrency`` slot threads. Each takes the next unit from the
+ledger's inbox and runs its tasks in order: before each, it makes sure the
+unit's lease still stands (a worker cut off past its lease must start none
+of them), then runs the body (in the thread, on an event loop, or in a
+child process), classifies how it ended (:mod:`corral.engine.outcomes`)
+and hands the outcome to the completer; it never waits for a write. A
+retry, a snooze or a failure that halts the group hands the unit's tasks
+not yet started back. Near the end of a unit under a limit, the slot asks
+the completer for its successor (a *relay*).
 
-- the first SIGTERM or SIGINT stops claiming and gives in-flight tasks
-  ``grace`` seconds to finish; what does not finish is handed back;
-- a second one during the grace period ends the process at once with
-  :data:`EXIT_FORCED` (the sweeper recovers its tasks when their leases
-  expire);
-- a worker that stopped claiming because too many of its timed-out threads
-  still run (``Worker.halted``) is stopped the same way as by a first signal,
-  and the process exits with :data:`EXIT_ABANDONED`: only a process exit
-  ends a thread, so its supervisor should restart it.
+A slot whose task the watchdog took over (a thread that cannot be stopped)
+is left to that thread; the watchdog starts another in its place.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import concurrent.futures
+import inspect
 import logging
-import os
-import select
-import signal
-import socket
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-from corral.engine.worker import Worker
+from corral.core import texts, validation
+from corral.core.clock import Clock
+from corral.core.model import Outcome, TaskRecord, dumps
+from corral.core.pacing import relay_due, relay_lead
+from corral.core.states import State
+from corral.engine import outcomes, tracing
+from corral.engine.completer import START_RECORD_AFTER, Completer
+from corral.engine.context import Context
+from corral.engine.executors import ProcessRun, run_async
+from corral.engine.hooks import Guarded
+from corral.engine.logs import set_running, task_fields
+from corral.engine.registry import Registry
+from corral.engine.units import RELAY_ASKED, RELAY_NONE, Ledger, Pace, Relay, TaskRun, Unit
+from corral.errors import Canceled, PermanentError, StoreError
+from corral.stores.base import Store
 
 log = logging.getLogger("corral.worker")
 
-#: Exit code of a worker stopped at once by a second signal during its grace period.
-EXIT_FORCED = 3
-#: Exit code of a worker that stopped because too many timed-out threads still ran.
-EXIT_ABANDONED = 4
+#: What a run raises when it was canceled (by ctx, or its coroutine was cancelled).
+_CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError)
+#: A task held here starts only with at least this share of its lease left
+#: (as last renewed); with less, the lease is renewed first, and if that
+#: fails the unit's tasks not yet started go back to the queue.
+LEASE_MARGIN = 0.25
 
 
-class StopSignals:
-    """SIGTERM and SIGINT handled while a long-running command runs.
+class Runner:
+    """The slot threads of one worker and how they run a unit."""
 
-    ``with StopSignals(on_signal) as signals:`` calls ``on_signal(name)`` in
-    the main thread for each signal; ``signals.wait()`` returns once a
-    signal has been handled since the previous wait. The handler only
-    writes a byte to a socket the waiter selects on: no lock is taken in the
-    handler, and a signal that arrives before ``wait()`` is not lost.
-    """
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        clock: Clock,
+        hooks: Guarded,
+        ledger: Ledger,
+        completer: Completer,
+        pace: Pace,
+        *,
+        worker_id: str,
+        lease_seconds: float,
+        max_payload_bytes: int,
+        stop_claiming: threading.Event,
+    ):
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.hooks = hooks
+        self.ledger = ledger
+        self.completer = completer
+        self.pace = pace
+        self.id = worker_id
+        self.lease_seconds = lease_seconds
+        self.max_payload_bytes = max_payload_bytes
+        self.stop_claiming = stop_claiming
+        #: slot threads started (the watchdog adds one per abandoned thread)
+        self.slots = 0
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    def spawn_slot(self) -> None:
+        """Start one more slot thread."""
+        self.slots += 1
+        threading.Thread(target=self._slot_loop, name=f"corral-slot-{self.slots}", daemon=True).start()
 
-    def __init__(self, on_signal: Callable[[str], None] | None = None):
-        self.on_signal = on_signal
-        self._old: dict[int, Any] = {}
+    def _slot_loop(self) -> None:
+        while True:
+            unit = self.ledger.inbox.get()
+            if unit is None:
+                return
+            try:
+                if not self._run_unit(unit):
+                    return  # abandoned by the watchdog: a new slot replaced this one
+            except Exception:  # noqa: BLE001 - never lose a slot to a bug
+                log.exception("slot crashed running a unit")
+                self.ledger.settle(unit)
 
-    def __enter__(self) -> StopSignals:
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_w.setblocking(False)
-        self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
+    def _relay_due(self, unit: Unit, tasks_left: int) -> bool:
+        """Should ``unit``, about to run its last ``tasks_left`` tasks, ask
+        for its successor now? Only a unit under a capped limit's place
+        (others free their slot at once, and a prefetch covers them), in a
+        store that hands places over."""
+        if not unit.claim.tasks[0].limits or not self.store.hands_over or self.stop_claiming.is_set():
+            return False
+        return relay_due(tasks_left, self.pace.tasks.known(), relay_lead(self.pace.handovers.known()))
 
-    def __exit__(self, *exc: object) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._wake_r.close()
-        self._wake_w.close()
-
-    def _handle(self, signum: int, _frame: Any) -> None:
-        if self.on_signal is not None:
-            self.on_signal(signal.Signals(signum).name)
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # the buffer is full: the waiter has bytes to read anyway
-            pass
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until a signal has been handled (at once if one already was),
-        or ``timeout`` seconds; True if a signal came."""
-        ready, _, _ = select.select([self._wake_r], [], [], timeout)
-        if ready:
-            self._wake_r.recv(4096)
-        return bool(ready)
-
-
-def run_until_signal(
-    worker: Worker,
-    *,
-    grace: float,
-    sweeper: Any = None,
-    until: Callable[[], bool] | None = None,
-    check_every: float = 0.2,
-) -> bool:
-    """Start ``worker`` (and ``sweeper``), run until a signal or ``until()``
-    says so, then stop them. Returns True if nothing had to be handed back.
-
-    Signal handlers are installed only on the main thread (Python allows no
-    other); elsewhere only ``until`` ends the run."""
-    state = {"phase": "running"}
-
-    def on_signal(name: str) -> None:
-        if state["phase"] == "running":
-            state["phase"] = "stopping"
-            log.info(
-                "worker %s: %s received; stopping claims, %gs grace for %d in flight",
-                worker.id,
-                name,
-                grace,
-                worker.busy,
-            )
-            return
-        log.error(
-            "worker %s: %s during the grace period; stopping at once (the sweeper recovers unfinished tasks)",
-            worker.id,
-            name,
-        )
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os._exit(EXIT_FORCED)
-
-    on_main = threading.current_thread() is threading.main_thread()
-    with StopSignals(on_signal) if on_main else contextlib.nullcontext() as signals:
-        worker.start()
-        if sweeper is not None:
-            sweeper.start()
-        log.info(
-            "worker %s started: store=%s concurrency=%d prefetch=%s queues=%s chunk_size=%s grace=%gs"
-            " sweep=%s tasks=%s periodic=%s",
-            worker.id,
-            getattr(worker.store, "url", "?"),
-            worker.concurrency,
-            "auto" if worker.prefetch_given is None else worker.prefetch_given,
-            ",".join(worker.queues),
-            "auto" if worker.chunk_size is None else worker.chunk_size,
-            grace,
-            f"every {worker.sweep_interval:g}s" if worker.sweep_interval else "off" if sweeper is None else "on",
-            ",".join(sorted(worker.registry)),
-            ",".join(s.name for s in worker.schedules) or "none",
-        )
-        while state["phase"] == "running" and worker.fatal is None:
-            if worker.halted.is_set() or (until is not None and until()):
+    def _run_unit(self, unit: Unit) -> bool:
+        """Run a unit's tasks in order; False when the watchdog took this slot's task."""
+        tasks = unit.claim.tasks
+        token = unit.claim.token
+        runs = self.ledger.runs
+        began = time.monotonic()
+        for i, rec in enumerate(tasks):
+            if not (unit.lost or unit.done) and not self._lease_stands(unit):
+                if self._lease_gone(unit, i):
+                    break
+            # Commit to the next task under the unit's lock, so a shutdown
+            # handing the unit back sees exactly which task is under way.
+            with unit.lock:
+                if unit.done:
+                    return True
+                if unit.lost:
+                    if unit.given_back:
+                        return True  # not ours to free: in flight until the hand-back is written
+                    break  # the sweeper (or a shutdown) owns the rest
+                unit.begun = i
+                if i > 0 or unit.prefetched:  # the store recorded no start: the outcome does
+                    rec.attempt += 1
+                    unit.uncounted.add(rec.id)
+                ctx = Context(self.store, rec, token, rec.attempt, self.max_payload_bytes)
+                run = TaskRun(unit, rec, ctx, None if rec.timeout is None else self.clock.monotonic() + rec.timeout)
+                runs[rec.id] = run
+                relay = unit.relay == RELAY_NONE and self._relay_due(unit, len(tasks) - i)
+                if relay:
+                    unit.relay = RELAY_ASKED
+            if relay:
+                self.completer.put(Relay(unit))
+            status = self._run_task(unit, rec, token, run)
+            if status is None:
+                return False  # abandoned
+            if status in (State.RETRYING, State.PENDING) or (status is State.FAILED and rec.halt_group_on_failure):
+                self.completer.hand_back(tasks[i + 1 :], token)
                 break
-            if signals is not None:
-                signals.wait(check_every)
+        self.pace.units.observe(time.monotonic() - began)
+        self.completer.release(unit)
+        return True
+
+    def _lease_stands(self, unit: Unit) -> bool:
+        """May the unit's next task start? Only under a lease that surely
+        still stands: one renewed lately enough (no round trip), or renewed
+        now. A worker that was stopped or cut off past its lease may find its
+        unit swept and its tasks run elsewhere; it must start none of them."""
+        if unit.lease_until - self.clock.monotonic() > self.lease_seconds * LEASE_MARGIN:
+            return True
+        token = unit.claim.token
+        asked = self.clock.monotonic()
+        try:
+            reply = self.store.heartbeat({token}, self.lease_seconds)
+        except StoreError as exc:
+            log.warning("renewing a lease before a task's start failed: %s", exc)
+            return False
+        if token in reply.lost_tokens:
+            self.hooks.on_leases_lost(self.id, {token})
+            return False
+        unit.lease_until = max(unit.lease_until, asked + self.lease_seconds)
+        return True
+
+    def _lease_gone(self, unit: Unit, i: int) -> bool:
+        """The unit's lease may be gone before its task ``i`` started: give
+        that task and the rest back (fenced by the lease token: if a sweep
+        took them already, the hand-back changes nothing). False when the
+        unit was let go meanwhile (a stop, the heartbeat): that path ends it."""
+        tasks = unit.claim.tasks
+        with unit.lock:
+            if unit.lost or unit.done:
+                return False
+            unit.lost = True
+        rest = tasks[i:]
+        if i == 0 and not unit.prefetched:  # the claim counted the head's attempt: give it back too
+            first = rest[0]
+            self.completer.put(
+                Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1)
+            )
+            rest = rest[1:]
+        self.completer.hand_back(rest, unit.claim.token)
+        log.warning(
+            "worker %s: the lease of task(s) %s may have run out before they started (not renewed for %.1fs);"
+            " giving them back",
+            self.id,
+            ", ".join(str(t.id) for t in tasks[i:]),
+            self.clock.monotonic() - (unit.lease_until - self.lease_seconds),
+        )
+        return True
+
+    def _run_task(self, unit: Unit, rec: TaskRecord, token: str, run: TaskRun) -> State | None:
+        """Run one task; return its outcome state, or None if the watchdog
+        (or a shutdown) took it over."""
+        tdef = self.registry.get(rec.name)
+        started_at = self.clock.time()
+        began = time.monotonic()
+        held = rec.id in unit.uncounted  # the store has no start for it: record one if it runs on
+        starts = self.completer.starts
+        if held:
+            starts.note(rec.id, began + START_RECORD_AFTER, token, rec.attempt, started_at)
+        ctx = run.ctx
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("task %s (%s) started", rec.id, rec.name, extra=task_fields(rec))
+        span = tracing.start_attempt(rec, rec.attempt) if tracing.ENABLED else None
+        if span is not None:
+            ctx._span_id = span.span_id
+        timeout = rec.timeout
+        outcome: Outcome | None = None
+        set_running(ctx)
+        try:
+            if tdef is None:
+                raise PermanentError(f"unknown task {rec.name!r}: not registered in this worker's app")
+            try:
+                args, kwargs = rec.arguments
+            except Exception as exc:  # noqa: BLE001
+                raise PermanentError(f"cannot decode the task's arguments: {exc}") from exc
+            if ctx.canceled:
+                raise Canceled("canceled before start")
+            if tdef.isolation == "process":
+                run.deadline = None  # the process run times itself out and kills the child
+                ups = ctx._upstream() if tdef.takes_ctx else ()  # the child cannot reach the store
+                meta = (rec.id, rec.trace_id, rec.attempt, ctx.checkpoints, ctx._span_id, ups, self.max_payload_bytes)
+                run.proc = ProcessRun(
+                    tdef.fn,
+                    tdef.takes_ctx,
+                    args,
+                    kwargs,
+                    meta,
+                    lambda m: self._child_message(ctx, m),
+                    retry_on=tdef.retry_on,
+                    permanent_on=tdef.permanent_on,
+                )
+                value = run.proc.wait(timeout)
             else:
-                time.sleep(check_every)
-        state["phase"] = "stopping"  # a signal from here on is a second one
-        if sweeper is not None:
-            sweeper.stop()
-        t0 = time.monotonic()
-        clean = worker.stop(grace)
-        state["phase"] = "stopped"
-        log.info(
-            "worker %s stopped after %.1fs: %s",
-            worker.id,
-            time.monotonic() - t0,
-            "all in-flight tasks finished" if clean else "unfinished tasks handed back to the queue",
-        )
-        if worker.fatal is not None:
-            # the store cannot be used, or a worker thread failed: `corral worker` exits 1 with this line
-            raise worker.fatal
-    if worker.halted.is_set():
-        log.error(
-            "worker %s: exiting with code %d so that its supervisor restarts it and its timed-out threads end",
-            worker.id,
-            EXIT_ABANDONED,
-        )
-        raise SystemExit(EXIT_ABANDONED)
-    return clean
+                call_args = (ctx, *args) if tdef.takes_ctx else tuple(args)
+                value = tdef.fn(*call_args, **kwargs)
+                if inspect.iscoroutine(value):
+                    value = run_async(value, on_future=lambda f: setattr(run, "future", f))
+            try:
+                result = dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise PermanentError(f"result is not JSON-serialisable: {exc}") from exc
+            too_big = validation.payload_problem(result, self.max_payload_bytes, "the result")
+            if too_big is not None:
+                raise PermanentError(too_big)
+            outcome = Outcome(
+                rec.id, token, rec.version, State.SUCCESS, result=result, started_at=started_at, breaker_failure=False
+            )
+        except _CANCELED:
+            outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
+        except TimeoutError as exc:
+            if run.proc is not None and run.proc.killed_for == "timeout":
+                outcome = outcomes.timed_out(rec, token, tdef, started_at, self.store.now)
+            else:
+                outcome = outcomes.failure(rec, token, exc, tdef, started_at, self.store.now)
+        except BaseException as exc:  # noqa: BLE001 - a task's error is data
+            outcome = outcomes.failure(rec, token, exc, tdef, started_at, self.store.now)
+        finally:
+            set_running(None)
+            self.ledger.runs.pop(rec.id, None)
+            if held:  # the outcome records the start from now on
+                starts.drop(rec.id)
+            self.pace.tasks.observe(time.monotonic() - began)
+            if span is not None:
+                ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
+                tracing.end_attempt(span, *ended)
+        assert outcome is not None  # every way out of the body above sets it
+        if held:  # a snooze never counts: the attempt raised at its start goes back
+            outcome.attempt = rec.attempt - 1 if outcome.snooze else rec.attempt
+        late = None
+        with unit.lock:
+            run.finished = True
+            if run.abandoned:
+                late, run.late_outcome = run.late_outcome, None
+        if run.abandoned:
+            if late is not None:  # the lane was held for this thread: free it now
+                self.ledger.abandoned.pop(rec.id, None)
+                log.info(
+                    "task %s (%s): its timed-out thread ended; writing the timeout",
+                    rec.id,
+                    rec.name,
+                    extra=task_fields(rec),
+                )
+                self.completer.put(late)
+                self.completer.release(unit)
+            return None
+        outcomes.log_outcome(rec, texts.safe_outcome(outcome))
+        self.completer.put(outcome)
+        return outcome.status
+
+    def _child_message(self, ctx: Context, msg: tuple[Any, ...]) -> None:
+        """Progress and checkpoints a child process sends, written for it."""
+        if msg[0] == "progress":
+            self.store.set_progress(ctx.task_id, ctx._token, msg[1], msg[2])
+        elif msg[0] == "checkpoint":
+            self.store.save_checkpoint(ctx.task_id, ctx._token, msg[1], msg[2])
