@@ -151,11 +151,10 @@ class Worker:
             validation.integer(prefetch, "prefetch", (0, 10_000))
         if periodic_interval <= 0:
             raise ConfigError("periodic_interval must be > 0 seconds")
-        #: per-queue slots (``{"default": 8, "bulk": 2}``), or None: one pool
-        self.queue_slots: dict[str, int] | None = None
+        queue_slots = None
         if isinstance(queues, Mapping):
-            self.queue_slots = slots.check_slots(queues)
-            concurrency = sum(self.queue_slots.values())
+            queue_slots = slots.check_slots(queues)
+            concurrency = sum(queue_slots.values())
             validation.integer(concurrency, "concurrency (the queues' slots together)", validation.CONCURRENCY_RANGE)
         self.store = store
         self.registry = registry
@@ -165,11 +164,6 @@ class Worker:
         self.concurrency = concurrency
         self.queues = tuple(queues)
         self.max_payload_bytes = validation.max_payload_bytes(max_payload_bytes)
-        #: at most this share of a claim goes to retries while fresh work waits
-        #: (None: retries queue with fresh work, by priority then due time)
-        self.retry_share = validation.retry_share(retry_share)
-        #: None: sized by itself from the tasks' durations (see core.pacing.AutoChunk)
-        self.chunk_size = None if chunk_size is None else max(1, chunk_size)
         self.lease_seconds = lease_seconds
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
@@ -192,9 +186,9 @@ class Worker:
             self.id,
             self.queues,
             concurrency=concurrency,
-            queue_slots=self.queue_slots,
-            chunk_size=self.chunk_size,
-            retry_share=self.retry_share,
+            queue_slots=queue_slots,
+            chunk_size=None if chunk_size is None else max(1, chunk_size),
+            retry_share=validation.retry_share(retry_share),
             lease_seconds=lease_seconds,
             ledger=self.ledger,
             pace=self.pace,
@@ -273,6 +267,23 @@ class Worker:
         self.abandoned_at_stop = 0
 
     # ---- what the rooms hold, as the worker's own --------------------------------
+    @property
+    def queue_slots(self) -> dict[str, int] | None:
+        """Per-queue slots (``{"default": 8, "bulk": 2}``), or None: one pool."""
+        return self.claimer.queue_slots
+
+    @property
+    def chunk_size(self) -> int | None:
+        """Tasks of one group per claim as given; None: sized by itself from
+        the tasks' durations (see :meth:`current_chunk_size`)."""
+        return self.claimer.chunk_size
+
+    @property
+    def retry_share(self) -> float | None:
+        """At most this share of a claim goes to retries while fresh work
+        waits (None: retries queue with fresh work, by priority then due time)."""
+        return self.claimer.retry_share
+
     @property
     def prefetch_given(self) -> int | None:
         """Units held beyond the free slots as given (0: claim only into free
