@@ -263,7 +263,7 @@ def test_a_worker_shortens_its_chunks_near_the_end_of_grouped_work(monkeypatch):
 
 
 def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
-    import corral.engine.claiming as claiming
+    import corral.engine.claimer as claimer_module
 
     app = corral.App("memory://")
     worker = app.worker(4)
@@ -278,7 +278,7 @@ def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
         return min(at_most, queued[0])
 
     monkeypatch.setattr(app.store, "backlog", backlog)
-    monkeypatch.setattr(claiming.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(claimer_module.time, "monotonic", lambda: clock[0])
     for _ in range(20):  # one second of claims, 50 ms apart, grouped work coming
         worker.claimer.grouped_at = clock[0]
         assert worker.claimer.tail(100) is None
@@ -296,7 +296,7 @@ def test_the_backlog_is_read_less_often_far_from_the_end(monkeypatch):
 
 
 def test_a_handover_uses_the_last_count_and_never_waits_for_one(monkeypatch):
-    import corral.engine.claiming as claiming
+    import corral.engine.claimer as claimer_module
 
     app = corral.App("memory://")
     worker = app.worker(4)
@@ -310,14 +310,14 @@ def test_a_handover_uses_the_last_count_and_never_waits_for_one(monkeypatch):
         return 100  # near the end: short chunks
 
     monkeypatch.setattr(app.store, "backlog", backlog)
-    monkeypatch.setattr(claiming.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(claimer_module.time, "monotonic", lambda: clock[0])
     worker.claimer.grouped_at = clock[0]
     assert worker.claimer.tail(100, read=False) is None  # nothing counted yet: chunks as usual
     assert reads == []
     assert worker.claimer.tail(100) is not None  # the completer's read, after a handover
     clock[0] += 10.0  # long past due
     worker.claimer.grouped_at = clock[0]
-    assert worker.claimer.tail(100, read=False) == claiming.tail_split(100, 100, 4)
+    assert worker.claimer.tail(100, read=False) == claimer_module.tail_split(100, 100, 4)
     assert len(reads) == 1  # the handover read nothing
     app.close()
 

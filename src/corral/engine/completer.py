@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from corral.core.clock import Clock
 from corral.core.model import Claim, Outcome, Start, TaskRecord
 from corral.core.states import State
-from corral.engine.claiming import Claimer
+from corral.engine.claimer import Claimer
 from corral.engine.hooks import Guarded
 from corral.engine.registry import Registry
 from corral.engine.units import RELAY_ASKED, RELAY_CLOSED, RELAY_GIVEN, Ledger, Pace, Relay, Unit

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from corral.core.clock import Clock
 from corral.core.model import Claim
 from corral.core.pacing import auto_prefetch
-from corral.engine.claiming import Claimer
+from corral.engine.claimer import Claimer
 from corral.engine.completer import Completer
 from corral.engine.hooks import DispatchPolicy, Guarded
 from corral.engine.registry import Registry

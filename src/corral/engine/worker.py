@@ -5,7 +5,7 @@ the units it holds, each with one job and its own thread(s):
 
 - the *dispatcher* (:mod:`corral.engine.dispatcher`) claims into free slots
   and a few units ahead of them, asking through one
-  :class:`~corral.engine.claiming.Claimer` (chunks, lanes, retry share);
+  :class:`~corral.engine.claimer.Claimer` (chunks, lanes, retry share);
 - the *slots* (:mod:`corral.engine.runner`) run a unit's tasks in order and
   classify how each ended (:mod:`corral.engine.outcomes`);
 - the *completer* (:mod:`corral.engine.completer`) writes outcomes in
@@ -45,7 +45,7 @@ from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import Schedule
 from corral.core.model import DEFAULT_LEASE_SECONDS, Outcome, TaskFilter, TaskRecord, new_holder_id
 from corral.core.states import State
-from corral.engine.claiming import Claimer
+from corral.engine.claimer import Claimer
 from corral.engine.completer import COMPLETER_WINDOW, Completer
 from corral.engine.dispatcher import Dispatcher
 from corral.engine.heartbeat import Heartbeat
