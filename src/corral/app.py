@@ -69,6 +69,25 @@ def _duration(value: float | str, option: str) -> float:
     return float(value)
 
 
+def _debounce_of(debounce: Any, debounce_max: Any) -> tuple[float | None, float | None]:
+    """A task's debounce window and its bound, in seconds, checked once at ``@app.task``."""
+    if debounce is None:
+        if debounce_max is not None:
+            raise ConfigError("debounce_max needs debounce: @app.task(debounce='5s', debounce_max='1m')")
+        return None, None
+    try:
+        window = _duration(debounce, "debounce")
+        bound = None if debounce_max is None else _duration(debounce_max, "debounce_max")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    window = check.seconds(window, "debounce")
+    if bound is not None:
+        bound = check.seconds(bound, "debounce_max")
+        if bound < window:
+            raise ConfigError(f"debounce_max ({bound:g}s) must be at least debounce ({window:g}s)")
+    return window, bound
+
+
 def _needs_no_arguments(fn: Callable) -> None:
     """A periodic task is called with no arguments (``ctx`` aside): refuse one that needs some."""
     if not callable(fn):
@@ -96,7 +115,20 @@ log = logging.getLogger("corral.app")
 
 ISOLATIONS = ("thread", "process")
 _SUBMIT_OPTIONS = frozenset(
-    {"group", "batch", "depends_on", "key", "trace_id", "delay", "priority", "timeout", "retries", "queue"}
+    {
+        "group",
+        "batch",
+        "depends_on",
+        "key",
+        "trace_id",
+        "delay",
+        "priority",
+        "timeout",
+        "retries",
+        "queue",
+        "debounce_key",
+        "supersede_key",
+    }
 )
 #: How long a submitter trusts "this batch has no limit" before it asks the store again.
 BATCH_LIMIT_RECHECK = 5.0
@@ -173,6 +205,10 @@ class TaskDef:
     critical: bool = False
     #: "cancel" or "run": what an upstream task's FAILED, TIMEOUT or CANCELED does to a run of it
     on_upstream_failure: str = "cancel"
+    #: seconds of quiet after the last submit with a debounce key before its one run (docs/keys.md)
+    debounce: float | None = None
+    #: the latest a debounced run waits, counted from the first submit of its key
+    debounce_max: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -316,6 +352,8 @@ class App:
         critical: bool = False,
         cron: str | None = None,
         on_upstream_failure: str = "cancel",
+        debounce: float | str | None = None,
+        debounce_max: float | str | None = None,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -337,7 +375,11 @@ class App:
         default) cancels it, and its own dependents, with the upstream named
         in its error; ``"run"`` runs it anyway once every upstream has ended
         (``ctx.upstream()`` shows None for those without a result).
+        ``debounce="5s"`` collapses the submits given one ``debounce_key``
+        into one run with the last submit's arguments, after that much quiet
+        and never later than ``debounce_max`` after the first (docs/keys.md).
         """
+        debounce_s, debounce_max_s = _debounce_of(debounce, debounce_max)
         if cron is not None:
             check.text(cron, "cron")
             schedule_expr = check_expression(cron)  # a bad expression registers nothing
@@ -383,6 +425,8 @@ class App:
                 overlap_on_timeout=overlap_on_timeout,
                 critical=critical,
                 on_upstream_failure=on_upstream_failure,
+                debounce=debounce_s,
+                debounce_max=debounce_max_s,
             )
             if cron is not None:
                 _needs_no_arguments(f)
@@ -710,6 +754,20 @@ class App:
         batch = item.get("batch")
         key = item.get("key")
         trace_id = item.get("trace_id")
+        debounce_key = item.get("debounce_key")
+        if debounce_key is not None:
+            if tdef.debounce is None:
+                raise bad(f"debounce_key given, but task {tdef.name} has no debounce: @app.task(debounce='5s')")
+            debounce_key = check.text(debounce_key, "debounce_key", bad)
+            if run_at is not None:
+                raise bad("a debounced submit takes no delay: its run waits for the debounce window")
+            if dep_ids or item.get("depends_on"):
+                raise bad("a debounced submit takes no depends_on: its one run stands for many submits")
+        elif tdef.debounce is not None:
+            raise bad(f"task {tdef.name} is debounced: submit it with debounce_key='...'")
+        supersede_key = item.get("supersede_key")
+        if supersede_key is not None:
+            supersede_key = check.text(supersede_key, "supersede_key", bad)
         return NewTask(
             name=tdef.name,
             args=payload,
@@ -727,6 +785,10 @@ class App:
             halt_group_on_failure=tdef.halt_group_on_failure,
             ref=None if item.get("ref") is None else check.text(item["ref"], "ref", bad),
             on_upstream_failure=tdef.on_upstream_failure,
+            debounce_key=debounce_key,
+            debounce=tdef.debounce if debounce_key is not None else None,
+            debounce_max=tdef.debounce_max if debounce_key is not None else None,
+            supersede_key=supersede_key,
         )
 
     def submit(

@@ -49,6 +49,19 @@ class NewTask:
     ref: str | None = None
     #: "cancel" (default) or "run": what an upstream's FAILED, TIMEOUT or CANCELED does
     on_upstream_failure: str = "cancel"
+    #: submits of one task name with one debounce key collapse into the one
+    #: PENDING task of that key (docs/keys.md): its arguments become these, its
+    #: run_at ``now + debounce``, never past its ``created_at + debounce_max``
+    debounce_key: str | None = None
+    debounce: float | None = None
+    debounce_max: float | None = None
+    #: a newer submit of one task name with one supersede key cancels the
+    #: queued ones ("superseded") and asks a running one to stop
+    supersede_key: str | None = None
+
+
+#: The error of a task canceled by a newer submit with its supersede key.
+SUPERSEDED = "superseded"
 
 
 @dataclass(slots=True)

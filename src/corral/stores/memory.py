@@ -42,6 +42,7 @@ from corral.core.model import (
     BreakerEvent,
     Claim,
     LimitSpec,
+    SUPERSEDED,
     NewTask,
     Outcome,
     Start,
@@ -123,6 +124,10 @@ class MemoryStore(Store):
         self._ready: dict[str, list] = {}  # queue -> heap of fresh (PENDING) (rank, id, stamp)
         self._retry_ready: dict[str, list] = {}  # queue -> heap of RETRYING ones, the retry path
         self._stamp: dict[int, int] = {}
+        #: (task name, debounce key) -> the task the key's submits collapse into, while PENDING
+        self._debounced: dict[tuple[str, str], int] = {}
+        #: (task name, supersede key) -> the tasks submitted with it, not yet seen final
+        self._superseding: dict[tuple[str, str], set[int]] = {}
         self._stamps = itertools.count(1)
         self._delayed: list = []  # heap of (run_at, id, stamp)
         self._groups: dict[str, _Group] = {}
@@ -293,6 +298,11 @@ class MemoryStore(Store):
         made: list[tuple[TaskRecord, set[int]]] = []
         fresh: dict[int, TaskRecord] = {}
         for nt in tasks:
+            if nt.debounce_key is not None:
+                merged = self._debounce_into(nt, fresh, now)
+                if merged is not None:
+                    results.append(SubmitResult(merged, False))
+                    continue
             if nt.key is not None:
                 existing = self._keys.get(nt.key)
                 if existing is None:
@@ -328,6 +338,9 @@ class MemoryStore(Store):
                 ref=nt.ref,
                 on_upstream_failure=nt.on_upstream_failure,
             )
+            if nt.debounce is not None:
+                t.run_at = now + nt.debounce
+                self._debounced[(nt.name, nt.debounce_key)] = tid  # type: ignore[index]
             made.append((t, waiting))
             fresh[tid] = t
             if nt.key is not None:
@@ -348,9 +361,47 @@ class MemoryStore(Store):
             if status is State.PENDING:
                 self._enqueue(t, now)
             self._task_event(t, None, now)
+        for nt, r in zip(tasks, results):
+            if nt.supersede_key is not None and r.created:
+                self._supersede((nt.name, nt.supersede_key), r.id, now)
         self._changes += 1
         self._wake.notify_all()
         return results
+
+    def _debounce_into(self, nt: NewTask, fresh: dict[int, TaskRecord], now: float) -> int | None:
+        """The PENDING task ``nt``'s debounce key collapses into, given its
+        arguments and its later run_at; None when there is none (a new one)."""
+        tid = self._debounced.get((nt.name, nt.debounce_key))  # type: ignore[arg-type]
+        t = None if tid is None else (fresh.get(tid) or self._tasks.get(tid))  # type: ignore[arg-type]
+        if t is None or t.status is not State.PENDING or t.started_at is not None:
+            return None
+        run_at = now + (nt.debounce or 0.0)
+        if nt.debounce_max is not None:
+            run_at = min(run_at, t.created_at + nt.debounce_max)
+        t.args = nt.args
+        t.run_at = run_at
+        if t.id not in fresh:
+            t.version += 1
+            self._enqueue(t, now)  # a new stamp: its earlier place in the queues is stale
+        return t.id
+
+    def _supersede(self, key: tuple[str, str], newest: int, now: float) -> None:
+        """Cancel the queued tasks submitted with ``key`` before ``newest``
+        ("superseded") and ask a running one to stop."""
+        older = self._superseding.setdefault(key, set())
+        for tid in sorted(older):
+            t = self._tasks.get(tid)
+            if t is None or t.status in FINAL:
+                older.discard(tid)
+            elif t.status is State.RUNNING:
+                t.cancel_requested = True
+            elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
+                self._stamp.pop(t.id, None)
+                self._waiting_on.pop(t.id, None)
+                self._set(t, State.CANCELED, finished_at=now, error=SUPERSEDED)
+                self._finish_effects(t, now)
+                older.discard(tid)
+        older.add(newest)
 
     # ---- workers ----------------------------------------------------------
     def claim(
