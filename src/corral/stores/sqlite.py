@@ -173,11 +173,12 @@ from corral.stores.sqlbase import (
 #: 30: a limit's log of recent starts (named_limits.starts, a sliding window's);
 #: 34: worker processes' rows (workers);
 #: 35: the tasks each worker holds, by worker (tasks_held_by_worker);
-#: 36: each minute's figures (minute_stats).
+#: 36: each minute's figures (minute_stats);
+#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 36
+SCHEMA_VERSION = 37
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -348,11 +349,20 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         error,
         nt.ref,
         nt.on_upstream_failure,
+        nt.debounce_key,
+        nt.supersede_key,
     )
 
 
 #: Where a row of ``insert_task`` (its id, then :func:`_row_fields`) holds the group.
 _GROUP_FIELD = 8
+#: Where :func:`_row_fields` holds run_at.
+_RUN_AT_FIELD = 14
+
+
+def _keyed(nt: NewTask) -> bool:
+    """A debounce or supersede key: the submit reads and writes other rows."""
+    return nt.debounce_key is not None or nt.supersede_key is not None
 
 
 def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
@@ -818,7 +828,7 @@ class SQLiteStore(SqlStore):
         # and completions wait while a submit holds it.
         now = self._clock.time()
         made = None
-        if not any(t.key is not None or t.depends_on or t.after for t in tasks):
+        if not any(t.key is not None or t.depends_on or t.after or _keyed(t) for t in tasks):
             made = [_row_fields(t, State.PENDING, None, now) for t in tasks]
         with self._write() as con:
             return self._submit_on(con, tasks, max_queued, made=made, now=now)
@@ -857,7 +867,24 @@ class SQLiteStore(SqlStore):
         rows: list[tuple] = []
         edges: list[tuple[int, int, int]] = []
         batch_keys: dict[str, int] = {}
+        #: (name, debounce key) -> where this call's new task of that key is in rows
+        debounced: dict[tuple[str, str], int] = {}
         for nt in tasks:
+            if nt.debounce_key is not None:
+                at = debounced.get((nt.name, nt.debounce_key))
+                if at is not None:  # a new task of this same call
+                    row = rows[at]
+                    rows[at] = (*row[:2], nt.args, *row[3:])
+                    results.append(SubmitResult(row[0], False))
+                    continue
+                bound = nt.debounce_max
+                merged = con.execute(
+                    Q["debounce_merge"], (nt.args, now + (nt.debounce or 0.0), bound, nt.name, nt.debounce_key)
+                ).fetchone()
+                if merged is not None:
+                    results.append(SubmitResult(merged[0], False))
+                    continue
+                debounced[(nt.name, nt.debounce_key)] = len(rows)
             if nt.key is not None:
                 existing = batch_keys.get(nt.key)
                 if existing is None:
@@ -875,12 +902,27 @@ class SQLiteStore(SqlStore):
             edges.extend((tid, pos, dep) for pos, dep in enumerate(deps))
             status, error = dag.initial_state([(d, dep_state[d]) for d in deps], nt.on_upstream_failure)
             dep_state[tid] = status
-            rows.append((tid, *_row_fields(nt, status, error, now)))
+            fields = _row_fields(nt, status, error, now)
+            if nt.debounce is not None:
+                fields = (*fields[:_RUN_AT_FIELD], now + nt.debounce, *fields[_RUN_AT_FIELD + 1 :])
+            rows.append((tid, *fields))
             if nt.key is not None:
                 batch_keys[nt.key] = tid
             results.append(SubmitResult(tid, True))
         self._insert_rows(con, rows, edges)
+        for nt, r in zip(tasks, results):
+            if nt.supersede_key is not None and r.created:
+                self._supersede(con, nt.name, nt.supersede_key, r.id, now)
         return results
+
+    def _supersede(self, con: Any, name: str, key: str, newest: int, now: float) -> None:
+        """Cancel the queued tasks of ``name`` and ``key`` older than ``newest``
+        ("superseded"), and ask a running one to stop."""
+        ended = con.execute(Q["supersede_queued"], (now, name, key, newest)).fetchall()
+        con.execute(Q["supersede_running"], (name, key, newest))
+        if ended:
+            groups = {group for _, group in ended if group is not None}
+            self._after_final(con, [(tid, State.CANCELED) for tid, _ in ended], now, groups)
 
     def _insert_rows(self, con: Any, rows: list[tuple], edges: list[tuple[int, int, int]]) -> None:
         if rows:

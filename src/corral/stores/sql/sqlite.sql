@@ -347,6 +347,8 @@ ALTER TABLE events ADD COLUMN prior TEXT;
 ALTER TABLE events ADD COLUMN attempt INTEGER;
 ALTER TABLE tasks ADD COLUMN traceback TEXT;
 ALTER TABLE tasks ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
+ALTER TABLE tasks ADD COLUMN supersede_key TEXT;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -425,6 +427,16 @@ WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NUL
 DROP INDEX IF EXISTS tasks_ready;
 DROP INDEX IF EXISTS tasks_ready_rank;
 
+-- The one PENDING task a debounce key's submits collapse into (schema 37). Not
+-- unique: submits of one key are one at a time under the write lock, and a
+-- task handed back to PENDING after a newer submit of its key must not fail.
+CREATE INDEX IF NOT EXISTS tasks_debounce
+    ON tasks (name, debounce_key) WHERE debounce_key IS NOT NULL AND status = 'PENDING';
+-- The unfinished tasks of each supersede key (schema 37).
+CREATE INDEX IF NOT EXISTS tasks_supersede
+    ON tasks (name, supersede_key)
+    WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
 
@@ -451,8 +463,30 @@ SELECT id, status FROM tasks WHERE id IN (SELECT value FROM json_each(?))
 INSERT INTO tasks (
     id, name, args, status, queue, priority, max_retries, timeout, group_key,
     batch, idem_key, trace_id, limits, halt_group_on_failure, created_at,
-    run_at, finished_at, error, ref, on_upstream_failure)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    run_at, finished_at, error, ref, on_upstream_failure, debounce_key, supersede_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: debounce_merge
+-- A submit with a debounce key into the PENDING task of its name and key: the
+-- newest arguments, run_at now + debounce but never past the first submit +
+-- debounce_max (params: args, now + debounce, debounce_max or NULL, name, key).
+UPDATE tasks
+SET args = ?1, run_at = min(?2, created_at + coalesce(?3, 1e300)), version = version + 1
+WHERE id = (SELECT id FROM tasks
+            WHERE name = ?4 AND debounce_key = ?5 AND status = 'PENDING'
+            ORDER BY id DESC LIMIT 1)
+RETURNING id
+
+-- name: supersede_queued
+-- A newer submit (id ?4) cancels the queued tasks of its name and supersede key.
+UPDATE tasks SET status = 'CANCELED', finished_at = ?1, error = 'superseded', version = version + 1
+WHERE name = ?2 AND supersede_key = ?3 AND id < ?4 AND status IN ('WAITING', 'PENDING', 'RETRYING')
+RETURNING id, group_key
+
+-- name: supersede_running
+-- ... and asks a running one to stop, as a cancel does.
+UPDATE tasks SET cancel_requested = 1
+WHERE name = ?1 AND supersede_key = ?2 AND id < ?3 AND status = 'RUNNING'
 
 -- name: insert_dep
 INSERT INTO task_deps (task_id, pos, depends_on) VALUES (?, ?, ?)
