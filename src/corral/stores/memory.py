@@ -39,10 +39,10 @@ from corral.core.cron import (
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
+    SUPERSEDED,
     BreakerEvent,
     Claim,
     LimitSpec,
-    SUPERSEDED,
     NewTask,
     Outcome,
     Start,
@@ -372,7 +372,7 @@ class MemoryStore(Store):
         """The PENDING task ``nt``'s debounce key collapses into, given its
         arguments and its later run_at; None when there is none (a new one)."""
         tid = self._debounced.get((nt.name, nt.debounce_key))  # type: ignore[arg-type]
-        t = None if tid is None else (fresh.get(tid) or self._tasks.get(tid))  # type: ignore[arg-type]
+        t = None if tid is None else (fresh.get(tid) or self._tasks.get(tid))
         if t is None or t.status is not State.PENDING or t.started_at is not None:
             return None
         run_at = now + (nt.debounce or 0.0)

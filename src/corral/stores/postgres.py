@@ -239,8 +239,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: status (claim plans); 27: a task's crash count; 28: a failed attempt's
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: the tasks each worker holds,
-#: by worker (an index of held rows); 36: each minute's figures (corral_minute_stats).
-SCHEMA_VERSION = 36
+#: by worker (an index of held rows); 36: each minute's figures (corral_minute_stats);
+#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
+SCHEMA_VERSION = 37
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -569,6 +570,13 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
+        if any(t.debounce_key is not None or t.supersede_key is not None for t in tasks):
+
+            def keyed(conn):
+                with conn.transaction():
+                    return self._submit_keyed(conn, tasks, max_queued)
+
+            return self._end_plain_hint(tasks, self._run(keyed))
         if any(t.after for t in tasks):
 
             def graph(conn):
@@ -617,6 +625,42 @@ class PostgresStore(SqlStore):
             for i, r in zip(pos, plan.results(self._submit_on(conn, plan, None))):
                 out[i] = r
         return out  # type: ignore[return-value]
+
+    def _submit_keyed(self, conn, tasks: list[NewTask], max_queued: int | None) -> list[SubmitResult]:
+        """Tasks with debounce or supersede keys, one at a time on ``conn``
+        inside its transaction: each reads and writes the rows of its key."""
+        q = self._q
+        out: list[SubmitResult] = []
+        for t in tasks:
+            if t.after:  # a graph's task: the ids of the earlier ones are known by now
+                ids = (out[j].id for j in t.after)
+                t = replace(t, depends_on=tuple(dict.fromkeys((*t.depends_on, *ids))), after=())
+            if t.debounce_key is not None:
+                at: dict[str, Any] = {"name": t.name, "key": t.debounce_key}
+                conn.execute(q["debounce_lock"], at)
+                merged = conn.execute(
+                    q["debounce_merge"], dict(at, args=t.args, window=t.debounce or 0.0, bound=t.debounce_max)
+                ).fetchone()
+                if merged is not None:
+                    out.append(SubmitResult(merged[0], False))
+                    continue
+            plan = _SubmitPlan([t])
+            (r,) = plan.results(self._submit_on(conn, plan, max_queued))
+            out.append(r)
+            if not r.created:
+                continue
+            keys = {"id": r.id, "debounce_key": t.debounce_key, "supersede_key": t.supersede_key}
+            conn.execute(q["set_keys"], dict(keys, window=t.debounce))
+            if t.supersede_key is not None:
+                at = {"name": t.name, "key": t.supersede_key, "id": r.id}
+                conn.execute(q["supersede_lock_groups"], at)
+                ended = conn.execute(q["supersede_queued"], at).fetchall()
+                conn.execute(q["supersede_running"], at)
+                if ended:
+                    self._settle(conn, [tid for tid, _, _ in ended])
+                    for queue in sorted({queue for _, queue, group in ended if group is not None}):
+                        conn.execute(q["notify"], {"queue": queue})  # the next task of a group may start
+        return out
 
     def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None, *, offer: bool = False) -> tuple:
         """The submit's statements on ``conn``, inside whatever transaction it
@@ -696,6 +740,8 @@ class PostgresStore(SqlStore):
             if tasks_table is None:
                 raise ConfigError("connection= does not see corral's tables (another schema search path?)")
             self._end_plain_hint(tasks, None)
+            if any(t.debounce_key is not None or t.supersede_key is not None for t in tasks):
+                return self._submit_keyed(_Rows(cur), tasks, max_queued)
             if any(t.after for t in tasks):
                 return self._submit_graph(_Rows(cur), tasks, max_queued)
             return plan.results(self._submit_on(_Rows(cur), plan, max_queued))

@@ -595,6 +595,18 @@ CREATE TABLE IF NOT EXISTS corral_minute_stats (
     PRIMARY KEY (minute, queue, name)
 );
 
+-- name: migration_0037
+-- Debounce and supersede keys (docs/keys.md). The debounce index is not
+-- unique: submits of one key take a transaction's advisory lock on it
+-- (debounce_lock), and a task handed back to PENDING after a newer submit of
+-- its key must not fail.
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS debounce_key text;
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS supersede_key text;
+CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce_key)
+    WHERE debounce_key IS NOT NULL AND status = 'PENDING';
+CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
+    WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1335,6 +1347,57 @@ SET status = 'CANCELED', finished_at = extract(epoch FROM now())::float8, versio
     lease_token = NULL, lease_expires_at = NULL
 WHERE id = %(id)s AND (status || '') IN ('WAITING', 'PENDING', 'RETRYING')
 RETURNING id, queue, group_key;
+
+-- name: debounce_lock
+-- Submits of one task name and debounce key, one at a time until each commits
+-- (class 0x636f7272, "corr"; a hash collision only makes two keys wait in turn).
+SELECT pg_advisory_xact_lock(1668248178, hashtext(%(name)s || '/' || %(key)s));
+
+-- name: debounce_merge
+-- A submit with a debounce key into the PENDING task of its name and key: the
+-- newest arguments, run_at now + debounce but never past the first submit +
+-- debounce_max.
+UPDATE corral_tasks
+SET args = %(args)s, version = version + 1,
+    run_at = least(extract(epoch FROM now())::float8 + %(window)s,
+                   created_at + coalesce(%(bound)s::float8, 'infinity'::float8))
+WHERE id = (SELECT id FROM corral_tasks
+            WHERE name = %(name)s AND debounce_key = %(key)s AND status = 'PENDING'
+            ORDER BY id DESC LIMIT 1)
+  AND status = 'PENDING'
+RETURNING id;
+
+-- name: set_keys
+-- A new task's debounce and supersede keys, in its submit's transaction; a
+-- debounced one waits its window.
+UPDATE corral_tasks
+SET debounce_key = %(debounce_key)s, supersede_key = %(supersede_key)s,
+    run_at = CASE WHEN %(window)s::float8 IS NULL THEN run_at
+                  ELSE extract(epoch FROM now())::float8 + %(window)s::float8 END
+WHERE id = %(id)s;
+
+-- name: supersede_lock_groups
+-- The groups of the tasks a supersede cancels, locked first as lock_group_of does.
+SELECT 1 FROM corral_groups
+WHERE group_key IN (SELECT group_key FROM corral_tasks
+                    WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s
+                      AND status IN ('WAITING', 'PENDING', 'RETRYING'))
+ORDER BY group_key
+FOR UPDATE;
+
+-- name: supersede_queued
+-- A newer submit (id) cancels the queued tasks of its name and supersede key.
+UPDATE corral_tasks
+SET status = 'CANCELED', finished_at = extract(epoch FROM now())::float8, error = 'superseded',
+    version = version + 1, lease_token = NULL, lease_expires_at = NULL
+WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s
+  AND status IN ('WAITING', 'PENDING', 'RETRYING')
+RETURNING id, queue, group_key;
+
+-- name: supersede_running
+-- ... and asks a running one to stop, as a cancel does.
+UPDATE corral_tasks SET cancel_requested = true
+WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s AND status = 'RUNNING';
 
 -- name: cancel_running
 UPDATE corral_tasks SET cancel_requested = true
