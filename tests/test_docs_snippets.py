@@ -1,4 +1,4 @@
-"""Every Python block of the README and of docs/tasks.md runs as a new user
+"""Every Python block of the README, docs/tasks.md and docs/keys.md runs as a new user
 would run it: copied into a file of its own, in an empty directory, with
 `python FILE` (or `pytest FILE` for a block that defines tests).
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "docs/tasks.md")
+DOCS = ("README.md", "docs/tasks.md", "docs/keys.md")
 _BLOCK = re.compile(r"(?:<!-- (continues|not run: [^>]*?) -->\n)?```python\n(.*?)```", re.S)
 
 

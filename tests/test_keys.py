@@ -10,9 +10,11 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 
 import corral
 from corral import State
+from corral.cli import cli
 from corral.core.model import SUPERSEDED
 from corral.errors import BadArguments, ConfigError
 from helpers import wait_for
@@ -203,3 +205,16 @@ def test_submitting_processes_hammering_one_key_get_one_run_with_the_last_argume
         assert n == count - 1 and tag in {f"p{i}" for i in range(submitters)}
     finally:
         app.close(timeout=10)
+
+
+def test_corral_show_says_a_task_was_superseded(sqlite_url):
+    app = corral.App(sqlite_url)
+    render = app.task(name="render")(lambda doc: doc)
+    try:
+        old = render.submit("doc-9", supersede_key="doc-9")
+        render.submit("doc-9", supersede_key="doc-9")
+    finally:
+        app.close(timeout=10)
+    result = CliRunner().invoke(cli, ["show", str(old.id), "--store", sqlite_url], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "CANCELED" in result.output and SUPERSEDED in result.output
