@@ -7,6 +7,7 @@ import sqlite3
 
 import corral
 from corral.cli import render
+from corral.core.claims import ClaimRequest
 from corral.core.states import State
 from helpers import ARGS, wait_for
 
@@ -42,7 +43,7 @@ def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_l
     old = _age_event(app, "note", url)  # first: the log is trimmed in id order, ids follow time
     h = job.submit(1)
     # a worker elsewhere claimed it and was killed: its lease runs out
-    (claim,) = app.store.claim("dead-worker", ["default"], 1, lease_seconds=1)
+    (claim,) = app.store.claim("dead-worker", ClaimRequest(ClaimRequest(["default"], 1, lease_seconds=1)))
     assert claim.tasks[0].id == h.id
     expires = app.store.get(h.id).lease_expires_at
     wait_for(lambda: app.store.now() > expires, timeout=10, message="the dead worker's lease expired")
@@ -84,7 +85,7 @@ def test_the_leader_recovers_lost_leases_every_tick_and_does_its_chores_at_their
     assert sweeper.tick() is not None and len(seen) == 1  # the first tick does the chores
     (stale,) = store.submit([NewTask(name="t", args=ARGS, run_at=clock.time() - 2 * 86400)])
     (lost,) = store.submit([NewTask(name="u", args=ARGS)])
-    store.claim("dead", ["default"], 1, names=["u"], lease_seconds=30)
+    store.claim("dead", ClaimRequest(["default"], 1, names=["u"], lease_seconds=30))
     clock.advance(31)
     assert sweeper.tick().lost_leases_retried == [lost.id]  # every tick: groups must not wait
     assert store.get(stale.id).status is State.PENDING and len(seen) == 1  # the chores wait their turn

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import cli
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, TaskFilter, dumps
 from corral.core.states import State
@@ -114,7 +115,7 @@ def test_a_row_whose_status_names_no_state_does_not_block_its_group(durable_url)
         odd, nxt = (r.id for r in s.submit([NewTask("a", ARGS, group="g"), NewTask("b", ARGS, group="g")]))
         _write_past_the_status_rule(durable_url, odd, "PAUSED")
         sweep_once(s)
-        claims = s.claim("w", ["default"], 5)
+        claims = s.claim("w", ClaimRequest(["default"], 5))
         assert [[t.id for t in c.tasks] for c in claims] == [[nxt]]
         rec = s.get(odd)
         assert rec.status is State.FAILED and "'PAUSED'" in rec.error
@@ -226,7 +227,7 @@ def test_a_worker_started_with_defaults_recovers_a_dead_claimers_lease(sqlite_ur
     # Claimed an hour ago (a store whose clock is set back) by a worker that died.
     ghost = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))
     [sub] = ghost.submit([NewTask("sync_sku", dumps({"args": ["L1", "jd"], "kwargs": {}}), max_retries=2)])
-    assert ghost.claim("ghost", ["default"], 1, lease_seconds=30)
+    assert ghost.claim("ghost", ClaimRequest(["default"], 1, lease_seconds=30))
     ghost.close()
     proc = _worker(processes, sqlite_url)
     store = open_store(sqlite_url)

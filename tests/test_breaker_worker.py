@@ -56,7 +56,7 @@ def test_failures_under_a_limit_open_its_breaker_and_every_change_is_logged_and_
 
 def test_a_failed_probe_is_logged_as_opening_again(caplog):
     from corral.core.breaker import BreakerState, Change
-    from corral.stores.gates import event
+    from corral.core.gates import event
 
     caplog.set_level(logging.WARNING, logger="corral.breaker")
     change = Change(BreakerState.HALF_OPEN, BreakerState.OPEN, "a probe failed; cooling down 60s", 5, 3)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 import corral
 from corral.cli import cli
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
@@ -258,7 +259,7 @@ def test_sweep_one_pass_recovers_a_lost_lease(sqlite_url):
     empty = run_json("sweep", *s)
     assert empty["total"] == 0
     assert "nothing to do" in run("sweep", *s).stdout
-    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=30)
+    [claim] = store.claim("ghost", ClaimRequest(["default"], 1, lease_seconds=30))
     assert claim.tasks[0].id == tid
 
     report = run_json("sweep", *s)
@@ -404,7 +405,7 @@ def test_sweeper_thread_recovers_and_stops(sqlite_url):
     past = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))  # an hour ago
     [sub] = past.submit([NewTask("notify_merchant", dumps({"args": ["m", "x"], "kwargs": {}}), max_retries=2)])
     tid = sub.id
-    past.claim("ghost", ["default"], 1, lease_seconds=30)
+    past.claim("ghost", ClaimRequest(["default"], 1, lease_seconds=30))
     past.close()
     store = open_store(sqlite_url)
     reports = []

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import cli, render
+from corral.core.claims import ClaimRequest
 from corral.core.model import NewTask, Outcome, dumps
 from corral.core.states import State
 from corral.stores import open_store
@@ -36,7 +37,7 @@ def big_task(sqlite_url):
     store.migrate()
     args = dumps({"args": ["a" * (render.JSON_FIELD_CHARS + 10)], "kwargs": {}})
     (res,) = store.submit([NewTask(name="big", args=args)])
-    (claim,) = store.claim("w", ["default"], 1, lease_seconds=30)
+    (claim,) = store.claim("w", ClaimRequest(["default"], 1, lease_seconds=30))
     rec = claim.tasks[0]
     store.complete(
         [Outcome(rec.id, claim.token, rec.version, State.FAILED, result=dumps("r" * 50_000), error="E" * 5_000 + "\n")]

@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from corral.core.claims import ClaimRequest
+
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
 from click.testing import CliRunner  # noqa: E402
@@ -222,7 +224,7 @@ def test_sampler_reads_new_finishes_once():
     from corral.core.model import Outcome
     from corral.core.states import State
 
-    for claim in store.claim("w", ["default"], 3):
+    for claim in store.claim("w", ClaimRequest(["default"], 3)):
         t = claim.tasks[0]
         store.complete([Outcome(t.id, t.lease_token, t.version, State.SUCCESS)])
     snap = sampler.tick()

@@ -12,6 +12,7 @@ import pytest
 
 import corral
 from corral import State
+from corral.core.claims import ClaimRequest
 from corral.core.model import Outcome
 from corral.errors import AppClosed, BadArguments, GroupDeadlock, QueueFull, TaskFailed, UnknownTask
 from helpers import wait_for
@@ -594,7 +595,7 @@ def test_backpressure_block_waits_for_room_times_out_and_never_overshoots():
     th = threading.Thread(target=lambda: (t.submit(5), accepted.set()))
     th.start()
     assert not accepted.wait(0.2), "a submit to a full queue was accepted without room"
-    (claim,) = app.store.claim("w", ["default"], 1)  # room for exactly one
+    (claim,) = app.store.claim("w", ClaimRequest(["default"], 1))  # room for exactly one
     app.store.complete([Outcome(claim.tasks[0].id, claim.token, claim.tasks[0].version, State.SUCCESS)])
     th.join(10)
     assert accepted.is_set()

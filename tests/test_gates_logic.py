@@ -68,8 +68,8 @@ def test_a_rate_is_a_sliding_window_unless_a_burst_is_asked_for():
 def _greedy_starts(rate_text: str, burst: int | None, ask_every: float, seconds: float) -> list[float]:
     """Start times when a claim asks for 50 every ``ask_every`` seconds (far
     more than the rate), through the gates a store's claim uses."""
+    from corral.core.gates import Gates, LimitState
     from corral.core.model import LimitSpec
-    from corral.stores.gates import Gates, LimitState
 
     lim = LimitState(LimitSpec("api", rate=rate_text, burst=burst))
     starts: list[float] = []
@@ -119,8 +119,8 @@ def test_a_burst_is_opt_in_and_lets_more_into_a_sliding_second():
 
 
 def test_a_worker_behind_a_busy_rate_looks_again_for_a_batch_not_each_start():
+    from corral.core.gates import Gates, LimitState
     from corral.core.model import LimitSpec
-    from corral.stores.gates import Gates, LimitState
 
     def drained(text: str) -> tuple[LimitState, float]:
         lim = LimitState(LimitSpec("api", rate=text))

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 import corral
 from corral.cli import cli
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.levels import Level
 from corral.core.model import NewTask, Outcome
@@ -128,7 +129,7 @@ def test_circuit_open_runs_only_retries_and_burns_no_attempt_of_fresh_work():
     app, ran = _app(store)
     # a task in RETRYING, due now
     retry_id = app.registry["plain"].submit("retry", retries=2).id
-    (c,) = store.claim("w", ["default"], 1)
+    (c,) = store.claim("w", ClaimRequest(ClaimRequest(["default"], 1)))
     rec = c.tasks[0]
     store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.RETRYING, error="x", run_at=0.0)])
     # fresh work, ahead of the retry by priority: claimed first unless held
@@ -212,7 +213,7 @@ def test_the_sweeper_leader_steps_the_level_after_its_sweep(caplog):
     for name in ("a", "b", "c"):
         for _ in range(3):
             store.submit([NewTask(name=name, args=ARGS)])
-            (c,) = store.claim("w", ["default"], 1)
+            (c,) = store.claim("w", ClaimRequest(["default"], 1))
             rec = c.tasks[0]
             store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")])
     sweeper = Sweeper(store, interval=1, levels=LevelKeeper(store))
@@ -297,7 +298,7 @@ def test_cli_level_dead_and_retry_dead(tmp_path):
     app = corral.App(url)
     ids = [r.id for r in app.store.submit([NewTask(name="t", args="{}", batch=f"b{i % 2}") for i in range(3)])]
     for _ in ids:
-        (c,) = app.store.claim("w", ["default"], 1)
+        (c,) = app.store.claim("w", ClaimRequest(ClaimRequest(["default"], 1)))
         rec = c.tasks[0]
         app.store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")])
     out = ok("dead")

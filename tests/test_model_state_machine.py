@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from conformance.conftest import PG_SHIFT  # every stored time, shifted back to move time forward
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome, Start
 from corral.core.states import ACTIVE, FINAL, QUEUED, State
@@ -197,7 +198,7 @@ class StoreModel(RuleBasedStateMachine):
     @rule(max_units=st.integers(1, 3), chunk=st.integers(1, 3))
     def claim(self, max_units, chunk) -> None:
         before = {i: self.claimable(m) for i, m in self.tasks.items()}
-        claims = self.store.claim("w", ["default"], max_units, chunk_size=chunk, lease_seconds=LEASE)
+        claims = self.store.claim("w", ClaimRequest(["default"], max_units, chunk_size=chunk, lease_seconds=LEASE))
         assert len(claims) <= max_units
         for c in claims:
             head = self.tasks[c.tasks[0].id]

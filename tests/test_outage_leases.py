@@ -10,6 +10,7 @@ import time
 
 import corral
 from corral import State
+from corral.core.claims import ClaimRequest
 from corral.core.model import Outcome
 from corral.errors import StoreUnavailable
 from corral.maintenance.sweeper import Sweeper
@@ -19,7 +20,7 @@ from helpers import wait_for
 def _leased(app, n: int) -> list:
     """``n`` claims of one task each, whose short leases have run out."""
     ids = [app.submit("t").id for _ in range(n)]
-    claims = app.store.claim("w", ["default"], n, lease_seconds=0.2)
+    claims = app.store.claim("w", ClaimRequest(["default"], n, lease_seconds=0.2))
     assert sorted(t.id for c in claims for t in c.tasks) == ids
     wait_for(lambda: all(app.get(i).lease_expires_at < app.store.now() for i in ids), message="the leases ran out")
     return claims

@@ -26,6 +26,7 @@ import psycopg
 import pytest
 
 import corral
+from corral.core.claims import ClaimRequest
 from corral.core.states import State
 from corral.testing import History
 from faults import AppWorker
@@ -276,7 +277,7 @@ def test_a_claim_forgotten_by_a_crash_is_not_claimed_again_while_it_runs(owned_p
         app.task(name="step")(lambda: None)
         first = app.submit("step", group="g").id
         app.submit("step", group="g")
-        (held,) = app.store.claim("worker-a", ["default"], 1)  # worker A now runs the group's head
+        (held,) = app.store.claim("worker-a", ClaimRequest(["default"], 1))  # worker A now runs the group's head
         assert [t.id for t in held.tasks] == [first]
         pg_ctl("-m", "immediate", "stop")
         start_server(owned_pg)
@@ -294,6 +295,6 @@ def _claim_after_restart(app) -> tuple[list[int]] | None:
     from corral.errors import StoreError
 
     try:
-        return ([t.id for c in app.store.claim("worker-b", ["default"], 1) for t in c.tasks],)
+        return ([t.id for c in app.store.claim("worker-b", ClaimRequest(["default"], 1)) for t in c.tasks],)
     except StoreError:
         return None

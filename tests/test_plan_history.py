@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from corral.cli import cli
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, Outcome
 from corral.core.states import State
@@ -24,7 +25,7 @@ def seeded(sqlite_url):
     store = open_store(sqlite_url, clock=clock)
     store.submit([NewTask("sync", ARGS, batch="b") for _ in range(10)] + [NewTask("other", ARGS) for _ in range(2)])
     for i in range(12):
-        (c,) = store.claim("w", ["default"], 1)
+        (c,) = store.claim("w", ClaimRequest(["default"], 1))
         t = c.tasks[0]
         clock.advance(i + 1 if i < 10 else 100)
         status = State.FAILED if i in (2, 7) else State.SUCCESS

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import LimitSpec, NewTask, Outcome, TaskFilter
 from corral.core.states import State
 from corral.errors import StoreUnavailable
@@ -55,7 +56,7 @@ def test_claim_race_never_claims_twice_nor_more_than_max_units(pg, stores):
         store = stores[i % len(stores)]
         got = []
         while True:
-            claims = store.claim(f"w{i}", ["default"], max_units)
+            claims = store.claim(f"w{i}", ClaimRequest(["default"], max_units))
             assert len(claims) <= max_units
             if not claims:
                 return got
@@ -84,7 +85,7 @@ def test_groups_stay_exclusive_under_concurrent_claimers(pg, stores, chunk_size)
         store = stores[i % len(stores)]
         idle = 0
         while idle < 3:
-            claims = store.claim(f"w{i}", ["default"], 4, chunk_size=chunk_size)
+            claims = store.claim(f"w{i}", ClaimRequest(["default"], 4, chunk_size=chunk_size))
             if not claims:
                 idle += 1
                 store.wait_for_work(0.05)
@@ -141,7 +142,7 @@ def test_no_group_ever_has_two_running_tasks_in_the_database(pg, stores):
         def worker(i):
             store = stores[i % len(stores)]
             for _ in range(200):
-                claims = store.claim(f"w{i}", ["default"], 3)
+                claims = store.claim(f"w{i}", ClaimRequest(["default"], 3))
                 if not claims:
                     if store.counts().get("PENDING", 0) == 0:
                         return
@@ -174,7 +175,7 @@ def test_named_limit_holds_across_store_instances(pg, pg_url, stores):
         idle = 0
         with psycopg.connect(pg_url, autocommit=True) as db:
             while idle < 5:
-                claims = store.claim(f"w{i}", ["default"], 5)
+                claims = store.claim(f"w{i}", ClaimRequest(["default"], 5))
                 if not claims:
                     idle += 1
                     store.wait_for_work(0.05)
@@ -197,7 +198,7 @@ def test_named_limit_holds_across_store_instances(pg, pg_url, stores):
 def test_wait_for_work_wakes_on_submit_from_another_instance(pg, pg_url):
     producer = open_store(pg_url)
     try:
-        pg.claim("w", ["default"], 1)
+        pg.claim("w", ClaimRequest(["default"], 1))
         pg.wait_for_work(5)  # first call: returns once LISTEN is in place
         timeout = 30.0
         woke: list[float] = []
@@ -206,7 +207,7 @@ def test_wait_for_work_wakes_on_submit_from_another_instance(pg, pg_url):
         def consumer():
             start = time.monotonic()
             while time.monotonic() - start < timeout:
-                claims = pg.claim("w", ["default"], 1)
+                claims = pg.claim("w", ClaimRequest(["default"], 1))
                 if claims:
                     got.append(claims[0].tasks[0].id)
                     woke.append(time.monotonic() - start)
@@ -234,7 +235,7 @@ def test_two_waiting_threads_of_one_process_both_wake(pg, pg_url):
         woke: list[float] = []
 
         def waiter():
-            pg.claim("w", ["default"], 1)  # nothing yet; remembers what it has seen
+            pg.claim("w", ClaimRequest(["default"], 1))  # nothing yet; remembers what it has seen
             barrier.wait()
             start = time.monotonic()
             pg.wait_for_work(timeout)
@@ -259,7 +260,7 @@ def test_claims_between_waits_run_on_the_listening_connection(pg):
     pg.wait_for_work(5)  # LISTEN in place
     pg.wait_for_work(0.05)  # nothing came
     before = pg._pool.get_stats().get("requests_num", 0)
-    assert pg.claim("w", ["default"], 1) == []
+    assert pg.claim("w", ClaimRequest(["default"], 1)) == []
     assert pg._pool.get_stats().get("requests_num", 0) == before
 
 
@@ -285,7 +286,7 @@ def test_a_notification_that_arrives_during_a_claim_wakes_the_next_wait(pg, pg_u
 
 def test_wait_for_work_times_out_without_work(pg):
     pg.wait_for_work(5)  # start listening
-    pg.claim("w", ["default"], 1)
+    pg.claim("w", ClaimRequest(["default"], 1))
     start = time.monotonic()
     pg.wait_for_work(0.2)
     assert time.monotonic() - start >= 0.15
@@ -337,14 +338,14 @@ def test_reconnects_after_connections_are_killed(pg, pg_admin_url):
             (dbname,),
         )
     # the pool's connections are dead now; the next calls must carry on
-    claims = pg.claim("w", ["default"], 5)
+    claims = pg.claim("w", ClaimRequest(["default"], 5))
     assert len(claims) == 1
     assert pg.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks]) == [True]
 
 
 def test_claim_takes_at_most_max_units_with_many_ready(pg):
     pg.submit([task(priority=p % 3) for p in range(500)])
-    claims = pg.claim("w", ["default"], 37)
+    claims = pg.claim("w", ClaimRequest(["default"], 37))
     assert len(claims) == 37
     prios = [c.tasks[0].priority for c in claims]
     assert prios == sorted(prios, reverse=True)
@@ -355,7 +356,7 @@ def test_active_counts_read_partial_indexes_only(pg):
     """Backpressure and drain ask for the unfinished states on every submit:
     the query must be answerable from the partial indexes alone."""
     pg.submit([task() for _ in range(3)] + [task(group="g") for _ in range(2)])
-    pg.claim("w", ["default"], 1)
+    pg.claim("w", ClaimRequest(["default"], 1))
 
     def plan(conn):
         with conn.transaction():
@@ -376,7 +377,7 @@ def test_a_group_fed_while_its_last_task_finishes_never_sticks(pg, stores):
     (each side refreshes the group's head after the other, never neither)."""
     groups = [f"race{i}" for i in range(40)]
     pg.submit([task(group=g) for g in groups])
-    claims = pg.claim("w", ["default"], len(groups))
+    claims = pg.claim("w", ClaimRequest(["default"], len(groups)))
     assert len(claims) == len(groups)
     by_group = {c.group: c for c in claims}
 
@@ -390,7 +391,7 @@ def test_a_group_fed_while_its_last_task_finishes_never_sticks(pg, stores):
             stores[2].submit([task(group=g)])
 
     run_concurrently(2 * len(groups), side)
-    again = pg.claim("w", ["default"], 2 * len(groups))
+    again = pg.claim("w", ClaimRequest(["default"], 2 * len(groups)))
     assert sorted(c.group for c in again) == sorted(groups)
 
 
@@ -406,7 +407,7 @@ def test_a_claim_never_waits_for_a_group_lock_while_holding_its_tasks(pg, pg_url
     try:
         holder.execute("SELECT 1 FROM corral_groups WHERE group_key = 'g' FOR UPDATE")
         got: list = []
-        t = threading.Thread(target=lambda: got.append(pg.claim("w", ["default"], 1)), daemon=True)
+        t = threading.Thread(target=lambda: got.append(pg.claim("w", ClaimRequest(["default"], 1))), daemon=True)
         t.start()
         t.join(10)
         assert got, "the claim waited for the group row a refresher holds"
@@ -419,12 +420,12 @@ def test_a_claim_never_waits_for_a_group_lock_while_holding_its_tasks(pg, pg_url
 
 def test_claims_find_heads_among_many_groups_in_round_robin_order(pg):
     pg.submit([task(group=f"user{i}") for i in range(2000)] + [task(group="user0") for _ in range(3)])
-    first = pg.claim("w", ["default"], 2000)
+    first = pg.claim("w", ClaimRequest(["default"], 2000))
     assert len(first) == 2000 and len({c.group for c in first}) == 2000
     c = next(c for c in first if c.group == "user0")
     t = c.tasks[0]
     assert pg.complete([Outcome(t.id, c.token, t.version, State.SUCCESS)]) == [True]
-    nxt = pg.claim("w", ["default"], 10)
+    nxt = pg.claim("w", ClaimRequest(["default"], 10))
     assert [x.group for x in nxt] == ["user0"]
 
 
@@ -448,7 +449,7 @@ def test_migrating_a_version_1_database_flags_its_group_heads(pg_empty_url):
     s = open_store(pg_empty_url)
     try:
         s.migrate()
-        got = s.claim("w", ["default"], 10)
+        got = s.claim("w", ClaimRequest(["default"], 10))
         # a's first queued task, and the free one; b waits for its running task
         assert sorted(t.id for c in got for t in c.tasks) == [2, 6]
     finally:
@@ -504,9 +505,9 @@ def test_an_older_database_gains_both_flow_control_migrations(pg_empty_url, vers
         s.set_limit(LimitSpec("api", rate="1/m", burst=1))
         s.set_breaker("t", BreakerConfig())
         s.force_breaker("t", BreakerState.OPEN, "test")
-        assert s.claim("w", ["default"], 5) == []  # the breaker holds the task
+        assert s.claim("w", ClaimRequest(["default"], 5)) == []  # the breaker holds the task
         s.force_breaker("t", BreakerState.CLOSED, "test")
-        (c,) = s.claim("w", ["default"], 5)
+        (c,) = s.claim("w", ClaimRequest(["default"], 5))
         t = c.tasks[0]
         assert s.complete([Outcome(t.id, t.lease_token, t.version, State.FAILED, error="boom")]) == [True]
         assert [d.id for d in s.dead_letters()] == [rec.id]
@@ -571,7 +572,7 @@ def test_a_retry_after_a_backoff_wakes_no_worker_but_one_due_now_does(pg_url):
     try:
         s.migrate()
         s.submit([task(), task()])
-        claims = s.claim("w", ["default"], 2)
+        claims = s.claim("w", ClaimRequest(["default"], 2))
         later, now = [t for c in claims for t in c.tasks]
         tokens = {t.id: c.token for c in claims for t in c.tasks}
         with psycopg.connect(pg_url, autocommit=True) as listener:

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import corral
+from corral.core.claims import ClaimRequest
 from corral.core.clock import poll_until
 from corral.core.model import TaskFilter
 from corral.core.slots import RecentPeak, parse_queues, queue_budgets, retry_room, rotate
@@ -171,7 +172,7 @@ def test_retries_hold_at_most_their_share_of_slots_while_fresh_work_waits_and_al
     from corral.core.model import Outcome
 
     retries = [job.submit(f"r{i}").id for i in range(6)]
-    got = app.store.claim("setup", ["default"], 6)
+    got = app.store.claim("setup", ClaimRequest(["default"], 6))
     assert sorted(t.id for c in got for t in c.tasks) == sorted(retries)
     app.store.complete(
         [

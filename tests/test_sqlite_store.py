@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import NewTask, Outcome, TaskFilter
 from corral.core.states import State
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable
@@ -122,10 +123,10 @@ def test_driver_errors_are_translated(sqlite_url):
     try:
         holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock
         with pytest.raises(StoreError) as info:
-            s.claim("w", ["default"], 1)
+            s.claim("w", ClaimRequest(["default"], 1))
         assert not isinstance(info.value, sqlite3.Error)
         holder.execute("ROLLBACK")
-        assert len(s.claim("w", ["default"], 1)) == 1  # usable again afterwards
+        assert len(s.claim("w", ClaimRequest(["default"], 1))) == 1  # usable again afterwards
     finally:
         holder.close()
         s.close()
@@ -222,9 +223,9 @@ def _flow_schema_check(s: SQLiteStore, task_id: int) -> None:
     s.set_limit(LimitSpec("api", rate="1/m", burst=1))
     s.set_breaker("t", BreakerConfig())
     assert s.force_breaker("t", BreakerState.OPEN, "test").after == "OPEN"
-    assert s.claim("w", ["default"], 5) == []  # the breaker holds the task
+    assert s.claim("w", ClaimRequest(["default"], 5)) == []  # the breaker holds the task
     s.force_breaker("t", BreakerState.CLOSED, "test")
-    (c,) = s.claim("w", ["default"], 5)
+    (c,) = s.claim("w", ClaimRequest(["default"], 5))
     rec = c.tasks[0]
     assert s.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")]) == [True]
     assert [t.id for t in s.dead_letters()] == [task_id]
@@ -353,7 +354,7 @@ def _claim_loop(url, max_units, barrier, q, cap=1600):
     got, calls, empty = [], [], 0
     barrier.wait()
     while empty < 3 and len(got) < cap:
-        claims = s.claim(f"w{os.getpid()}", ["default"], max_units, lease_seconds=600)
+        claims = s.claim(f"w{os.getpid()}", ClaimRequest(["default"], max_units, lease_seconds=600))
         calls.append(len(claims))
         if not claims:
             empty += 1
@@ -440,7 +441,7 @@ def test_claim_uses_partial_indexes_not_a_scan(store):
         "WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL AND queue = 'default'"
     ).fetchone()[0]
     assert (ready, heads) == (50, 1)
-    claims = store.claim("w", ["default"], 200)
+    claims = store.claim("w", ClaimRequest(["default"], 200))
     assert len(claims) == 51
 
 
@@ -480,7 +481,7 @@ def test_group_head_flag_survives_a_random_workload(store):
                 ]
             )
         elif op < 0.55:
-            for c in store.claim("w", ["default"], rng.randint(1, 3), chunk_size=rng.randint(1, 3)):
+            for c in store.claim("w", ClaimRequest(["default"], rng.randint(1, 3), chunk_size=rng.randint(1, 3))):
                 running.extend((c.token, t) for t in c.tasks)
         elif op < 0.8 and running:
             token, t = running.pop(rng.randrange(len(running)))
@@ -505,7 +506,7 @@ def test_a_claim_reads_few_heads_however_many_groups_were_claimed_before(store):
     groups = 1000
     store.submit([new(group=f"g{i % groups}") for i in range(3 * groups)])
     for _ in range(groups // 50):  # every group claimed once, its first task done
-        claims = store.claim("w", ["default"], 50)
+        claims = store.claim("w", ClaimRequest(["default"], 50))
         store.complete([Outcome(t.id, c.token, t.version, State.SUCCESS) for c in claims for t in c.tasks])
     _check_heads(store)
     real_con = store._con
@@ -538,7 +539,7 @@ def test_a_claim_reads_few_heads_however_many_groups_were_claimed_before(store):
             return getattr(self.con, name)
 
     store._con = lambda: Watch(real_con())
-    claims = store.claim("w", ["default"], 10)
+    claims = store.claim("w", ClaimRequest(["default"], 10))
     assert len(claims) == 10
     assert read[0] <= 20, f"read {read[0]} heads for 10 claims"
     # and in round-robin order: the groups claimed longest ago come first
@@ -718,7 +719,7 @@ def test_a_wait_for_queues_sleeps_through_commits_that_leave_nothing_due_there(s
         later = other.now() + 3600
         other.submit([new(run_at=later)])
         other.submit([new(queue="other")])
-        (c,) = other.claim("w", ["other"], 1)
+        (c,) = other.claim("w", ClaimRequest(["other"], 1))
         other.complete([Outcome(c.tasks[0].id, c.token, c.tasks[0].version, State.SUCCESS)])
 
     assert _wait_while(store, sqlite_url, monkeypatch, 0.5, writes, queues=["default"]) >= 0.5
@@ -751,7 +752,7 @@ def test_plain_fast_path_still_sees_grouped_work_from_another_process(store, sql
     within the path's short re-check interval, and never through it."""
 
     store.submit([new() for _ in range(2000)])
-    (c,) = store.claim("w", ["default"], 1)
+    (c,) = store.claim("w", ClaimRequest(["default"], 1))
     assert c.group is None and store._plain_until > time.monotonic()  # on the fast path
     other = open_store(sqlite_url)
     try:
@@ -759,7 +760,7 @@ def test_plain_fast_path_still_sees_grouped_work_from_another_process(store, sql
         claimed: list = []
 
         def got_group_task():
-            claimed.extend(t for cl in store.claim("w", ["default"], 1) for t in cl.tasks)
+            claimed.extend(t for cl in store.claim("w", ClaimRequest(["default"], 1)) for t in cl.tasks)
             return [t for t in claimed if t.group == "g"]
 
         grouped = wait_for(got_group_task, timeout=5, message="the grouped task is claimed")
@@ -780,8 +781,8 @@ def _limit_full(store: SQLiteStore, sqlite_url: str):
     store.set_limit(LimitSpec("api", concurrency=1))
     store.submit([new(limits=["api"]), new(limits=["api"])])
     other = SQLiteStore(sqlite_url)
-    (held,) = other.claim("w1", ["default"], 1)
-    assert store.claim("w2", ["default"], 1) == []
+    (held,) = other.claim("w1", ClaimRequest(["default"], 1))
+    assert store.claim("w2", ClaimRequest(["default"], 1)) == []
     return other, held
 
 
@@ -795,7 +796,7 @@ def test_a_claim_behind_a_full_limit_looks_without_the_write_lock(store, sqlite_
     store.busy_timeout_ms = 200
     try:
         writer.execute("BEGIN IMMEDIATE")  # another process mid-write
-        assert store.claim("w2", ["default"], 1) == []
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == []
         writer.execute("ROLLBACK")
     finally:
         writer.close()
@@ -808,13 +809,13 @@ def test_a_place_freed_after_a_read_only_look_is_claimed(store, sqlite_url):
     takes the task."""
     other, held = _limit_full(store, sqlite_url)
     try:
-        assert store.claim("w2", ["default"], 1) == []  # a read-only look
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == []  # a read-only look
         t = held.tasks[0]
         other.complete([Outcome(t.id, held.token, t.version, State.SUCCESS)])
         t0 = time.monotonic()
         store.wait_for_work(30.0)
         assert time.monotonic() - t0 < 20.0, "the commit before the wait went unnoticed"
-        (c,) = store.claim("w2", ["default"], 1)
+        (c,) = store.claim("w2", ClaimRequest(["default"], 1))
         assert tuple(c.tasks[0].limits) == ("api",) and c.tasks[0].id != t.id
     finally:
         other.close()
@@ -834,11 +835,11 @@ def test_a_claim_behind_a_full_limit_looks_again_only_when_something_changed(sto
     pick = store._pick
     monkeypatch.setattr(store, "_pick", lambda *a, **k: looks.append(k.get("dry")) or pick(*a, **k))
     try:
-        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == [] and looks == [True]
         other.heartbeat([held.token], 60)  # a commit that changes nothing claimable
-        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == [] and looks == [True]
         (plain,) = other.submit([new()])  # a task the limit does not hold back
-        (c,) = store.claim("w2", ["default"], 1)
+        (c,) = store.claim("w2", ClaimRequest(["default"], 1))
         assert c.tasks[0].id == plain.id
     finally:
         other.close()
@@ -859,13 +860,13 @@ def test_a_claim_behind_a_full_limit_looks_again_when_a_place_changed_hands(stor
     pick = store._pick
     monkeypatch.setattr(store, "_pick", lambda *a, **k: looks.append(k.get("dry")) or pick(*a, **k))
     try:
-        assert store.claim("w2", ["default"], 1) == [] and looks == [True]
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == [] and looks == [True]
         t = held.tasks[0]
         (again,) = other.complete_and_claim(
-            [Outcome(t.id, held.token, t.version, State.SUCCESS)], [("api",)], "w1", ["default"]
+            [Outcome(t.id, held.token, t.version, State.SUCCESS)], [("api",)], "w1", ClaimRequest(["default"])
         )[1]
         assert again.tasks[0].id != t.id  # the place went straight to the other worker's next task
-        assert store.claim("w2", ["default"], 1) == [] and looks == [True, True]  # looked again
+        assert store.claim("w2", ClaimRequest(["default"], 1)) == [] and looks == [True, True]  # looked again
     finally:
         other.close()
 
@@ -882,10 +883,10 @@ def test_a_skipped_look_is_per_kind_of_claim(store, sqlite_url, monkeypatch):
     (plain,) = store.submit([new(queue="b")])
     other = SQLiteStore(sqlite_url)
     try:
-        assert len(other.claim("w1", ["a"], 1)) == 1  # the limit is full now
-        assert store.claim("w2", ["a"], 1) == []
-        assert store.claim("w2", ["a"], 1) == []  # a read-only look, remembered
-        (c,) = store.claim("w2", ["b"], 1)
+        assert len(other.claim("w1", ClaimRequest(["a"], 1))) == 1  # the limit is full now
+        assert store.claim("w2", ClaimRequest(["a"], 1)) == []
+        assert store.claim("w2", ClaimRequest(["a"], 1)) == []  # a read-only look, remembered
+        (c,) = store.claim("w2", ClaimRequest(["b"], 1))
         assert c.tasks[0].id == plain.id
     finally:
         other.close()

@@ -13,6 +13,7 @@ import pytest
 
 import corral
 from corral import State
+from corral.core.claims import ClaimRequest
 from corral.errors import ConfigError
 
 
@@ -120,12 +121,12 @@ def test_group_line_and_head_are_written_in_the_same_transaction(app):
     assert sorted(r.id for r in app.tasks()) == sorted({first.id, kept.id}) and len(app.tasks()) == 2
     assert rolled.id == kept.id or app.store.get(rolled.id) is None
     # only the group's head is claimable; the committed task comes next, in submit order
-    (claim,) = app.store.claim("w", ["default"], 5)
+    (claim,) = app.store.claim("w", ClaimRequest(["default"], 5))
     assert [t.id for t in claim.tasks] == [first.id]
-    assert app.store.claim("w", ["default"], 5) == []
+    assert app.store.claim("w", ClaimRequest(["default"], 5)) == []
     t = claim.tasks[0]
     assert app.store.complete([corral.core.model.Outcome(t.id, claim.token, t.version, State.SUCCESS)]) == [True]
-    (claim,) = app.store.claim("w", ["default"], 5)
+    (claim,) = app.store.claim("w", ClaimRequest(["default"], 5))
     assert [t.id for t in claim.tasks] == [kept.id]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from corral.cli import EXIT_FORCED, load_app
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import NewTask, dumps
 from corral.core.states import State
@@ -135,7 +136,7 @@ def test_sweep_loop_runs_as_its_own_process_and_stops_on_sigterm(shop, processes
     store = open_store(sqlite_url, clock=FakeClock(start=time.time() - 3600))  # an hour ago
     [sub] = store.submit([NewTask("notify_merchant", dumps({"args": ["m", "x"], "kwargs": {}}), max_retries=2)])
     tid = sub.id
-    [claim] = store.claim("ghost", ["default"], 1, lease_seconds=30)
+    [claim] = store.claim("ghost", ClaimRequest(["default"], 1, lease_seconds=30))
     assert claim.tasks[0].id == tid
     proc = processes.start(
         [*CORRAL, "sweep", "--loop", "--interval", "0.2s", "--store", sqlite_url], "sweeper", cwd=REPO

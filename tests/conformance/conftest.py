@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
 from corral.core.model import Claim, NewTask, Outcome, TaskRecord
 from corral.core.states import State
@@ -122,7 +123,7 @@ def submit_one(store: Store, name: str = "t", group: str | None = None, **kw) ->
 
 
 def claim(store: Store, max_units: int = 1, *, queues=("default",), **kw) -> list[Claim]:
-    return store.claim("w1", list(queues), max_units, **kw)
+    return store.claim("w1", ClaimRequest(tuple(queues), max_units, **kw))
 
 
 def claim_one(store: Store, **kw) -> TaskRecord:

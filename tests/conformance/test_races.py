@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import Outcome
 from corral.core.states import State
 from corral.maintenance.recovery import sweep_once
@@ -18,7 +19,7 @@ def test_concurrent_claimers_never_share_a_task_nor_exceed_max_units(store, seco
     def claimer(i):
         got = []
         while True:
-            claims = stores[i % 2].claim(f"w{i}", ["default"], 7)
+            claims = stores[i % 2].claim(f"w{i}", ClaimRequest(["default"], 7))
             assert len(claims) <= 7
             if not claims:
                 return got
@@ -41,7 +42,7 @@ def test_two_writers_racing_one_version_exactly_one_wins(store):
 
 def test_racing_outcomes_on_one_claim_exactly_one_applies_and_success_stays(store):
     submit(store, *[new() for _ in range(20)])
-    claims = store.claim("w", ["default"], 20)
+    claims = store.claim("w", ClaimRequest(["default"], 20))
     for c in claims:
         t = c.tasks[0]
         outcomes = [State.SUCCESS, State.FAILED, State.RETRYING, State.PENDING]
@@ -58,7 +59,7 @@ def test_racing_outcomes_on_one_claim_exactly_one_applies_and_success_stays(stor
 
 def test_success_never_becomes_anything_else(store):
     tid = submit(store, new())[0]
-    (c,) = store.claim("w", ["default"], 1)
+    (c,) = store.claim("w", ClaimRequest(["default"], 1))
     t = c.tasks[0]
     assert store.complete([Outcome(tid, c.token, t.version, State.SUCCESS, result="1")]) == [True]
     rec = store.get(tid)

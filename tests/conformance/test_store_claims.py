@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from corral.core.claims import ClaimRequest
 from corral.core.states import State
 from corral.stores import open_store
 
@@ -128,7 +129,7 @@ def _claim_concurrently(stores, total, threads=8):
                 with lock:
                     if count[0] >= total:
                         return
-                got = claimed_ids(s.claim(f"w{n}", ["default"], 7, lease_seconds=60))
+                got = claimed_ids(s.claim(f"w{n}", ClaimRequest(["default"], 7, lease_seconds=60)))
                 seen[n].extend(got)
                 with lock:
                     count[0] += len(got)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from corral.core.breaker import BreakerConfig, BreakerState
+from corral.core.claims import ClaimRequest
 from corral.core.model import LimitSpec, Outcome, TaskFilter
 from corral.core.states import State
 
@@ -34,10 +35,10 @@ def test_rate_caps_the_claims_to_the_burst_then_refills(store, advance):
 def test_rate_is_shared_by_store_instances(store, second_store, advance):
     store.set_limit(LimitSpec("api", rate="2/m", burst=2))
     rated(store, 6)
-    assert len(store.claim("w1", ["default"], 1)) == 1
-    assert len(second_store.claim("w2", ["default"], 10)) == 1
-    assert store.claim("w1", ["default"], 10) == []
-    assert second_store.claim("w2", ["default"], 10) == []
+    assert len(store.claim("w1", ClaimRequest(["default"], 1))) == 1
+    assert len(second_store.claim("w2", ClaimRequest(["default"], 10))) == 1
+    assert store.claim("w1", ClaimRequest(["default"], 10)) == []
+    assert second_store.claim("w2", ClaimRequest(["default"], 10)) == []
 
 
 def test_rate_limited_task_keeps_its_attempts_and_others_flow(store, advance):
@@ -206,10 +207,10 @@ def test_probes_are_shared_by_store_instances(store, second_store, advance):
     submit(store, *[new("call_partner") for _ in range(10)])
     run_calls(store, 4, failed=True)
     advance(31)
-    assert len(store.claim("w1", ["default"], 1)) == 1
-    assert len(second_store.claim("w2", ["default"], 10)) == 1
-    assert store.claim("w1", ["default"], 10) == []
-    assert second_store.claim("w2", ["default"], 10) == []
+    assert len(store.claim("w1", ClaimRequest(["default"], 1))) == 1
+    assert len(second_store.claim("w2", ClaimRequest(["default"], 10))) == 1
+    assert store.claim("w1", ClaimRequest(["default"], 10)) == []
+    assert second_store.claim("w2", ClaimRequest(["default"], 10)) == []
 
 
 def test_a_failed_probe_reopens_with_a_longer_cooldown(store, advance):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import Outcome
 from corral.core.states import State
 
@@ -296,16 +297,16 @@ def test_operator_retry_of_an_old_failed_task_never_runs_beside_its_group(store)
     """A FAILED task retried after its group moved on must wait for the
     group's running task: still one in flight per group."""
     first, second = submit(store, new(group="g"), new(group="g"))
-    (c1,) = store.claim("w", ["default"], 1)
+    (c1,) = store.claim("w", ClaimRequest(["default"], 1))
     t1 = c1.tasks[0]
     assert store.complete([Outcome(t1.id, c1.token, t1.version, State.FAILED, error="bad")]) == [True]
-    (c2,) = store.claim("w", ["default"], 1)
+    (c2,) = store.claim("w", ClaimRequest(["default"], 1))
     assert [t.id for t in c2.tasks] == [second]
     assert store.retry(first)
-    assert store.claim("w", ["default"], 5) == []  # second still runs
+    assert store.claim("w", ClaimRequest(["default"], 5)) == []  # second still runs
     t2 = c2.tasks[0]
     assert store.complete([Outcome(t2.id, c2.token, t2.version, State.SUCCESS)]) == [True]
-    (c3,) = store.claim("w", ["default"], 5)
+    (c3,) = store.claim("w", ClaimRequest(["default"], 5))
     assert [t.id for t in c3.tasks] == [first]
 
 

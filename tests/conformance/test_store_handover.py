@@ -4,6 +4,7 @@ claims in one call, a limit's place passing from one unit to the next."""
 from __future__ import annotations
 
 from corral.core.breaker import BreakerConfig, BreakerState
+from corral.core.claims import ClaimRequest
 from corral.core.model import LimitSpec, Outcome
 from corral.core.states import State
 from corral.maintenance.recovery import sweep_once
@@ -15,8 +16,8 @@ def done(rec) -> Outcome:
     return Outcome(rec.id, rec.lease_token, rec.version, State.SUCCESS)
 
 
-def hand_over(store, outcomes, places, **kw):
-    return store.complete_and_claim(outcomes, places, "w", ["default"], **kw)
+def hand_over(store, outcomes, places, relays=(), **kw):
+    return store.complete_and_claim(outcomes, places, "w", ClaimRequest(("default",), **kw), relays=relays)
 
 
 def handed(store, got, ids) -> bool:
@@ -105,11 +106,11 @@ def test_a_place_goes_back_to_every_worker_when_others_work_waits_first(store):
     (mine,) = submit(store, new(queue="a", limits=("api",)))
     (theirs,) = submit(store, new(queue="b", limits=("api",)))
     (later,) = submit(store, new(queue="a", limits=("api",)))
-    (c,) = store.claim("w", ["a"], 10)
+    (c,) = store.claim("w", ClaimRequest(["a"], 10))
     assert claimed_ids([c]) == [mine]
-    applied, got = store.complete_and_claim([done(c.tasks[0])], [("api",)], "w", ["a"])
+    applied, got = store.complete_and_claim([done(c.tasks[0])], [("api",)], "w", ClaimRequest(["a"]))
     assert applied == [True] and got == []  # the other queue's work waited first
-    (other,) = store.claim("w2", ["b"], 10)
+    (other,) = store.claim("w2", ClaimRequest(["b"], 10))
     assert claimed_ids([other]) == [theirs]
     assert status_of(store, later) is State.PENDING
 
@@ -118,15 +119,15 @@ def test_a_place_passes_over_when_the_first_work_waiting_is_the_workers_own(stor
     store.set_limit(LimitSpec("api", concurrency=1))
     first, mine = submit(store, new(queue="a", limits=("api",)), new(queue="a", limits=("api",)))
     submit(store, new(queue="b", limits=("api",)))
-    (c,) = store.claim("w", ["a"], 10)
-    applied, got = store.complete_and_claim([done(c.tasks[0])], [("api",)], "w", ["a"])
+    (c,) = store.claim("w", ClaimRequest(["a"], 10))
+    applied, got = store.complete_and_claim([done(c.tasks[0])], [("api",)], "w", ClaimRequest(["a"]))
     assert applied == [True] and handed(store, got, [mine])
 
 
 # ---- relays: a successor claimed while its predecessor still runs ------------------
 def relay(store, outcomes, unit, queues=("default",)):
     return store.complete_and_claim(
-        outcomes, [], "w", list(queues), relays=[(unit.token, unit.tasks[0].limits)], chunk_size=1
+        outcomes, [], "w", ClaimRequest(list(queues), chunk_size=1), relays=[(unit.token, unit.tasks[0].limits)]
     )
 
 
@@ -145,7 +146,7 @@ def test_a_relay_takes_the_place_of_a_running_unit_under_its_token(store):
     assert rec.status is State.RESERVED and rec.started_at is None and rec.attempt == 0  # not started yet
     assert store.limit_usage().get("api") == 2
     assert claim(store, 10) == []  # the limit stays full to everyone else
-    applied, _ = store.complete_and_claim([done(first.tasks[0])], [], "w", ["default"])
+    applied, _ = store.complete_and_claim([done(first.tasks[0])], [], "w", ClaimRequest(["default"]))
     assert applied == [True]
     assert store.limit_usage().get("api") == 2  # the predecessor ended: its successor holds the place
     assert claim(store, 10) == []
@@ -181,7 +182,7 @@ def test_a_relay_leaves_the_place_to_other_queues_work_waiting_first(store):
     store.set_limit(LimitSpec("api", concurrency=1))
     (mine,) = submit(store, new(queue="a", limits=("api",)))
     submit(store, new(queue="b", limits=("api",)), new(queue="a", limits=("api",)))
-    (c,) = store.claim("w", ["a"], 10)
+    (c,) = store.claim("w", ClaimRequest(["a"], 10))
     assert claimed_ids([c]) == [mine]
     _, got = relay(store, [], c, queues=("a",))
     assert got == []
@@ -201,9 +202,9 @@ def test_a_relay_never_takes_the_next_task_of_the_running_group(store):
 def test_a_relayed_successor_of_a_dead_worker_comes_back_with_its_attempts(store, advance):
     store.set_limit(LimitSpec("api", concurrency=1))
     first, second = submit(store, new(limits=("api",), max_retries=1), new(limits=("api",), max_retries=1))
-    (c,) = store.claim("w", ["default"], 1, lease_seconds=30)
+    (c,) = store.claim("w", ClaimRequest(["default"], 1, lease_seconds=30))
     _, got = store.complete_and_claim(
-        [], [], "w", ["default"], relays=[(c.token, ("api",))], chunk_size=1, lease_seconds=30
+        [], [], "w", ClaimRequest(["default"], chunk_size=1, lease_seconds=30), relays=[(c.token, ("api",))]
     )
     if not store.hands_over:
         assert got == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from corral.core.claims import ClaimRequest
 from corral.core.states import State
 from corral.maintenance.recovery import sweep_once
 from helpers import wait_for
@@ -158,7 +159,7 @@ def _waiting(store, store_kind: str, monkeypatch) -> threading.Event:
     waiting = threading.Event()
     if store_kind == "postgres":
         store.wait_for_work(5)  # first call: returns once LISTEN is in place
-        store.claim("w", ["default"], 1)  # nothing; the claim remembers what it has seen
+        store.claim("w", ClaimRequest(["default"], 1))  # nothing; the claim remembers what it has seen
         threading.Thread(
             target=lambda: wait_for(store._listen_lock.locked, timeout=30) and waiting.set(), daemon=True
         ).start()

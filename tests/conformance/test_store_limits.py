@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import LimitSpec
 from corral.core.states import State
 
@@ -119,8 +120,8 @@ def test_limit_holds_across_store_instances(store, second_store):
     store.set_limit(LimitSpec("api", concurrency=2))
     assert second_store.limits()["api"].concurrency == 2
     limited(store, 6)
-    assert len(store.claim("w1", ["default"], 1)) == 1
-    assert len(second_store.claim("w2", ["default"], 10)) == 1
-    assert store.claim("w1", ["default"], 10) == []
-    assert second_store.claim("w2", ["default"], 10) == []
+    assert len(store.claim("w1", ClaimRequest(["default"], 1))) == 1
+    assert len(second_store.claim("w2", ClaimRequest(["default"], 10))) == 1
+    assert store.claim("w1", ClaimRequest(["default"], 10)) == []
+    assert second_store.claim("w2", ClaimRequest(["default"], 10)) == []
     assert second_store.limit_usage().get("api") == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import TaskFilter
 from corral.core.states import State
 
@@ -207,7 +208,7 @@ def test_a_search_by_group_finds_its_tasks_in_every_state_in_id_order(store):
     )
     outcomes = [State.SUCCESS, State.FAILED, State.CANCELED, State.TIMEOUT, State.FAILED]  # the fifth halts the line
     for status in outcomes:
-        (c,) = store.claim("w", ["default"], 1, names=["t"])
+        (c,) = store.claim("w", ClaimRequest(["default"], 1, names=["t"]))
         assert finish(store, c.tasks[0], status)
     (other,) = submit(store, new("t", group="other"))
     running = claim(store, 5)  # the halted line holds the rest back; the other group runs

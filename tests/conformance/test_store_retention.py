@@ -5,6 +5,7 @@ batch or a halted group still needs stays whatever its age."""
 from __future__ import annotations
 
 from corral.core.batches import Callback
+from corral.core.claims import ClaimRequest
 from corral.core.states import State
 
 from .conftest import claim_one, finish, new, submit, submit_one
@@ -138,7 +139,7 @@ def test_prune_keeps_a_halting_failure_while_its_group_waits_behind_it(store, ad
     assert rec.id == head and finish(store, rec, State.FAILED, error="boom")
     advance(8 * DAY)
     assert store.prune(cut(store, failed=7), 100) == 0
-    assert store.claim("w1", ["default"], 1) == []  # the group is still halted
+    assert store.claim("w1", ClaimRequest(["default"], 1)) == []  # the group is still halted
     store.cancel(behind)
     assert store.prune(cut(store, failed=7), 100) == 1  # nothing waits behind it now
     assert store.get(head) is None

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import LimitSpec, TaskFilter
 from corral.core.states import State
 from corral.errors import StoreError, SubmitError
@@ -227,10 +228,10 @@ def test_tasks_are_shared_between_instances(store, second_store):
     tid = submit_one(store, "shared", args='{"args":[7],"kwargs":{}}')
     rec = second_store.get(tid)
     assert rec is not None and rec.arguments == ([7], {})
-    (c,) = second_store.claim("w2", ["default"], 5)
+    (c,) = second_store.claim("w2", ClaimRequest(["default"], 5))
     assert [t.id for t in c.tasks] == [tid]
     assert store.get(tid).status == State.RUNNING
-    assert store.claim("w1", ["default"], 5) == []
+    assert store.claim("w1", ClaimRequest(["default"], 5)) == []
 
 
 def test_a_bounded_submit_counts_inside_its_write_so_racing_submitters_never_overshoot(store):

@@ -38,6 +38,7 @@ from typing import Any
 
 from corral.bench import common
 from corral.bench.common import Recorder, emit_progress
+from corral.core.claims import ClaimRequest
 from corral.core.stats import percentile
 
 PARTS = ("enqueue", "process", "io", "latency")
@@ -159,7 +160,7 @@ def prefill(app, url: str, rows: int, progress) -> float:
         while done < rows:
             k = min(SUBMIT_BATCH, rows - done)
             app.submit_many(tdef, [{"args": (0,)} for _ in range(k)])
-            claims = store.claim("prefill", ["default"], k, names=None, lease_seconds=60)
+            claims = store.claim("prefill", ClaimRequest(("default",), k, names=None, lease_seconds=60))
             from corral.core.model import Outcome
             from corral.core.states import State
 

@@ -14,9 +14,10 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
 
 from corral.core import slots, validation
+from corral.core.claims import ClaimRequest
 from corral.core.model import Claim
 from corral.core.pacing import tail_bound, tail_split
 from corral.engine.hooks import DispatchPolicy
@@ -79,7 +80,7 @@ class Claimer:
     def claim(self, want: int, names: frozenset[str], policy: DispatchPolicy, *, prefetch: bool = False) -> list[Claim]:
         """One claim, or one per lane of the policy (and with per-queue slots,
         one per queue with a slot free) until ``want`` is reached."""
-        extra = self.extra(policy, prefetch)
+        template = self.request(policy, prefetch)
         if policy.lanes is None:
             lanes: tuple[tuple[tuple[str, ...], frozenset[str]], ...] = ((self.queues, names),)
         else:
@@ -113,44 +114,53 @@ class Claimer:
             for ask_queues, n in asks:
                 if n <= 0 or len(claims) >= want:
                     continue
-                got = self.store.claim(
-                    self.id,
-                    ask_queues,
-                    min(n, want - len(claims)),
+                request = replace(
+                    template,
+                    queues=ask_queues,
+                    max_units=min(n, want - len(claims)),
                     names=lane_names,
                     chunk_size=chunk,
                     tail=tail,
-                    lease_seconds=self.lease_seconds,
-                    **extra,
                 )
+                got = self.store.claim(self.id, request)
                 claims += got
                 self.note_grouped(got)
                 retried = sum(1 for c in got if is_retry(c, prefetch))
-                for key in ("retry_cap", "retry_max"):
-                    if extra.get(key) is not None:
-                        extra[key] = max(0, extra[key] - retried)
+                if retried:
+                    template = replace(
+                        template,
+                        retry_cap=None if template.retry_cap is None else max(0, template.retry_cap - retried),
+                        retry_max=None if template.retry_max is None else max(0, template.retry_max - retried),
+                    )
         return claims
 
-    def extra(self, policy: DispatchPolicy, prefetch: bool) -> dict[str, Any]:
-        """The claim's options that follow from the policy and the retries held here."""
-        extra: dict[str, Any] = {"only_retries": True} if policy.only_retries else {}
-        if prefetch:
-            extra["prefetch"] = True
+    def request(self, policy: DispatchPolicy, prefetch: bool) -> ClaimRequest:
+        """The claim's options that follow from the policy and the retries
+        held here (the queues, units, names, chunk and tail are the caller's)."""
+        retry_cap = retry_max = None
         if self.retry_share is not None and not policy.only_retries:
             # the share bounds the retries this worker *holds*, not each claim
             slots_now = self.concurrency if policy.slots is None else min(self.concurrency, policy.slots)
             retries_held, fresh_peak = self.ledger.retry_counts()
-            extra["retry_share"] = self.retry_share
-            extra["retry_cap"] = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
+            retry_cap = validation.held_retry_cap(slots_now, self.retry_share, retries_held)
             if fresh_peak:
                 # fresh work came a moment ago: keep room for its next arrivals
                 room = slots.retry_room(slots_now, self.retry_share, fresh_peak)
-                extra["retry_max"] = max(0, room - retries_held)
+                retry_max = max(0, room - retries_held)
             if prefetch:
                 # retries are claimed into free slots only: a retry held ahead
                 # would take a turn fresh arrivals need
-                extra["retry_cap"] = extra["retry_max"] = 0
-        return extra
+                retry_cap = retry_max = 0
+        return ClaimRequest(
+            self.queues,
+            1,
+            lease_seconds=self.lease_seconds,
+            only_retries=policy.only_retries,
+            retry_share=None if policy.only_retries else self.retry_share,
+            retry_cap=retry_cap,
+            retry_max=retry_max,
+            prefetch=prefetch,
+        )
 
     def unrestricted(self, policy: DispatchPolicy) -> bool:
         """Does nothing restrict what a claim may take now (no per-queue

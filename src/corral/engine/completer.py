@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from corral.core.clock import Clock
 from corral.core.model import Claim, Outcome, Start, TaskRecord
@@ -321,17 +322,19 @@ class Completer:
         began = time.monotonic()
         self._handover_asked = self.clock.monotonic()
         try:
+            request = replace(
+                claimer.request(policy, False),
+                max_units=max(1, len(ended)),
+                names=names,
+                chunk_size=chunk,
+                tail=claimer.tail(chunk, read=False),
+            )
             applied, claims = self.store.complete_and_claim(
                 outcomes,
                 [u.claim.tasks[0].limits for u in ended],
                 claimer.id,
-                claimer.queues,
+                request,
                 relays=[(u.claim.token, u.claim.tasks[0].limits) for u in relays],
-                names=names,
-                chunk_size=chunk,
-                tail=claimer.tail(chunk, read=False),
-                lease_seconds=claimer.lease_seconds,
-                **claimer.extra(policy, False),
             )
         except StoreError as exc:
             log.warning("handing %d place(s) over failed (%s); writing the outcomes alone", len(ended), exc)

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
+from corral.core.claims import ClaimRequest
 from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -404,23 +405,11 @@ class Store(abc.ABC):
 
     # ---- workers ----------------------------------------------------------
     @abc.abstractmethod
-    def claim(
-        self,
-        worker_id: str,
-        queues: Collection[str],
-        max_units: int,
-        *,
-        names: Collection[str] | None = None,
-        chunk_size: int = 1,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        only_retries: bool = False,
-        retry_share: float | None = None,
-        retry_cap: int | None = None,
-        retry_max: int | None = None,
-        prefetch: bool = False,
-        tail: tuple[int, int] | None = None,
-    ) -> list[Claim]:
-        """Take up to ``max_units`` claims by the module's claim rules.
+    def claim(self, worker_id: str, request: ClaimRequest) -> list[Claim]:
+        """Take up to ``request.max_units`` claims by the module's claim rules,
+        from ``request.queues``, of the task names in ``request.names`` (None:
+        any), chunked up to ``request.chunk_size``, under a lease of
+        ``request.lease_seconds``. The request's other fields:
 
         ``prefetch`` claims units a worker will hold before a slot is free
         for them: none of their tasks names a limit or a task name under a
@@ -511,10 +500,9 @@ class Store(abc.ABC):
         outcomes: Sequence[Outcome],
         places: Sequence[Collection[str]],
         worker_id: str,
-        queues: Collection[str],
+        request: ClaimRequest,
         *,
         relays: Sequence[tuple[str, Collection[str]]] = (),
-        **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         """Apply ``outcomes`` and claim, in the same transaction, at most one
         unit for each unit that ended with them (``places``: the limits each
@@ -524,10 +512,11 @@ class Store(abc.ABC):
         cap. A successor may name only limits its place covers that have no
         rate, no pause and no breaker, and only while the limit is not over
         its cap (lowered meanwhile); anything else waits for an ordinary
-        claim. ``claim_options`` are :meth:`claim`'s.
+        claim. ``request`` is as for :meth:`claim`, but for its
+        ``max_units``: one unit at most for each place.
 
         A place passes over only when the first work waiting under each of
-        its limits is work of ``queues`` (and of the task names claimed);
+        its limits is work of the request's queues (and of the task names claimed);
         otherwise it is freed for every worker, so a worker of other queues
         under the same limit is not shut out.
 

@@ -14,7 +14,7 @@ import sys
 import threading
 import uuid
 from collections import deque
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -23,6 +23,7 @@ from corral.core import dag, texts
 from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
+from corral.core.claims import Candidate, ClaimPlanner, ClaimRequest
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import (
     EARLY,
@@ -36,9 +37,9 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.gates import BreakerRow, Gates, LimitState, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
-    DEFAULT_LEASE_SECONDS,
     SUPERSEDED,
     BreakerEvent,
     Claim,
@@ -53,12 +54,10 @@ from corral.core.model import (
     dumps,
     loads,
 )
-from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, RESERVED, State, check_transition, shown
 from corral.core.stats import percentile
-from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, SubmitError
 from corral.stores import base
 from corral.stores.base import (
@@ -73,7 +72,6 @@ from corral.stores.base import (
     Store,
     SweepRow,
 )
-from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
 
 #: Events the memory store keeps (the oldest go first); a durable store's
 #: sweeper trims by age and count instead.
@@ -404,131 +402,72 @@ class MemoryStore(Store):
         older.add(newest)
 
     # ---- workers ----------------------------------------------------------
-    def claim(
-        self,
-        worker_id: str,
-        queues: Collection[str],
-        max_units: int,
-        *,
-        names: Collection[str] | None = None,
-        chunk_size: int = 1,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        only_retries: bool = False,
-        retry_share: float | None = None,
-        retry_cap: int | None = None,
-        retry_max: int | None = None,
-        prefetch: bool = False,
-        tail: tuple[int, int] | None = None,
-    ) -> list[Claim]:
+    def claim(self, worker_id: str, request: ClaimRequest) -> list[Claim]:
         claims: list[Claim] = []
-        if max_units <= 0:
+        if request.max_units <= 0:
             return claims
         with self._lock:
             now = self.now()
             self._promote_due(now)
-            retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
-            fresh = [] if only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
-            cap, most = retry_bounds(max_units, retry_share, retry_cap, retry_max)
-            # one pass in claim order, the retry path only up to its share;
-            # then, if fresh work ran short, retries take the rest
-            if cap is None or not retry or not fresh:
-                cap, passes = max_units, [fresh + retry]
-            else:
-                passes = [fresh + retry, retry]
-            retry_heaps = {id(h) for h in retry}
-            retries_taken = 0
-            skipped: list[tuple[list, tuple]] = []
-            gates: Gates | None = None
-            for i, heaps in enumerate(passes):
+            plan = ClaimPlanner(
+                request, lambda: Gates(now, self._limits, self._usage, self._breakers), self._breaker_closed
+            )
+            # entries read from the heaps that still stand: put back unless taken
+            read: list[tuple[list, tuple]] = []
+            ranks: dict[int, tuple] = {}
+
+            def ordered(heaps: list[list]) -> Iterator[Candidate]:
+                """The heads queued in ``heaps``, in claim order (rank, then id)."""
                 heaps = [h for h in heaps if h]
-                capped = i == 0 and len(passes) > 1
-                while heaps and len(claims) < max_units:
+                while heaps:
                     heap = min(heaps, key=lambda h: h[0])
                     entry = heapq.heappop(heap)
-                    if id(heap) in retry_heaps and retries_taken >= (cap if capped else most):
-                        heapq.heappush(heap, entry)  # the share is taken: the rest waits for this pass to end
-                        heaps = [h for h in heaps if h is not heap]
-                        continue
                     if not heap:
                         heaps.remove(heap)
                     tid, stamp = entry[1], entry[2]
                     t = self._tasks[tid]
                     if self._stamp.get(tid) != stamp or t.status not in QUEUED:
-                        continue
+                        continue  # a stale entry
                     g = self._groups.get(t.group) if t.group is not None else None
                     if g is not None and (g.running or g.ids[0] != tid):
-                        continue
-                    if (
-                        (names is not None and t.name not in names)
-                        or (only_retries and t.status is not State.RETRYING)
-                        or (prefetch and (t.limits or not _closed(self._breakers, t.name)))
-                    ):
-                        skipped.append((heap, entry))
-                        continue
-                    solo = False
-                    if t.limits or t.name in self._breakers:
-                        if gates is None:
-                            gates = Gates(now, self._limits, self._usage, self._breakers)
-                        if not gates.fits(t.limits, t.name):
-                            skipped.append((heap, entry))
-                            continue
-                        gates.take(t.limits, t.name)
-                        solo = gates.solo(t.limits, t.name)
-                    members = [t]
-                    size = chunk_size if g is None else line_chunk(chunk_size, len(g.ids), tail)
-                    if g is not None and size > 1 and not solo:
-                        # a group whose whole line fits in the reach goes in one chunk
-                        reach = chunk_reach(size)
-                        take = reach if len(g.ids) <= reach else size
-                        for nid in itertools.islice(g.ids, 1, None):
-                            if len(members) >= take:
-                                break
-                            n = self._tasks[nid]
-                            if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
-                                continue  # ended: no longer in the group's line (as the SQL stores read it)
-                            if (
-                                n.status not in QUEUED
-                                or n.run_at > now
-                                or n.queue != t.queue
-                                or (names is not None and n.name not in names)
-                                or (only_retries and n.status is not State.RETRYING)
-                                or n.name in self._breakers
-                                or (prefetch and n.limits)
-                            ):
-                                break
-                            members.append(n)
-                    token = uuid.uuid4().hex
-                    expires = now + lease_seconds
-                    for i, m in enumerate(members):
-                        self._stamp.pop(m.id, None)
-                        self._count[m.status] -= 1
-                        self._count[State.RUNNING] += 1
-                        before = m.status
-                        m.status = State.RUNNING
-                        m.version += 1
-                        m.lease_token = token
-                        m.lease_expires_at = expires
-                        m.worker_id = worker_id
-                        if i == 0 and not prefetch:
-                            m.attempt += 1
-                            m.started_at = now
-                        else:
-                            m.started_at = None
-                        self._running.add(m.id)
-                        self._task_event(m, before, now)
-                    self._leases[token] = _Lease({m.id for m in members}, t.limits)
-                    for name in t.limits:
-                        self._usage[name] = self._usage.get(name, 0) + 1
-                    if g is not None:
-                        g.running += len(members)
-                        g.last_claimed_at = now
-                    claims.append(Claim(token, [replace(m) for m in members], t.group))
-                    if id(heap) in retry_heaps:
-                        retries_taken += 1
-                    if heap not in heaps and heap:
-                        heaps.append(heap)
-            for heap, entry in skipped:
-                heapq.heappush(heap, entry)
+                        continue  # not its group's head: queued again when it is
+                    read.append((heap, entry))
+                    c = _candidate(t, now)
+                    if not plan.shut_out(c):
+                        ranks[tid] = entry[:2]
+                        yield c
+
+            def try_take(c: Candidate) -> bool:
+                if not plan.admits(c):
+                    return False
+                line: list[Candidate] = []
+                far = plan.reach(c)
+                if far:
+                    g = self._groups[c.group]  # type: ignore[index]
+                    for nid in itertools.islice(g.ids, 1, None):
+                        if len(line) >= far:
+                            break
+                        n = self._tasks[nid]
+                        if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
+                            continue  # ended: no longer in the group's line (as the SQL stores read it)
+                        line.append(_candidate(n, now))
+                plan.take(plan.chunk(c, line))
+                return True
+
+            retry = [self._retry_ready[q] for q in request.queues if self._retry_ready.get(q)]
+            fresh = [] if request.only_retries else [self._ready[q] for q in request.queues if self._ready.get(q)]
+            if plan.retry_cap is None:
+                plan.run(ordered(fresh + retry), None, try_take, lambda c: ranks[c.id])
+            else:
+                plan.run(ordered(fresh), ordered(retry), try_take, lambda c: ranks[c.id])
+            taken: set[int] = set()
+            for members in plan.units:
+                claims.append(self._take(worker_id, request, members, now))
+                taken.update(m.id for m in members)
+            for heap, entry in read:
+                if entry[1] not in taken:
+                    heapq.heappush(heap, entry)
+            gates = plan.gates
             if gates is not None:
                 for name, charge in gates.rate_writes().items():
                     lim = self._limits[name]
@@ -537,10 +476,48 @@ class MemoryStore(Store):
                     self._breakers[name].state = state
                     if bev is not None:
                         self._breaker_event(bev)
-            self._note_gate_wait(gates.wait if gates is not None and skipped else None)
+            self._note_gate_wait(gates.wait if gates is not None else None)
             if claims:
                 self._changes += 1
         return claims
+
+    def _breaker_closed(self, name: str) -> bool | None:
+        """None: no breaker on ``name``; else whether it is CLOSED."""
+        row = self._breakers.get(name)
+        return None if row is None else row.state.state is brk.BreakerState.CLOSED
+
+    def _take(self, worker_id: str, request: ClaimRequest, unit: list[Candidate], now: float) -> Claim:
+        """Claim the tasks of ``unit`` (its head first) under one new lease."""
+        token = uuid.uuid4().hex
+        expires = now + request.lease_seconds
+        members = [self._tasks[c.id] for c in unit]
+        for i, m in enumerate(members):
+            self._stamp.pop(m.id, None)
+            self._count[m.status] -= 1
+            self._count[State.RUNNING] += 1
+            before = m.status
+            m.status = State.RUNNING
+            m.version += 1
+            m.lease_token = token
+            m.lease_expires_at = expires
+            m.worker_id = worker_id
+            if i == 0 and not request.prefetch:
+                m.attempt += 1
+                m.started_at = now
+            else:
+                m.started_at = None
+            self._running.add(m.id)
+            self._task_event(m, before, now)
+        limits = tuple(sorted(frozenset().union(*(c.limits for c in unit))))
+        self._leases[token] = _Lease({m.id for m in members}, limits)
+        for name in limits:
+            self._usage[name] = self._usage.get(name, 0) + 1
+        head = members[0]
+        g = self._groups.get(head.group) if head.group is not None else None
+        if g is not None:
+            g.running += len(members)
+            g.last_claimed_at = now
+        return Claim(token, [replace(m) for m in members], head.group)
 
     def record_starts(self, starts: Sequence[Start]) -> int:
         applied = 0
@@ -1263,10 +1240,18 @@ class MemoryStore(Store):
             return False
 
 
-def _closed(breakers: dict[str, BreakerRow], name: str) -> bool:
-    """No breaker on ``name``, or a CLOSED one (a prefetch may take it)."""
-    row = breakers.get(name)
-    return row is None or row.state.state is brk.BreakerState.CLOSED
+def _candidate(t: TaskRecord, now: float) -> Candidate:
+    """A task as the claim planner reads it."""
+    return Candidate(
+        t.id,
+        t.name,
+        t.queue,
+        t.group,
+        frozenset(t.limits),
+        t.status is State.RETRYING,
+        due=t.run_at <= now,
+        queued=t.status in QUEUED,
+    )
 
 
 def _shown(t: TaskRecord) -> TaskRecord:

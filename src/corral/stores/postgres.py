@@ -57,6 +57,7 @@ from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
+from corral.core.claims import ClaimRequest
 from corral.core.cron import (
     EARLY,
     ENQUEUED,
@@ -69,9 +70,9 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.gates import BreakerRow, Gates, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
-    DEFAULT_LEASE_SECONDS,
     BreakerEvent,
     Claim,
     LimitSpec,
@@ -111,7 +112,7 @@ from corral.stores.base import (
     schedule_params,
     schedule_state,
 )
-from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
+from corral.stores.gates import breaker_row, limit_state
 from corral.stores.sqlbase import (
     Read,
     SqlStore,
@@ -761,40 +762,14 @@ class PostgresStore(SqlStore):
         return [shown_record(_record(r)) for r in self._fetchall("upstream", {"id": task_id}, dicts=True)]
 
     # ---- workers ----------------------------------------------------------------
-    def claim(
-        self,
-        worker_id: str,
-        queues: Collection[str],
-        max_units: int,
-        *,
-        names: Collection[str] | None = None,
-        chunk_size: int = 1,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        only_retries: bool = False,
-        retry_share: float | None = None,
-        retry_cap: int | None = None,
-        retry_max: int | None = None,
-        prefetch: bool = False,
-        tail: tuple[int, int] | None = None,
-    ) -> list[Claim]:
-        if max_units <= 0:
+    def claim(self, worker_id: str, request: ClaimRequest) -> list[Claim]:
+        if request.max_units <= 0:
             return []
+        max_units, prefetch = request.max_units, request.prefetch
         # Remember what this thread has seen, so wait_for_work() returns at
         # once if a notification arrived between this claim and the wait.
         self._local.seen = self._gen
-        base = _claim_params(
-            worker_id,
-            queues,
-            names=names,
-            chunk_size=chunk_size,
-            lease_seconds=lease_seconds,
-            only_retries=only_retries,
-            retry_share=retry_share,
-            retry_cap=retry_cap,
-            retry_max=retry_max,
-            prefetch=prefetch,
-            tail=tail,
-        )
+        base = _claim_params(worker_id, request)
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
@@ -851,7 +826,7 @@ class PostgresStore(SqlStore):
             conn.execute(self._q["limit_lock"], {"names": names})
             rows = conn.execute(self._q["limits"]).fetchall()
             now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
-            limits = {r[0]: LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows}
+            limits = {(lim := limit_state(r)).spec.name: lim for r in rows}
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             breakers = self._breaker_rows(conn)
@@ -903,9 +878,9 @@ class PostgresStore(SqlStore):
 
     def _breaker_rows(self, conn) -> dict[str, BreakerRow]:
         rows = conn.execute(self._q["breakers"]).fetchall()
-        self._breaker_names = frozenset(n for n, _, _ in rows)
+        self._breaker_names = frozenset(b.name for b in (breaker_row(r) for r in rows))
         self._breaker_names_until = time.monotonic() + BREAKER_NAMES_TTL
-        return {n: BreakerRow(n, brk.config_from_json(c), brk.state_from_json(st)) for n, c, st in rows}
+        return {(b := breaker_row(r)).name: b for r in rows}
 
     def _save_breaker(self, conn, name: str, state: brk.Breaker, ev: BreakerEvent | None) -> None:
         conn.execute(
@@ -997,16 +972,15 @@ class PostgresStore(SqlStore):
         outcomes: Sequence[Outcome],
         places: Sequence[Collection[str]],
         worker_id: str,
-        queues: Collection[str],
+        request: ClaimRequest,
         *,
         relays: Sequence[tuple[str, Collection[str]]] = (),
-        **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         outcomes = texts.safe_outcomes(outcomes)
         if not places and not relays:
             return self.complete(outcomes), []
         params = _complete_params(outcomes, hush=True)
-        base = _claim_params(worker_id, queues, **claim_options)
+        base = _claim_params(worker_id, request)
         kinds: dict[tuple[str, ...], int] = {}
         for p in places:  # one claim per set of limits: a successor fits the places of its set
             key = tuple(sorted(set(p)))
@@ -1964,42 +1938,32 @@ def _complete_params(outcomes: Sequence[Outcome], *, hush: bool) -> dict[str, An
     }
 
 
-def _claim_params(
-    worker_id: str,
-    queues: Collection[str],
-    *,
-    names: Collection[str] | None = None,
-    chunk_size: int = 1,
-    lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    only_retries: bool = False,
-    retry_share: float | None = None,
-    retry_cap: int | None = None,
-    retry_max: int | None = None,
-    prefetch: bool = False,
-    tail: tuple[int, int] | None = None,
-) -> dict[str, Any]:
+def _claim_params(worker_id: str, request: ClaimRequest) -> dict[str, Any]:
     """The claim statement's parameters, but for ``n`` and ``allowed``."""
-    chunk = max(1, int(chunk_size))
+    chunk, tail = request.chunk, request.tail
+    only_retries, share = request.only_retries, request.retry_share
+    names = request.names
+    plain_share = only_retries or share is None
     return {
-        "queues": text_array(queues),
+        "queues": text_array(request.queues),
         "all_names": names is None,
-        "names": text_array(names or ()),
+        "names": text_array(sorted(names or ())),
         "chunk": chunk,
         "reach": chunk_reach(chunk),
         # near the end of the queued work: lines shorter than "long" take chunks of "short"
         "short": chunk if tail is None else max(1, int(tail[0])),
         "long": 0 if tail is None else int(tail[1]),
-        "lease": float(lease_seconds),
+        "lease": float(request.lease_seconds),
         "worker": worker_id,
         "only_retries": bool(only_retries),
         # the retry path apart: one statement still (the share is applied in it)
-        "share": None if only_retries or retry_share is None else float(retry_share),
+        "share": None if plain_share else float(share),  # type: ignore[arg-type]
         # a worker's own bound on retries (what is left of its share of its slots)
-        "cap": None if only_retries or retry_share is None or retry_cap is None else max(0, int(retry_cap)),
+        "cap": None if plain_share or request.retry_cap is None else max(0, int(request.retry_cap)),
         # and the most retries a claim takes even when fresh work runs short
-        "most": 2**31 - 1 if only_retries or retry_share is None or retry_max is None else max(0, int(retry_max)),
+        "most": 2**31 - 1 if plain_share or request.retry_max is None else max(0, int(request.retry_max)),
         "solo": "{}",
-        "prefetch": bool(prefetch),
+        "prefetch": bool(request.prefetch),
         "relay": None,
     }
 

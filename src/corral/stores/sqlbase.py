@@ -15,12 +15,13 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from corral.core.gates import LimitState
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State, shown, shown_counts
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
-from corral.stores.gates import LimitState
+from corral.stores.gates import limit_state
 
 #: A named query and its (named) parameters.
 Read = tuple[str, Mapping[str, Any]]
@@ -169,11 +170,11 @@ class SqlStore(Store):
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])
-        return {r[0]: LimitSpec(r[0], r[1], r[2], r[3], r[4]) for r in rows}
+        return {(spec := limit_state(r).spec).name: spec for r in rows}
 
     def _limit_states(self) -> tuple[list[LimitState], float]:
         (rows,) = self._read_all([("limits", {})])
-        return [LimitState(LimitSpec(r[0], r[1], r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows], self.now()
+        return [limit_state(r) for r in rows], self.now()
 
     def limit_tokens(self) -> dict[str, float]:
         return self._per_limit(LimitState.tokens_now)

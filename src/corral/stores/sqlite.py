@@ -71,7 +71,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import json
 import logging
 import math
@@ -82,7 +81,7 @@ import time
 import uuid
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, replace
+from dataclasses import astuple
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
@@ -90,6 +89,7 @@ from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
+from corral.core.claims import Candidate, ClaimPlanner, ClaimRequest, Relay
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import (
     EARLY,
@@ -103,9 +103,9 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.gates import BreakerRow, Gates, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
-    DEFAULT_LEASE_SECONDS,
     BreakerEvent,
     Claim,
     LimitSpec,
@@ -119,10 +119,8 @@ from corral.core.model import (
     dumps,
     loads,
 )
-from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition, shown_counts
-from corral.core.validation import retry_bounds
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
 from corral.stores.base import (
     STILL_GOING,
@@ -140,7 +138,7 @@ from corral.stores.base import (
     schedule_state,
 )
 from corral.stores.filewatch import FileWatch, open_watch
-from corral.stores.gates import BreakerRow, Gates, LimitState, record_outcomes
+from corral.stores.gates import breaker_row, limit_state
 from corral.stores.sql import load
 from corral.stores.sqlbase import (
     Read,
@@ -375,9 +373,32 @@ def _index_key(row: tuple) -> tuple:
     return (-math.inf if row[8] is None else row[8], row[0])
 
 
-def _limit_state(row: Sequence[Any]) -> LimitState:
-    """A ``limits`` row: name, concurrency, rate, burst, paused_until, tokens, counted_at, starts."""
-    return LimitState(LimitSpec(row[0], row[1], row[2], row[3], row[4]), row[5], row[6], row[7])
+class _CandidateRow(NamedTuple):
+    """A row of the claim's candidate queries (``claim_candidates`` and its
+    kin; ``group_followers`` without ``ord``)."""
+
+    id: int
+    priority: int
+    run_at: float
+    group: str | None
+    name: str
+    limits: str | None
+    queue: str
+    status: str
+    #: its place in the claim index (see :func:`_index_key`)
+    ord: float | None = None
+
+    def candidate(self, now: float) -> Candidate:
+        return Candidate(
+            self.id,
+            self.name,
+            self.queue,
+            self.group,
+            frozenset(json.loads(self.limits)) if self.limits else frozenset(),
+            self.status == State.RETRYING,
+            due=self.run_at <= now,
+            queued=self.status in _QUEUED,
+        )
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
@@ -439,57 +460,6 @@ class _Claimed(NamedTuple):
             for token, group, rows in self.parts
             if rows
         ]
-
-
-@dataclass(frozen=True)
-class _ClaimAsk:
-    """A claim's options as the claim reads them: queues sorted, task names
-    as a set, the retry share turned into bounds."""
-
-    queues: list[str]
-    max_units: int
-    known: set[str] | None
-    chunk_size: int
-    lease_seconds: float
-    only_retries: bool
-    cap: int | None
-    most: int | None
-    prefetch: bool
-    tail: tuple[int, int] | None
-    #: a relay: the running predecessor's token, taken over by the one unit
-    #: claimed, and the limits whose places it passes on
-    relay: str | None = None
-    relay_limits: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(
-        cls,
-        queues: Collection[str],
-        max_units: int,
-        *,
-        names: Collection[str] | None = None,
-        chunk_size: int = 1,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        only_retries: bool = False,
-        retry_share: float | None = None,
-        retry_cap: int | None = None,
-        retry_max: int | None = None,
-        prefetch: bool = False,
-        tail: tuple[int, int] | None = None,
-    ) -> _ClaimAsk:
-        cap, most = retry_bounds(max_units, None if only_retries else retry_share, retry_cap, retry_max)
-        return cls(
-            sorted(set(queues)),
-            max_units,
-            None if names is None else set(names),
-            chunk_size,
-            lease_seconds,
-            only_retries,
-            cap,
-            most,
-            prefetch,
-            tail,
-        )
 
 
 class SQLiteStore(SqlStore):
@@ -971,38 +941,9 @@ class SQLiteStore(SqlStore):
 
     # ---- workers ----------------------------------------------------------
     @_guard
-    def claim(
-        self,
-        worker_id: str,
-        queues: Collection[str],
-        max_units: int,
-        *,
-        names: Collection[str] | None = None,
-        chunk_size: int = 1,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        only_retries: bool = False,
-        retry_share: float | None = None,
-        retry_cap: int | None = None,
-        retry_max: int | None = None,
-        prefetch: bool = False,
-        tail: tuple[int, int] | None = None,
-    ) -> list[Claim]:
-        if max_units <= 0 or not queues:
+    def claim(self, worker_id: str, request: ClaimRequest) -> list[Claim]:
+        if request.max_units <= 0 or not request.queues:
             return []
-        ask = _ClaimAsk.of(
-            queues,
-            max_units,
-            names=names,
-            chunk_size=chunk_size,
-            lease_seconds=lease_seconds,
-            only_retries=only_retries,
-            retry_share=retry_share,
-            retry_cap=retry_cap,
-            retry_max=retry_max,
-            prefetch=prefetch,
-            tail=tail,
-        )
-        queues, known, cap = ask.queues, ask.known, ask.cap
         local = self._local
         if getattr(local, "gated_empty", False):
             # The last claim here found work only behind a full limit (or an
@@ -1017,12 +958,12 @@ class SQLiteStore(SqlStore):
                 # tasks, the ready heads), for a moment: work that only became
                 # due is found by the next look. A worker with slots per
                 # queue claims for its queues in turn: each is its own kind.
-                kind = (tuple(queues), None if known is None else frozenset(known), only_retries, cap, prefetch)
-                seen = (kind, *self._gated_signature(con, queues))
+                cap, _ = request.retry_bounds()
+                kind = (request.queues, request.names, request.only_retries, cap, request.prefetch)
+                seen = (kind, *self._gated_signature(con, request.queues))
                 if seen == getattr(local, "gated_seen", None) and self._clock.monotonic() < local.gated_until:
                     return []
-                look = (con, queues, max_units, known, chunk_size, self._clock.time(), only_retries, cap, ask.most)
-                if not self._pick(*look, prefetch, dry=True)[0]:
+                if not self._pick(con, request, self._clock.time(), dry=True)[0]:
                     # a gate that opens with time (a rate, a pause, a breaker's
                     # cool-down) changes nothing in the store: look each time
                     timed = self._gate_wake is not None
@@ -1031,27 +972,29 @@ class SQLiteStore(SqlStore):
                     return []
             del local.probe_version  # work found: the claim below starts afresh
         with self._write() as con:
-            claimed = self._claim_on(con, worker_id, ask)
+            claimed = self._claim_on(con, worker_id, request)
         return claimed.claims()
 
-    def _claim_on(self, con: sqlite3.Connection, worker_id: str, ask: _ClaimAsk) -> _Claimed:
+    def _claim_on(
+        self, con: sqlite3.Connection, worker_id: str, request: ClaimRequest, relay: Relay | None = None
+    ) -> _Claimed:
         """The claim's writes on ``con``, inside the write transaction its
-        caller holds; the rows become records once the lock is let go."""
-        queues, max_units, known, chunk_size = ask.queues, ask.max_units, ask.known, ask.chunk_size
-        only_retries, cap, most, prefetch, tail = ask.only_retries, ask.cap, ask.most, ask.prefetch, ask.tail
-        lease_seconds = ask.lease_seconds
+        caller holds; the rows become records once the lock is let go. A
+        ``relay`` claims one unit under the running predecessor's token."""
         local = self._local
         now = self._clock.time()
-        if len(queues) == 1 and self._plain_until > time.monotonic() and not only_retries:
+        queues, prefetch = request.queues, request.prefetch
+        cap, most = request.retry_bounds()
+        if len(queues) == 1 and self._plain_until > time.monotonic() and not request.only_retries and relay is None:
             # Only plain work was queued a moment ago: one statement.
             args: tuple = (
-                now + lease_seconds,
+                now + request.lease_seconds,
                 worker_id,
                 None if prefetch else now,
                 queues[0],
                 now,
-                dumps(sorted(known)) if known is not None else None,
-                max_units,
+                dumps(sorted(request.names)) if request.names is not None else None,
+                request.max_units,
             )
             if cap is None:
                 rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
@@ -1060,33 +1003,30 @@ class SQLiteStore(SqlStore):
             if rows:
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
-        relay = ask.relay_limits if ask.relay else None
-        picked, gated = self._pick(
-            con, queues, max_units, known, chunk_size, now, only_retries, cap, most, prefetch, tail=tail, relay=relay
-        )
+        picked, gated = self._pick(con, request, now, relay=None if relay is None else relay.limits)
         local.gated_empty = not picked and gated
         local.gated_seen = None
-        plain = all(m[0][3] is None and not m[0][5] for m in picked)
+        plain = all(m[0].group is None and not m[0].limits for m in picked)
         if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
             self._plain_until = time.monotonic() + PLAIN_HINT_TTL
         else:
             self._plain_until = 0.0
         if not picked:
             return _Claimed([], {})
-        expires = now + lease_seconds
+        expires = now + request.lease_seconds
         rows_by_claim: list[tuple[str, str | None, list]] = []
         touched: dict[str, float] = {}
         for members in picked:
-            token = ask.relay or uuid.uuid4().hex
+            token = uuid.uuid4().hex if relay is None else relay.token
             cur = _task_cursor(con)
-            start = None if prefetch or ask.relay else now  # a relayed head starts once its predecessor ends
-            rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0][0])).fetchall()
+            start = None if prefetch or relay is not None else now  # a relayed head starts once its predecessor ends
+            rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0].id)).fetchall()
             if len(members) > 1:
-                rest = [m[0] for m in members[1:]]
+                rest = [m.id for m in members[1:]]
                 got = cur.execute(Q["claim_members"], (token, expires, worker_id, dumps(rest))).fetchall()
                 place = {tid: k for k, tid in enumerate(rest)}
                 rows += sorted(got, key=lambda r: place[r[0]])
-            group = members[0][3]
+            group = members[0].group
             if group is not None:
                 touched[group] = now
             rows_by_claim.append((token, group, rows))
@@ -1096,87 +1036,55 @@ class SQLiteStore(SqlStore):
 
     def _pick(
         self,
-        con,
-        queues,
-        max_units,
-        known,
-        chunk_size,
-        now,
-        only_retries=False,
-        cap=None,
-        most=None,
-        prefetch=False,
+        con: sqlite3.Connection,
+        request: ClaimRequest,
+        now: float,
         *,
-        dry=False,
-        tail: tuple[int, int] | None = None,
+        dry: bool = False,
         relay: frozenset[str] | None = None,
-    ) -> tuple[list[list[tuple]], bool]:
-        """Choose the claims (lists of candidate rows) by the claim rules, and
-        say whether a gate (a limit, a rate, a breaker) stood in the way of
-        a candidate.
+    ) -> tuple[list[list[Candidate]], bool]:
+        """Choose the claims by the claim rules (:class:`ClaimPlanner` decides,
+        over the candidates read here), and say whether a gate (a limit, a
+        rate, a breaker) stood in the way of a candidate.
 
         It writes only the token buckets and breakers the gates changed, and
-        nothing when ``dry`` (a read-only look). With a retry ``cap``, the
-        retry path is read apart (its own index) and merged in claim order
-        with fresh work, taking at most ``cap`` retries; if fresh work runs
-        short, retries take the rest (at most ``most`` retries in all).
-        A ``relay`` (the limits whose places a running unit passes on) counts
-        those places free and takes work naming no other limit."""
+        nothing when ``dry`` (a read-only look: does anything fit?). With a
+        retry share, the retry path is read apart (its own index) and merged
+        in claim order with fresh work. A ``relay`` (the limits whose places
+        a running unit passes on) counts those places free and takes work
+        naming no other limit."""
         last_claimed: dict[str, float] = {}
-        gates: Gates | None = None
         breakers = self._breaker_rows(con)
 
-        def eligible_key(row) -> tuple:
-            tid, prio, run_at, group = row[0], row[1], row[2], row[3]
-            if group is None:
-                return (claim_rank(prio, run_at), tid)
-            lca = last_claimed.get(group)
-            if lca is None:
-                hit = con.execute(Q["group_last_claimed"], (group,)).fetchone()
-                lca = last_claimed[group] = hit[0] if hit else 0.0
-            return (claim_rank(prio, max(run_at, lca)), tid)
-
         def the_gates() -> Gates:
-            nonlocal gates
-            if gates is None:
-                limits = {r[0]: _limit_state(r) for r in con.execute(Q["limits"])}
-                usage = dict(con.execute(Q["limit_usage"]).fetchall())
-                for name in relay or ():
-                    usage[name] = max(0, usage.get(name, 0) - 1)
-                gates = Gates(now, limits, usage, breakers)
-            return gates
+            limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
+            usage = dict(con.execute(Q["limit_usage"]).fetchall())
+            for name in relay or ():
+                usage[name] = max(0, usage.get(name, 0) - 1)
+            return Gates(now, limits, usage, breakers)
 
-        closed: set[tuple[str | None, str]] = set()
+        def breaker(name: str) -> bool | None:
+            row = breakers.get(name)
+            return None if row is None else row.state.state is brk.BreakerState.CLOSED
 
-        def shut_out(row) -> bool:
-            """True when ``row`` cannot be taken by this claim whatever comes
-            before it: a name or state it does not ask for, a limit or an
-            open breaker under prefetch (an idle unit must not hold a limit's
-            place, a token or a probe), or gates that are closed (they only
-            close further as the claim takes places and tokens; its time is
-            fixed). Such a row's place in the order is not worked out (that
-            reads its group's last claim): behind a full limit, every head is
-            passed over this way."""
-            if (known is not None and row[4] not in known) or (only_retries and row[7] != State.RETRYING):
-                return True
-            if relay is not None and (row[4] in breakers or not set(json.loads(row[5]) if row[5] else ()) <= relay):
-                return True
-            if not row[5] and row[4] not in breakers:
-                return False
-            if prefetch and (row[5] or breakers[row[4]].state.state is not brk.BreakerState.CLOSED):
-                return True
-            gate = (row[5], row[4])
-            if gate in closed:  # most heads behind a full limit name the same limits
-                return True
-            if the_gates().fits(set(json.loads(row[5])) if row[5] else set(), row[4]):
-                return False
-            closed.add(gate)
-            return True
+        plan = ClaimPlanner(request, the_gates, breaker, relay=relay, dry=dry)
+        ranks: dict[int, tuple] = {}
+
+        def rank(c: Candidate) -> tuple:
+            return ranks[c.id]
+
+        def eligible_key(row: _CandidateRow) -> tuple:
+            if row.group is None:
+                return (claim_rank(row.priority, row.run_at), row.id)
+            lca = last_claimed.get(row.group)
+            if lca is None:
+                hit = con.execute(Q["group_last_claimed"], (row.group,)).fetchone()
+                lca = last_claimed[row.group] = hit[0] if hit else 0.0
+            return (claim_rank(row.priority, max(row.run_at, lca)), row.id)
 
         cursors: list[sqlite3.Cursor] = []
-        picked: list[list[tuple]] = []
 
-        def ordered(*queries: str) -> Iterator[tuple]:
+        def ordered(*queries: str, fresh_only: bool = False) -> Iterator[Candidate]:
             """Candidates of ``queries`` in claim order: rank (priority with
             ageing), then id.
 
@@ -1184,108 +1092,58 @@ class SQLiteStore(SqlStore):
             later than the row's rank when eligible (computed from a head's
             stored place in the round robin, else run_at); a row read early
             waits in a heap until the streams pass its eligibility, so with
-            places up to date a claim reads about as many rows as it takes."""
-            mine = [con.execute(Q[query], (q, now)) for query in queries for q in queues]
+            places up to date a claim reads about as many rows as it takes.
+            A row the planner shuts out has its place in the order not worked
+            out (that reads its group's last claim): behind a full limit,
+            every head is passed over this way."""
+            mine = [con.execute(Q[query], (q, now)) for query in queries for q in request.queues]
             cursors.extend(mine)
             stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_index_key)
             heap: list = []
-            for row in stream:
-                if shut_out(row):
+            for raw in stream:
+                row = _CandidateRow(*raw)
+                c = row.candidate(now)
+                if (fresh_only and c.retrying) or plan.shut_out(c):
                     continue
-                index_key = _index_key(row)
-                heapq.heappush(heap, (eligible_key(row), row))
+                key = ranks[c.id] = eligible_key(row)
+                heapq.heappush(heap, (key, c))
+                index_key = _index_key(raw)
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
             while heap:
                 yield heapq.heappop(heap)[1]
 
-        def fill(rows: Iterator[tuple], goal: int) -> None:
-            """Take claims headed by ``rows`` until ``goal`` claims are picked."""
-            if len(picked) >= goal:
-                return
-            for row in rows:
-                if take(row) and len(picked) >= goal:
-                    return
-
-        def take(row) -> bool:
-            """Try to make a claim headed by ``row`` (one :func:`shut_out` let
-            through); True when it was taken."""
-            lims = set(json.loads(row[5])) if row[5] else set()
-            g = the_gates() if lims or row[4] in breakers else None
-            if g is not None and not g.fits(lims, row[4]):
+        def try_take(c: Candidate) -> bool:
+            """Try to make a claim headed by ``c``; True when it was taken."""
+            if not plan.admits(c):
                 return False  # the places this claim took since the row was read
-            if row[3] is not None and con.execute(Q["group_running"], (row[3],)).fetchone():
+            if c.group is not None and con.execute(Q["group_running"], (c.group,)).fetchone():
                 return False  # an operator retried an old task while its group runs on
-            members = [row]
-            if row[3] is not None and chunk_size > 1 and not dry and not (g is not None and g.solo(lims, row[4])):
-                # a group whose whole line fits in the reach goes in one chunk
-                # (near the end, read far enough to tell a long line from a short one)
-                far = chunk_reach(chunk_size) if tail is None else max(chunk_reach(chunk_size), tail[1])
-                line = con.execute(Q["group_followers"], (row[3], row[0], far)).fetchall()
-                size = line_chunk(chunk_size, len(line) + 1, tail)
-                reach = chunk_reach(size)
-                for f in line[: size - 1] if len(line) >= reach else line:
-                    if f[7] not in _QUEUED or f[2] > now or f[6] != row[6]:
-                        break
-                    if (known is not None and f[4] not in known) or f[4] in breakers or (prefetch and f[5]):
-                        break
-                    if only_retries and f[7] != State.RETRYING:
-                        break
-                    more = (set(json.loads(f[5])) if f[5] else set()) - lims
-                    if relay is not None and not more <= relay:
-                        break
-                    if more:
-                        fg = the_gates()
-                        if not fg.fits(more, "") or fg.solo(more, ""):
-                            break
-                    lims |= more
-                    members.append(f)
-            if g is not None or lims:
-                the_gates().take(lims, row[4])
-            picked.append(members)
+            line: list[Candidate] = []
+            far = plan.reach(c)
+            if far:
+                got = con.execute(Q["group_followers"], (c.group, c.id, far))
+                line = [_CandidateRow(*f).candidate(now) for f in got]
+            plan.take(plan.chunk(c, line))
             return True
 
-        if dry:
-            # a look only asks whether anything can be claimed: the first
-            # claim found answers it (reading on would read every other
-            # head, each behind the limit its place just went to)
-            max_units = 1
-            cap = None if cap is None else min(cap, 1)
-            most = None if most is None else min(most, 1)
         try:
-            if cap is None:
-                fill(ordered("claim_candidates", "claim_head_candidates"), max_units)
+            if plan.retry_cap is None:
+                plan.run(ordered("claim_candidates", "claim_head_candidates"), None, try_take, rank)
             else:
-                # claim order across both paths, the retry path only up to its share
-                retries = ordered("claim_retry_candidates")
-                fresh = (r for r in ordered("claim_candidates", "claim_head_candidates") if r[7] != State.RETRYING)
-                next_r, next_f = next(retries, None), next(fresh, None)
-                taken = 0
-                while len(picked) < max_units and (next_f is not None or (next_r is not None and taken < cap)):
-                    if (
-                        next_r is not None
-                        and taken < cap
-                        and (next_f is None or eligible_key(next_r) <= eligible_key(next_f))
-                    ):
-                        taken += take(next_r)
-                        next_r = next(retries, None)
-                    else:
-                        assert next_f is not None
-                        take(next_f)
-                        next_f = next(fresh, None)
-                room = (max_units if most is None else most) - taken
-                if next_r is not None and room > 0:  # fresh work ran short: retries take the rest
-                    fill(itertools.chain([next_r], retries), min(max_units, len(picked) + room))
+                fresh = ordered("claim_candidates", "claim_head_candidates", fresh_only=True)
+                plan.run(fresh, ordered("claim_retry_candidates"), try_take, rank)
         finally:
-            for c in cursors:
-                c.close()
+            for cur in cursors:
+                cur.close()
+        gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
             for name, charge in gates.rate_writes().items():
                 con.execute(Q["limit_charge"], (charge.tokens, charge.counted_at, charge.starts, name))
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
-        return picked, gates is not None
+        return plan.units, gates is not None
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
@@ -1297,9 +1155,7 @@ class SQLiteStore(SqlStore):
 
     @staticmethod
     def _breaker_rows(con: sqlite3.Connection) -> dict[str, BreakerRow]:
-        return {
-            n: BreakerRow(n, brk.config_from_json(c), brk.state_from_json(s)) for n, c, s in con.execute(Q["breakers"])
-        }
+        return {(b := breaker_row(r)).name: b for r in con.execute(Q["breakers"])}
 
     @staticmethod
     def _save_breaker(con: sqlite3.Connection, name: str, state: brk.Breaker, ev: BreakerEvent | None) -> None:
@@ -1381,10 +1237,9 @@ class SQLiteStore(SqlStore):
         outcomes: Sequence[Outcome],
         places: Sequence[Collection[str]],
         worker_id: str,
-        queues: Collection[str],
+        request: ClaimRequest,
         *,
         relays: Sequence[tuple[str, Collection[str]]] = (),
-        **claim_options: Any,
     ) -> tuple[list[bool], list[Claim]]:
         # Under the write lock every claim counts the places itself: the
         # successors are an ordinary claim of one unit per ended one, in the
@@ -1393,19 +1248,18 @@ class SQLiteStore(SqlStore):
         outcomes = texts.safe_outcomes(outcomes)
         for o in outcomes:
             check_transition(State.RUNNING, o.status)
-        ask = _ClaimAsk.of(queues, max(1, len(places)), **claim_options)
+        request = request.units(max(1, len(places)))
         with self._write() as con, _refused_as_store_error():  # complete() then writes row by row
             applied = self._complete_on(con, outcomes) if outcomes else []
             claimed = []
-            if places and queues and self._ours_first(con, places, ask):
-                claimed.append(self._claim_on(con, worker_id, ask))
+            if places and request.queues and self._ours_first(con, places, request):
+                claimed.append(self._claim_on(con, worker_id, request))
             for token, limits in relays:
                 # a successor of a unit still running, under its token: it
                 # names only limits whose place passes on without a charge
                 held = frozenset(limits)
-                if queues and self._relay_fits(con, held) and self._ours_first(con, [held], ask):
-                    one = replace(ask, max_units=1, relay=token, relay_limits=held)
-                    claimed.append(self._claim_on(con, worker_id, one))
+                if request.queues and self._relay_fits(con, held) and self._ours_first(con, [held], request):
+                    claimed.append(self._claim_on(con, worker_id, request.units(1), Relay(token, held)))
         return applied, [c for part in claimed for c in part.claims()]
 
     def _relay_fits(self, con: sqlite3.Connection, names: frozenset[str]) -> bool:
@@ -1413,12 +1267,12 @@ class SQLiteStore(SqlStore):
         row = con.execute(Q["relay_fits"], (dumps(sorted(names)), self._clock.time())).fetchone()
         return bool(names) and row[0] == len(names)
 
-    def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], ask: _ClaimAsk) -> bool:
+    def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], request: ClaimRequest) -> bool:
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""
         now = self._clock.time()
         for name in sorted({n for p in places for n in p}):
             row = con.execute(Q["first_waiter"], (now, name)).fetchone()
-            if row is not None and (row[0] not in ask.queues or (ask.known is not None and row[1] not in ask.known)):
+            if row is not None and (row[0] not in request.queues or not request.knows(row[1])):
                 return False
         return True
 

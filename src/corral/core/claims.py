@@ -1,0 +1,285 @@
+"""What a claim asks for, and the planner that decides what it takes.
+
+A claim (see the claim rules in :mod:`corral.stores.base`) is asked for with
+one :class:`ClaimRequest`, written once and passed whole from the worker to
+the store. :class:`ClaimPlanner` is the claim's policy, pure: given the
+candidates in claim order (a store reads them from its heaps or its indexes)
+it decides which may head a unit (the head rule, the gates of limits, rates,
+pauses and breakers, a prefetch's and a relay's restrictions, the retry
+path's share), which of a group's following tasks go with it as a chunk, and
+what the gates charge. The store reads and writes; the planner never does.
+
+PostgreSQL decides the same rules inside one statement (``claim`` in
+``stores/sql/postgres.sql``); the conformance suite holds the three stores
+to the same answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from corral.core.gates import Gates
+from corral.core.model import DEFAULT_LEASE_SECONDS
+from corral.core.pacing import chunk_reach, line_chunk
+from corral.core.validation import retry_bounds
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim's options (see :meth:`corral.stores.base.Store.claim`).
+
+    ``queues`` are kept sorted and unique, ``names`` (the task names the
+    worker knows; None: any) as a frozen set."""
+
+    queues: tuple[str, ...]
+    max_units: int = 1
+    names: frozenset[str] | None = None
+    chunk_size: int = 1
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    #: only RETRYING tasks (the CIRCUIT_OPEN level)
+    only_retries: bool = False
+    #: the retry path's share of a claim, and the worker's bounds on it
+    retry_share: float | None = None
+    retry_cap: int | None = None
+    retry_max: int | None = None
+    #: units held ahead of a free slot: no limit, no breaker, no start recorded
+    prefetch: bool = False
+    #: ``(short, long)`` near the end of the queued work (:func:`corral.core.pacing.tail_split`)
+    tail: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        queues = self.queues
+        if not (isinstance(queues, tuple) and all(a < b for a, b in zip(queues, queues[1:]))):
+            object.__setattr__(self, "queues", tuple(sorted(set(queues))))
+        if self.names is not None and not isinstance(self.names, frozenset):
+            object.__setattr__(self, "names", frozenset(self.names))
+        if self.tail is not None and not isinstance(self.tail, tuple):
+            object.__setattr__(self, "tail", tuple(self.tail))
+
+    def units(self, max_units: int) -> ClaimRequest:
+        """The same request for ``max_units`` units."""
+        return replace(self, max_units=max_units)
+
+    @property
+    def chunk(self) -> int:
+        return max(1, int(self.chunk_size))
+
+    def retry_bounds(self) -> tuple[int | None, int]:
+        """(the most retry units taken while fresh work is claimable, None:
+        no share; the most taken in all): see :func:`corral.core.validation.retry_bounds`."""
+        share = None if self.only_retries else self.retry_share
+        return retry_bounds(self.max_units, share, self.retry_cap, self.retry_max)
+
+    def knows(self, name: str) -> bool:
+        """Does the worker know the task name ``name``?"""
+        return self.names is None or name in self.names
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A queued task as the planner reads it (a head candidate or a chunk follower)."""
+
+    id: int
+    name: str
+    queue: str
+    group: str | None
+    limits: frozenset[str]
+    retrying: bool
+    #: due (``run_at`` has come); a follower that is not ends a chunk
+    due: bool = True
+    #: still queued (PENDING or RETRYING); a follower that is not ends a chunk
+    queued: bool = True
+
+
+class ClaimPlanner:
+    """One claim's decisions over the candidates a store reads.
+
+    ``gates`` builds the claim's :class:`~corral.core.gates.Gates` when first
+    needed (reading the limits' and breakers' rows costs a store a query);
+    ``breakers`` names the task names and limits under a breaker, with
+    whether each is CLOSED; ``relay`` (a relay's successor: the limits whose
+    places its running predecessor passes on) admits only work naming no
+    other limit and no breaker. ``dry`` plans without chunks (a look that
+    only asks whether anything can be claimed)."""
+
+    def __init__(
+        self,
+        request: ClaimRequest,
+        gates: Callable[[], Gates],
+        breakers: Callable[[str], bool | None],
+        *,
+        relay: frozenset[str] | None = None,
+        dry: bool = False,
+    ):
+        self.request = request
+        self._make_gates = gates
+        self._breaker = breakers
+        self.relay = relay
+        self.dry = dry
+        self.gates: Gates | None = None
+        self.units: list[list[Candidate]] = []
+        cap, most = request.retry_bounds()
+        self.retry_cap = cap
+        self.retry_most = most
+        self._closed: set[tuple[frozenset[str], str]] = set()
+
+    # ---- the gates ------------------------------------------------------------
+    def the_gates(self) -> Gates:
+        if self.gates is None:
+            self.gates = self._make_gates()
+        return self.gates
+
+    def _gated(self, c: Candidate) -> bool:
+        return bool(c.limits) or self._breaker(c.name) is not None
+
+    def shut_out(self, c: Candidate) -> bool:
+        """True when ``c`` cannot head a unit of this claim whatever comes
+        before it: a name or state not asked for, a limit or a breaker not
+        CLOSED under prefetch (an idle unit must not hold a limit's place, a
+        token or a probe), work a relay may not pass its places to, or gates
+        that are shut (they only close further as the claim takes places and
+        tokens). A store may skip working out such a candidate's place in
+        the order."""
+        req = self.request
+        if not req.knows(c.name) or (req.only_retries and not c.retrying):
+            return True
+        if self.relay is not None and (self._breaker(c.name) is not None or not c.limits <= self.relay):
+            return True
+        if not self._gated(c):
+            return False
+        if req.prefetch and (c.limits or self._breaker(c.name) is False):
+            return True
+        gate = (c.limits, c.name)
+        if gate in self._closed:  # most heads behind a full limit name the same limits
+            return True
+        if self.the_gates().fits(c.limits, c.name):
+            return False
+        self._closed.add(gate)
+        return True
+
+    def admits(self, c: Candidate) -> bool:
+        """May ``c`` head a unit now (after :meth:`shut_out` let it through,
+        with the places this claim took since)?"""
+        return not self._gated(c) or self.the_gates().fits(c.limits, c.name)
+
+    # ---- chunks ---------------------------------------------------------------
+    def reach(self, head: Candidate) -> int:
+        """How far the line of ``head``'s group must be read for
+        :meth:`chunk`: 0 when the unit is ``head`` alone (no group, chunks of
+        one, a dry look, or a unit under a rate or a probing breaker, each of
+        whose starts is charged)."""
+        chunk = self.request.chunk
+        if head.group is None or chunk <= 1 or self.dry:
+            return 0
+        if self._gated(head) and self.the_gates().solo(head.limits, head.name):
+            return 0
+        far = chunk_reach(chunk)
+        tail = self.request.tail
+        return far if tail is None else max(far, tail[1])
+
+    def chunk(self, head: Candidate, line: Sequence[Candidate]) -> list[Candidate]:
+        """The unit headed by ``head``: with the tasks of ``line`` that go
+        with it (its group's following tasks still in the line, in order,
+        read as far as :meth:`reach`). Chunk members are due, queued tasks
+        of the head's queue, of known names, under no breaker and no limit
+        the head's gates do not let through (none under prefetch; under a
+        relay, only its limits); a group whose whole line fits in a chunk's
+        reach goes in one chunk."""
+        members = [head]
+        if not line or self.reach(head) == 0:
+            return members
+        req = self.request
+        size = line_chunk(req.chunk, len(line) + 1, req.tail)
+        reach = chunk_reach(size)
+        lims = set(head.limits)
+        for f in line[: size - 1] if len(line) >= reach else line:
+            if not f.queued or not f.due or f.queue != head.queue:
+                break
+            if not req.knows(f.name) or self._breaker(f.name) is not None or (req.prefetch and f.limits):
+                break
+            if req.only_retries and not f.retrying:
+                break
+            more = f.limits - lims
+            if self.relay is not None and not more <= self.relay:
+                break
+            if more:
+                g = self.the_gates()
+                if not g.fits(more, "") or g.solo(more, ""):
+                    break
+            lims |= more
+            members.append(f)
+        return members
+
+    def take(self, members: list[Candidate]) -> None:
+        """Record the unit ``members`` (its head first): charge its gates."""
+        head = members[0]
+        lims = frozenset().union(*(m.limits for m in members))
+        if lims or self._breaker(head.name) is not None:
+            self.the_gates().take(lims, head.name)
+        self.units.append(members)
+
+    # ---- the retry path -------------------------------------------------------
+    def run(
+        self,
+        fresh: Iterator[Candidate],
+        retries: Iterator[Candidate] | None,
+        try_take: Callable[[Candidate], bool],
+        rank: Callable[[Candidate], tuple],
+    ) -> None:
+        """Take units in claim order until the request's ``max_units``.
+
+        ``fresh`` yields candidates in claim order (retries among them when
+        ``retries`` is None: no retry path apart); ``retries`` the retry
+        path's, merged by ``rank`` with fresh work, taking at most the retry
+        cap while fresh work is claimable and, once it runs short, the rest
+        up to the most retries a claim takes. ``try_take`` tries one head
+        (the store's checks, then :meth:`admits`, :meth:`chunk`,
+        :meth:`take`) and says whether it was taken."""
+        goal = 1 if self.dry else self.request.max_units
+        cap = self.retry_cap
+        if retries is None or cap is None:
+            for c in fresh:
+                if len(self.units) >= goal:
+                    return
+                try_take(c)
+            return
+        if self.dry:
+            cap = min(cap, 1)
+        next_r, next_f = next(retries, None), next(fresh, None)
+        taken = 0
+        while len(self.units) < goal and (next_f is not None or (next_r is not None and taken < cap)):
+            if next_r is not None and taken < cap and (next_f is None or rank(next_r) <= rank(next_f)):
+                taken += try_take(next_r)
+                next_r = next(retries, None)
+            else:
+                assert next_f is not None
+                try_take(next_f)
+                next_f = next(fresh, None)
+        room = self.retry_most - taken
+        if next_r is None or room <= 0:
+            return
+        goal = min(goal, len(self.units) + room)  # fresh work ran short: retries take the rest
+        for c in _chain(next_r, retries):
+            if len(self.units) >= goal:
+                return
+            try_take(c)
+
+    @property
+    def gated(self) -> bool:
+        """Did a gate (a limit, a rate, a breaker) take part in this claim?"""
+        return self.gates is not None
+
+
+def _chain(first: Candidate, rest: Iterable[Candidate]) -> Iterator[Candidate]:
+    yield first
+    yield from rest
+
+
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """A unit still running its last task that asks for a successor in its
+    place: its lease token and the limits it names."""
+
+    token: str
+    limits: frozenset[str] = field(default_factory=frozenset)

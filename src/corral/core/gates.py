@@ -1,0 +1,283 @@
+"""Flow control inside a claim: what every store decides the same way.
+
+A claim holds the limits' rows (memory: its lock; SQLite: the write lock;
+PostgreSQL: an advisory lock per limit) while it picks tasks. :class:`Gates`
+answers, for each candidate, whether its limits and breakers let it start
+now, charges what it takes, and says afterwards what to write back: the
+rates' logs of starts and buckets, and the breakers' states. So a rate and a breaker's probes are
+charged in the same transaction that takes the task, fleet-wide, and a task
+that may not start yet is simply skipped: no attempt burned, its group waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from corral.core import breaker as brk
+from corral.core.model import BreakerEvent, LimitSpec
+from corral.core.rates import Bucket, Rate, Window, parse_rate
+
+log = logging.getLogger("corral.breaker")
+
+#: room of a gate that does not limit
+_OPEN = 1 << 30
+#: a worker behind a busy rate looks again when this many seconds' worth of
+#: starts are allowed (see LimitState.wake)
+WAKE_EVERY = 0.05
+
+
+@dataclass(slots=True)
+class LimitState:
+    """A limit's row: its settings, its bucket and its log of recent starts
+    (``starts``, JSON: a sliding window's, see :class:`corral.core.rates.Window`)."""
+
+    spec: LimitSpec
+    tokens: float | None = None
+    counted_at: float | None = None
+    starts: str | None = None
+
+    def rate(self) -> Rate | None:
+        if not self.spec.rate:
+            return None
+        try:
+            return parse_rate(self.spec.rate, self.spec.burst)
+        except ValueError:  # stored by another program: unreadable means no rate
+            return None
+
+    def bucket(self, rate: Rate, now: float) -> Bucket:
+        if self.tokens is None or self.counted_at is None:
+            return Bucket.full(rate, now)
+        return Bucket(self.tokens, self.counted_at)
+
+    def window(self) -> Window:
+        return Window.from_json(self.starts)
+
+    def room(self, rate: Rate, now: float) -> int:
+        """How many may start at ``now`` under the rate: the bucket's whole
+        tokens, and room in the window (a window's bucket paces it)."""
+        room = int(math.floor(self.bucket(rate, now).level(rate, now) + 1e-9))
+        if rate.window is not None:
+            room = min(room, self.window().room(rate, now))
+        return room
+
+    def wait(self, rate: Rate, now: float) -> float:
+        """Seconds from ``now`` until one more may start under the rate."""
+        wait = self.bucket(rate, now).wait(rate, now)
+        if rate.window is not None:
+            wait = max(wait, self.window().wait(rate, now))
+        return wait
+
+    def wake(self, rate: Rate, now: float) -> float:
+        """Seconds from ``now`` until a worker should look again: when
+        :data:`WAKE_EVERY` seconds' worth of starts are allowed (one at
+        least, half the pacing bucket at most, so none is lost to the
+        bucket's cap), not at each one: at 200/s, a claim every 50 ms takes
+        ten starts where one for each would take 200 claims a second."""
+        wait = self.wait(rate, now)
+        if rate.pace is None:
+            return wait
+        batch = min(math.floor(rate.per_second * WAKE_EVERY), math.floor(rate.pace / 2))
+        if batch <= 1:
+            return wait
+        b = self.bucket(rate, now)
+        return max(wait, (batch - b.level(rate, now)) / rate.per_second)
+
+    def tokens_now(self, now: float) -> float | None:
+        """Starts the rate allows at ``now``: tokens in the bucket, refilled
+        since last counted, no more than room left in the window (None: no rate)."""
+        rate = self.rate()
+        if rate is None:
+            return None
+        level = self.bucket(rate, now).level(rate, now)
+        if rate.window is not None:
+            level = min(level, float(self.window().room(rate, now)))
+        return level
+
+    def frees_at(self, now: float) -> float | None:
+        """When (store time) the rate lets the next task start, if it does
+        not now (None: it does, or no rate). A pause's end counts too."""
+        at = None
+        rate = self.rate()
+        if rate is not None and self.room(rate, now) < 1:
+            at = now + self.wait(rate, now)
+        paused = self.spec.paused_until
+        if paused is not None and paused > now:
+            at = max(at or paused, paused)
+        return at
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a claim writes back to a rated limit's row."""
+
+    tokens: float | None
+    counted_at: float | None
+    starts: str | None
+
+
+@dataclass(slots=True)
+class BreakerRow:
+    name: str
+    config: brk.BreakerConfig
+    state: brk.Breaker
+
+
+@dataclass(slots=True)
+class Gates:
+    """Room left under each limit and breaker during one claim at ``now``."""
+
+    now: float
+    limits: dict[str, LimitState]
+    usage: dict[str, int]
+    breakers: dict[str, BreakerRow]
+    _room: dict[str, int] = field(default_factory=dict)
+    _taken: dict[str, int] = field(default_factory=dict)
+    #: seconds until a skipped candidate's gate may open (a token, a pause's end, a cooldown)
+    wait: float | None = None
+
+    def _note_wait(self, seconds: float) -> None:
+        if seconds > 0 and (self.wait is None or seconds < self.wait):
+            self.wait = seconds
+
+    def room(self, name: str) -> int:
+        """How many more claims the gate ``name`` (a limit or a breaker) lets start now."""
+        got = self._room.get(name)
+        if got is not None:
+            return got
+        room = _OPEN
+        lim = self.limits.get(name)
+        if lim is not None:
+            spec = lim.spec
+            if spec.concurrency is not None:
+                room = min(room, max(0, spec.concurrency - self.usage.get(name, 0)))
+            if spec.paused_until is not None and spec.paused_until > self.now:
+                room = 0
+                self._note_wait(spec.paused_until - self.now)
+            rate = lim.rate()
+            if rate is not None and room:
+                room = min(room, lim.room(rate, self.now))
+                if not room:
+                    self._note_wait(lim.wake(rate, self.now))
+        row = self.breakers.get(name)
+        if row is not None and room:
+            n, _, _ = brk.admit(row.state, row.config, self.now, room)
+            room = min(room, n)
+            if not room:
+                reopen = row.state.reopens_at()
+                if reopen is not None and not row.state.forced:
+                    self._note_wait(reopen - self.now)
+        self._room[name] = room
+        return room
+
+    def gated(self, name: str) -> bool:
+        """Whether ``name`` is a gate at all (a limit with a cap, rate or pause, or a breaker)."""
+        lim = self.limits.get(name)
+        if lim is not None and (lim.spec.concurrency is not None or lim.spec.rate or lim.spec.paused_until):
+            return True
+        return name in self.breakers
+
+    def names_of(self, limits: Iterable[str], task_name: str) -> list[str]:
+        out = [n for n in limits if n in self.limits or n in self.breakers]
+        if task_name in self.breakers and task_name not in out:
+            out.append(task_name)
+        return out
+
+    def fits(self, limits: Iterable[str], task_name: str) -> bool:
+        return all(self.room(n) > 0 for n in self.names_of(limits, task_name))
+
+    def solo(self, limits: Iterable[str], task_name: str) -> bool:
+        """A unit under a rate or a probing breaker is one task: each start is charged."""
+        for n in self.names_of(limits, task_name):
+            lim = self.limits.get(n)
+            if lim is not None and lim.spec.rate:
+                return True
+            row = self.breakers.get(n)
+            if row is not None and row.state.state is not brk.BreakerState.CLOSED:
+                return True
+        return False
+
+    def take(self, limits: Iterable[str], task_name: str) -> None:
+        """Charge one claim to every gate of a task (call only after :meth:`fits`)."""
+        for n in self.names_of(limits, task_name):
+            self.room(n)
+            self._room[n] -= 1
+            self._taken[n] = self._taken.get(n, 0) + 1
+
+    def rate_writes(self) -> dict[str, Charge]:
+        """The rates to store: the buckets a claim took tokens from, and the
+        windows it logged starts in."""
+        out: dict[str, Charge] = {}
+        for n, k in self._taken.items():
+            lim = self.limits.get(n)
+            rate = lim.rate() if lim is not None else None
+            if lim is None or rate is None or k <= 0:
+                continue
+            _, b = lim.bucket(rate, self.now).take(rate, self.now, k)
+            starts = lim.starts
+            if rate.window is not None:
+                starts = lim.window().take(rate, self.now, k).to_json()
+            out[n] = Charge(b.tokens, b.at, starts)
+        return out
+
+    def breaker_writes(self) -> dict[str, tuple[brk.Breaker, BreakerEvent | None]]:
+        """The breakers to store: probes handed out, or OPEN turned HALF_OPEN."""
+        out: dict[str, tuple[brk.Breaker, BreakerEvent | None]] = {}
+        for n, row in self.breakers.items():
+            if row.state.state is brk.BreakerState.CLOSED or n not in self._room:
+                continue
+            _, after, change = brk.admit(row.state, row.config, self.now, self._taken.get(n, 0))
+            if after != row.state:
+                out[n] = (after, event(self.now, n, change) if change is not None else None)
+        return out
+
+
+#: How the log names a breaker's new state.
+_VERBS = {
+    brk.BreakerState.OPEN: "opened",
+    brk.BreakerState.HALF_OPEN: "is half-open (probing)",
+    brk.BreakerState.CLOSED: "closed",
+}
+
+
+def event(now: float, name: str, change: brk.Change) -> BreakerEvent:
+    """The event of a change the fleet's own calls made (a claim's probes, an
+    outcome), logged as a WARNING by the process that made it: an operator
+    watching a worker's log sees its breakers open, probe and close. (A
+    change forced by hand is the operator's own and only an event.)"""
+    verb = _VERBS.get(change.after, change.after.value)
+    if change.before is brk.BreakerState.HALF_OPEN and change.after is brk.BreakerState.OPEN:
+        verb = "opened again"
+    log.warning("breaker %r %s: %s", name, verb, change.reason)
+    return BreakerEvent(
+        now, name, change.before.value, change.after.value, change.reason, change.calls, change.failures
+    )
+
+
+def record_outcomes(
+    rows: dict[str, BreakerRow], verdicts: Iterable[tuple[Collection[str], bool | None]], now: float
+) -> tuple[dict[str, brk.Breaker], list[BreakerEvent]]:
+    """Feed finished calls to the breakers they pass through.
+
+    ``verdicts``: per outcome, the gate names of its task (its name and
+    limits) and whether it failed (None: no verdict, a probe's place goes
+    back). Returns the changed states and the events to log."""
+    changed: dict[str, brk.Breaker] = {}
+    events: list[BreakerEvent] = []
+    for names, failed in verdicts:
+        for n in names:
+            row = rows.get(n)
+            if row is None:
+                continue
+            before = changed.get(n, row.state)
+            if failed is None:
+                after, change = brk.give_back_probe(before), None
+            else:
+                after, change = brk.record(before, row.config, now, failed)
+            if after != before:
+                changed[n] = after
+            if change is not None:
+                events.append(event(now, n, change))
+    return changed, events
