@@ -658,7 +658,7 @@ def test_a_claim_walks_the_claim_order_index_after_the_table_is_analyzed(pg_own_
         s.migrate()
         s.submit([task() for _ in range(3000)])
         s.submit([task(group=f"g{i % 30}") for i in range(300)])
-        params = {**_claim_params("w", ["default"]), "n": 4, "allowed": []}
+        params = {**_claim_params("w", ClaimRequest(("default",))), "n": 4, "allowed": []}
         with psycopg.connect(pg_own_url, autocommit=True, options=SESSION_OPTIONS) as conn:
             conn.execute("ANALYZE corral_tasks")
 

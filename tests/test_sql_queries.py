@@ -123,3 +123,30 @@ def test_both_dialects_use_the_same_query_names():
     assert sqlite - postgres == set(SQLITE_ONLY), "name the query alike in both files, or list it with its reason"
     assert postgres - sqlite == set(POSTGRES_ONLY), "name the query alike in both files, or list it with its reason"
     assert all(SQLITE_ONLY.values()) and all(POSTGRES_ONLY.values())
+
+
+def test_fragments_are_put_into_the_queries_that_use_them():
+    for dialect in ("sqlite", "postgres"):
+        assert not any("{{" in sql for sql in load(dialect).values()), dialect
+    q = load("postgres")
+    # one gate check: the claim, its probe and the hand-over read the same gates
+    gates = "SELECT b.name, true, false FROM corral_breakers b WHERE b.state_name <> 'CLOSED'"
+    assert all(gates in q[name] for name in ("claim", "claim_probe", "handoff_allowed"))
+    held = "SELECT count(DISTINCT t.lease_token) FROM corral_tasks t"
+    assert all(held in q[name] for name in ("limit_free", "handoff_allowed"))
+    assert "fragment" not in " ".join(q)  # a fragment is no query of its own
+
+
+def test_a_fragment_used_but_not_defined_is_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from corral.stores import sql
+
+    monkeypatch.setattr(
+        sql.resources, "files", lambda _pkg: tmp_path
+    )  # the loader reads <dialect>.sql beside it: here, a file of the test's
+    (tmp_path / "bad.sql").write_text("-- name: q\nSELECT {{missing}}\n")
+    (tmp_path / "good.sql").write_text("-- fragment: one\n-- the number one\nSELECT 1;\n-- name: q\nSELECT ({{one}})\n")
+    with pytest.raises(ValueError, match="missing"):
+        sql.load("bad")
+    assert sql.load("good") == {"q": "SELECT (SELECT 1)"}

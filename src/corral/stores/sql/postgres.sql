@@ -765,31 +765,40 @@ FROM ins i LEFT JOIN offer f ON true;
 -- name: ids_by_key
 SELECT idem_key, id FROM corral_tasks WHERE idem_key = ANY(%(keys)s::text[]);
 
+-- fragment: gates
+-- The gates in force, one row each: limits with a cap, a rate or a pause not
+-- yet over, and breakers not CLOSED (on a limit or a task name). A claim
+-- passes one only while holding its lock, and charges it (stores/postgres.py,
+-- core/gates.py); the claim, its probe and the hand-over of a place read the
+-- gates here. ``breaker``: a breaker's row; ``cap_only``: a limit whose one
+-- gate is its cap (no rate, no pause in force).
+SELECT l.name, false AS breaker,
+       (l.rate IS NULL AND coalesce(l.paused_until, 0) <= extract(epoch FROM now())::float8) AS cap_only
+FROM corral_limits l
+WHERE l.concurrency IS NOT NULL OR l.rate IS NOT NULL OR l.paused_until > extract(epoch FROM now())::float8
+UNION ALL
+SELECT b.name, true, false FROM corral_breakers b WHERE b.state_name <> 'CLOSED'
+
+-- fragment: places_held
+-- The places held under the limit ``l``: one per claim (lease token) running
+-- under it, whatever its tasks, but those of the tokens %(own)s.
+SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
+WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = ANY(%(own)s::text[]))
+
 -- name: claim_probe
--- Which gates (limits with a cap, a rate or a pause; breakers not CLOSED)
--- have a ready task waiting? Empty for ungated work.
-SELECT coalesce(array_agg(g.name ORDER BY g.name), '{}') FROM (
-    SELECT l.name
-    FROM corral_limits l
-    WHERE (l.concurrency IS NOT NULL OR l.rate IS NOT NULL
-           OR l.paused_until > extract(epoch FROM now())::float8)
-      AND EXISTS (
+-- Which gates have a ready task waiting? Empty for ungated work.
+SELECT coalesce(array_agg(DISTINCT g.name ORDER BY g.name), '{}') FROM ({{gates}}) g
+WHERE EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
-          AND l.name = ANY(t.limits)
+          AND g.name = ANY(t.limits)
           AND t.run_at <= extract(epoch FROM now())::float8
           AND t.queue = ANY(%(queues)s::text[]))
-    UNION
-    SELECT b.name
-    FROM corral_breakers b
-    WHERE b.state_name <> 'CLOSED'
-      AND EXISTS (
+   OR (g.breaker AND EXISTS (
         SELECT 1 FROM corral_tasks t
-        WHERE t.status IN ('PENDING', 'RETRYING')
-          AND (t.name = b.name OR b.name = ANY(t.limits))
+        WHERE t.status IN ('PENDING', 'RETRYING') AND t.name = g.name
           AND t.run_at <= extract(epoch FROM now())::float8
-          AND t.queue = ANY(%(queues)s::text[]))
-) g;
+          AND t.queue = ANY(%(queues)s::text[])));
 
 -- name: unlimited_ready
 -- Is there queued, due work under no limit? When every capped limit is full
@@ -811,21 +820,18 @@ SELECT pg_advisory_xact_lock(7429001, hashtext(n)) FROM unnest(%(names)s::text[]
 
 -- name: handoff_allowed
 -- Of the capped limits %(names)s an ended unit held a place of, those that
--- may pass it to a successor without their lock: no rate (a claim charges a
--- token), no pause, no breaker (its outcomes are counted after this), %(n)s
--- places free once the ended units' outcomes are written (not over a cap
--- lowered meanwhile), and the first work waiting under the limit is work of
--- this worker's queues and tasks: otherwise the place is freed for every
--- worker, so one that runs other queues under the same limit is not shut out.
--- A relay's place is still held by its running predecessor (%(own)s, its
--- token): it counts as free for its successor.
-SELECT l.name FROM corral_limits l
-WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate IS NULL
-  AND coalesce(l.paused_until, 0) <= extract(epoch FROM now())::float8
+-- may pass it to a successor without their lock: a cap its one gate (no rate:
+-- a claim charges a token; no pause), no breaker (its outcomes are counted
+-- after this), %(n)s places free once the ended units' outcomes are written
+-- (not over a cap lowered meanwhile), and the first work waiting under the
+-- limit is work of this worker's queues and tasks: otherwise the place is
+-- freed for every worker, so one that runs other queues under the same limit
+-- is not shut out. A relay's place is still held by its running predecessor
+-- (%(own)s, its token): it counts as free for its successor.
+SELECT l.name FROM corral_limits l JOIN ({{gates}}) g ON g.name = l.name AND NOT g.breaker
+WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND g.cap_only
   AND NOT EXISTS (SELECT 1 FROM corral_breakers b WHERE b.name = l.name)
-  AND l.concurrency - (SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
-                       WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)
-                         AND NOT (t.lease_token = ANY(%(own)s::text[]))) >= %(n)s
+  AND l.concurrency - ({{places_held}}) >= %(n)s
   AND coalesce((SELECT w.queue = ANY(%(queues)s::text[]) AND (%(all_names)s::bool OR w.name = ANY(%(task_names)s::text[]))
                 FROM corral_tasks w
                 WHERE w.status IN ('PENDING', 'RETRYING') AND cardinality(w.limits) > 0
@@ -833,10 +839,8 @@ WHERE l.name = ANY(%(names)s::text[]) AND l.concurrency IS NOT NULL AND l.rate I
                 ORDER BY w.priority DESC, w.run_at, w.id LIMIT 1), true);
 
 -- name: limit_free
-SELECT l.name, l.concurrency - (
-    SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
-    WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits)
-) AS free
+-- The places free under the capped limits %(names)s (%(own)s: none).
+SELECT l.name, l.concurrency - ({{places_held}}) AS free
 FROM corral_limits l
 WHERE l.concurrency IS NOT NULL AND l.name = ANY(%(names)s::text[]);
 
@@ -851,15 +855,10 @@ WITH RECURSIVE
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
--- gates this claim may not pass (limits with a cap, a rate or a pause, and
--- breakers not CLOSED, on a limit or a task name), unless the caller, holding
--- their locks, allows them
+-- the gates in force (the fragment "gates") this claim may not pass unless
+-- the caller, holding their locks, allows them
 barred AS MATERIALIZED (
-    SELECT coalesce(array_agg(g.name), '{}')::text[] AS names FROM (
-        SELECT name FROM corral_limits
-        WHERE concurrency IS NOT NULL OR rate IS NOT NULL OR paused_until > (SELECT now FROM clk)
-        UNION
-        SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED') g
+    SELECT coalesce(array_agg(DISTINCT g.name), '{}')::text[] AS names FROM ({{gates}}) g
     WHERE NOT (g.name = ANY(%(allowed)s::text[]))
 ),
 -- the same names as rows, for an anti-join: with few task names the planner
