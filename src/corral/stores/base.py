@@ -7,7 +7,10 @@ methods, and every method that changes a task is a guarded write: it applies
 only if the task is still in the state (and lease/version) the caller saw, and
 otherwise changes nothing and says so.
 
-Claim rules (the heart; every store implements them the same way):
+Claim rules (the heart; every store implements them the same way: the
+memory and SQLite stores run the pure :class:`corral.core.claims.ClaimPlanner`
+over the candidates they read, PostgreSQL decides them in one statement; a
+claim's options are one :class:`corral.core.claims.ClaimRequest`):
 
 1. Candidates are tasks in PENDING or RETRYING whose ``run_at`` has come, in
    one of the asked queues, whose name the worker knows.
