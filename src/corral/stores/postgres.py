@@ -824,9 +824,9 @@ class PostgresStore(SqlStore):
         out: list[dict] = []
         with conn.transaction():
             conn.execute(self._q["limit_lock"], {"names": names})
-            rows = conn.execute(self._q["limits"]).fetchall()
-            now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
-            limits = {(lim := limit_state(r)).spec.name: lim for r in rows}
+            rows = cur.execute(self._q["limits"]).fetchall()  # by column name
+            now = rows[0]["now"] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+            limits = {r["name"]: limit_state(r) for r in rows}
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             breakers = self._breaker_rows(conn)

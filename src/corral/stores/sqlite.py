@@ -79,7 +79,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple
 from typing import Any, NamedTuple
@@ -367,12 +367,6 @@ def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
 
-def _index_key(row: tuple) -> tuple:
-    """Where a candidate row sits in its claim index: (ord, id); a head with
-    no place yet (ord NULL) sorts first, as SQLite sorts NULL."""
-    return (-math.inf if row[8] is None else row[8], row[0])
-
-
 class _CandidateRow(NamedTuple):
     """A row of the claim's candidate queries (``claim_candidates`` and its
     kin; ``group_followers`` without ``ord``)."""
@@ -385,8 +379,13 @@ class _CandidateRow(NamedTuple):
     limits: str | None
     queue: str
     status: str
-    #: its place in the claim index (see :func:`_index_key`)
+    #: its place in the claim index (see :meth:`index_key`)
     ord: float | None = None
+
+    def index_key(self) -> tuple:
+        """Where it sits in its claim index: (ord, id); a head with no place
+        yet (ord NULL) sorts first, as SQLite sorts NULL."""
+        return (-math.inf if self.ord is None else self.ord, self.id)
 
     def candidate(self, now: float) -> Candidate:
         return Candidate(
@@ -399,6 +398,17 @@ class _CandidateRow(NamedTuple):
             due=self.run_at <= now,
             queued=self.status in _QUEUED,
         )
+
+
+def _candidate_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
+    r"""A cursor whose rows are :class:`_CandidateRow`\ s (the claim's candidate queries)."""
+    cur = con.cursor()
+    cur.row_factory = _candidate_row
+    return cur
+
+
+def _candidate_row(_cur: sqlite3.Cursor, row: tuple) -> _CandidateRow:
+    return _CandidateRow(*row)
 
 
 def _task_cursor(con: sqlite3.Connection) -> sqlite3.Cursor:
@@ -1096,18 +1106,19 @@ class SQLiteStore(SqlStore):
             A row the planner shuts out has its place in the order not worked
             out (that reads its group's last claim): behind a full limit,
             every head is passed over this way."""
-            mine = [con.execute(Q[query], (q, now)) for query in queries for q in request.queues]
+            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in request.queues]
             cursors.extend(mine)
-            stream = mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_index_key)
+            stream: Iterable[_CandidateRow] = (
+                mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_CandidateRow.index_key)
+            )
             heap: list = []
-            for raw in stream:
-                row = _CandidateRow(*raw)
+            for row in stream:
                 c = row.candidate(now)
                 if (fresh_only and c.retrying) or plan.shut_out(c):
                     continue
                 key = ranks[c.id] = eligible_key(row)
                 heapq.heappush(heap, (key, c))
-                index_key = _index_key(raw)
+                index_key = row.index_key()
                 while heap and heap[0][0] <= index_key:
                     yield heapq.heappop(heap)[1]
             while heap:
@@ -1122,8 +1133,8 @@ class SQLiteStore(SqlStore):
             line: list[Candidate] = []
             far = plan.reach(c)
             if far:
-                got = con.execute(Q["group_followers"], (c.group, c.id, far))
-                line = [_CandidateRow(*f).candidate(now) for f in got]
+                got = _candidate_cursor(con).execute(Q["group_followers"], (c.group, c.id, far))
+                line = [f.candidate(now) for f in got]
             plan.take(plan.chunk(c, line))
             return True
 
