@@ -59,23 +59,18 @@ class Planned:
         def gates() -> Gates:
             return Gates(NOW, self.limit_states, dict(usage), rows)
 
-        def closed(name: str) -> bool | None:
-            row = rows.get(name)
-            return None if row is None else row.state.state is BreakerState.CLOSED
-
+        closed = {n: row.state.state is BreakerState.CLOSED for n, row in rows.items()}
         self.plan = plan = ClaimPlanner(request, gates, closed, relay=relay, dry=dry)
 
         def ordered(cs: Sequence[Candidate]):
             return (c for c in cs if not plan.shut_out(c))
 
+        def read_line(c: Candidate, far: int) -> list[Candidate]:
+            self.read_lines.append(c.id)
+            return list(lines.get(c.id, ()))[:far]
+
         def try_take(c: Candidate) -> bool:
-            if not plan.admits(c):
-                return False
-            far = plan.reach(c)
-            if far:
-                self.read_lines.append(c.id)
-            plan.take(plan.chunk(c, list(lines.get(c.id, ()))[:far] if far else []))
-            return True
+            return plan.admits(c) and plan.try_head(c, read_line)
 
         plan.run(ordered(heads), None if retries is None else ordered(retries), try_take, lambda c: (c.id,))
         self.units = [[m.id for m in unit] for unit in plan.units]
@@ -181,9 +176,7 @@ def test_gates_shut_for_one_set_of_limits_are_not_asked_again():
             asked.append(task_name)
             return super().fits(limits, task_name)
 
-    plan = ClaimPlanner(
-        req(), lambda: Counting(NOW, {"api": LimitState(LimitSpec("api", 1))}, {"api": 1}, {}), lambda n: None
-    )
+    plan = ClaimPlanner(req(), lambda: Counting(NOW, {"api": LimitState(LimitSpec("api", 1))}, {"api": 1}, {}), {})
     assert all(plan.shut_out(cand(i, limits=("api",))) for i in range(1, 50))
     assert len(asked) == 1
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from corral.core.claims import ClaimRequest
 from corral.core.stats import percentile
 
 # counters[...] slots
@@ -104,9 +105,9 @@ class Recorder:
         inner = store.claim
         c = self.counters
 
-        def claim(*args, **kwargs):
+        def claim(worker_id: str, request: ClaimRequest) -> list:
             t0 = time.perf_counter_ns()
-            got = inner(*args, **kwargs)
+            got = inner(worker_id, request)
             if delay:
                 time.sleep(delay)
             dt = time.perf_counter_ns() - t0

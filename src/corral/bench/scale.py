@@ -43,6 +43,7 @@ from typing import Any
 
 from corral.bench import common
 from corral.bench.common import emit_progress
+from corral.core.claims import ClaimRequest
 from corral.core.stats import percentile
 
 SUBMIT_BATCH = 1000
@@ -82,9 +83,9 @@ def _time_claims(store, slice_size: int, keep: set[int], out: dict[int, array]) 
     a claim's time is compared per task it brought."""
     inner = store.claim
 
-    def claim(*args, **kwargs):
+    def claim(worker_id: str, request: ClaimRequest) -> list:
         t0 = time.perf_counter()
-        got = inner(*args, **kwargs)
+        got = inner(worker_id, request)
         dt = time.perf_counter() - t0
         k = sum(len(c.tasks) for c in got)
         with _LOCK:

@@ -16,8 +16,9 @@ to the same answers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from corral.core.gates import Gates
 from corral.core.model import DEFAULT_LEASE_SECONDS
@@ -76,9 +77,9 @@ class ClaimRequest:
         return self.names is None or name in self.names
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A queued task as the planner reads it (a head candidate or a chunk follower)."""
+class Candidate(NamedTuple):
+    """A queued task as the planner reads it (a head candidate or a chunk
+    follower). A named tuple: a claim makes one per row it reads."""
 
     id: int
     name: str
@@ -92,29 +93,38 @@ class Candidate:
     queued: bool = True
 
 
+#: the limits of a candidate that names none
+NO_LIMITS: frozenset[str] = frozenset()
+
+
 class ClaimPlanner:
     """One claim's decisions over the candidates a store reads.
 
     ``gates`` builds the claim's :class:`~corral.core.gates.Gates` when first
     needed (reading the limits' and breakers' rows costs a store a query);
-    ``breakers`` names the task names and limits under a breaker, with
-    whether each is CLOSED; ``relay`` (a relay's successor: the limits whose
-    places its running predecessor passes on) admits only work naming no
-    other limit and no breaker. ``dry`` plans without chunks (a look that
-    only asks whether anything can be claimed)."""
+    ``breakers`` maps each task name or limit under a breaker to whether it
+    is CLOSED; ``relay`` (a relay's successor: the limits whose places its
+    running predecessor passes on) admits only work naming no other limit
+    and no breaker. ``dry`` plans without chunks (a look that only asks
+    whether anything can be claimed).
+
+    A store reads candidates in claim order, drops those :meth:`shut_out`
+    says no to, and offers each head it may take (its own checks done) to
+    :meth:`try_head`, through :meth:`run` (the retry path's share); the
+    claims are :attr:`units`, what they charge is in :attr:`gates`."""
 
     def __init__(
         self,
         request: ClaimRequest,
         gates: Callable[[], Gates],
-        breakers: Callable[[str], bool | None],
+        breakers: Mapping[str, bool],
         *,
         relay: frozenset[str] | None = None,
         dry: bool = False,
     ):
         self.request = request
         self._make_gates = gates
-        self._breaker = breakers
+        self._breakers = breakers
         self.relay = relay
         self.dry = dry
         self.gates: Gates | None = None
@@ -123,15 +133,16 @@ class ClaimPlanner:
         self.retry_cap = cap
         self.retry_most = most
         self._closed: set[tuple[frozenset[str], str]] = set()
+        self._chunk = 0 if dry else request.chunk
+        if self._chunk > 1:
+            far = chunk_reach(self._chunk)
+            self._far = far if request.tail is None else max(far, request.tail[1])
 
     # ---- the gates ------------------------------------------------------------
     def the_gates(self) -> Gates:
         if self.gates is None:
             self.gates = self._make_gates()
         return self.gates
-
-    def _gated(self, c: Candidate) -> bool:
-        return bool(c.limits) or self._breaker(c.name) is not None
 
     def shut_out(self, c: Candidate) -> bool:
         """True when ``c`` cannot head a unit of this claim whatever comes
@@ -142,18 +153,19 @@ class ClaimPlanner:
         tokens). A store may skip working out such a candidate's place in
         the order."""
         req = self.request
-        if not req.knows(c.name) or (req.only_retries and not c.retrying):
+        if (req.names is not None and c.name not in req.names) or (req.only_retries and not c.retrying):
             return True
-        if self.relay is not None and (self._breaker(c.name) is not None or not c.limits <= self.relay):
+        limits, breakers = c.limits, self._breakers
+        if self.relay is not None and (c.name in breakers or not limits <= self.relay):
             return True
-        if not self._gated(c):
+        if not limits and c.name not in breakers:
             return False
-        if req.prefetch and (c.limits or self._breaker(c.name) is False):
+        if req.prefetch and (limits or not breakers[c.name]):
             return True
-        gate = (c.limits, c.name)
+        gate = (limits, c.name)
         if gate in self._closed:  # most heads behind a full limit name the same limits
             return True
-        if self.the_gates().fits(c.limits, c.name):
+        if self.the_gates().fits(limits, c.name):
             return False
         self._closed.add(gate)
         return True
@@ -161,33 +173,46 @@ class ClaimPlanner:
     def admits(self, c: Candidate) -> bool:
         """May ``c`` head a unit now (after :meth:`shut_out` let it through,
         with the places this claim took since)?"""
-        return not self._gated(c) or self.the_gates().fits(c.limits, c.name)
+        return (not c.limits and c.name not in self._breakers) or self.the_gates().fits(c.limits, c.name)
 
-    # ---- chunks ---------------------------------------------------------------
-    def reach(self, head: Candidate) -> int:
+    # ---- a head and its chunk -------------------------------------------------
+    def try_head(self, c: Candidate, read_line: Callable[[Candidate, int], Sequence[Candidate]]) -> bool:
+        """Take a unit headed by ``c`` if its gates let it start now (a store
+        has checked what only it knows: that ``c`` is still its group's
+        head). ``read_line(c, far)`` reads the group's following tasks still
+        in its line, in order, at most ``far`` (only called for a chunk).
+        True when taken."""
+        gated = bool(c.limits) or c.name in self._breakers
+        if gated and not self.the_gates().fits(c.limits, c.name):
+            return False  # the places this claim took since the candidate was read
+        far = self.reach(c, gated)
+        members = self.chunk(c, read_line(c, far)) if far else [c]
+        self.take(members, gated)
+        return True
+
+    def reach(self, head: Candidate, gated: bool | None = None) -> int:
         """How far the line of ``head``'s group must be read for
         :meth:`chunk`: 0 when the unit is ``head`` alone (no group, chunks of
         one, a dry look, or a unit under a rate or a probing breaker, each of
         whose starts is charged)."""
-        chunk = self.request.chunk
-        if head.group is None or chunk <= 1 or self.dry:
+        if head.group is None or self._chunk <= 1:
             return 0
-        if self._gated(head) and self.the_gates().solo(head.limits, head.name):
+        if gated is None:
+            gated = bool(head.limits) or head.name in self._breakers
+        if gated and self.the_gates().solo(head.limits, head.name):
             return 0
-        far = chunk_reach(chunk)
-        tail = self.request.tail
-        return far if tail is None else max(far, tail[1])
+        return self._far
 
     def chunk(self, head: Candidate, line: Sequence[Candidate]) -> list[Candidate]:
         """The unit headed by ``head``: with the tasks of ``line`` that go
         with it (its group's following tasks still in the line, in order,
-        read as far as :meth:`reach`). Chunk members are due, queued tasks
+        read as far as :meth:`reach`, when it is not 0). Chunk members are due, queued tasks
         of the head's queue, of known names, under no breaker and no limit
         the head's gates do not let through (none under prefetch; under a
         relay, only its limits); a group whose whole line fits in a chunk's
         reach goes in one chunk."""
         members = [head]
-        if not line or self.reach(head) == 0:
+        if not line:
             return members
         req = self.request
         size = line_chunk(req.chunk, len(line) + 1, req.tail)
@@ -196,7 +221,7 @@ class ClaimPlanner:
         for f in line[: size - 1] if len(line) >= reach else line:
             if not f.queued or not f.due or f.queue != head.queue:
                 break
-            if not req.knows(f.name) or self._breaker(f.name) is not None or (req.prefetch and f.limits):
+            if not req.knows(f.name) or f.name in self._breakers or (req.prefetch and f.limits):
                 break
             if req.only_retries and not f.retrying:
                 break
@@ -211,12 +236,13 @@ class ClaimPlanner:
             members.append(f)
         return members
 
-    def take(self, members: list[Candidate]) -> None:
+    def take(self, members: list[Candidate], gated: bool = True) -> None:
         """Record the unit ``members`` (its head first): charge its gates."""
         head = members[0]
-        lims = frozenset().union(*(m.limits for m in members))
-        if lims or self._breaker(head.name) is not None:
-            self.the_gates().take(lims, head.name)
+        if gated or len(members) > 1:
+            lims = head.limits if len(members) == 1 else frozenset().union(*(m.limits for m in members))
+            if lims or head.name in self._breakers:
+                self.the_gates().take(lims, head.name)
         self.units.append(members)
 
     # ---- the retry path -------------------------------------------------------
@@ -234,8 +260,8 @@ class ClaimPlanner:
         path's, merged by ``rank`` with fresh work, taking at most the retry
         cap while fresh work is claimable and, once it runs short, the rest
         up to the most retries a claim takes. ``try_take`` tries one head
-        (the store's checks, then :meth:`admits`, :meth:`chunk`,
-        :meth:`take`) and says whether it was taken."""
+        (the store's own checks, then :meth:`try_head`) and says whether it
+        was taken."""
         goal = 1 if self.dry else self.request.max_units
         cap = self.retry_cap
         if retries is None or cap is None:

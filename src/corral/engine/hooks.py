@@ -48,7 +48,7 @@ class DispatchPolicy:
     max_units: int | None = UNLIMITED
     #: units in flight at most (None: the worker's concurrency)
     slots: int | None = None
-    #: claim only tasks waiting to be retried (``Store.claim(only_retries=True)``)
+    #: claim only tasks waiting to be retried (``ClaimRequest(only_retries=True)``)
     only_retries: bool = False
     #: claim only from these lanes, in order (None: everything the worker runs)
     lanes: tuple[Lane, ...] | None = None

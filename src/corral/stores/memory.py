@@ -23,7 +23,7 @@ from corral.core import dag, texts
 from corral.core import events as ev
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
-from corral.core.claims import Candidate, ClaimPlanner, ClaimRequest
+from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import (
     EARLY,
@@ -409,12 +409,12 @@ class MemoryStore(Store):
         with self._lock:
             now = self.now()
             self._promote_due(now)
-            plan = ClaimPlanner(
-                request, lambda: Gates(now, self._limits, self._usage, self._breakers), self._breaker_closed
-            )
+            breakers = {n: b.state.state is brk.BreakerState.CLOSED for n, b in self._breakers.items()}
+            plan = ClaimPlanner(request, lambda: Gates(now, self._limits, self._usage, self._breakers), breakers)
             # entries read from the heaps that still stand: put back unless taken
             read: list[tuple[list, tuple]] = []
             ranks: dict[int, tuple] = {}
+            ranked = plan.retry_cap is not None  # the retry path apart: merged by rank
 
             def ordered(heaps: list[list]) -> Iterator[Candidate]:
                 """The heads queued in ``heaps``, in claim order (rank, then id)."""
@@ -434,25 +434,24 @@ class MemoryStore(Store):
                     read.append((heap, entry))
                     c = _candidate(t, now)
                     if not plan.shut_out(c):
-                        ranks[tid] = entry[:2]
+                        if ranked:
+                            ranks[tid] = entry
                         yield c
 
-            def try_take(c: Candidate) -> bool:
-                if not plan.admits(c):
-                    return False
+            def read_line(c: Candidate, far: int) -> list[Candidate]:
+                """The tasks after ``c`` still in its group's line, at most ``far``."""
                 line: list[Candidate] = []
-                far = plan.reach(c)
-                if far:
-                    g = self._groups[c.group]  # type: ignore[index]
-                    for nid in itertools.islice(g.ids, 1, None):
-                        if len(line) >= far:
-                            break
-                        n = self._tasks[nid]
-                        if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
-                            continue  # ended: no longer in the group's line (as the SQL stores read it)
-                        line.append(_candidate(n, now))
-                plan.take(plan.chunk(c, line))
-                return True
+                for nid in itertools.islice(self._groups[c.group].ids, 1, None):  # type: ignore[index]
+                    if len(line) >= far:
+                        break
+                    n = self._tasks[nid]
+                    if n.status in FINAL and not (n.status is State.FAILED and n.halt_group_on_failure):
+                        continue  # ended: no longer in the group's line (as the SQL stores read it)
+                    line.append(_candidate(n, now))
+                return line
+
+            def try_take(c: Candidate) -> bool:
+                return plan.try_head(c, read_line)
 
             retry = [self._retry_ready[q] for q in request.queues if self._retry_ready.get(q)]
             fresh = [] if request.only_retries else [self._ready[q] for q in request.queues if self._ready.get(q)]
@@ -460,12 +459,11 @@ class MemoryStore(Store):
                 plan.run(ordered(fresh + retry), None, try_take, lambda c: ranks[c.id])
             else:
                 plan.run(ordered(fresh), ordered(retry), try_take, lambda c: ranks[c.id])
-            taken: set[int] = set()
             for members in plan.units:
                 claims.append(self._take(worker_id, request, members, now))
-                taken.update(m.id for m in members)
+            stamps = self._stamp
             for heap, entry in read:
-                if entry[1] not in taken:
+                if stamps.get(entry[1]) == entry[2]:  # not taken (a claim drops its tasks' stamps)
                     heapq.heappush(heap, entry)
             gates = plan.gates
             if gates is not None:
@@ -480,11 +478,6 @@ class MemoryStore(Store):
             if claims:
                 self._changes += 1
         return claims
-
-    def _breaker_closed(self, name: str) -> bool | None:
-        """None: no breaker on ``name``; else whether it is CLOSED."""
-        row = self._breakers.get(name)
-        return None if row is None else row.state.state is brk.BreakerState.CLOSED
 
     def _take(self, worker_id: str, request: ClaimRequest, unit: list[Candidate], now: float) -> Claim:
         """Claim the tasks of ``unit`` (its head first) under one new lease."""
@@ -508,11 +501,11 @@ class MemoryStore(Store):
                 m.started_at = None
             self._running.add(m.id)
             self._task_event(m, before, now)
-        limits = tuple(sorted(frozenset().union(*(c.limits for c in unit))))
+        head = members[0]
+        limits = head.limits if len(unit) == 1 else tuple(sorted(frozenset().union(*(c.limits for c in unit))))
         self._leases[token] = _Lease({m.id for m in members}, limits)
         for name in limits:
             self._usage[name] = self._usage.get(name, 0) + 1
-        head = members[0]
         g = self._groups.get(head.group) if head.group is not None else None
         if g is not None:
             g.running += len(members)
@@ -1247,10 +1240,10 @@ def _candidate(t: TaskRecord, now: float) -> Candidate:
         t.name,
         t.queue,
         t.group,
-        frozenset(t.limits),
+        frozenset(t.limits) if t.limits else NO_LIMITS,
         t.status is State.RETRYING,
-        due=t.run_at <= now,
-        queued=t.status in QUEUED,
+        t.run_at <= now,
+        t.status in QUEUED,
     )
 
 

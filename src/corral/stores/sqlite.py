@@ -89,7 +89,7 @@ from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
-from corral.core.claims import Candidate, ClaimPlanner, ClaimRequest, Relay
+from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest, Relay
 from corral.core.clock import SYSTEM_CLOCK, Clock
 from corral.core.cron import (
     EARLY,
@@ -393,7 +393,7 @@ class _CandidateRow(NamedTuple):
             self.name,
             self.queue,
             self.group,
-            frozenset(json.loads(self.limits)) if self.limits else frozenset(),
+            frozenset(json.loads(self.limits)) if self.limits else NO_LIMITS,
             self.status == State.RETRYING,
             due=self.run_at <= now,
             queued=self.status in _QUEUED,
@@ -1073,11 +1073,8 @@ class SQLiteStore(SqlStore):
                 usage[name] = max(0, usage.get(name, 0) - 1)
             return Gates(now, limits, usage, breakers)
 
-        def breaker(name: str) -> bool | None:
-            row = breakers.get(name)
-            return None if row is None else row.state.state is brk.BreakerState.CLOSED
-
-        plan = ClaimPlanner(request, the_gates, breaker, relay=relay, dry=dry)
+        closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
+        plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry)
         ranks: dict[int, tuple] = {}
 
         def rank(c: Candidate) -> tuple:
@@ -1124,19 +1121,17 @@ class SQLiteStore(SqlStore):
             while heap:
                 yield heapq.heappop(heap)[1]
 
+        def read_line(c: Candidate, far: int) -> list[Candidate]:
+            got = _candidate_cursor(con).execute(Q["group_followers"], (c.group, c.id, far))
+            return [f.candidate(now) for f in got]
+
         def try_take(c: Candidate) -> bool:
             """Try to make a claim headed by ``c``; True when it was taken."""
             if not plan.admits(c):
                 return False  # the places this claim took since the row was read
             if c.group is not None and con.execute(Q["group_running"], (c.group,)).fetchone():
                 return False  # an operator retried an old task while its group runs on
-            line: list[Candidate] = []
-            far = plan.reach(c)
-            if far:
-                got = _candidate_cursor(con).execute(Q["group_followers"], (c.group, c.id, far))
-                line = [f.candidate(now) for f in got]
-            plan.take(plan.chunk(c, line))
-            return True
+            return plan.try_head(c, read_line)
 
         try:
             if plan.retry_cap is None:
