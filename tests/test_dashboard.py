@@ -296,7 +296,7 @@ def test_the_tasks_page_filters_and_refuses_a_state_that_is_none(store):
     from corral.core.states import State
 
     ids = [r.id for r in store.submit([NewTask(name=n, args=ARGS) for n in ("a", "b", "a")])]
-    (c,) = store.claim("w", ["default"], 1)
+    (c,) = store.claim("w", ClaimRequest(["default"], 1))
     store.complete([Outcome(c.tasks[0].id, c.token, c.tasks[0].version, State.FAILED, error="boom")])
     dash = serve_background(store)
     try:

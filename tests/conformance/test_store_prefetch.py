@@ -1,4 +1,4 @@
-"""A prefetch claim (``Store.claim(prefetch=True)``): units a worker holds
+"""A prefetch claim (``ClaimRequest(prefetch=True)``): units a worker holds
 before a slot is free for them. They never name a limit (an idle unit must
 not hold a limit's place or a rate's token), they record no start (a
 hand-back or a crash costs them no attempt), and group order and

@@ -1,4 +1,4 @@
-"""The retry path apart from fresh work: ``Store.claim(retry_share=...)``.
+"""The retry path apart from fresh work: ``ClaimRequest(retry_share=...)``.
 
 A claim takes candidates in claim order, but while fresh (PENDING) work is
 claimable at most ``ceil(max_units * share)`` units (at least one) are
