@@ -786,19 +786,25 @@ SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
 WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = ANY(%(own)s::text[]))
 
 -- name: claim_probe
--- Which gates have a ready task waiting? Empty for ungated work.
-SELECT coalesce(array_agg(DISTINCT g.name ORDER BY g.name), '{}') FROM ({{gates}}) g
-WHERE EXISTS (
+-- Which gates have a ready task waiting? Empty for ungated work. (Two
+-- branches, not one EXISTS (...) OR EXISTS (...): each stays a semi-join on
+-- the queued rows' index; the OR made it a scan per gate, 10x slower.)
+SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
+    SELECT g.name FROM ({{gates}}) g
+    WHERE EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
           AND g.name = ANY(t.limits)
           AND t.run_at <= extract(epoch FROM now())::float8
           AND t.queue = ANY(%(queues)s::text[]))
-   OR (g.breaker AND EXISTS (
+    UNION ALL
+    SELECT g.name FROM ({{gates}}) g
+    WHERE g.breaker AND EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND t.name = g.name
           AND t.run_at <= extract(epoch FROM now())::float8
-          AND t.queue = ANY(%(queues)s::text[])));
+          AND t.queue = ANY(%(queues)s::text[]))
+) w;
 
 -- name: unlimited_ready
 -- Is there queued, due work under no limit? When every capped limit is full
