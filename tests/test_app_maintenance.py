@@ -43,7 +43,7 @@ def test_an_in_process_worker_recovers_a_dead_workers_task_and_trims_the_event_l
     old = _age_event(app, "note", url)  # first: the log is trimmed in id order, ids follow time
     h = job.submit(1)
     # a worker elsewhere claimed it and was killed: its lease runs out
-    (claim,) = app.store.claim("dead-worker", ClaimRequest(ClaimRequest(["default"], 1, lease_seconds=1)))
+    (claim,) = app.store.claim("dead-worker", ClaimRequest(["default"], 1, lease_seconds=1))
     assert claim.tasks[0].id == h.id
     expires = app.store.get(h.id).lease_expires_at
     wait_for(lambda: app.store.now() > expires, timeout=10, message="the dead worker's lease expired")

@@ -456,7 +456,7 @@ def test_tasks_by_worker_age_and_sort_page_by_position(tmp_path):
     store = open_store(url)
     store.migrate()
     ids = [r.id for r in store.submit([NewTask(name="t", args=ARGS) for _ in range(5)])]
-    store.claim("vm-1:7:w", ["default"], 2)
+    store.claim("vm-1:7:w", ClaimRequest(["default"], 2))
     store.close()
     s = ("--store", url)
     assert [r["id"] for r in run_json("tasks", *s, "--worker", "vm-1:7:w")] == ids[1::-1]

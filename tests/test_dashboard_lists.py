@@ -9,6 +9,8 @@ import urllib.request
 
 import pytest
 
+from corral.core.claims import ClaimRequest
+
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
 from corral.core.clock import FakeClock  # noqa: E402
@@ -53,7 +55,7 @@ def fail(store, worker: str = "w", submit_first: bool = False) -> int:
     """Claim the oldest queued task and fail it (one is submitted first if asked)."""
     if submit_first:
         submit(store, 1)
-    (c,) = store.claim(worker, ["default"], 1)
+    (c,) = store.claim(worker, ClaimRequest(["default"], 1))
     t = c.tasks[0]
     store.complete([Outcome(t.id, c.token, t.version, State.FAILED, error="boom")])
     return t.id
@@ -62,8 +64,8 @@ def fail(store, worker: str = "w", submit_first: bool = False) -> int:
 def test_a_worker_filter_shows_what_that_worker_holds(store, client):
     c, _ = client
     ids = submit(store, 4)
-    store.claim("vm-1:100:a", ["default"], 2)
-    store.claim("vm-2:200:b", ["default"], 1)
+    store.claim("vm-1:100:a", ClaimRequest(["default"], 2))
+    store.claim("vm-2:200:b", ClaimRequest(["default"], 1))
     status, body = c.request("/tasks?worker=vm-1:100:a")
     assert status == 200 and shown_ids(body) == [ids[1], ids[0]]
     assert shown_ids(c.request("/tasks?worker=vm-2:200:b")[1]) == [ids[2]]
@@ -218,7 +220,7 @@ def test_the_over_time_page_draws_the_recorded_minutes(store, client, clock):
     assert status == 200 and "Nothing recorded yet" in body
     submit(store, 3, name="sync")
     for _ in range(2):
-        (u,) = store.claim("w", ["default"], 1)
+        (u,) = store.claim("w", ClaimRequest(["default"], 1))
         clock.advance(1.5)
         store.complete([Outcome(u.tasks[0].id, u.token, u.tasks[0].version, State.SUCCESS)])
     fail(store)

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from corral.core.claims import ClaimRequest
 from helpers import ARGS, wait_for
 
 
@@ -77,7 +78,7 @@ def _leave_everything_behind(url: str) -> list:
     s.set_limit(LimitSpec("api", concurrency=2))
     assert s.set_fleet_level(FleetLevel(1, True, None, "test"), auto=False, event="{}")
     assert s.try_lead("sweeper", "w-old", 60)
-    assert s.claim("w-old", ["default"], 1)
+    assert s.claim("w-old", ClaimRequest(["default"], 1))
     listener = psycopg.connect(url, autocommit=True)
     listener.execute("LISTEN corral_leak")
     stop = threading.Event()

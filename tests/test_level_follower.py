@@ -129,7 +129,7 @@ def test_circuit_open_runs_only_retries_and_burns_no_attempt_of_fresh_work():
     app, ran = _app(store)
     # a task in RETRYING, due now
     retry_id = app.registry["plain"].submit("retry", retries=2).id
-    (c,) = store.claim("w", ClaimRequest(ClaimRequest(["default"], 1)))
+    (c,) = store.claim("w", ClaimRequest(["default"], 1))
     rec = c.tasks[0]
     store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.RETRYING, error="x", run_at=0.0)])
     # fresh work, ahead of the retry by priority: claimed first unless held
@@ -298,7 +298,7 @@ def test_cli_level_dead_and_retry_dead(tmp_path):
     app = corral.App(url)
     ids = [r.id for r in app.store.submit([NewTask(name="t", args="{}", batch=f"b{i % 2}") for i in range(3)])]
     for _ in ids:
-        (c,) = app.store.claim("w", ClaimRequest(ClaimRequest(["default"], 1)))
+        (c,) = app.store.claim("w", ClaimRequest(["default"], 1))
         rec = c.tasks[0]
         app.store.complete([Outcome(rec.id, rec.lease_token, rec.version, State.FAILED, error="boom")])
     out = ok("dead")

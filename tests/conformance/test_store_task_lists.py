@@ -5,6 +5,7 @@ and keyset pages that neither skip nor repeat a task."""
 
 from __future__ import annotations
 
+from corral.core.claims import ClaimRequest
 from corral.core.model import TaskFilter
 from corral.core.states import State
 from corral.edges.task_lists import TaskQuery, find_tasks, first_id_after, matching_ids
@@ -24,8 +25,8 @@ def _all_pages(store, query: TaskQuery) -> list[list[int]]:
 
 def test_held_tasks_are_each_workers_by_worker_then_id_and_page_by_position(store):
     ids = submit(store, *[new(f"t{i}") for i in range(5)])
-    store.claim("w-b", ["default"], 2)  # ids[0], ids[1]: claimed into a slot, held by w-b
-    store.claim("w-a", ["default"], 2, prefetch=True)  # ids[2], ids[3]: held, not started
+    store.claim("w-b", ClaimRequest(["default"], 2))  # ids[0], ids[1]: claimed into a slot, held by w-b
+    store.claim("w-a", ClaimRequest(["default"], 2, prefetch=True))  # ids[2], ids[3]: held, not started
     (w_b1, w_b2) = ids[:2]
     held = store.held_tasks()
     assert [(r.worker_id, r.id) for r in held] == [("w-a", ids[2]), ("w-a", ids[3]), ("w-b", w_b1), ("w-b", w_b2)]
@@ -74,7 +75,7 @@ def test_pages_by_submit_age_and_state_cover_every_task_once(store):
 
 def test_a_worker_filter_reads_what_that_worker_holds(store):
     ids = submit(store, *[new("t", queue="q1") for _ in range(3)], new("u", queue="q1"))
-    store.claim("w-x", ["q1"], 4)
+    store.claim("w-x", ClaimRequest(["q1"], 4))
     submit_one(store, "t", queue="q1")  # not held
     page = find_tasks(store, TaskQuery(worker="w-x", limit=2))
     assert [r.id for r in page.rows] == [ids[3], ids[2]] and page.next is not None
