@@ -34,9 +34,9 @@ class _ClaimLog:
         self._claim = store.claim
         store.claim = self
 
-    def __call__(self, *args, **kwargs):
-        got = self._claim(*args, **kwargs)
-        self.calls.append((bool(kwargs.get("prefetch")), got))
+    def __call__(self, worker_id, request):
+        got = self._claim(worker_id, request)
+        self.calls.append((request.prefetch, got))
         return got
 
     def prefetch_calls(self) -> int:
@@ -243,9 +243,9 @@ def test_a_worker_shortens_its_chunks_near_the_end_of_grouped_work(monkeypatch):
     seen: list[tuple[int, tuple[int, int] | None]] = []
     inner = app.store.claim
 
-    def claim(*args, **kwargs):
-        seen.append((kwargs.get("chunk_size", 1), kwargs.get("tail")))
-        return inner(*args, **kwargs)
+    def claim(worker_id, request):
+        seen.append((request.chunk_size, request.tail))
+        return inner(worker_id, request)
 
     monkeypatch.setattr(app.store, "claim", claim)
     # quick tasks: chunks of 200 once measured, usual while 4 000 are queued (4 slots)

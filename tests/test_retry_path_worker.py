@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import corral
+from corral.core.claims import ClaimRequest
 from corral.testing import FakeClock, run_until_idle
 
 
@@ -17,12 +18,12 @@ def _app_recording_claims(monkeypatch) -> tuple[corral.App, list[dict]]:
     def ping() -> int:
         return 1
 
-    seen: list[dict] = []
+    seen: list[ClaimRequest] = []
     inner = app.store.claim
 
-    def claim(*args, **kwargs):
-        seen.append(kwargs)
-        return inner(*args, **kwargs)
+    def claim(worker_id, request):
+        seen.append(request)
+        return inner(worker_id, request)
 
     monkeypatch.setattr(app.store, "claim", claim)
     ping.submit()
@@ -32,7 +33,7 @@ def _app_recording_claims(monkeypatch) -> tuple[corral.App, list[dict]]:
 def test_the_worker_claims_with_a_quarter_for_retries_by_default(monkeypatch):
     app, seen = _app_recording_claims(monkeypatch)
     assert [r.status for r in run_until_idle(app)] == [corral.State.SUCCESS]
-    assert seen and {kw.get("retry_share") for kw in seen} == {0.25}
+    assert seen and {r.retry_share for r in seen} == {0.25}
 
 
 @pytest.mark.parametrize(("share", "sent"), [(0.5, {0.5}), (None, {None})])
@@ -44,4 +45,4 @@ def test_the_worker_claims_with_the_share_it_was_given(monkeypatch, share, sent)
         assert worker.drain(timeout=30)
     finally:
         worker.stop(grace=5.0)
-    assert seen and {kw.get("retry_share") for kw in seen} == sent
+    assert seen and {r.retry_share for r in seen} == sent
