@@ -147,5 +147,6 @@ def test_a_tick_ahead_of_the_stores_clock_is_too_early_and_stamps_never_run_ahea
 
     assert not too_early(1000, 1000) and not too_early(1000 + MAX_CLOCK_AHEAD, 1000)
     assert too_early(1000 + MAX_CLOCK_AHEAD + 1, 1000)
-    assert first_stamp(5000.0, 1000.0) == 1000.0 + MAX_CLOCK_AHEAD  # a clock an hour ahead
+    assert first_stamp(5000.0, 1000.0) == 1000.0  # a clock an hour ahead: the store's time
+    assert first_stamp(1003.0, 1000.0) == 1000.0  # even a clock ahead within the bound a tick has
     assert first_stamp(900.0, 1000.0) == 900.0  # behind: its own time, as before

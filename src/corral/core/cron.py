@@ -65,8 +65,12 @@ def too_early(tick: float, store_now: float) -> bool:
 
 def first_stamp(worker_now: float, store_now: float) -> float:
     """When a new schedule counts from: the worker's time (its ticks are read
-    on that clock), never ahead of the store's by more than the bound."""
-    return min(worker_now, store_now + MAX_CLOCK_AHEAD)
+    on that clock), never ahead of the store's. No tick at or before the stamp
+    is ever due, for any worker: a stamp ahead of the store's clock, even
+    within the :data:`MAX_CLOCK_AHEAD` a tick is allowed, would drop the ticks
+    between the store's time and it (a schedule stored at 12:00:58 by a clock
+    4 s ahead would never run 12:01:00)."""
+    return min(worker_now, store_now)
 
 
 def zone(name: str) -> ZoneInfo:

@@ -799,9 +799,9 @@ class Store(abc.ABC):
         stored and what its last tick did: every worker does it when it starts.
 
         ``now`` (the worker's clock, which the ticks are read on) stamps a new
-        schedule, but never more than :data:`~corral.core.cron.MAX_CLOCK_AHEAD`
-        ahead of the store's clock; no tick at or before it is ever due. None:
-        the store's clock."""
+        schedule, but never ahead of the store's clock
+        (:func:`~corral.core.cron.first_stamp`); no tick at or before it is
+        ever due. None: the store's clock."""
         raise NotImplementedError
 
     def schedules(self) -> list[ScheduleState]:
