@@ -9,6 +9,8 @@ from __future__ import annotations
 import signal
 import sqlite3
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -20,11 +22,37 @@ from corral.testing import History
 from faults import AppWorker
 from helpers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
-def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(durable_url, tmp_path):
-    url = durable_url
+def _side_by_side(scenario, sqlite_url: str, pg_url: str, tmp_path: Path) -> None:
+    """Run ``scenario(url, tmp)`` on SQLite and PostgreSQL at once: each mostly
+    waits (a task's sleep, a lease running out), so together they cost the
+    suite one run. A failure on either fails the test, naming its store."""
+    urls = {"sqlite": sqlite_url, "postgres": pg_url}
+    for kind in urls:
+        (tmp_path / kind).mkdir()
+    with ThreadPoolExecutor(len(urls)) as pool:
+        runs = {kind: pool.submit(scenario, url, tmp_path / kind) for kind, url in urls.items()}
+    for kind, run in runs.items():
+        try:
+            run.result()
+        except BaseException as exc:
+            raise AssertionError(f"on {kind}: {exc}") from exc
+
+
+def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(sqlite_url, pg_url, tmp_path):
+    _side_by_side(_zombie_changes_nothing, sqlite_url, pg_url, tmp_path)
+
+
+def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(sqlite_url, pg_url, tmp_path):
+    """Stopped past its lease while a chunk's head runs, the zombie wakes after
+    the sweep re-queued the chunk and a second worker ran it: it must not start
+    the chunk's next member (it would run twice, beside later tasks of its group)."""
+    _side_by_side(_zombie_starts_nothing_more, sqlite_url, pg_url, tmp_path)
+
+
+def _zombie_changes_nothing(url: str, tmp_path: Path) -> None:
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="slow", retries=3)(lambda ctx, first_run: None)
@@ -87,11 +115,7 @@ def test_a_resumed_zombie_changes_nothing_and_knows_it_lost_the_lease(durable_ur
         app.close()
 
 
-def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(durable_url, tmp_path):
-    """Stopped past its lease while a chunk's head runs, the zombie wakes after
-    the sweep re-queued the chunk and a second worker ran it: it must not start
-    the chunk's next member (it would run twice, beside later tasks of its group)."""
-    url = durable_url
+def _zombie_starts_nothing_more(url: str, tmp_path: Path) -> None:
     runs = tmp_path / "runs.jsonl"
     app = corral.App(url)
     app.task(name="step", retries=5)(lambda ctx, group, seq, dur, fail_first=False, first_dur=None: seq)
@@ -109,7 +133,7 @@ def test_a_resumed_zombie_starts_nothing_more_of_the_chunk_it_lost(durable_url, 
         def all_swept() -> bool:
             try:
                 swept.update(sweep_once(app.store).lost_leases_retried)
-            except StoreError:  # stopped inside a SQLite write: see the test above
+            except StoreError:  # stopped inside a SQLite write: see _zombie_changes_nothing
                 zombie.proc.send_signal(signal.SIGCONT)
                 wait_for(lambda: _write_lock_free(url), timeout=10, interval=0.001)
                 zombie.proc.send_signal(signal.SIGSTOP)
