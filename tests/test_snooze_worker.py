@@ -46,10 +46,10 @@ def test_a_snooze_never_burns_an_attempt(url, how):
     job, runs = _snooze_fail_succeed(app, go)
     if how == "chunk":  # one group: every task after a claim's head is a chunk member
         handles = [job.submit(i, group="g") for i in range(N)]
-        worker = app.worker(1, chunk_size=N, prefetch=0)
+        worker = app.worker(1, chunk_size=N, prefetch=0, poll_interval=0.05)
     else:  # one slot, many units held ahead of it: all but the first are prefetched
         handles = [job.submit(i) for i in range(N)]
-        worker = app.worker(1, chunk_size=1, prefetch=N - 1)
+        worker = app.worker(1, chunk_size=1, prefetch=N - 1, poll_interval=0.05)
     worker.start()
     try:
         if how == "prefetch":  # every unit held while task 0 runs: N - 1 of them prefetched
