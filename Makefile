@@ -10,6 +10,9 @@
 #   make clean  remove the virtualenv and build/test leftovers
 #
 # Extra pytest arguments: make test PYTEST_ARGS='-k lease -x'
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist; most tests wait
+# on workers, leases and sleeps, so two pay even on two cores):
+#                         make test PYTEST_WORKERS=0  runs it in one process
 # Extra demo arguments:   make demo DEMO_ARGS='--hold 60'  (see .venv/bin/corral demo --help)
 
 SHELL := /bin/bash
@@ -20,6 +23,7 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.corral-installed
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 DEMO_ARGS ?=
 
 .PHONY: help venv demo lint test screenshots clean
@@ -64,7 +68,7 @@ lint: venv
 
 test: lint
 	scripts/ensure-test-tools.sh
-	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 screenshots: venv
 	scripts/ensure-test-tools.sh

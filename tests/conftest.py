@@ -27,6 +27,13 @@ from helpers import wait_for as _wait_for  # noqa: E402
 
 PG_URL_ENV = "CORRAL_TEST_PG_URL"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's worker processes get COLUMNS=80 and LINES=24: the CLI
+    # would then draw its tables 80 columns wide, not as in a run without a
+    # terminal (160), and the tests reading them would differ by how they ran.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 def _with_database(url: str, dbname: str) -> str:
     """Return ``url`` pointing at database ``dbname`` instead."""

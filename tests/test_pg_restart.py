@@ -3,8 +3,8 @@ processes run short grouped tasks recorded in a shared history.
 
 The server is the throwaway one the test run owns (``scripts/with-postgres.sh``
 exports how to drive it). When the run uses an outside server (whose owner
-may not want it restarted), these tests start a throwaway server of their
-own with the same script; only without PostgreSQL's binaries do they skip,
+may not want it restarted), or runs its tests in several processes, these
+tests start a throwaway server of their own with the same script; only without PostgreSQL's binaries do they skip,
 and in CI they fail then. The test database commits synchronously, as a
 production server does, so only what corral itself commits asynchronously
 (claims) can be forgotten by a crash.
@@ -49,8 +49,11 @@ _server: dict[str, str] = {}
 def server():
     """A PostgreSQL server this run may stop, crash and restart: the one
     scripts/with-postgres.sh started for the run, or else one of its own,
-    started by the same script and removed when the module ends."""
-    if os.environ.get("CORRAL_TEST_PG_CTL") and os.environ.get("CORRAL_TEST_PG_DATA"):
+    started by the same script and removed when the module ends. A run in
+    several processes (pytest-xdist) always starts one of its own: the
+    run's server serves the other processes' tests meanwhile."""
+    parallel = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1) > 1
+    if os.environ.get("CORRAL_TEST_PG_CTL") and os.environ.get("CORRAL_TEST_PG_DATA") and not parallel:
         _server.update({k: os.environ.get(k, "") for k in OWNED})
         yield _server
         _server.clear()
