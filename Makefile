@@ -68,7 +68,7 @@ lint: venv
 
 test: lint
 	scripts/ensure-test-tools.sh
-	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	scripts/with-postgres.sh $(VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 screenshots: venv
 	scripts/ensure-test-tools.sh

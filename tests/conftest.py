@@ -357,3 +357,17 @@ def processes(tmp_path: Path):
 def wait_for():
     """The ``helpers.wait_for`` function, for tests that prefer a fixture."""
     return _wait_for
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a run in several processes (``make test``: pytest-xdist with ``--dist
+    loadgroup``), the tests that start worker processes by the handful (marked
+    ``slow``) run one after another in one process, beside the light tests of
+    the others: two of them at once starve each other's workers of the two
+    cores (10 000 tasks through eight workers took 66 s beside the leader-kill
+    test, 4 s alone)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("processes"))
