@@ -240,8 +240,10 @@ def _assert_sane_latency(r: dict, store: str) -> None:
     assert r["started"] == r["measured"] and r["missing"] == 0 and r["duplicates"] == 0
     assert 0 < r["submit_rate"] <= 50 * 1.05
     assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
-    # the pickup is the part of submit-to-start after the submit call returned
-    assert r["pickup_p50_ms"] <= r["p50_ms"] and 0 < r["submit_call_p50_ms"] <= r["p50_ms"]
+    # the pickup is the part of submit-to-start after the submit call returned (each task's pickup
+    # is its submit-to-start less its submit call); a task may start before its submit call
+    # returns, so the call's median is not bounded by submit-to-start's
+    assert r["pickup_p50_ms"] <= r["p50_ms"] and r["submit_call_p50_ms"] > 0
 
 
 def test_latency_schedule_is_steady_and_open_loop():
