@@ -76,6 +76,54 @@ def test_a_stopping_worker_hands_no_place_over(url):
         app.close(10)
 
 
+def test_a_claim_under_way_at_a_stop_starts_nothing(url):
+    """A claim begun before a stop that returns after it (an outcome freed a
+    limit's place meanwhile) gives what it took back: nothing starts once a
+    stop began."""
+    app = corral.App(url)
+    app.limit("downstream", concurrency=1)
+    release, claiming, go_on = threading.Event(), threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @app.task(limits=["downstream"], retries=0)
+    def call(i):
+        ran.append(i)
+        release.wait(30)
+
+    handles = [call.submit(i) for i in range(2)]
+    worker = app.worker(2, chunk_size=1)
+    inner = worker.store.claim
+    claims = []
+
+    def held_claim(*args, **kwargs):
+        # the claim after the first (the limit full) waits for the test here
+        if claims and threading.current_thread().name == "corral-dispatcher" and not go_on.is_set():
+            claiming.set()
+            go_on.wait(30)
+        claims.append(1)
+        return inner(*args, **kwargs)
+
+    worker.store.claim = held_claim
+    worker.start()
+    try:
+        wait_for(lambda: ran == [0] and claiming.is_set())
+        stopper = threading.Thread(target=worker.stop, kwargs={"grace": 30})
+        stopper.start()
+        wait_for(lambda: worker._stop_claiming.is_set())
+        release.set()
+        wait_for(lambda: app.get(handles[0].id).status == State.SUCCESS)
+        go_on.set()  # the claim goes on and finds the place free
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert ran == [0]
+        assert app.get(handles[1].id).status == State.PENDING
+        assert app.get(handles[1].id).attempt == 0
+    finally:
+        release.set()
+        go_on.set()
+        app.close(10)
+
+
 def test_a_worker_does_not_keep_a_shared_limit_from_a_worker_of_other_queues(durable_url):
     app = corral.App(durable_url)
     app.limit("api", concurrency=1)

@@ -177,6 +177,12 @@ class Completer:
         them (a stop, a halt). Returns the tasks given back."""
         with self.ledger.cond:
             units = [u for u in self.ledger.units if u.prefetched]
+        return self.hand_back_unstarted(units)
+
+    def hand_back_unstarted(self, units: Sequence[Unit]) -> int:
+        """Give back at once those of ``units`` no slot has started,
+        attempts intact (a claim into a free slot counted its first task's
+        attempt: that one is taken back). Returns the tasks given back."""
         given = 0
         for unit in units:
             with unit.lock:
@@ -184,7 +190,12 @@ class Completer:
                     continue
                 unit.lost = True  # a slot that picks it up starts nothing
                 unit.given_back = True
-            self.hand_back(unit.claim.tasks, unit.claim.token)
+            tasks = unit.claim.tasks
+            if not unit.prefetched:
+                first = tasks[0]
+                self.put(Outcome(first.id, unit.claim.token, first.version, State.PENDING, attempt=first.attempt - 1))
+                tasks = tasks[1:]
+            self.hand_back(tasks, unit.claim.token)
             given += len(unit.claim.tasks)
             # free it once the hand-back is written: not in flight means back in the queue
             self.put(unit)

@@ -191,6 +191,11 @@ class Dispatcher:
                 # stopped or halted while this prefetch was under way: its
                 # units would wait for a slot in vain, give them back now
                 ledger.handed_back += self.completer.hand_back_prefetched()
+            elif self.stop_claiming.is_set():
+                # stopped or halted while this claim was under way: what it
+                # took (a place an outcome freed meanwhile, say) would start
+                # after the stop, give it back instead
+                ledger.handed_back += self.completer.hand_back_unstarted(units)
             for unit in units:
                 ledger.inbox.put(unit)  # a unit handed back is skipped by its slot
             time.sleep(0)  # let the woken slots take the GIL before the next claim
