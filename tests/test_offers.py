@@ -95,6 +95,9 @@ def test_a_handed_task_rides_in_its_notification_and_a_big_one_is_read_back(pg_u
     for args in ((1,), ("x" * 9000,)):
         waiter = _Waiter(app, pg_url, offer)
         h = job.submit(*args)
+        # the wait ends on the task's notification; a wake before the
+        # notification is read ends it too, and its task is then read back
+        wait_for(lambda w=waiter: w.got is not None, message="the wait ends on the task's notification")
         got = waiter.result(store)
         assert [c.tasks[0].id for c in got] == [h.id]
         rec = got[0].tasks[0]
