@@ -43,7 +43,11 @@ class _Waiter:
         # the first wait on a store only starts listening: wait until the offer is open
         app.store.wait_for_work(0.01)
         self._thread.start()
-        wait_for(lambda: any(row[0] == offer.worker_id for row in _offers(url)), message="the offer is open")
+        # open for this wait: an offer spent by a task that came in its
+        # notification stays in the table, with no place free, until renewed
+        wait_for(
+            lambda: any(row[0] == offer.worker_id and row[1] > 0 for row in _offers(url)), message="the offer is open"
+        )
 
     def _run(self, store, offer, timeout):
         self.got = store.wait_offering(timeout, offer.queues, offer)
