@@ -239,8 +239,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: events by trigger); 24: offers of waiting workers; 25: no statistics on
 #: status (claim plans); 27: a task's crash count; 28: a failed attempt's
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
-#: 34: worker processes' rows (corral_workers); 35: the tasks each worker holds,
-#: by worker (an index of held rows); 36: each minute's figures (corral_minute_stats);
+#: 34: worker processes' rows (corral_workers); 35: an index of held rows by
+#: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
 #: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
 SCHEMA_VERSION = 37
 #: A group's tasks, as the two indexes that hold them say: in its line, or

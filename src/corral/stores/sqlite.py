@@ -170,7 +170,7 @@ from corral.stores.sqlbase import (
 #: 25: a failed attempt's traceback (tasks.traceback);
 #: 30: a limit's log of recent starts (named_limits.starts, a sliding window's);
 #: 34: worker processes' rows (workers);
-#: 35: the tasks each worker holds, by worker (tasks_held_by_worker);
+#: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
 #: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
 #: Other numbers were skipped (only the highest is compared).

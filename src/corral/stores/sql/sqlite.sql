@@ -105,11 +105,9 @@ CREATE INDEX IF NOT EXISTS tasks_running_expiry
     ON tasks (lease_expires_at)
     WHERE status = 'RUNNING';
 
--- The tasks each worker holds (schema 35), in id order: the Workers and
--- Groups pages and the Tasks page's worker filter read them from here.
-CREATE INDEX IF NOT EXISTS tasks_held_by_worker
-    ON tasks (worker_id, id)
-    WHERE status = 'RUNNING';
+-- Schema 35 had an index of held rows by worker; it cost every claim an index
+-- write, and the held rows (bounded by the fleet's slots) are read without it.
+DROP INDEX IF EXISTS tasks_held_by_worker;
 
 -- Each minute's figures per queue and task name (schema 36), written by the
 -- sweeper's leader and kept a day (corral.core.minutes): what the dashboard's
