@@ -18,6 +18,7 @@ from corral.core.breaker import BreakerConfig, BreakerState
 from corral.core.clock import SYSTEM_CLOCK, Clock, poll_until
 from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
+from corral.core.gates import keyed_name
 from corral.core.levels import CALM_PERIOD, Level
 from corral.core.model import (
     BreakerEvent,
@@ -128,6 +129,7 @@ _SUBMIT_OPTIONS = frozenset(
         "queue",
         "debounce_key",
         "supersede_key",
+        "limit_key",
     }
 )
 #: How long a submitter trusts "this batch has no limit" before it asks the store again.
@@ -182,6 +184,22 @@ def _new_trace_id(parent: str | None) -> str:
     return f"{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}{os.urandom(10).hex()}"
 
 
+def _key_argument(f: Callable, task_name: str, limit_key: str | None) -> tuple[int | None, Any]:
+    """Where the argument ``limit_key`` of ``f`` is: its place among the
+    positional arguments (ctx not counted; None: keyword only) and its default."""
+    if limit_key is None:
+        return None, None
+    check.text(limit_key, "limit_key")
+    params = list(inspect.signature(f).parameters.values())
+    if params and params[0].name == "ctx":
+        params = params[1:]
+    for i, p in enumerate(params):
+        if p.name == limit_key and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            at = i if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) else None
+            return at, None if p.default is p.empty else p.default
+    raise ConfigError(f"task {task_name!r}: limit_key {limit_key!r} is not an argument of the function")
+
+
 @dataclass(frozen=True)
 class TaskDef:
     """A registered task: the function and its options, validated once."""
@@ -209,6 +227,11 @@ class TaskDef:
     debounce: float | None = None
     #: the latest a debounced run waits, counted from the first submit of its key
     debounce_max: float | None = None
+    #: the argument whose value is the key of the task's keyed limits (``per_key=True``)
+    limit_key: str | None = None
+    #: its place among the positional arguments (ctx not counted), and its default
+    limit_key_at: int | None = None
+    limit_key_default: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -324,6 +347,8 @@ class App:
         self._lock = threading.Lock()
         #: limit names known to exist: declared here, or found in the store
         self._known_limits: set[str] = set()
+        #: the limits declared here with ``per_key=True``
+        self._per_key: set[str] = set()
         #: batches found without a limit, and until when (monotonic) that is trusted
         self._no_batch_limit: dict[str, float] = {}
         #: periodic schedules by name (``@app.periodic``, ``@app.task(cron=...)``); workers enqueue their ticks
@@ -354,6 +379,7 @@ class App:
         on_upstream_failure: str = "cancel",
         debounce: float | str | None = None,
         debounce_max: float | str | None = None,
+        limit_key: str | None = None,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -378,6 +404,9 @@ class App:
         ``debounce="5s"`` collapses the submits given one ``debounce_key``
         into one run with the last submit's arguments, after that much quiet
         and never later than ``debounce_max`` after the first (docs/keys.md).
+        ``limit_key="merchant"`` names the argument whose value is the key of
+        the task's keyed limits (``app.limit(..., per_key=True)``); a submit's
+        ``limit_key=`` overrides it.
         """
         debounce_s, debounce_max_s = _debounce_of(debounce, debounce_max)
         if cron is not None:
@@ -403,6 +432,7 @@ class App:
             if task_name in self.registry:
                 raise ConfigError(f"a task named {task_name!r} is already registered")
             params = list(inspect.signature(f).parameters)
+            key_at, key_default = _key_argument(f, task_name, limit_key)
             tdef = TaskDef(
                 app=self,
                 fn=f,
@@ -427,6 +457,9 @@ class App:
                 on_upstream_failure=on_upstream_failure,
                 debounce=debounce_s,
                 debounce_max=debounce_max_s,
+                limit_key=limit_key,
+                limit_key_at=key_at,
+                limit_key_default=key_default,
             )
             if cron is not None:
                 _needs_no_arguments(f)
@@ -532,7 +565,13 @@ class App:
         )
 
     def limit(
-        self, name: str, *, concurrency: int | None = None, rate: str | None = None, burst: int | None = None
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: str | None = None,
+        burst: int | None = None,
+        per_key: bool = False,
     ) -> None:
         """Declare a named limit shared by every worker of this store.
 
@@ -543,8 +582,17 @@ class App:
         to B - 1 + N in one period (docs/flow-control.md).
         A task may name a limit in ``@app.task(limits=[...])`` before or
         after it is declared; submitting it needs the limit declared, here
-        or by another app of the same store."""
+        or by another app of the same store.
+
+        ``per_key=True`` makes it a keyed limit: one budget (concurrency and
+        rate) per key, the key being a task's ``limit_key`` argument (or a
+        submit's ``limit_key=``); a key's budget is made on first use. The
+        apps that submit such tasks declare the limit ``per_key`` too."""
         check.text(name, "limit name")
+        if not isinstance(per_key, bool):
+            raise ConfigError(f"per_key must be True or False, not {check.shown(per_key)}")
+        if per_key and not getattr(self.store, "keyed_limits", True):
+            raise ConfigError(f"limit {name!r}: keyed limits (per_key=True) are not supported by this store yet")
         if concurrency is not None:
             check.integer(concurrency, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
         if rate is not None:
@@ -558,6 +606,10 @@ class App:
                 raise ConfigError(f"limit {name!r}: {exc}") from None
         self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
         self._known_limits.add(name)
+        if per_key:
+            self._per_key.add(name)
+        else:
+            self._per_key.discard(name)
 
     def batch(self, name: str, *, concurrency: int | None = None, on_complete: TaskDef | str | None = None) -> str:
         """Declare a batch: a per-batch limit and a callback, shared by the fleet.
@@ -768,6 +820,12 @@ class App:
         supersede_key = item.get("supersede_key")
         if supersede_key is not None:
             supersede_key = check.text(supersede_key, "supersede_key", bad)
+        limits = tdef.limits
+        if self._per_key and limits and not self._per_key.isdisjoint(limits):
+            limit_key = self._limit_key(tdef, item, args, kwargs)
+            limits = tuple(keyed_name(n, limit_key) if n in self._per_key else n for n in limits)
+        elif item.get("limit_key") is not None:
+            raise bad(f"limit_key given, but task {tdef.name} names no keyed limit (app.limit(..., per_key=True))")
         return NewTask(
             name=tdef.name,
             args=payload,
@@ -781,7 +839,7 @@ class App:
             trace_id=_new_trace_id(parent) if trace_id is None else check.text(trace_id, "trace_id", bad),
             run_at=run_at,
             depends_on=dep_ids,
-            limits=tdef.limits,
+            limits=limits,
             halt_group_on_failure=tdef.halt_group_on_failure,
             ref=None if item.get("ref") is None else check.text(item["ref"], "ref", bad),
             on_upstream_failure=tdef.on_upstream_failure,
@@ -790,6 +848,31 @@ class App:
             debounce_max=tdef.debounce_max if debounce_key is not None else None,
             supersede_key=supersede_key,
         )
+
+    def _limit_key(self, tdef: TaskDef, item: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key of a submit of ``tdef`` under its keyed limits: the
+        submit's ``limit_key=``, else the value of the task's ``limit_key``
+        argument (a string or an integer)."""
+        keyed = next(n for n in tdef.limits if n in self._per_key)
+        key = item.get("limit_key")
+        if key is None:
+            if tdef.limit_key is None:
+                raise BadArguments(
+                    f"task {tdef.name} names the keyed limit {keyed!r} but no key: "
+                    f"@app.task(limit_key='<argument>') or submit(..., limit_key='...')"
+                )
+            if tdef.limit_key in kwargs:
+                key = kwargs[tdef.limit_key]
+            elif tdef.limit_key_at is not None and tdef.limit_key_at < len(args):
+                key = args[tdef.limit_key_at]
+            else:
+                key = tdef.limit_key_default
+            if isinstance(key, int) and not isinstance(key, bool):
+                key = str(key)
+            what = f"the limit key of {tdef.name} (its argument {tdef.limit_key!r})"
+        else:
+            what = "limit_key"
+        return check.text(key, what, BadArguments)
 
     def submit(
         self,

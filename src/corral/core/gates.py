@@ -24,6 +24,22 @@ log = logging.getLogger("corral.breaker")
 
 #: room of a gate that does not limit
 _OPEN = 1 << 30
+#: between a keyed limit's name and a key in the limit name a task is stored
+#: with: ``merchant_api`` keyed by ``m-1001`` is the gate ``merchant_api\x1fm-1001``
+KEY_SEP = "\x1f"
+
+
+def keyed_name(limit: str, key: str) -> str:
+    """The gate of ``limit``'s budget for ``key`` (a keyed limit, ``per_key=True``)."""
+    return f"{limit}{KEY_SEP}{key}"
+
+
+def split_key(name: str) -> tuple[str, str | None]:
+    """``(limit, key)`` of a gate name; the key is None for a plain limit."""
+    limit, sep, key = name.partition(KEY_SEP)
+    return (limit, key) if sep else (name, None)
+
+
 #: a worker behind a busy rate looks again when this many seconds' worth of
 #: starts are allowed (see LimitState.wake)
 WAKE_EVERY = 0.05
@@ -135,6 +151,8 @@ class Gates:
     breakers: dict[str, BreakerRow]
     _room: dict[str, int] = field(default_factory=dict)
     _taken: dict[str, int] = field(default_factory=dict)
+    #: each key's budget met in this claim: its limit's settings, its own bucket and log
+    _keyed: dict[str, LimitState | None] = field(default_factory=dict)
     #: seconds until a skipped candidate's gate may open (a token, a pause's end, a cooldown)
     wait: float | None = None
 
@@ -142,13 +160,31 @@ class Gates:
         if seconds > 0 and (self.wait is None or seconds < self.wait):
             self.wait = seconds
 
+    def limit(self, name: str) -> LimitState | None:
+        """The limit gating ``name``. A key's budget (see :func:`keyed_name`)
+        has its limit's settings and its own state: the row of its key when
+        a rate charged one (created on first use), else a full bucket; none
+        of its places are counted but its own."""
+        if KEY_SEP not in name:
+            return self.limits.get(name)
+        if name in self._keyed:
+            return self._keyed[name]
+        base = self.limits.get(split_key(name)[0])
+        got = None
+        if base is not None:
+            own = self.limits.get(name) or LimitState(LimitSpec(name))
+            spec = LimitSpec(name, base.spec.concurrency, base.spec.rate, base.spec.burst, own.spec.paused_until)
+            got = LimitState(spec, own.tokens, own.counted_at, own.starts)
+        self._keyed[name] = got
+        return got
+
     def room(self, name: str) -> int:
         """How many more claims the gate ``name`` (a limit or a breaker) lets start now."""
         got = self._room.get(name)
         if got is not None:
             return got
         room = _OPEN
-        lim = self.limits.get(name)
+        lim = self.limit(name)
         if lim is not None:
             spec = lim.spec
             if spec.concurrency is not None:
@@ -174,13 +210,13 @@ class Gates:
 
     def gated(self, name: str) -> bool:
         """Whether ``name`` is a gate at all (a limit with a cap, rate or pause, or a breaker)."""
-        lim = self.limits.get(name)
+        lim = self.limit(name)
         if lim is not None and (lim.spec.concurrency is not None or lim.spec.rate or lim.spec.paused_until):
             return True
         return name in self.breakers
 
     def names_of(self, limits: Iterable[str], task_name: str) -> list[str]:
-        out = [n for n in limits if n in self.limits or n in self.breakers]
+        out = [n for n in limits if n in self.breakers or self.limit(n) is not None]
         if task_name in self.breakers and task_name not in out:
             out.append(task_name)
         return out
@@ -191,7 +227,7 @@ class Gates:
     def solo(self, limits: Iterable[str], task_name: str) -> bool:
         """A unit under a rate or a probing breaker is one task: each start is charged."""
         for n in self.names_of(limits, task_name):
-            lim = self.limits.get(n)
+            lim = self.limit(n)
             if lim is not None and lim.spec.rate:
                 return True
             row = self.breakers.get(n)
@@ -211,7 +247,7 @@ class Gates:
         windows it logged starts in."""
         out: dict[str, Charge] = {}
         for n, k in self._taken.items():
-            lim = self.limits.get(n)
+            lim = self.limit(n)
             rate = lim.rate() if lim is not None else None
             if lim is None or rate is None or k <= 0:
                 continue

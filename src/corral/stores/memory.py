@@ -468,7 +468,9 @@ class MemoryStore(Store):
             gates = plan.gates
             if gates is not None:
                 for name, charge in gates.rate_writes().items():
-                    lim = self._limits[name]
+                    lim = self._limits.get(name)
+                    if lim is None:  # a key's budget, created on first use
+                        lim = self._limits[name] = LimitState(LimitSpec(name))
                     lim.tokens, lim.counted_at, lim.starts = charge.tokens, charge.counted_at, charge.starts
                 for name, (state, bev) in gates.breaker_writes().items():
                     self._breakers[name].state = state

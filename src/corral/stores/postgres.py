@@ -356,6 +356,8 @@ def _record(row: dict[str, Any]) -> TaskRecord:
 
 class PostgresStore(SqlStore):
     shared = True
+    #: the claim statement gates the limits that have a row; a key's budget has none yet
+    keyed_limits = False
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = POOL_MAX_SIZE, connect_timeout: float = 5.0):
         if psycopg is None:  # pragma: no cover

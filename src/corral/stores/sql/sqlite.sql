@@ -777,8 +777,11 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.
+-- A key's budget (a keyed limit's) gets its row here, on first use.
 -- name: limit_charge
-UPDATE named_limits SET tokens = ?, counted_at = ?, starts = ? WHERE name = ?
+INSERT INTO named_limits (tokens, counted_at, starts, name) VALUES (?, ?, ?, ?)
+ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded.counted_at,
+    starts = excluded.starts
 
 -- A 429 with Retry-After pauses each limit of the task until then.
 -- name: limit_pause

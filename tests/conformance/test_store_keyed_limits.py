@@ -1,0 +1,88 @@
+"""Keyed limits: one budget (concurrency, rate) per key of a limit, counted
+and charged by every store's claim, across calls and store instances."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from corral.core.claims import ClaimRequest
+from corral.core.gates import keyed_name, split_key
+from corral.core.model import LimitSpec
+
+from .conftest import claim, finish, new, submit
+
+
+@pytest.fixture(autouse=True)
+def _keyed(store):
+    if not store.keyed_limits:
+        pytest.skip("this store's claim does not hold keyed limits yet")
+
+
+def keyed(store, key: str, n: int, limit: str = "merchant", *more: str) -> list[int]:
+    return submit(store, *[new(limits=(keyed_name(limit, key), *more)) for _ in range(n)])
+
+
+def keys_of(claims) -> Counter:
+    return Counter(split_key(n)[1] for c in claims for t in c.tasks for n in t.limits if split_key(n)[1])
+
+
+def test_each_key_has_its_own_concurrency(store):
+    store.set_limit(LimitSpec("merchant", concurrency=2))
+    keyed(store, "a", 5)
+    keyed(store, "b", 5)
+    keyed(store, "c", 1)
+    got = claim(store, 20)
+    assert keys_of(got) == {"a": 2, "b": 2, "c": 1}
+    assert claim(store, 20) == []
+    assert store.limit_usage()[keyed_name("merchant", "a")] == 2
+
+
+def test_a_key_frees_its_own_place_only(store):
+    store.set_limit(LimitSpec("merchant", concurrency=1))
+    keyed(store, "a", 3)
+    keyed(store, "b", 3)
+    got = claim(store, 20)
+    assert keys_of(got) == {"a": 1, "b": 1}
+    done = next(c for c in got if keys_of([c]) == {"a": 1})
+    assert finish(store, done.tasks[0])
+    assert keys_of(claim(store, 20)) == {"a": 1}
+
+
+def test_keys_hold_across_store_instances(store, second_store):
+    store.set_limit(LimitSpec("merchant", concurrency=2))
+    keyed(store, "a", 6)
+    assert len(store.claim("w1", ClaimRequest(("default",), 1))) == 1
+    assert len(second_store.claim("w2", ClaimRequest(("default",), 10))) == 1
+    assert store.claim("w1", ClaimRequest(("default",), 10)) == []
+    assert second_store.claim("w2", ClaimRequest(("default",), 10)) == []
+
+
+def test_keyed_and_plain_limits_together(store):
+    store.set_limit(LimitSpec("merchant", concurrency=2))
+    store.set_limit(LimitSpec("partner", concurrency=3))
+    keyed(store, "a", 4, "merchant", "partner")
+    keyed(store, "b", 4, "merchant", "partner")
+    got = claim(store, 20)
+    assert len(got) == 3  # the plain limit's cap over both keys
+    assert max(keys_of(got).values()) == 2
+
+
+def test_each_key_has_its_own_rate(store, advance):
+    store.set_limit(LimitSpec("merchant", rate="1/s"))
+    keyed(store, "a", 3)
+    keyed(store, "b", 3)
+    assert keys_of(claim(store, 20)) == {"a": 1, "b": 1}
+    assert claim(store, 20) == []
+    advance(1.5)
+    assert keys_of(claim(store, 20)) == {"a": 1, "b": 1}
+
+
+def test_a_keys_rate_is_shared_by_store_instances(store, second_store, advance):
+    store.set_limit(LimitSpec("merchant", rate="1/s"))
+    keyed(store, "a", 3)
+    assert len(store.claim("w1", ClaimRequest(("default",), 5))) == 1
+    assert second_store.claim("w2", ClaimRequest(("default",), 5)) == []
+    advance(1.5)
+    assert len(second_store.claim("w2", ClaimRequest(("default",), 5))) == 1
