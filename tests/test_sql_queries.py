@@ -58,6 +58,8 @@ SQLITE_ONLY = {
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
 POSTGRES_ONLY = {
+    "limit_keys": "a key's row made at submit, for the claim's gates (SQLite: on its first charge)",
+    "set_limit_keys": "a keyed limit's settings copied to its keys' rows (SQLite reads them from the limit's row)",
     "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
     "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_members`)",
     "claim_probe": "capped limits with ready work (SQLite: checked by the Python claim)",

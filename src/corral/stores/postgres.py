@@ -70,7 +70,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -356,8 +356,6 @@ def _record(row: dict[str, Any]) -> TaskRecord:
 
 class PostgresStore(SqlStore):
     shared = True
-    #: the claim statement gates the limits that have a row; a key's budget has none yet
-    keyed_limits = False
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = POOL_MAX_SIZE, connect_timeout: float = 5.0):
         if psycopg is None:  # pragma: no cover
@@ -573,6 +571,9 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
+        keys = _limit_keys(tasks)
+        if keys:
+            self._run(lambda conn: conn.execute(self._q["limit_keys"], {"names": keys}))
         if any(t.debounce_key is not None or t.supersede_key is not None for t in tasks):
 
             def keyed(conn):
@@ -727,6 +728,9 @@ class PostgresStore(SqlStore):
             )
         if not tasks:
             return []
+        keys = _limit_keys(tasks)
+        if keys:
+            connection.execute(self._q["limit_keys"], {"names": keys})
         plan = _SubmitPlan(tasks)
         try:
             cur = connection.cursor(row_factory=tuple_row)
@@ -1648,9 +1652,9 @@ class PostgresStore(SqlStore):
         return submitted
 
     def set_limit(self, spec: LimitSpec) -> None:
-        self._rowcount(
-            "set_limit", {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
-        )
+        at = {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
+        self._rowcount("set_limit", at)
+        self._rowcount("set_limit_keys", at)  # the keys' budgets, if it is keyed
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
 
@@ -1845,6 +1849,11 @@ class _SubmitPlan:
             assert first is not None  # a duplicate points at a row already filled
             out[i] = SubmitResult(first.id, False)
         return out  # type: ignore[return-value]
+
+
+def _limit_keys(tasks: Sequence[NewTask]) -> list[str]:
+    """The keys' budgets (keyed limits' gate names) the tasks name."""
+    return sorted({n for t in tasks for n in t.limits if KEY_SEP in n})
 
 
 def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:

@@ -1487,6 +1487,24 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
 
+-- name: limit_keys
+-- Each key's budget of a keyed limit (the names %(names)s, "<limit>\x1f<key>")
+-- gets its row on first use, with its limit's settings: the claim, its gate
+-- check and the counts of places held then gate it as any limit.
+INSERT INTO corral_limits (name, concurrency, rate, burst)
+SELECT k.name, l.concurrency, l.rate, l.burst
+FROM unnest(%(names)s::text[]) AS k(name)
+JOIN corral_limits l ON l.name = split_part(k.name, chr(31), 1)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: set_limit_keys
+-- A keyed limit's new settings reach the rows of its keys (a changed rate
+-- starts each key with a full bucket).
+UPDATE corral_limits AS l SET concurrency = %(concurrency)s, rate = %(rate)s, burst = %(burst)s,
+    tokens = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.tokens END,
+    counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.counted_at END
+WHERE starts_with(l.name, %(name)s || chr(31));
+
 -- name: limits
 -- (the last column: the transaction's now, the time a claim charges tokens
 -- and logs starts at: the start time the claim writes, so the starts a
