@@ -2,7 +2,8 @@
 
 Run as a worker process: ``python tests/apps/history_app.py`` with
 CORRAL_STORE and HISTORY_LOG set (WORKER_OPTIONS: JSON keyword arguments of
-the worker). Each run of ``step`` and ``slow`` records its start and end
+the worker). Each run of ``step``, ``slow`` and ``push`` (under the keyed
+limit ``merchant``) records its start and end
 through :class:`corral.testing.HistoryLog`; logs go to stderr.
 """
 
@@ -38,6 +39,18 @@ def slow(ctx, first_run: float) -> int:
     """Runs ``first_run`` seconds on its first attempt, at once after."""
     history.start(ctx.task_id, ctx.group, lease=str(ctx.attempt))
     time.sleep(first_run if ctx.attempt == 1 else 0)
+    history.end(ctx.task_id, lease=str(ctx.attempt))
+    return os.getpid()
+
+
+app.limit("merchant", concurrency=2, per_key=True)
+
+
+@app.task(limits=["merchant"], limit_key="merchant")
+def push(ctx, merchant: str, dur: float) -> int:
+    """A call to a merchant's API: at most two at once per merchant."""
+    history.start(ctx.task_id, None, lease=str(ctx.attempt))
+    time.sleep(dur)
     history.end(ctx.task_id, lease=str(ctx.attempt))
     return os.getpid()
 

@@ -36,7 +36,9 @@ def test_each_key_has_its_own_concurrency(store):
     got = claim(store, 20)
     assert keys_of(got) == {"a": 2, "b": 2, "c": 1}
     assert claim(store, 20) == []
-    assert store.limit_usage()[keyed_name("merchant", "a")] == 2
+    assert store.limit_usage()["merchant"] == 5  # the keys' places summed: one line per limit
+    assert store.busiest_keys(2) == {"merchant": [("a", 2), ("b", 2)]}
+    assert "merchant\x1fa" not in store.limits()
 
 
 def test_a_key_frees_its_own_place_only(store):
@@ -75,6 +77,7 @@ def test_each_key_has_its_own_rate(store, advance):
     keyed(store, "b", 3)
     assert keys_of(claim(store, 20)) == {"a": 1, "b": 1}
     assert claim(store, 20) == []
+    assert set(store.limits()) == {"merchant"} and set(store.limit_tokens()) <= {"merchant"}
     advance(1.5)
     assert keys_of(claim(store, 20)) == {"a": 1, "b": 1}
 

@@ -137,17 +137,23 @@ def _state(s: State) -> str:
 
 
 # ---- status ---------------------------------------------------------------------------------
-def status_dict(url: str, counts: dict[str, int], specs: dict, usage: dict, summary) -> dict:
+def status_dict(url: str, counts: dict[str, int], specs: dict, usage: dict, summary, keys: dict | None = None) -> dict:
     out: dict[str, Any] = {"store": url, "counts": counts, "total": sum(counts.values())}
     out["limits"] = {
         n: {"concurrency": s.concurrency, "rate": s.rate, "in_use": usage.get(n, 0)} for n, s in specs.items()
     }
+    for n, busiest in (keys or {}).items():
+        if n in out["limits"]:
+            out["limits"][n]["busiest_keys"] = [{"key": k, "in_use": used} for k, used in busiest]
     if summary is not None:
         out["batch"] = batch_dict(summary)
     return out
 
 
-def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dict, usage: dict, summary) -> None:
+def print_status(
+    url: str, queue: str | None, counts: dict[str, int], specs: dict, usage: dict, summary, keys: dict | None = None
+) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     con = console()
@@ -169,6 +175,14 @@ def print_status(url: str, queue: str | None, counts: dict[str, int], specs: dic
         for n, s in sorted(specs.items()):
             lt.add_row(n, str(usage.get(n, 0)), str(s.concurrency or "-"), s.rate or "-")
         con.print(titled("limits", lt))
+    if keys:
+        kt = Table()
+        for col in ("Limit", "Key", "In use"):
+            kt.add_column(col, justify="right" if col == "In use" else "left")
+        for n, busiest in sorted(keys.items()):
+            for k, used in busiest:
+                kt.add_row(escape(n), escape(k), str(used))
+        con.print(titled("busiest keys", kt))
     if summary is not None:
         con.print(batch_table(summary))
 

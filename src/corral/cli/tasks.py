@@ -141,15 +141,16 @@ def status(store_url, queue, batch, as_json):
         full[render.UNKNOWN] = unknown
     specs = store.limits()
     usage = store.limit_usage()
+    keys = store.busiest_keys()
     summary = store.batch_summary(batch) if batch else None
     if summary is not None and summary.total == 0:
         raise _no_batch(batch)
     url = store_url_of(store_url)
     health = worker_health(store)
     if as_json:
-        render.print_json(dict(render.status_dict(url, full, specs, usage, summary), workers=health))
+        render.print_json(dict(render.status_dict(url, full, specs, usage, summary, keys), workers=health))
     else:
-        render.print_status(url, queue, full, specs, usage, summary)
+        render.print_status(url, queue, full, specs, usage, summary, keys)
         render.print_health(health)
 
 

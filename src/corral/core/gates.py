@@ -45,6 +45,28 @@ def split_key(name: str) -> tuple[str, str | None]:
 WAKE_EVERY = 0.05
 
 
+def fold_keys(usage: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Places held per limit: a keyed limit's keys summed under its name (a
+    view bounded by the limits declared, whatever the number of keys)."""
+    out: dict[str, int] = {}
+    for name, n in usage:
+        if n:
+            limit = split_key(name)[0]
+            out[limit] = out.get(limit, 0) + n
+    return out
+
+
+def busiest_keys(usage: Iterable[tuple[str, int]], top: int = 5) -> dict[str, list[tuple[str, int]]]:
+    """Per keyed limit, its ``top`` keys holding the most places (most first,
+    then by key), and no other."""
+    per: dict[str, list[tuple[str, int]]] = {}
+    for name, n in usage:
+        limit, key = split_key(name)
+        if key is not None and n:
+            per.setdefault(limit, []).append((key, n))
+    return {limit: sorted(keys, key=lambda kn: (-kn[1], kn[0]))[: max(0, top)] for limit, keys in per.items()}
+
+
 @dataclass(slots=True)
 class LimitState:
     """A limit's row: its settings, its bucket and its log of recent starts

@@ -127,6 +127,18 @@ class StoreCollector(Collector):
                 capacity.add_metric([name], spec.concurrency)
         yield running
         yield capacity
+        # keyed limits: two figures per limit, never a label per key
+        active = GaugeMetricFamily(
+            "corral_limit_keys_active", "Keys of a keyed limit with claims running", labels=["limit"]
+        )
+        busiest = GaugeMetricFamily(
+            "corral_limit_busiest_key_running", "Claims running under a keyed limit's busiest key", labels=["limit"]
+        )
+        for name, keys in sorted(self.store.busiest_keys(top=10**9).items()):
+            active.add_metric([name], len(keys))
+            busiest.add_metric([name], keys[0][1])
+        yield active
+        yield busiest
         tokens = GaugeMetricFamily(
             "corral_limit_tokens",
             "Starts a rate limit allows now (tokens in its bucket, room in its window)",

@@ -843,8 +843,14 @@ class Store(abc.ABC):
         or room left in its sliding window."""
 
     @abc.abstractmethod
+    def busiest_keys(self, top: int = 5) -> dict[str, list[tuple[str, int]]]:
+        """Per keyed limit (``per_key=True``), the ``top`` keys holding the
+        most claims RUNNING, most first; limits with none are absent."""
+
+    @abc.abstractmethod
     def limit_usage(self) -> dict[str, int]:
-        """Claims currently RUNNING per limit name; limits with none are absent."""
+        """Claims currently RUNNING per limit name (a keyed limit's keys
+        summed under its name); limits with none are absent."""
 
     def limit_frees_at(self) -> dict[str, float]:
         """For each limit that lets nothing start now for its rate (or a

@@ -37,7 +37,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, LimitState, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, busiest_keys, fold_keys, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     SUPERSEDED,
@@ -1107,12 +1107,12 @@ class MemoryStore(Store):
 
     def limits(self) -> dict[str, LimitSpec]:
         with self._lock:
-            return {k: replace(v.spec) for k, v in self._limits.items()}
+            return {k: replace(v.spec) for k, v in self._limits.items() if KEY_SEP not in k}
 
     def limit_tokens(self) -> dict[str, float]:
         with self._lock:
             now = self.now()
-            levels = {k: v.tokens_now(now) for k, v in self._limits.items()}
+            levels = {k: v.tokens_now(now) for k, v in self._limits.items() if KEY_SEP not in k}
         return {k: t for k, t in levels.items() if t is not None}
 
     def limit_frees_at(self) -> dict[str, float]:
@@ -1152,7 +1152,11 @@ class MemoryStore(Store):
 
     def limit_usage(self) -> dict[str, int]:
         with self._lock:
-            return {k: v for k, v in self._usage.items() if v}
+            return fold_keys(self._usage.items())
+
+    def busiest_keys(self, top: int = 5) -> dict[str, list[tuple[str, int]]]:
+        with self._lock:
+            return busiest_keys(self._usage.items(), top)
 
     # ---- maintenance ------------------------------------------------------
     @staticmethod

@@ -15,7 +15,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from corral.core.gates import LimitState
+from corral.core.gates import KEY_SEP, LimitState, busiest_keys, fold_keys
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State, shown, shown_counts
@@ -170,11 +170,13 @@ class SqlStore(Store):
 
     def limits(self) -> dict[str, LimitSpec]:
         (rows,) = self._read_all([("limits", {})])
-        return {(spec := limit_state(r).spec).name: spec for r in rows}
+        specs = (limit_state(r).spec for r in rows)
+        return {spec.name: spec for spec in specs if KEY_SEP not in spec.name}
 
     def _limit_states(self) -> tuple[list[LimitState], float]:
         (rows,) = self._read_all([("limits", {})])
-        return [limit_state(r) for r in rows], self.now()
+        states = (limit_state(r) for r in rows)
+        return [lim for lim in states if KEY_SEP not in lim.spec.name], self.now()
 
     def limit_tokens(self) -> dict[str, float]:
         return self._per_limit(LimitState.tokens_now)
@@ -189,4 +191,8 @@ class SqlStore(Store):
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])
-        return {name: used for name, used in rows if used}
+        return fold_keys((name, used) for name, used in rows)
+
+    def busiest_keys(self, top: int = 5) -> dict[str, list[tuple[str, int]]]:
+        (rows,) = self._read_all([("limit_usage", {})])
+        return busiest_keys(((name, used) for name, used in rows), top)

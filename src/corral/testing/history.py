@@ -142,6 +142,19 @@ class History:
             shown = "\n".join(str(v) for v in violations[:20])
             raise AssertionError(f"{len(violations)} violation(s) of one-at-a-time, in-order runs:\n{shown}")
 
+    def most_at_once(self, task_ids: Iterable[int]) -> int:
+        """The most runs of the tasks ``task_ids`` ever in progress at once
+        (a limit's or a key's concurrency, over every process that ran them)."""
+        ids = set(task_ids)
+        with self._lock:
+            edges = [(r.start, 1) for r in self.runs if r.task_id in ids]
+            edges += [(r.until(), -1) for r in self.runs if r.task_id in ids]
+        most = now = 0
+        for _, step in sorted(edges):  # an end before a start at the same instant
+            now += step
+            most = max(most, now)
+        return most
+
     def runs_of(self, task_id: int) -> list[Run]:
         with self._lock:
             return sorted((r for r in self.runs if r.task_id == task_id), key=lambda r: r.start)
