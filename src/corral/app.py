@@ -591,8 +591,6 @@ class App:
         check.text(name, "limit name")
         if not isinstance(per_key, bool):
             raise ConfigError(f"per_key must be True or False, not {check.shown(per_key)}")
-        if per_key and not getattr(self.store, "keyed_limits", True):
-            raise ConfigError(f"limit {name!r}: keyed limits (per_key=True) are not supported by this store yet")
         if concurrency is not None:
             check.integer(concurrency, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
         if rate is not None:

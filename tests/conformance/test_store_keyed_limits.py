@@ -5,19 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from corral.core.claims import ClaimRequest
 from corral.core.gates import keyed_name, split_key
 from corral.core.model import LimitSpec
 
 from .conftest import claim, finish, new, submit
-
-
-@pytest.fixture(autouse=True)
-def _keyed(store):
-    if not store.keyed_limits:
-        pytest.skip("this store's claim does not hold keyed limits yet")
 
 
 def keyed(store, key: str, n: int, limit: str = "merchant", *more: str) -> list[int]:

@@ -331,8 +331,6 @@ class Store(abc.ABC):
     url: str = ""
     #: True when submit() in one process is seen by workers in another.
     shared: bool = True
-    #: True when the claim holds each key of a keyed limit (``per_key=True``) to its own budget
-    keyed_limits: bool = True
     #: monotonic time when a task the last claim skipped for a rate, a pause or
     #: a cooldown may start; wait_for_work() waits no longer than that
     _gate_wake: float | None = None
