@@ -65,6 +65,15 @@ def _leader(url: str) -> str | None:
     return row[0] if row else None
 
 
+def _holds(app: corral.App, holder_pid: str) -> bool:
+    """Whether the worker of this pid holds a task now (running or reserved)."""
+    return any(
+        f":{holder_pid}:" in (t.worker_id or "")
+        for state in (State.RUNNING, State.RESERVED)
+        for t in app.tasks(status=state, limit=10_000)
+    )
+
+
 def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
     """The scenario; returns the seconds from the kill until every group the
     killed worker held had a run started by another worker. The kill comes
@@ -97,12 +106,25 @@ def run_leader_kill(url: str, tmp: Path, kill_after: float = 0.0) -> float:
             interval=0.05,
             message="work under way",
         )
+        # on a loaded machine the leader may be between units at this instant:
+        # the kill must land while it holds work, or the scenario proves nothing
+        wait_for(
+            lambda: _holds(submitter, leader),
+            timeout=60,
+            interval=0.02,
+            message="the leader holds work in flight",
+        )
         time.sleep(kill_after)
         victim = workers[leader]
         killed_at = time.monotonic()
         victim.kill()
         HistoryLog(history_path).died(leader, killed_at)
-        held = [t for t in submitter.tasks(status=State.RUNNING, limit=10_000) if f":{leader}:" in (t.worker_id or "")]
+        held = [
+            t
+            for state in (State.RUNNING, State.RESERVED)
+            for t in submitter.tasks(status=state, limit=10_000)
+            if f":{leader}:" in (t.worker_id or "")
+        ]
         assert held, "the kill hit nothing in flight; the scenario proved nothing"
         groups = {t.group for t in held}
 
