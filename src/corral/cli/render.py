@@ -19,20 +19,10 @@ import click
 from corral.cli.common import one_line
 from corral.core import planning
 from corral.core.model import TaskRecord, loads
-from corral.core.states import FINAL, State
+from corral.core.states import FINAL, SHOWN_ORDER, State
 
 #: The order states are listed in (queued, running, then how a task ended).
-STATE_ORDER = [
-    State.WAITING,
-    State.PENDING,
-    State.RETRYING,
-    State.RESERVED,
-    State.RUNNING,
-    State.SUCCESS,
-    State.FAILED,
-    State.TIMEOUT,
-    State.CANCELED,
-]
+STATE_ORDER = list(SHOWN_ORDER)
 #: Longest a big field (arguments, result, error, checkpoint) is printed in a table.
 TABLE_FIELD_CHARS = 2_000
 #: Longest a field is carried in ``--json`` output, in characters of its JSON text;

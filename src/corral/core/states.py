@@ -69,6 +69,8 @@ ACTIVE: frozenset[State] = frozenset({WAITING, PENDING, RETRYING, RESERVED, RUNN
 STORED: frozenset[State] = frozenset(State) - {RESERVED}
 #: States a task ends in.
 FINAL: frozenset[State] = frozenset({SUCCESS, FAILED, TIMEOUT, CANCELED})
+#: The order states are shown in: queued, held, then how a task ended.
+SHOWN_ORDER: tuple[State, ...] = (WAITING, PENDING, RETRYING, RESERVED, RUNNING, SUCCESS, FAILED, TIMEOUT, CANCELED)
 
 #: (from, to) -> why. The only legal moves; everything else is refused.
 TRANSITIONS: dict[tuple[State, State], str] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from corral.core.model import TaskFilter, TaskRecord
-from corral.core.states import State
+from corral.core.states import SHOWN_ORDER, State
 from corral.stores.base import Store
 
 #: The orders a list may take: query value -> what it means.
@@ -31,20 +31,7 @@ SORTS = {
     "status": "queued, held, then finished",
 }
 #: The order of states in a ``status`` sort.
-STATE_ORDER = [
-    s.value
-    for s in (
-        State.WAITING,
-        State.PENDING,
-        State.RETRYING,
-        State.RESERVED,
-        State.RUNNING,
-        State.SUCCESS,
-        State.FAILED,
-        State.TIMEOUT,
-        State.CANCELED,
-    )
-]
+STATE_ORDER = [s.value for s in SHOWN_ORDER]
 #: Tasks one worker may hold that a worker filter reads (slots and prefetch stay far below).
 HELD_MAX = 2000
 #: Filters given as text: query field -> TaskFilter field.
