@@ -5,6 +5,7 @@ degradation level) and ``corral dead`` (the dead-letter view; ``corral retry
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 import click
@@ -56,18 +57,7 @@ def breakers_dict(store, last: int) -> dict:
                 "probes": cfg.probes,
             },
         }
-    out["changes"] = [
-        {
-            "at": ev.at,
-            "name": ev.name,
-            "before": ev.before,
-            "after": ev.after,
-            "reason": ev.reason,
-            "calls": ev.calls,
-            "failures": ev.failures,
-        }
-        for ev in store.breaker_events(limit=last)
-    ]
+    out["changes"] = [dataclasses.asdict(ev) for ev in store.breaker_events(limit=last)]
     return out
 
 

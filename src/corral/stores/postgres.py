@@ -896,18 +896,7 @@ class PostgresStore(SqlStore):
             self._log_event(conn, ev)
 
     def _log_event(self, conn, ev: BreakerEvent) -> None:
-        conn.execute(
-            self._q["breaker_event"],
-            {
-                "at": ev.at,
-                "name": ev.name,
-                "before": ev.before,
-                "after": ev.after,
-                "reason": ev.reason,
-                "calls": ev.calls,
-                "failures": ev.failures,
-            },
-        )
+        conn.execute(self._q["breaker_event"], asdict(ev))
 
     def heartbeat(self, tokens: Collection[str], lease_seconds: float) -> HeartbeatReply:
         tokens = list(tokens)
