@@ -568,10 +568,14 @@ class App:
         self,
         name: str,
         *,
-        concurrency: int | None = None,
+        concurrency: int | str | None = None,
         rate: str | None = None,
         burst: int | None = None,
         per_key: bool = False,
+        max_concurrency: int | None = None,
+        min_concurrency: int | None = None,
+        max_rate: str | None = None,
+        min_rate: str | None = None,
     ) -> None:
         """Declare a named limit shared by every worker of this store.
 
@@ -587,8 +591,29 @@ class App:
         ``per_key=True`` makes it a keyed limit: one budget (concurrency and
         rate) per key, the key being a task's ``limit_key`` argument (or a
         submit's ``limit_key=``); a key's budget is made on first use. The
-        apps that submit such tasks declare the limit ``per_key`` too."""
+        apps that submit such tasks declare the limit ``per_key`` too.
+
+        ``concurrency="auto"`` or ``rate="auto"`` makes the knob adaptive
+        (docs/adaptive-limits.md): the sweeper's leader sets it from what the
+        workers report of the calls' outcomes, never outside
+        ``[min_concurrency, max_concurrency]`` (min 1 by default) or
+        ``[min_rate, max_rate]`` ("1/s" by default); the max is required.
+        A new adaptive limit starts low (a twentieth of the max); declaring
+        it again keeps what the fleet learned."""
         check.text(name, "limit name")
+        if concurrency == "auto" or rate == "auto":
+            self._adaptive_limit(
+                name, concurrency, rate, burst, per_key, max_concurrency, min_concurrency, max_rate, min_rate
+            )
+            return
+        given = {"max_concurrency": max_concurrency, "min_concurrency": min_concurrency}
+        given.update(max_rate=max_rate, min_rate=min_rate)
+        bound = next((k for k, v in given.items() if v is not None), None)
+        if bound is not None:
+            knob = "concurrency" if bound.endswith("concurrency") else "rate"
+            raise ConfigError(f"limit {name!r}: {bound} bounds an adaptive limit; it needs {knob}='auto'")
+        if isinstance(concurrency, str):
+            raise ConfigError(f"a limit's concurrency is a whole number or 'auto', not {check.shown(concurrency)}")
         if not isinstance(per_key, bool):
             raise ConfigError(f"per_key must be True or False, not {check.shown(per_key)}")
         if concurrency is not None:
@@ -608,6 +633,69 @@ class App:
             self._per_key.add(name)
         else:
             self._per_key.discard(name)
+
+    def _adaptive_limit(
+        self,
+        name: str,
+        concurrency: int | str | None,
+        rate: str | None,
+        burst: int | None,
+        per_key: bool,
+        max_concurrency: int | None,
+        min_concurrency: int | None,
+        max_rate: str | None,
+        min_rate: str | None,
+    ) -> None:
+        """``app.limit`` with a knob set to "auto": checked whole, then stored in one write."""
+        from corral.core.adaptive import AdaptiveSpec, Bounds
+
+        def per_second(text: str | None, option: str) -> float | None:
+            if text is None:
+                return None
+            check.text(text, f"a limit's {option}")
+            try:
+                return parse_rate(text).per_second
+            except ValueError as exc:
+                raise ConfigError(f"limit {name!r}: {option}: {exc}") from None
+
+        if per_key is not False:
+            raise ConfigError(f"limit {name!r}: an adaptive limit cannot be per_key yet")
+        auto_c, auto_r = concurrency == "auto", rate == "auto"
+        if auto_c and max_concurrency is None:
+            raise ConfigError(f"limit {name!r}: concurrency='auto' needs max_concurrency (its hard upper bound)")
+        if auto_r and max_rate is None:
+            raise ConfigError(f"limit {name!r}: rate='auto' needs max_rate (its hard upper bound, e.g. '200/s')")
+        if not auto_c and (max_concurrency is not None or min_concurrency is not None):
+            raise ConfigError(f"limit {name!r}: max_concurrency and min_concurrency need concurrency='auto'")
+        if not auto_r and (max_rate is not None or min_rate is not None):
+            raise ConfigError(f"limit {name!r}: max_rate and min_rate need rate='auto'")
+        if auto_r and burst is not None:
+            raise ConfigError(f"limit {name!r}: an adaptive rate takes no burst")
+        fixed_c = None if auto_c else concurrency
+        if isinstance(fixed_c, str):
+            raise ConfigError(f"a limit's concurrency is a whole number or 'auto', not {check.shown(fixed_c)}")
+        if fixed_c is not None:
+            check.integer(fixed_c, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
+        fixed_r = None if auto_r else rate
+        if fixed_r is not None:
+            per_second(fixed_r, "rate")
+            if burst is not None:
+                parse_rate(fixed_r, burst)
+        hi_c = lo_c = 1
+        if auto_c:
+            hi_c = check.integer(max_concurrency, "a limit's max_concurrency", check.LIMIT_CONCURRENCY_RANGE)
+            lo_c = 1 if min_concurrency is None else min_concurrency
+            check.integer(lo_c, "a limit's min_concurrency", (1, hi_c))
+        hi_r = lo_r = 1.0
+        if auto_r:
+            hi_r = per_second(max_rate, "max_rate") or 1.0
+            lo_r = per_second(min_rate, "min_rate") or min(1.0, hi_r)
+            if lo_r > hi_r:
+                raise ConfigError(f"limit {name!r}: min_rate {min_rate!r} is above max_rate {max_rate!r}")
+        spec = AdaptiveSpec(auto_c, auto_r, Bounds(lo_c, hi_c, lo_r, hi_r))
+        self.store.declare_adaptive(LimitSpec(name, fixed_c, fixed_r, burst), spec)
+        self._known_limits.add(name)
+        self._per_key.discard(name)
 
     def batch(self, name: str, *, concurrency: int | None = None, on_complete: TaskDef | str | None = None) -> str:
         """Declare a batch: a per-batch limit and a callback, shared by the fleet.

@@ -92,6 +92,7 @@ PG_SHIFT = (
     " WHERE state IS NOT NULL AND jsonb_typeof(state::jsonb->'slots') = 'array'",
     "UPDATE corral_breaker_events SET at = at - %(s)s",
     "UPDATE corral_workers SET started_at = started_at - %(s)s, heartbeat_at = heartbeat_at - %(s)s",
+    "UPDATE corral_limit_reports SET at = at - %(s)s",
 )
 
 

@@ -486,3 +486,130 @@ def decide(state: ControllerState, report: LimitReport, bounds: Bounds, now: flo
         concurrency_rule=conc_rule,
         inputs=inputs,
     )
+
+
+# ---- an adaptive limit as declared and stored -------------------------------------------
+
+#: A new adaptive rate starts at this share of ``max_rate`` (never below ``min_rate``),
+#: a new adaptive concurrency at this share of ``max_concurrency``: low enough that a
+#: partner smaller than the bounds is not flooded at the start, high enough that the
+#: slow start (1.5x a bottleneck second) reaches the bounds in a few seconds.
+START_SHARE = 0.05
+#: A worker's reports no leader took are dropped after this many seconds.
+REPORTS_KEPT = 60.0
+
+
+@dataclass(frozen=True)
+class AdaptiveSpec:
+    """Which of a limit's knobs the controller sets, and the user's bounds.
+
+    A knob that is not adaptive keeps the user's fixed value (or none): the
+    controller's output for it is not written. Kept as JSON in the limit's
+    row (its ``adaptive`` column), beside the controller's state."""
+
+    concurrency: bool
+    rate: bool
+    bounds: Bounds
+
+    def to_json(self) -> str:
+        import json
+
+        data = {"concurrency": self.concurrency, "rate": self.rate, **asdict(self.bounds)}
+        return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> AdaptiveSpec:
+        import json
+
+        data = dict(json.loads(text))
+        auto_c, auto_r = bool(data.pop("concurrency")), bool(data.pop("rate"))
+        return AdaptiveSpec(auto_c, auto_r, Bounds(**data))
+
+    def start(self) -> tuple[int, float]:
+        """A new adaptive limit's effective concurrency and rate (:data:`START_SHARE` of the upper bounds)."""
+        b = self.bounds
+        conc = effective_concurrency(ControllerState(0.0, b.concurrency(START_SHARE * b.max_concurrency)), b)
+        return conc, b.rate(START_SHARE * b.max_rate)
+
+
+def rate_text(per_second: float) -> str:
+    """An effective rate as a limit's ``rate`` setting: whole starts per
+    second (``"37/s"``), or per minute below one a second (``"30/m"``)."""
+    if per_second >= 1.0:
+        return f"{max(1, round(per_second))}/s"
+    return f"{max(1, round(per_second * 60))}/m"
+
+
+@dataclass(frozen=True)
+class AdaptiveRow:
+    """An adaptive limit as its row holds it: the spec, the effective
+    values the claims obey (the row's ``concurrency`` and ``rate``) and the
+    controller's state (None until the first decision)."""
+
+    name: str
+    spec: AdaptiveSpec
+    concurrency: int | None
+    rate: str | None
+    state: ControllerState | None = None
+
+
+def declared(
+    old: AdaptiveRow | None, spec: AdaptiveSpec, concurrency: int | None, rate: str | None
+) -> tuple[int | None, str | None]:
+    """A declared adaptive limit's effective concurrency and rate: the fixed
+    ``concurrency`` or ``rate`` for a knob that is not adaptive; for one that
+    is, what ``old`` (the row before, if it was adaptive) had, clamped into
+    the new bounds, else :meth:`AdaptiveSpec.start`'s value."""
+    from corral.core.rates import parse_rate
+
+    start_c, start_r = spec.start()
+    conc: int | None = concurrency
+    if spec.concurrency:
+        was = old.concurrency if old is not None and old.spec.concurrency else None
+        conc = int(spec.bounds.concurrency(was if was is not None else start_c))
+    text: str | None = rate
+    if spec.rate:
+        per_second = start_r
+        if old is not None and old.spec.rate and old.rate:
+            try:
+                per_second = parse_rate(old.rate).per_second
+            except ValueError:
+                pass
+        text = rate_text(spec.bounds.rate(per_second))
+    return conc, text
+
+
+def fleet_report(reports: Iterable[tuple[str, LimitReport]], seconds: float) -> LimitReport:
+    """The fleet's report over ``seconds`` from its workers' (worker id, report) pairs.
+
+    A worker's reports arrive about once a second, not in step with the
+    leader: one interval may hold two of them and the next none. So each
+    worker's counts are scaled to ``seconds`` by the time its reports cover
+    (at most twice, at least half), then added. A worker only knows the calls
+    in flight in its own process: the fleet's peak is taken as the sum of the
+    workers' peaks (an upper bound)."""
+    per: dict[str, LimitReport] = {}
+    for worker, report in reports:
+        per[worker] = (
+            per[worker].merge(replace(report, seconds=per[worker].seconds + report.seconds))
+            if (worker in per)
+            else report
+        )
+    total = LimitReport(seconds=seconds)
+    peak = 0
+    for report in per.values():
+        factor = 1.0 if report.seconds <= 0 else min(2.0, max(0.5, seconds / report.seconds))
+        total = total.merge(
+            LimitReport(
+                seconds=seconds,
+                calls=round(report.calls * factor),
+                successes=round(report.successes * factor),
+                throttles=round(report.throttles * factor),
+                errors=round(report.errors * factor),
+                held_by_rate=report.held_by_rate,
+                held_by_concurrency=report.held_by_concurrency,
+                latency=report.latency,
+            )
+        )
+        peak += report.peak_in_flight
+    return replace(total, seconds=seconds, peak_in_flight=peak)

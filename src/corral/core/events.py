@@ -29,10 +29,12 @@ SUBMITTED = "submitted"
 PROGRESS = "progress"
 BREAKER = "breaker"
 LEVEL = "level"
+#: An adaptive limit's controller changed its effective values (data: the decision's explanation).
+LIMIT_ADAPTED = "limit_adapted"
 #: Every kind a task's life writes.
 TASK_KINDS = frozenset({SUBMITTED, PROGRESS, *STATE_KINDS.values()})
 #: Kinds the stores write; other kinds (a worker's health, say) may be added by ``add_event``.
-KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL})
+KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL, LIMIT_ADAPTED})
 #: Errors in event data are cut to this many characters (the task row keeps it whole).
 ERROR_CHARS = 500
 

@@ -67,6 +67,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.core.adaptive import AdaptiveRow, AdaptiveSpec
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
 from corral.core.claims import ClaimRequest
 from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
@@ -849,6 +850,60 @@ class Store(abc.ABC):
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name (a keyed limit's keys
         summed under its name); limits with none are absent."""
+
+    # ---- adaptive limits (corral.core.adaptive) --------------------------------
+    def declare_adaptive(self, limit: LimitSpec, spec: AdaptiveSpec) -> None:
+        """Create or re-declare an adaptive limit in one write: ``limit`` has
+        the fixed values of the knobs that are not adaptive (and the burst).
+
+        A new limit (or one that was not adaptive) starts at
+        :meth:`AdaptiveSpec.start`'s values; a re-declared one keeps its
+        effective values and the controller's state, clamped into the new
+        bounds (:func:`corral.core.adaptive.declared`), so a worker starting
+        up does not undo what the fleet learned."""
+        raise NotImplementedError
+
+    def adaptive_limits(self) -> dict[str, AdaptiveRow]:
+        """The adaptive limits: spec, effective values and controller state."""
+        raise NotImplementedError
+
+    def save_adaptive(
+        self,
+        name: str,
+        holder: str,
+        role: str,
+        state: str,
+        concurrency: int | None,
+        rate: str | None,
+        event: str | None,
+    ) -> bool:
+        """Write a controller's decision for the adaptive limit ``name``: its
+        state (JSON), the effective values of its adaptive knobs (None: the
+        knob is not adaptive, left alone) and, if given, an event
+        (``limit_adapted``, subject ``limit:<name>``, ``event`` its data), in
+        one write fenced by the leadership ``role``: nothing is written unless
+        ``holder`` holds it now (a leader that lost it must not overwrite its
+        successor's decisions). False when fenced out or the limit is no
+        longer adaptive. A changed rate starts with a full bucket."""
+        raise NotImplementedError
+
+    def report_limits(self, worker_id: str, reports: str) -> None:
+        """Store one worker's reports of its adaptive limits (JSON: limit name
+        to :meth:`LimitReport.to_dict`), one row a call (about once a second,
+        never a write per task). The worker's own rows older than a minute
+        go in the same write: with no leader to take them, they stay few."""
+        raise NotImplementedError
+
+    def take_limit_reports(self) -> list[tuple[str, str]]:
+        """The reports stored since the last take, (worker id, JSON) oldest
+        first, removed as they are read (the sweeper's leader takes them)."""
+        raise NotImplementedError
+
+    def limits_waiting(self, names: Collection[str]) -> set[str]:
+        """Those of the limits ``names`` that queued work due now is waiting
+        under (a task naming the limit, PENDING or RETRYING, due): whether a
+        limit that let every call it could through was the bottleneck."""
+        raise NotImplementedError
 
     def limit_frees_at(self) -> dict[str, float]:
         """For each limit that lets nothing start now for its rate (or a

@@ -18,6 +18,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core import events as ev
@@ -136,6 +137,10 @@ class MemoryStore(Store):
         self._minutes: dict[tuple[int, str, str], MinuteStat] = {}
         self._workers: dict[str, WorkerInfo] = {}
         self._limits: dict[str, LimitState] = {}
+        #: adaptive limits: name -> (spec as JSON, the controller's state as JSON or None)
+        self._adaptive: dict[str, tuple[str, str | None]] = {}
+        #: the workers' reports of adaptive limits not taken yet: (worker, at, JSON)
+        self._limit_reports: list[tuple[str, float, str]] = []
         self._usage: dict[str, int] = {}
         self._breakers: dict[str, BreakerRow] = {}
         self._breaker_events: list[BreakerEvent] = []
@@ -1102,8 +1107,91 @@ class MemoryStore(Store):
             if old is not None:  # starts made are starts made, whatever the new rate
                 new.starts = old.starts
             self._limits[spec.name] = new
+            self._adaptive.pop(spec.name, None)  # fixed values: no controller sets it any more
             self._changes += 1
             self._wake.notify_all()
+
+    def _set_effective(self, name: str, concurrency: int | None, rate: str | None, burst: int | None) -> None:
+        """A limit's values as set_limit writes them, its bucket kept while its rate is (lock held)."""
+        old = self._limits.get(name)
+        spec = LimitSpec(name, concurrency, rate, burst, old.spec.paused_until if old else None)
+        new = LimitState(spec)
+        if old is not None:
+            if old.spec.rate == rate:
+                new.tokens, new.counted_at = old.tokens, old.counted_at
+            new.starts = old.starts
+        self._limits[name] = new
+        self._changes += 1
+        self._wake.notify_all()
+
+    def _adaptive_rows(self) -> dict[str, adp.AdaptiveRow]:
+        rows = {}
+        for name, (spec, state) in self._adaptive.items():
+            lim = self._limits[name].spec
+            st = None if state is None else adp.ControllerState.from_dict(loads(state))
+            rows[name] = adp.AdaptiveRow(name, adp.AdaptiveSpec.from_json(spec), lim.concurrency, lim.rate, st)
+        return rows
+
+    def declare_adaptive(self, limit: LimitSpec, spec: adp.AdaptiveSpec) -> None:
+        with self._lock:
+            old = self._adaptive_rows().get(limit.name)
+            conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
+            self._set_effective(limit.name, conc, rate, limit.burst)
+            self._adaptive[limit.name] = (spec.to_json(), None if old is None else self._adaptive[limit.name][1])
+
+    def adaptive_limits(self) -> dict[str, adp.AdaptiveRow]:
+        with self._lock:
+            return self._adaptive_rows()
+
+    def save_adaptive(
+        self,
+        name: str,
+        holder: str,
+        role: str,
+        state: str,
+        concurrency: int | None,
+        rate: str | None,
+        event: str | None,
+    ) -> bool:
+        with self._lock:
+            now = self.now()
+            leader, until = self._leaders.get(role, ("", 0.0))
+            if leader != holder or until < now or name not in self._adaptive:
+                return False
+            lim = self._limits[name].spec
+            conc = lim.concurrency if concurrency is None else concurrency
+            new_rate = lim.rate if rate is None else rate
+            if (conc, new_rate) != (lim.concurrency, lim.rate):
+                self._set_effective(name, conc, new_rate, lim.burst)
+            self._adaptive[name] = (self._adaptive[name][0], state)
+            if event is not None:
+                self._add_event(now, ev.LIMIT_ADAPTED, f"limit:{name}", event)
+            return True
+
+    def report_limits(self, worker_id: str, reports: str) -> None:
+        with self._lock:
+            now = self.now()
+            self._limit_reports = [
+                r for r in self._limit_reports if r[0] != worker_id or r[1] >= now - adp.REPORTS_KEPT
+            ]
+            self._limit_reports.append((worker_id, now, reports))
+
+    def take_limit_reports(self) -> list[tuple[str, str]]:
+        with self._lock:
+            taken, self._limit_reports = self._limit_reports, []
+            return [(w, r) for w, _, r in taken]
+
+    def limits_waiting(self, names: Collection[str]) -> set[str]:
+        wanted = set(names)
+        found: set[str] = set()
+        with self._lock:
+            now = self.now()
+            for t in self._tasks.values():
+                if t.status in QUEUED and t.limits and t.run_at <= now:
+                    found.update(wanted.intersection(t.limits))
+                    if found == wanted:
+                        break
+        return found
 
     def limits(self) -> dict[str, LimitSpec]:
         with self._lock:

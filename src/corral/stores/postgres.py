@@ -53,6 +53,7 @@ from dataclasses import asdict, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
@@ -70,6 +71,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.events import LIMIT_ADAPTED
 from corral.core.gates import KEY_SEP, BreakerRow, Gates, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -116,6 +118,7 @@ from corral.stores.gates import breaker_row, limit_state
 from corral.stores.sqlbase import (
     Read,
     SqlStore,
+    adaptive_row,
     first_line,
     shown_record,
     status_filter,
@@ -241,8 +244,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
-#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
-SCHEMA_VERSION = 37
+#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
+SCHEMA_VERSION = 43
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1646,6 +1650,55 @@ class PostgresStore(SqlStore):
         self._rowcount("set_limit_keys", at)  # the keys' budgets, if it is keyed
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
+
+    # ---- adaptive limits ------------------------------------------------------------
+    def declare_adaptive(self, limit: LimitSpec, spec: adp.AdaptiveSpec) -> None:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [limit.name]})
+                rows = conn.execute(self._q["adaptive_limit_lock"], {"name": limit.name}).fetchall()
+                old = adaptive_row(rows[0]) if rows else None
+                conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
+                params = {"name": limit.name, "concurrency": conc, "rate": rate, "burst": limit.burst}
+                conn.execute(self._q["declare_adaptive"], {**params, "adaptive": spec.to_json()})
+                conn.execute(self._q["notify"], {"queue": ""})
+
+        self._run(go)
+
+    def save_adaptive(
+        self,
+        name: str,
+        holder: str,
+        role: str,
+        state: str,
+        concurrency: int | None,
+        rate: str | None,
+        event: str | None,
+    ) -> bool:
+        def go(conn):
+            with conn.transaction():
+                params = {"name": name, "holder": holder, "role": role, "state": state}
+                saved = conn.execute(self._q["save_adaptive"], {**params, "concurrency": concurrency, "rate": rate})
+                if saved.rowcount != 1:
+                    return False
+                if event is not None:
+                    data = {"kind": LIMIT_ADAPTED, "subject": f"limit:{name}", "data": event}
+                    conn.execute(self._q["add_event"], data)
+                # a raised limit may free places for waiting work
+                conn.execute(self._q["notify"], {"queue": ""})
+                return True
+
+        return self._run(go)
+
+    def report_limits(self, worker_id: str, reports: str) -> None:
+        self._rowcount("report_limits", {"worker": worker_id, "reports": reports, "kept": adp.REPORTS_KEPT})
+
+    def take_limit_reports(self) -> list[tuple[str, str]]:
+        rows = self._run(lambda conn: conn.execute(self._q["take_limit_reports"]).fetchall())
+        return [(worker, reports) for _, worker, reports in sorted(rows)]
+
+    def limits_waiting(self, names: Collection[str]) -> set[str]:
+        return {r[0] for r in self._fetchall("limits_waiting", {"names": sorted(names)})}
 
     # ---- circuit breakers -----------------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

@@ -15,6 +15,7 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from corral.core.adaptive import AdaptiveRow, AdaptiveSpec, ControllerState
 from corral.core.gates import KEY_SEP, LimitState, busiest_keys, fold_keys
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.planning import HISTORY_SCAN, HistoryRow
@@ -28,6 +29,15 @@ Read = tuple[str, Mapping[str, Any]]
 
 
 _STATES = {s.value: s for s in State}
+
+
+def adaptive_row(row: Sequence[Any]) -> AdaptiveRow:
+    """An ``adaptive_limits`` row (both dialects): name, spec, effective concurrency and rate, state."""
+    import json
+
+    name, spec, concurrency, rate, state = row[:5]
+    st = None if state is None else ControllerState.from_dict(json.loads(state))
+    return AdaptiveRow(name, AdaptiveSpec.from_json(spec), concurrency, rate, st)
 
 
 def unknown_status_error(raw: object) -> str:
@@ -188,6 +198,10 @@ class SqlStore(Store):
         """``read`` of each limit at the store's time, for the limits it says something of."""
         states, now = self._limit_states()
         return {lim.spec.name: v for lim in states if (v := read(lim, now)) is not None}
+
+    def adaptive_limits(self) -> dict[str, AdaptiveRow]:
+        (rows,) = self._read_all([("adaptive_limits", {})])
+        return {r[0]: adaptive_row(r) for r in rows}
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])

@@ -85,6 +85,7 @@ from dataclasses import astuple
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
+from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
@@ -103,6 +104,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.events import LIMIT_ADAPTED
 from corral.core.gates import BreakerRow, Gates, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -143,6 +145,7 @@ from corral.stores.sql import load
 from corral.stores.sqlbase import (
     Read,
     SqlStore,
+    adaptive_row,
     first_line,
     shown_record,
     status_filter,
@@ -172,11 +175,12 @@ from corral.stores.sqlbase import (
 #: 34: worker processes' rows (workers);
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
-#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
+#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 43: adaptive limits (named_limits.adaptive, .controller) and the workers' reports (limit_reports).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 37
+SCHEMA_VERSION = 43
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -1844,6 +1848,56 @@ class SQLiteStore(SqlStore):
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
             con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
+
+    # ---- adaptive limits ----------------------------------------------------
+    @_guard
+    def declare_adaptive(self, limit: LimitSpec, spec: adp.AdaptiveSpec) -> None:
+        with self._write() as con:
+            rows = con.execute(Q["adaptive_limits"]).fetchall()
+            old = next((adaptive_row(r) for r in rows if r[0] == limit.name), None)
+            conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
+            params = {"name": limit.name, "concurrency": conc, "rate": rate, "burst": limit.burst}
+            con.execute(Q["declare_adaptive"], {**params, "adaptive": spec.to_json()})
+
+    @_guard
+    def save_adaptive(
+        self,
+        name: str,
+        holder: str,
+        role: str,
+        state: str,
+        concurrency: int | None,
+        rate: str | None,
+        event: str | None,
+    ) -> bool:
+        with self._write() as con:
+            now = self._clock.time()
+            params = {"name": name, "holder": holder, "role": role, "now": now}
+            values = {"state": state, "concurrency": concurrency, "rate": rate}
+            saved = con.execute(Q["save_adaptive"], {**params, **values})
+            if saved.rowcount != 1:
+                return False
+            if event is not None:
+                con.execute(Q["add_event"], (now, LIMIT_ADAPTED, f"limit:{name}", event))
+            return True
+
+    @_guard
+    def report_limits(self, worker_id: str, reports: str) -> None:
+        with self._write() as con:
+            now = self._clock.time()
+            con.execute(Q["trim_limit_reports"], {"worker": worker_id, "before": now - adp.REPORTS_KEPT})
+            con.execute(Q["put_limit_report"], {"worker": worker_id, "at": now, "reports": reports})
+
+    @_guard
+    def take_limit_reports(self) -> list[tuple[str, str]]:
+        with self._write() as con:
+            rows = con.execute(Q["take_limit_reports"]).fetchall()
+        return [(worker, reports) for _, worker, reports in sorted(rows)]
+
+    @_guard
+    def limits_waiting(self, names: Collection[str]) -> set[str]:
+        params = {"names": json.dumps(sorted(names)), "now": self._clock.time()}
+        return {r[0] for r in self._con().execute(Q["limits_waiting"], params)}
 
     # ---- circuit breakers -------------------------------------------------
     @_guard

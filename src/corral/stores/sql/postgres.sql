@@ -607,6 +607,21 @@ CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce
 CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- name: migration_0043
+-- Adaptive limits (corral.core.adaptive): the spec (which knobs adapt, the
+-- bounds) and the controller's state in the limit's row, whose concurrency
+-- and rate hold the effective values the claims obey; the workers' reports,
+-- one row per worker and second, taken by the sweeper's leader.
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS adaptive text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS controller text;
+CREATE TABLE IF NOT EXISTS corral_limit_reports (
+    id      bigserial PRIMARY KEY,
+    worker  text NOT NULL,
+    at      double precision NOT NULL,
+    reports text NOT NULL
+);
+CREATE INDEX IF NOT EXISTS corral_limit_reports_worker ON corral_limit_reports (worker, at);
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1485,7 +1500,57 @@ VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
     burst = excluded.burst,
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
+    counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END,
+    adaptive = NULL, controller = NULL;
+
+-- ---- adaptive limits (corral.core.adaptive) ----------------------------------
+
+-- name: adaptive_limits
+SELECT name, adaptive, concurrency, rate, controller FROM corral_limits
+WHERE adaptive IS NOT NULL ORDER BY name;
+
+-- name: adaptive_limit_lock
+SELECT name, adaptive, concurrency, rate, controller FROM corral_limits
+WHERE name = %(name)s AND adaptive IS NOT NULL FOR UPDATE;
+
+-- An adaptive limit declared: its spec and effective values (the controller's
+-- state is kept; a changed rate starts with a full bucket).
+-- name: declare_adaptive
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst, adaptive)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(adaptive)s)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+    burst = excluded.burst, adaptive = excluded.adaptive,
+    tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
+
+-- The controller's decision, written only while its holder leads the role.
+-- name: save_adaptive
+UPDATE corral_limits AS l SET controller = %(state)s,
+    concurrency = coalesce(%(concurrency)s::integer, l.concurrency),
+    rate = coalesce(%(rate)s::text, l.rate),
+    tokens = CASE WHEN %(rate)s::text IS NULL OR l.rate IS NOT DISTINCT FROM %(rate)s::text THEN l.tokens END,
+    counted_at = CASE WHEN %(rate)s::text IS NULL OR l.rate IS NOT DISTINCT FROM %(rate)s::text
+                      THEN l.counted_at END
+WHERE l.name = %(name)s AND l.adaptive IS NOT NULL
+  AND EXISTS (SELECT 1 FROM corral_leaders r
+              WHERE r.role = %(role)s AND r.holder = %(holder)s
+                AND r.expires_at >= extract(epoch FROM now())::float8);
+
+-- name: report_limits
+WITH trim AS (DELETE FROM corral_limit_reports
+              WHERE worker = %(worker)s AND at < extract(epoch FROM now())::float8 - %(kept)s::float8)
+INSERT INTO corral_limit_reports (worker, at, reports)
+VALUES (%(worker)s, extract(epoch FROM now())::float8, %(reports)s);
+
+-- name: take_limit_reports
+DELETE FROM corral_limit_reports RETURNING id, worker, reports;
+
+-- Which of the named limits queued work due now waits under.
+-- name: limits_waiting
+SELECT n FROM unnest(%(names)s::text[]) AS n
+WHERE EXISTS (SELECT 1 FROM corral_tasks t
+              WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
+                AND n = ANY(t.limits) AND t.run_at <= extract(epoch FROM now())::float8);
 
 -- name: limit_keys
 -- Each key's budget of a keyed limit (the names %(names)s, "<limit>\x1f<key>")

@@ -192,6 +192,17 @@ CREATE TABLE IF NOT EXISTS breaker_events (
     failures INTEGER NOT NULL
 );
 
+-- Workers' reports of their adaptive limits (schema 43): one row per worker
+-- and second, JSON of limit name to counts (corral.core.adaptive.LimitReport),
+-- taken (deleted) by the sweeper's leader, which runs the controller.
+CREATE TABLE IF NOT EXISTS limit_reports (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    worker  TEXT NOT NULL,
+    at      REAL NOT NULL,
+    reports TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS limit_reports_worker ON limit_reports (worker, at);
+
 CREATE TABLE IF NOT EXISTS leadership (
     role       TEXT PRIMARY KEY,
     holder     TEXT NOT NULL,
@@ -347,6 +358,8 @@ ALTER TABLE tasks ADD COLUMN traceback TEXT;
 ALTER TABLE tasks ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 ALTER TABLE tasks ADD COLUMN supersede_key TEXT;
+ALTER TABLE named_limits ADD COLUMN adaptive TEXT;
+ALTER TABLE named_limits ADD COLUMN controller TEXT;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -774,7 +787,8 @@ INSERT INTO named_limits (name, concurrency, rate, burst) VALUES (?, ?, ?, ?)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
     burst = excluded.burst,
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
-    counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
+    counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END,
+    adaptive = NULL, controller = NULL
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.
 -- A key's budget (a keyed limit's) gets its row here, on first use.
@@ -782,6 +796,47 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
 INSERT INTO named_limits (tokens, counted_at, starts, name) VALUES (?, ?, ?, ?)
 ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded.counted_at,
     starts = excluded.starts
+
+-- ---- adaptive limits (corral.core.adaptive) ----------------------------------
+
+-- name: adaptive_limits
+SELECT name, adaptive, concurrency, rate, controller FROM named_limits
+WHERE adaptive IS NOT NULL ORDER BY name
+
+-- An adaptive limit declared: its spec and effective values (the controller's
+-- state is kept; a changed rate starts with a full bucket).
+-- name: declare_adaptive
+INSERT INTO named_limits (name, concurrency, rate, burst, adaptive)
+VALUES (:name, :concurrency, :rate, :burst, :adaptive)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+    burst = excluded.burst, adaptive = excluded.adaptive,
+    tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
+    counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
+
+-- The controller's decision, written only while :holder leads :role.
+-- name: save_adaptive
+UPDATE named_limits SET controller = :state,
+    concurrency = coalesce(:concurrency, concurrency), rate = coalesce(:rate, rate),
+    tokens = CASE WHEN :rate IS NULL OR rate IS :rate THEN tokens END,
+    counted_at = CASE WHEN :rate IS NULL OR rate IS :rate THEN counted_at END
+WHERE name = :name AND adaptive IS NOT NULL
+  AND EXISTS (SELECT 1 FROM leadership WHERE role = :role AND holder = :holder AND expires_at >= :now)
+
+-- name: put_limit_report
+INSERT INTO limit_reports (worker, at, reports) VALUES (:worker, :at, :reports)
+
+-- name: trim_limit_reports
+DELETE FROM limit_reports WHERE worker = :worker AND at < :before
+
+-- name: take_limit_reports
+DELETE FROM limit_reports RETURNING id, worker, reports
+
+-- Which of the limits :names (JSON) queued work due now waits under.
+-- name: limits_waiting
+SELECT n.value FROM json_each(:names) AS n
+WHERE EXISTS (SELECT 1 FROM tasks t
+              WHERE t.status IN ('PENDING', 'RETRYING') AND t.limits IS NOT NULL AND t.run_at <= :now
+                AND EXISTS (SELECT 1 FROM json_each(t.limits) AS j WHERE j.value = n.value))
 
 -- A 429 with Retry-After pauses each limit of the task until then.
 -- name: limit_pause
