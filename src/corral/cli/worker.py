@@ -315,8 +315,12 @@ def sweep(
         levels=LevelKeeper(store, calm_period=calm),
         retention=Retention(store, policy(True)) if retention else None,
     )
+    from corral.maintenance.adaptive_keeper import AdaptiveKeeper
+
+    adaptive = AdaptiveKeeper(store, sweeper)
     with StopSignals() as signals:
         sweeper.start()
+        adaptive.start()
         log.info(
             "sweeper %s started: store=%s interval=%gs stale_pending_age=%s",
             sweeper.holder,
@@ -325,5 +329,6 @@ def sweep(
             "off" if stale is None else f"{stale:g}s",
         )
         signals.wait()
+        adaptive.stop()
         sweeper.stop()
         log.info("sweeper %s stopped after %d tick(s)", sweeper.holder, sweeper.ticks)

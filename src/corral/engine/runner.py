@@ -34,6 +34,7 @@ from corral.engine.completer import START_RECORD_AFTER, Completer
 from corral.engine.context import Context
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import Guarded
+from corral.engine.limit_reporter import LimitReporter
 from corral.engine.logs import set_running, task_fields
 from corral.engine.registry import Registry
 from corral.engine.units import RELAY_ASKED, RELAY_NONE, Ledger, Pace, Relay, TaskRun, Unit
@@ -67,6 +68,7 @@ class Runner:
         lease_seconds: float,
         max_payload_bytes: int,
         stop_claiming: threading.Event,
+        limit_reports: LimitReporter | None = None,
     ):
         self.store = store
         self.registry = registry
@@ -79,6 +81,8 @@ class Runner:
         self.lease_seconds = lease_seconds
         self.max_payload_bytes = max_payload_bytes
         self.stop_claiming = stop_claiming
+        #: counts what tasks under adaptive limits did (None: nothing counted)
+        self.limit_reports = limit_reports
         #: slot threads started (the watchdog adds one per abandoned thread)
         self.slots = 0
 
@@ -214,6 +218,9 @@ class Runner:
             ctx._span_id = span.span_id
         timeout = rec.timeout
         outcome: Outcome | None = None
+        raised: BaseException | None = None
+        reports = self.limit_reports
+        adaptive = reports.started(rec.limits) if reports is not None and rec.limits else ()
         set_running(ctx)
         try:
             if tdef is None:
@@ -257,18 +264,23 @@ class Runner:
         except _CANCELED:
             outcome = Outcome(rec.id, token, rec.version, State.CANCELED, error="canceled", started_at=started_at)
         except TimeoutError as exc:
+            raised = exc
             if run.proc is not None and run.proc.killed_for == "timeout":
                 outcome = outcomes.timed_out(rec, token, tdef, started_at, self.store.now)
             else:
                 outcome = outcomes.failure(rec, token, exc, tdef, started_at, self.store.now)
         except BaseException as exc:  # noqa: BLE001 - a task's error is data
+            raised = exc
             outcome = outcomes.failure(rec, token, exc, tdef, started_at, self.store.now)
         finally:
             set_running(None)
             self.ledger.runs.pop(rec.id, None)
             if held:  # the outcome records the start from now on
                 starts.drop(rec.id)
-            self.pace.tasks.observe(time.monotonic() - began)
+            took = time.monotonic() - began
+            self.pace.tasks.observe(took)
+            if adaptive:
+                reports.ended(adaptive, outcome, raised, took)  # type: ignore[union-attr]
             if span is not None:
                 ended = ("ABANDONED", None) if outcome is None else (outcome.status.value, outcome.error)
                 tracing.end_attempt(span, *ended)

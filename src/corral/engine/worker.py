@@ -50,6 +50,7 @@ from corral.engine.completer import COMPLETER_WINDOW, Completer
 from corral.engine.dispatcher import Dispatcher
 from corral.engine.heartbeat import Heartbeat
 from corral.engine.hooks import Guarded, Hooks
+from corral.engine.limit_reporter import LimitReporter
 from corral.engine.presence import Presence
 from corral.engine.registry import Registry
 from corral.engine.runner import Runner
@@ -215,6 +216,8 @@ class Worker:
             stop_claiming=self._stop_claiming,
             on_corrupt=self._store_failed,
         )
+        #: what tasks under adaptive limits did, reported once a second
+        self.limit_reports = LimitReporter(store, self.id)
         self.runner = Runner(
             store,
             registry,
@@ -227,6 +230,7 @@ class Worker:
             lease_seconds=lease_seconds,
             max_payload_bytes=self.max_payload_bytes,
             stop_claiming=self._stop_claiming,
+            limit_reports=self.limit_reports,
         )
         self.watchdog = Watchdog(
             store,
@@ -259,6 +263,7 @@ class Worker:
         self.started = False
         self._sweeper: Any = None
         self._presence: Presence | None = None
+        self._adaptive: Any = None
         self._periodic: Any = None
         #: Set when the store failed for good (damaged, foreign, too new) or a
         #: thread of this worker failed: the worker stopped claiming.
@@ -357,6 +362,7 @@ class Worker:
         if self.started:
             return self
         self.started = True
+        self.limit_reports.start()  # knows the adaptive limits before the first task starts
         for _ in range(self.concurrency):
             self.runner.spawn_slot()
         self._thread(self.dispatcher.loop, "dispatcher")
@@ -372,6 +378,7 @@ class Worker:
             every=min(self.heartbeat_interval, PRESENCE_EVERY),
         ).start()
         if self.sweep_interval:
+            from corral.maintenance.adaptive_keeper import AdaptiveKeeper
             from corral.maintenance.retention import Retention
             from corral.maintenance.sweeper import Sweeper
 
@@ -384,6 +391,7 @@ class Worker:
                 outage_grace=self.lease_seconds,
                 levels=self.levels,
             ).start()
+            self._adaptive = AdaptiveKeeper(self.store, self._sweeper).start()
         if self.schedules:
             from corral.maintenance.periodic import Scheduler
 
@@ -453,6 +461,9 @@ class Worker:
         self._stopped.set()
         if self._presence is not None:
             self._presence.stop()
+        self.limit_reports.stop()
+        if self._adaptive is not None:
+            self._adaptive.stop()
         if self._sweeper is not None:
             self._sweeper.stop()
         for _ in range(self.runner.slots):

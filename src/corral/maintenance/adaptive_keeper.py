@@ -1,0 +1,157 @@
+"""The adaptive limits' controller, run by the sweeper's leader (docs/adaptive-limits.md).
+
+Once a second, while its sweeper leads, the keeper takes the workers'
+reports (:meth:`corral.stores.base.Store.take_limit_reports`), merges them
+per adaptive limit into the fleet's report over the second
+(:func:`corral.core.adaptive.fleet_report`), says whether the limit was the
+bottleneck (work waited under it while the calls used its rate, or its places
+were all in use: :meth:`corral.stores.base.Store.limits_waiting`), and runs
+:func:`corral.core.adaptive.decide`. The decision's state and the new
+effective values are written to the limit's row, fenced by the sweeper's
+leadership, with an event saying why when a value changed
+(:data:`corral.core.events.LIMIT_ADAPTED`). The state is the whole memory of
+the controller, so a new leader continues from the row where the old one
+stopped; its first second only takes the reports (their span is unknown).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from corral.core.adaptive import (
+    RATE_BUSY_SHARE,
+    AdaptiveRow,
+    Decision,
+    LimitReport,
+    decide,
+    fleet_report,
+    initial_state,
+    rate_text,
+)
+from corral.core.rates import parse_rate
+from corral.maintenance.loop import Loop
+from corral.stores.base import Store
+
+log = logging.getLogger("corral.adaptive")
+
+#: The keeper decides this far past each whole second of the wall clock (the
+#: workers report just after it: engine/limit_reporter.py REPORT_AT).
+DECIDE_AT = 0.6
+#: An interval longer than this (a pause, a slow store) counts as this long.
+MAX_INTERVAL = 5.0
+ROLE = "sweeper"
+
+
+class AdaptiveKeeper(Loop):
+    """Run the controller of every adaptive limit once a second while ``sweeper`` leads."""
+
+    thread_name = "corral-adaptive"
+    what = "adapting the limits"
+    log = log
+
+    def __init__(self, store: Store, sweeper: Any, *, role: str = ROLE, aligned: bool = True):
+        self.store = store
+        self.sweeper = sweeper
+        self.role = role
+        self.aligned = aligned
+        #: the store time of the last decision (None: not leading, or just took the lead)
+        self.last: float | None = None
+        #: decisions written, and those fenced out (another leader)
+        self.decisions = 0
+        self.fenced = 0
+        super().__init__()
+
+    @property
+    def interval(self) -> float:  # type: ignore[override]
+        """Seconds to the next decision: just past the next whole second's reports."""
+        if not self.aligned:
+            return 1.0
+        return (DECIDE_AT - time.time()) % 1.0 or 1.0
+
+    def step(self) -> list[Decision]:
+        return self.tick()
+
+    def tick(self) -> list[Decision]:
+        """One decision per adaptive limit, if the sweeper leads; the decisions written."""
+        if not self.sweeper.is_leader:
+            self.last = None
+            return []
+        rows = self.store.adaptive_limits()
+        taken = self.store.take_limit_reports()
+        now = self.store.now()
+        last, self.last = self.last, now
+        if not rows or last is None:
+            return []
+        seconds = min(MAX_INTERVAL, max(1e-3, now - last))
+        per: dict[str, list[tuple[str, LimitReport]]] = {name: [] for name in rows}
+        for worker, text in taken:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                continue
+            for name, report in data.items():
+                if name in per:
+                    try:
+                        per[name].append((worker, LimitReport.from_dict(report)))
+                    except (TypeError, ValueError):
+                        continue
+        waiting = self.store.limits_waiting(list(rows))
+        made = []
+        for name, row in rows.items():
+            report = fleet_report(per[name], seconds)
+            decision = self._decide(row, report, name in waiting, now)
+            if decision is not None:
+                made.append(decision)
+        return made
+
+    def _decide(self, row: AdaptiveRow, report: LimitReport, waiting: bool, now: float) -> Decision | None:
+        spec = row.spec
+        rate_now = _per_second(row.rate)
+        state = row.state or initial_state(spec.bounds, now, rate=rate_now, concurrency=row.concurrency)
+        # was the limit the bottleneck? work waited under it, and it let through all it could
+        held_rate = held_conc = 0
+        if waiting and spec.rate and report.calls >= RATE_BUSY_SHARE * state.rate * report.seconds:
+            held_rate = 1
+        if waiting and spec.concurrency and row.concurrency and report.peak_in_flight >= row.concurrency:
+            held_conc = 1
+        report = replace(report, held_by_rate=held_rate, held_by_concurrency=held_conc)
+        decision = decide(state, report, spec.bounds, now)
+        conc = decision.concurrency if spec.concurrency else None
+        rate = rate_text(decision.rate) if spec.rate else None
+        changed = (conc is not None and conc != row.concurrency) or (rate is not None and rate != row.rate)
+        quiet = not (report.calls or report.throttles or report.errors or report.successes)
+        if quiet and not changed and row.state is not None and decision.state == row.state:
+            return None  # an idle limit costs no write
+        event = json.dumps(decision.explanation, separators=(",", ":")) if changed else None
+        state_json = json.dumps(decision.state.to_dict(), separators=(",", ":"))
+        if not self.store.save_adaptive(row.name, self.sweeper.holder, self.role, state_json, conc, rate, event):
+            self.fenced += 1
+            log.info("adaptive limit %s: not written, this process does not lead any more", row.name)
+            return None
+        self.decisions += 1
+        if changed:
+            log.debug(
+                "adaptive limit %s: concurrency %s, rate %s (%s; %s)",
+                row.name,
+                conc if conc is not None else row.concurrency,
+                rate or row.rate,
+                decision.rate_rule,
+                decision.concurrency_rule,
+            )
+        return decision
+
+
+def _per_second(rate: str | None) -> float | None:
+    if not rate:
+        return None
+    try:
+        return parse_rate(rate).per_second
+    except ValueError:
+        return None
+
+
+__all__ = ["AdaptiveKeeper", "DECIDE_AT"]
