@@ -56,3 +56,32 @@ def test_bad_declarations_are_one_line_errors_and_store_nothing(kwargs, message)
         app.limit("api", **kwargs)
     assert "\n" not in str(err.value)
     assert app.store.limits() == {} and app.store.adaptive_limits() == {}
+
+
+def test_an_adaptive_limit_shown_effective_beside_bounds():
+    from corral.cli.render import adaptive_dict, adaptive_line
+    from corral.core.adaptive import ControllerState
+
+    app = corral.App("memory://")
+    app.limit("partner_api", concurrency="auto", rate="auto", max_concurrency=40, max_rate="200/s")
+    row = app.store.adaptive_limits()["partner_api"]
+    assert adaptive_line(row) == (
+        "partner_api  concurrency 2 (auto 1..40)  rate 10/s (auto 1/s..200/s)  not adapted yet"
+    )
+    app.limit("api", concurrency=4, rate="auto", max_rate="60/s")
+    assert app.store.try_lead("sweeper", "me", 10.0)
+    learned = '{"rate": 41.2, "concurrency": 4, "w_max": 45.25, "baseline_ms": 40.5}'
+    assert app.store.save_adaptive("api", "me", "sweeper", learned, None, "41/s", None)
+    row = app.store.adaptive_limits()["api"]
+    assert row.state == ControllerState(41.2, 4, w_max=45.25, baseline_ms=40.5)
+    assert adaptive_line(row) == (
+        "api  concurrency 4 (fixed)  rate 41/s (auto 1/s..60/s)  baseline 40.5 ms  last cut at 45.25/s"
+    )
+    assert adaptive_dict(row) == {
+        "name": "api",
+        "concurrency": 4,
+        "rate": "41/s",
+        "rate_bounds": ["1/s", "60/s"],
+        "baseline_ms": 40.5,
+        "last_cut_rate": 45.25,
+    }

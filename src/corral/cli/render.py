@@ -712,3 +712,38 @@ def print_history_plan(hp, limit_name: str, batch: str | None = None) -> None:
             con.print("  " + line, markup=False, highlight=False)
         if batch is not None:
             con.print(f'  app.batch("{batch}", concurrency={c.limit})  # or cap the batch alone', markup=False)
+
+
+def adaptive_dict(row) -> dict:
+    """An adaptive limit (:class:`corral.core.adaptive.AdaptiveRow`) for ``--json``:
+    the effective values the claims obey beside the user's bounds, and what
+    the controller remembers."""
+    spec, b, st = row.spec, row.spec.bounds, row.state
+    out: dict[str, Any] = {"name": row.name, "concurrency": row.concurrency, "rate": row.rate}
+    if spec.concurrency:
+        out["concurrency_bounds"] = [b.min_concurrency, b.max_concurrency]
+    if spec.rate:
+        out["rate_bounds"] = [rate_text(b.min_rate), rate_text(b.max_rate)]
+    if st is not None:
+        out["baseline_ms"] = None if st.baseline_ms is None else round(st.baseline_ms, 2)
+        out["last_cut_rate"] = None if st.w_max is None else round(st.w_max, 3)
+    return out
+
+
+def adaptive_line(row) -> str:
+    """One line for ``corral limit show``: an adaptive limit's effective values
+    against its bounds, e.g. ``partner_api  concurrency 12 (auto 1..40)  rate
+    87/s (auto 1/s..200/s)  baseline 41.0 ms  last cut at 95.2/s``."""
+    d = adaptive_dict(row)
+    parts = [row.name]
+    for knob in ("concurrency", "rate"):
+        value = d[knob] if d[knob] is not None else "-"
+        bounds = d.get(f"{knob}_bounds")
+        parts.append(f"{knob} {value}" + (f" (auto {bounds[0]}..{bounds[1]})" if bounds else " (fixed)"))
+    if d.get("baseline_ms") is not None:
+        parts.append(f"baseline {d['baseline_ms']:g} ms")
+    if d.get("last_cut_rate") is not None:
+        parts.append(f"last cut at {d['last_cut_rate']:g}/s")
+    if row.state is None:
+        parts.append("not adapted yet")
+    return "  ".join(parts)
