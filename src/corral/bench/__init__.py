@@ -453,7 +453,26 @@ def latency_cmd(
     "--scenarios",
     default=",".join(("rate", "breaker", "retry", "sustain")),
     show_default=True,
-    help="Which to run (comma-separated): rate, breaker, retry, sustain.",
+    help="Which to run (comma-separated): rate, breaker, retry, sustain, adaptive.",
+)
+@click.option(
+    "--adaptive",
+    is_flag=True,
+    help='Run only the adaptive scenario: rate="auto" finds the partner\'s --cap from a twentieth of it, '
+    "then the cap halves.",
+)
+@click.option(
+    "--adaptive-phases",
+    default="40,30",
+    show_default=True,
+    help="Seconds at the cap, then at half of it (adaptive).",
+)
+@click.option("--adaptive-latency-ms", default=50.0, show_default=True, help="The partner's time per call (adaptive).")
+@click.option(
+    "--adaptive-compare/--no-adaptive-compare",
+    default=True,
+    show_default=True,
+    help="Also run the first part under the fixed rate of the cap, the best fixed limit in hindsight (adaptive).",
 )
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take before it is abandoned.")
 @json_option
@@ -475,6 +494,10 @@ def limits_cmd(
     sustain_seconds: int,
     sustain_latency_ms: float,
     scenarios: str,
+    adaptive: bool,
+    adaptive_phases: str,
+    adaptive_latency_ms: float,
+    adaptive_compare: bool,
     timeout: float,
     as_json: bool,
     no_progress: bool,
@@ -488,8 +511,16 @@ def limits_cmd(
     from corral.bench.limits import SCENARIOS, child_argv, render
 
     kind, pg_url = _shared_store(store, pg_url)
-    chosen = [s.strip() for s in scenarios.split(",") if s.strip()]
+    chosen = ["adaptive"] if adaptive else [s.strip() for s in scenarios.split(",") if s.strip()]
     bad = [s for s in chosen if s not in SCENARIOS]
+    try:
+        phases = [int(x) for x in adaptive_phases.split(",")]
+    except ValueError:
+        phases = []
+    if len(phases) != 2 or min(phases) < 10 or adaptive_latency_ms <= 0:
+        raise click.UsageError(
+            "--adaptive-phases is two whole numbers of seconds >= 10 (e.g. 40,30) and --adaptive-latency-ms > 0"
+        )
     if bad or not chosen:
         raise click.BadParameter(
             f"unknown scenario(s) {', '.join(bad) or '(none)'}; choose from {', '.join(SCENARIOS)}",
@@ -527,6 +558,9 @@ def limits_cmd(
             rates=",".join(str(r) for r in rate_list),
             sustain_seconds=sustain_seconds,
             sustain_latency_ms=sustain_latency_ms,
+            adaptive_phases=adaptive_phases,
+            adaptive_latency_ms=adaptive_latency_ms,
+            adaptive_compare=adaptive_compare,
             timeout=timeout,
             progress=not no_progress,
         )

@@ -18,6 +18,11 @@ store's own records, never from the workers' word. Three scenarios:
   retry (arriving alongside them, and, apart, all queued at the start),
   against the same arrivals alone; the fresh tasks' wait (submit to start,
   from the store's records);
+- ``adaptive``: ``rate="auto"`` (``max_rate`` twice the partner's cap,
+  so the limit starts at a twentieth of it, 10/s against a cap of 100) with
+  work always waiting; the cap halves after ``--adaptive-phases``' first
+  part: how soon the limit finds the cap, how many calls are throttled
+  (each a ``Retry``, no attempt burned), and the same after the halving;
 - ``sustain``: plentiful short calls (``--sustain-latency-ms``) under
   ``rate="N/s"`` with the default burst, for each N of ``--rates``: the
   busiest sliding second (from the store's start times and from the
@@ -30,6 +35,7 @@ Each scenario is one child process (``python -m corral.bench.limits
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -46,7 +52,7 @@ from corral.core.stats import percentile
 from corral.edges.fleet import WorkerFleet
 from corral.edges.partner import Call, max_in_window
 
-SCENARIOS = ("rate", "breaker", "retry", "sustain")
+SCENARIOS = ("rate", "breaker", "retry", "sustain", "adaptive")
 APP_SPEC = "corral.bench.limits_app:app"
 SUBMIT_BATCH = 1000
 #: the breaker of the breaker scenario (``app.breaker("partner_api", ...)``)
@@ -527,12 +533,186 @@ def scenario_sustain(args) -> dict[str, Any]:
     return {"scenario": "sustain", "latency_ms": args.sustain_latency_ms, "runs": runs}
 
 
+# ---- the adaptive scenario ---------------------------------------------------------------------
+def per_second(times: Sequence[float], t0: float, seconds: int) -> list[int]:
+    """How many of ``times`` fall in each whole second ``[t0 + k, t0 + k + 1)``, k < ``seconds``."""
+    out = [0] * max(0, seconds)
+    for t in times:
+        k = math.floor(t - t0)
+        if 0 <= k < seconds:
+            out[k] += 1
+    return out
+
+
+#: the adaptive scenario compares throughputs from this second on (the slow start is over)
+SETTLED = 15
+
+
+def adaptive_figures(log: Sequence[Call], t0: float, first: int, second: int, cap: int) -> dict[str, Any]:
+    """What the partner saw: successes and 429s per second from the submit
+    (``t0``, wall clock), the cap ``cap`` for ``first`` seconds, then half."""
+    total = first + second
+    ok = per_second([c.at for c in log if c.status == 200], t0, total)
+    over = per_second([c.at for c in log if c.status == 429], t0, total)
+
+    def share(a: int, b: int) -> float | None:
+        calls = sum(ok[a:b]) + sum(over[a:b])
+        return round(100.0 * sum(over[a:b]) / calls, 2) if calls else None
+
+    def mean(a: int, b: int) -> float | None:
+        return round(sum(ok[a:b]) / (b - a), 1) if b > a else None
+
+    reach = next((k + 5 for k in range(0, first - 4) if sum(ok[k : k + 5]) >= 5 * 0.9 * cap), None)
+    best = max((sum(ok[k : k + 5]) / 5 for k in range(0, first - 4)), default=None)
+    half = cap / 2
+    reach_half = next((k + 5 - first for k in range(first, total - 4) if sum(ok[k : k + 5]) >= 5 * 0.85 * half), None)
+    return {
+        "seconds_to_90pct": reach,
+        "best_5s_before_halving": best,
+        "throughput_15s_on": mean(SETTLED, first),
+        "throttled_pct_first": share(0, first),
+        "throughput_after_reach": None if reach is None else mean(reach, first),
+        "throttled_pct_after_halving_10s_on": share(first + 10, total),
+        "throughput_after_halving_20s_on": mean(first + 20, total),
+        "seconds_to_85pct_after_halving": reach_half,
+        "ok_per_second": ok,
+        "throttled_per_second": over,
+    }
+
+
+def adaptive_targets(fig: dict[str, Any], cap: int, burned: int) -> list[dict[str, Any]]:
+    reach, first, after = fig["seconds_to_90pct"], fig["throttled_pct_first"], fig["throttled_pct_after_halving_10s_on"]
+    tput, reach_half = fig["throughput_after_halving_20s_on"], fig["seconds_to_85pct_after_halving"]
+    return [
+        target(f"seconds to 90 % of {cap}/s (5 s average)", reach, "<= 30", reach is not None and reach <= 30),
+        target("calls throttled before the halving (%)", first, "< 2", None if first is None else first < 2.0),
+        target("attempts burned", burned, "0", burned == 0),
+        target("calls throttled 10 s after the halving on (%)", after, "< 2", None if after is None else after < 2.0),
+        target(
+            f"seconds to 85 % of {cap / 2:g}/s after the halving",
+            reach_half,
+            "<= 20",
+            None if reach_half is None else reach_half <= 20,
+        ),
+        target(
+            "throughput 20 s after the halving on (/s)",
+            tput,
+            f">= {0.85 * cap / 2:g}",
+            None if tput is None else tput >= 0.85 * cap / 2,
+        ),
+    ]
+
+
+def adaptive_run(args, limit: dict[str, Any], first: int, second: int) -> dict[str, Any]:
+    """One run of the adaptive scenario's load under ``limit``: work always
+    waiting, the partner's cap for ``first`` seconds, then half of it for
+    ``second`` (none: 0). The partner's log, the effective rate each second."""
+    from corral.bench.limits_app import LIMIT, build_app
+    from corral.core.model import TaskFilter
+    from corral.edges.partner import PartnerServer
+
+    cap = args.cap
+    task = "limits.sync_sku_adaptive"
+    n = int(1.5 * (cap * first + cap / 2 * second))
+    with common.temp_store_url(args.store, args.pg_url) as url:
+        app = build_app(url)
+        try:
+            app.limit(LIMIT, **limit)
+            with PartnerServer(cap=cap, latency=args.adaptive_latency_ms / 1000.0) as partner:
+                with _fleet(url, partner.url, args.workers, args.concurrency) as fleet:
+                    fleet.wait_ready()
+                    _submit(app, task, n)
+                    t0, m0 = time.time(), time.monotonic()
+                    effective: list[str | None] = []
+                    halved = False
+                    while time.monotonic() - m0 < first + second:
+                        k = len(effective)
+                        if time.monotonic() - m0 >= k:
+                            effective.append(app.store.limits()[LIMIT].rate)
+                        if not halved and time.monotonic() - m0 >= first:
+                            with partner.state.lock:
+                                partner.state.cap = cap // 2
+                            halved = True
+                        fleet.check()
+                        if args.progress:
+                            emit_progress(min(k, first + second), first + second)
+                        time.sleep(0.05)
+                log = partner.state.calls_log()
+            done = app.store.list_tasks(TaskFilter(name=task, limit=n + 1))
+            # a throttle is a Retry: the attempt goes back; any attempt past the first is one burned
+            burned = sum(max(0, r.attempt - 1) for r in done) + sum(1 for r in done if r.status.value == "FAILED")
+            events = app.store.events("limit_adapted", limit=10_000)
+        finally:
+            app.store.close()
+    decisions = []
+    for e in reversed(events):  # oldest first: when, the new rate, its rule, what the fleet reported
+        d = json.loads(e.data)
+        i = d["inputs"]
+        decisions.append(
+            [
+                round(e.at - t0, 2),
+                d["rate"],
+                d["rate_rule"],
+                i["calls"],
+                i["successes"],
+                i["throttles"],
+                i["held_by_rate"],
+            ]
+        )
+    return {
+        "log": log,
+        "t0": t0,
+        "effective": effective,
+        "burned": burned,
+        "events": len(events),
+        "decisions": decisions,
+    }
+
+
+def scenario_adaptive(args) -> dict[str, Any]:
+    first, second = (int(x) for x in str(args.adaptive_phases).split(","))
+    cap = args.cap
+    limit = {"rate": "auto", "max_rate": f"{2 * cap}/s"}
+    run = adaptive_run(args, limit, first, second)
+    fig = adaptive_figures(run["log"], run["t0"], first, second, cap)
+    out = {
+        "scenario": "adaptive",
+        "cap": cap,
+        "latency_ms": args.adaptive_latency_ms,
+        "phases": [first, second],
+        "limit": limit,
+        "effective_per_second": run["effective"],
+        "attempts_burned": run["burned"],
+        "events": run["events"],
+        "decisions": run["decisions"],
+        **fig,
+        "targets": adaptive_targets(fig, cap, run["burned"]),
+    }
+    if args.adaptive_compare:
+        # the best fixed limit in hindsight for the first part: the cap itself
+        fixed = adaptive_run(args, {"rate": f"{cap}/s"}, first, 0)
+        ok = per_second([c.at for c in fixed["log"] if c.status == 200], fixed["t0"], first)
+        over = sum(1 for c in fixed["log"] if c.status == 429)
+        fixed_tput = round(sum(ok[SETTLED:first]) / max(1, first - SETTLED), 1)
+        share = None
+        if fig["throughput_15s_on"] is not None and fixed_tput:
+            share = round(fig["throughput_15s_on"] / fixed_tput, 3)
+        out["fixed"] = {"limit": f"{cap}/s", "ok_per_second": ok, "throttled": over, "throughput": fixed_tput}
+        out["targets"].append(
+            target(
+                f"throughput / fixed {cap}/s's, same seconds", share, ">= 0.9", None if share is None else share >= 0.9
+            )
+        )
+    return out
+
+
 def run(args) -> dict[str, Any]:
     scenarios = {
         "rate": scenario_rate,
         "breaker": scenario_breaker,
         "retry": scenario_retry,
         "sustain": scenario_sustain,
+        "adaptive": scenario_adaptive,
     }
     body = scenarios[args.scenario](args)
     return {"store": args.store, "workers": args.workers, "concurrency": args.concurrency, **body}
@@ -556,6 +736,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rates", default="20,60,200")
     p.add_argument("--sustain-seconds", type=int, default=10)
     p.add_argument("--sustain-latency-ms", type=float, default=20.0)
+    p.add_argument("--adaptive-phases", default="40,30")
+    p.add_argument("--adaptive-latency-ms", type=float, default=50.0)
+    p.add_argument("--adaptive-compare", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--progress", action="store_true")
     return p
@@ -670,6 +853,19 @@ def render(report: dict[str, Any]) -> None:
                     _fmt(run["sustained"]),
                     _fmt(run["calls_by_worker"]),
                 )
+        elif r["scenario"] == "adaptive":
+            first, second = r["phases"]
+            t = Table(
+                title=f'adaptive: rate="auto" (max {r["limit"]["max_rate"]}), partner capped '
+                f"at {r['cap']}/s for {first} s then {r['cap'] // 2}/s for {second} s, {r['latency_ms']:g} ms a call "
+                f"({head})"
+            )
+            for c in ("second", "effective rate", "successes", "429s"):
+                t.add_column(c, justify="right")
+            eff = r["effective_per_second"]
+            for k, (ok, over) in enumerate(zip(r["ok_per_second"], r["throttled_per_second"], strict=True)):
+                if k % 5 == 0 or k == first:
+                    t.add_row(str(k), _fmt(eff[k] if k < len(eff) else None), _fmt(ok), _fmt(over))
         elif r["scenario"] == "breaker":
             t = Table(
                 title=f"breaker: {r['tasks']} SKU syncs, the partner down {r['outage_s']:g} s "

@@ -12,6 +12,8 @@ Tasks:
   rate scenario); a 429 with ``Retry-After`` snoozes it and pauses the limit;
 - ``limits.sync_sku_outage``: the same call with retries enough to outlast
   a 20 s outage and a short backoff (the breaker scenario);
+- ``limits.sync_sku_adaptive``: the call under the adaptive limit; a 429
+  raises ``Retry(after=0.5)`` (a throttle: no attempt burned);
 - ``limits.flaky``: 50 ms of work, then a transient error, three retries
   with a short backoff (the retry-path scenario's failing load);
 - ``limits.fresh``: 50 ms of work (the retry-path scenario's new arrivals).
@@ -32,6 +34,8 @@ PARTNER_ENV = "CORRAL_BENCH_PARTNER_URL"
 LIMIT = "partner_api"
 #: what each retry-path task does, in seconds
 WORK_S = 0.05
+#: a throttled call of the adaptive scenario runs again this much later (s)
+ADAPTIVE_RETRY_AFTER = 0.5
 
 
 class FlakyError(ConnectionError):
@@ -60,6 +64,21 @@ def sync_sku_outage(ctx: Context, sku: str) -> dict:
     return call(_partner_url(), sku, worker=str(os.getpid()), claimed=claimed)
 
 
+def sync_sku_adaptive(sku: str) -> dict:
+    """Fetch one SKU under the adaptive limit: a 429 is a throttle, run
+    again shortly (``Retry``: no attempt burned, the limit not paused; the
+    controller reads it and cuts the rate)."""
+    from corral.edges.partner import PartnerHTTPError
+    from corral.errors import Retry
+
+    try:
+        return call(_partner_url(), sku, worker=str(os.getpid()))
+    except PartnerHTTPError as exc:
+        if exc.status_code == 429:
+            raise Retry(after=ADAPTIVE_RETRY_AFTER) from None
+        raise
+
+
 def flaky(i: int) -> None:
     """Work a little, then fail (transient)."""
     time.sleep(WORK_S)
@@ -81,6 +100,7 @@ def build_app(store: str | None = None) -> App:
         limits=[LIMIT],
         backoff=Backoff(base=0.5, factor=1.5, cap=2.0, jitter=0.5),
     )(sync_sku_outage)
+    app.task(name="limits.sync_sku_adaptive", retries=3, limits=[LIMIT])(sync_sku_adaptive)
     app.task(name="limits.flaky", retries=3, backoff=Backoff(base=0.2, factor=2.0, cap=1.0, jitter=0.5))(flaky)
     app.task(name="limits.fresh")(fresh)
     return app

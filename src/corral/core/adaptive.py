@@ -83,7 +83,7 @@ RATE_STALE_AFTER = 8.0
 #: an interval says the partner's capacity only if the limit sent at least this share of its rate
 RATE_BUSY_SHARE = 0.8
 #: throttles in the interval right after a cut cut again only above this share of the calls
-RATE_RECUT_SHARE = 0.02
+RATE_RECUT_SHARE = 0.25
 
 #: median latency above this multiple of the baseline cuts the concurrency
 LATENCY_CUT = 1.3

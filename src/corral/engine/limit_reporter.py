@@ -43,7 +43,7 @@ REPORT_EVERY = 1.0
 #: Reports go this far past each whole second of the wall clock; the
 #: leader decides later in the second (adaptive_keeper.DECIDE_AT), so each
 #: of its intervals holds one report of each worker.
-REPORT_AT = 0.1
+REPORT_AT = 0.0
 #: How often the worker reads which limits are adaptive.
 REFRESH_EVERY = 5.0
 

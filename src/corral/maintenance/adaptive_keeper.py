@@ -40,7 +40,7 @@ log = logging.getLogger("corral.adaptive")
 
 #: The keeper decides this far past each whole second of the wall clock (the
 #: workers report just after it: engine/limit_reporter.py REPORT_AT).
-DECIDE_AT = 0.6
+DECIDE_AT = 0.25
 #: An interval longer than this (a pause, a slow store) counts as this long.
 MAX_INTERVAL = 5.0
 ROLE = "sweeper"
@@ -63,6 +63,8 @@ class AdaptiveKeeper(Loop):
         #: decisions written, and those fenced out (another leader)
         self.decisions = 0
         self.fenced = 0
+        #: per limit, its rate before the last decision: in force for the first part of the next interval
+        self._before: dict[str, float] = {}
         super().__init__()
 
     @property
@@ -79,6 +81,7 @@ class AdaptiveKeeper(Loop):
         """One decision per adaptive limit, if the sweeper leads; the decisions written."""
         if not self.sweeper.is_leader:
             self.last = None
+            self._before.clear()
             return []
         rows = self.store.adaptive_limits()
         taken = self.store.take_limit_reports()
@@ -113,8 +116,11 @@ class AdaptiveKeeper(Loop):
         rate_now = _per_second(row.rate)
         state = row.state or initial_state(spec.bounds, now, rate=rate_now, concurrency=row.concurrency)
         # was the limit the bottleneck? work waited under it, and it let through all it could
+        # (under the rate in force: a raise decided in the last interval held for only part of it)
+        in_force = min(state.rate, self._before.get(row.name, state.rate))
+        self._before[row.name] = state.rate
         held_rate = held_conc = 0
-        if waiting and spec.rate and report.calls >= RATE_BUSY_SHARE * state.rate * report.seconds:
+        if waiting and spec.rate and report.calls >= RATE_BUSY_SHARE * in_force * report.seconds:
             held_rate = 1
         if waiting and spec.concurrency and row.concurrency and report.peak_in_flight >= row.concurrency:
             held_conc = 1
