@@ -150,3 +150,25 @@ def test_bench_limits_refuses_the_memory_store_and_unknown_scenarios():
     assert result.exit_code == 2 and "shared store" in result.output
     result = runner.invoke(bench, ["limits", "--scenarios", "rate,speed"])
     assert result.exit_code == 2 and "unknown scenario(s) speed" in result.output
+
+
+def test_adaptive_figures_from_the_partners_log():
+    from corral.bench.limits import adaptive_figures, adaptive_targets
+
+    t0 = 1000.0
+    log = []
+    # 10 s: 20/s, then 95/s; 1 throttle a second from 10 s; the cap halves at 20 s: 48/s
+    for k in range(30):
+        ok = 20 if k < 10 else (95 if k < 20 else 48)
+        log += [Call(t0 + k + i / ok, 200) for i in range(ok)]
+        if k >= 10:
+            log.append(Call(t0 + k + 0.5, 429))
+    fig = adaptive_figures(log, t0, 20, 10, 100)
+    assert fig["ok_per_second"][:11] == [20] * 10 + [95]
+    assert fig["seconds_to_90pct"] == 15  # the first 5 s window averaging 90/s: seconds 10-14
+    assert fig["throttled_pct_first"] == round(100 * 10 / (200 + 950 + 10), 2)
+    assert fig["seconds_to_85pct_after_halving"] == 5
+    assert fig["throughput_after_halving_20s_on"] is None  # the run is too short for it
+    met = {t["name"]: t["met"] for t in adaptive_targets(fig, 100, burned=0)}
+    assert met["seconds to 90 % of 100/s (5 s average)"] and met["attempts burned"]
+    assert met["calls throttled 10 s after the halving on (%)"] is None  # no seconds that late: not measured
