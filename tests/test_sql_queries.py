@@ -54,10 +54,14 @@ SQLITE_ONLY = {
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
     "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
+    "put_limit_report": "a worker's limit report, after `trim_limit_reports` (PostgreSQL: one `report_limits`)",
+    "trim_limit_reports": "a worker's old limit reports go first (PostgreSQL: inside `report_limits`)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
 POSTGRES_ONLY = {
+    "report_limits": "a worker's limit report and its old ones trimmed in one statement (SQLite: two)",
+    "adaptive_limit_lock": "an adaptive limit's row locked while declared again (SQLite: one writer at a time)",
     "limit_keys": "a key's row made at submit, for the claim's gates (SQLite: on its first charge)",
     "set_limit_keys": "a keyed limit's settings copied to its keys' rows (SQLite reads them from the limit's row)",
     "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
@@ -114,6 +118,7 @@ POSTGRES_ONLY = {
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
     "migration_0037": "numbered migrations (SQLite: `columns_v4` and `schema_v17`)",
+    "migration_0043": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",
