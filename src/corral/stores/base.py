@@ -63,7 +63,7 @@ clock.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -548,16 +548,19 @@ class Store(abc.ABC):
 
         time.sleep(timeout)
 
-    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
-        """:meth:`wait_for_work`, with ``offer`` open meanwhile: returns the
-        tasks a submit handed to the worker during the wait, claimed for it
-        like a prefetch (RUNNING under a new lease, no start recorded), or []
-        when the wait ended otherwise. Withdrawn (or spent) before this
-        returns, so nothing is handed to a worker that is not waiting. A
-        store may hand over fewer tasks than the slots offered (PostgreSQL
-        hands one). This default offers nothing."""
+    def wait_offering(
+        self, timeout: float, queues: Collection[str], offer: Offer, take: Callable[[list[Claim]], None]
+    ) -> None:
+        """:meth:`wait_for_work`, with ``offer`` open meanwhile: each task a
+        submit hands to the worker during the wait, claimed for it like a
+        prefetch (RUNNING under a new lease, no start recorded), is passed to
+        ``take`` as it comes (on this thread), and the wait goes on while the
+        offer has a slot left: a steady stream of submits is handed over
+        without the offer closing between two of them. Withdrawn (or spent)
+        before this returns, so nothing is handed to a worker that is not
+        waiting; ``take`` may run once more just before, with what was handed
+        over in the wait's last moment. This default offers nothing."""
         self.wait_for_work(timeout, queues)
-        return []
 
     def wake_waiters(self) -> None:
         """End this store's waits in :meth:`wait_for_work` now (each caller

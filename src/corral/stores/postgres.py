@@ -46,10 +46,9 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -194,6 +193,9 @@ OFFER_GRACE = 1.0
 #: most this many bytes (PostgreSQL takes payloads under 8000); a bigger one
 #: is read back by the worker, one round trip more.
 MAX_NOTE_ROW = 7900
+#: Ids of tasks read back by withdraws kept, so their notifications, which
+#: come after, are not taken again.
+READ_BACK_KEPT = 1024
 
 log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
@@ -428,9 +430,9 @@ class PostgresStore(SqlStore):
         self._local = threading.local()
         # where a submit tells this store's waiting worker it handed it a task
         self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
-        # ids of tasks handed over lately (their notifications may still be
-        # queued, and their offer row may still list them)
-        self._taken: deque[int] = deque(maxlen=64)
+        # ids of tasks read back by a withdraw lately (their notifications may
+        # still be queued), oldest first
+        self._read_back: dict[int, None] = {}
         self._events_lock = threading.Lock()  # held by the thread following the event stream
         self._events_conn: Any = None
 
@@ -1141,17 +1143,25 @@ class PostgresStore(SqlStore):
         return self._run(fn)
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
-        self._wait(timeout, None)
+        self._wait(timeout)
 
-    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
-        return _as_claims(self._wait(timeout, offer))
+    def wait_offering(
+        self, timeout: float, queues: Collection[str], offer: Offer, take: Callable[[list[Claim]], None]
+    ) -> None:
+        self._wait(timeout, offer, take)
 
-    def _wait(self, timeout: float, offer: Offer | None) -> list[dict]:
+    def _wait(self, timeout: float, offer: Offer | None = None, take: Callable[[list[Claim]], None] | None = None) -> None:
         """The wait for work; the thread waiting on the listening connection
-        opens ``offer`` for the wait and returns the rows of the tasks handed
-        over under it (other threads offer nothing)."""
+        opens ``offer`` for the wait and passes each task handed over under
+        it to ``take`` as it comes (other threads offer nothing).
+
+        The offer stays open through its hand-overs until its slots are all
+        taken: one that closed after each task (to be opened again after the
+        worker's next claim, two round trips later) sent the next submits
+        of a steady stream to the queue and woke every worker for them, so
+        most tasks waited for a submit's commit and a claim's, not one."""
         if self._closed:
-            return []
+            return
         timeout = self._gate_timeout(timeout)
         seen = getattr(self._local, "seen", None)
         if not self._listen_lock.acquire(blocking=False):
@@ -1165,10 +1175,9 @@ class PostgresStore(SqlStore):
                         break
                     self._cond.wait(left)
                 self._local.seen = self._gen
-            return []
+            return
         woken: bool | None = False
-        offered: str | None = None  # the worker whose offer is open
-        given: list[dict] = []
+        opened: _OpenOffer | None = None  # the offer open now, until withdrawn or spent
         try:
             if not self._listening:
                 woken = None
@@ -1188,49 +1197,43 @@ class PostgresStore(SqlStore):
                 # slices, so wake_waiters() ends it within one
                 wakes = self._wakes
                 deadline = time.monotonic() + max(0.0, timeout)
-                if offer is not None and offer.slots > 0 and timeout > 0:
-                    offered = offer.worker_id
+                if offer is not None and take is not None and offer.slots > 0 and timeout > 0:
+                    opened = _OpenOffer(offer.worker_id, int(offer.slots), take)
                     self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout))
                 while not woken and self._wakes == wakes:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     for note in self._listen_conn.notifies(timeout=min(left, WAKE_SLICE), stop_after=1):
-                        if note.channel == CHANNEL and note.payload.endswith(":g"):
-                            self._plain_until = 0.0
-                        elif offered is not None and note.payload.startswith("{"):
-                            row = self._carried(note.payload, offered)
-                            if row is not None:
-                                # the one task this offer takes came in its
-                                # notification: the offer is spent, and nothing
-                                # is left to read back
-                                given.append(row)
-                                offered = None
-                        woken = True
-                if offered is not None:
-                    given = self._withdraw(self._listen_conn, offered)
-                    offered = None
+                        if note.channel == self._offer_channel:
+                            woken = self._handed_over(note.payload, opened)
+                        else:
+                            if note.channel == CHANNEL and note.payload.endswith(":g"):
+                                self._plain_until = 0.0
+                            woken = True
+                if opened is not None and not opened.spent:
+                    self._withdraw(self._listen_conn, opened)
+                opened = None
         except psycopg.Error:
             self._drop_listen_conn()
             woken = None
         finally:
             self._listen_lock.release()
-            if offered is not None:  # the listening connection broke meanwhile
+            if opened is not None and not opened.spent:  # the listening connection broke meanwhile
                 try:
-                    given = self._run(lambda conn: self._withdraw(conn, offered))
+                    self._run(lambda conn: self._withdraw(conn, opened))
                 except StoreError:
                     pass  # the server is away: the offer expires, its tasks' leases too
-        if woken is None and not given:
+        if woken is None:
             # not listening (poll briefly), or the server is away (poll meanwhile);
             # close() ends the wait
             with self._cond:
                 if not self._closed:
                     self._cond.wait(min(max(0.0, timeout), 0.2 if self._listening else POLL_WITHOUT_LISTEN))
-            return given
+            return
         if woken:
             self._bump()
         self._local.seen = self._gen
-        return given
 
     def _offer_params(self, offer: Offer, timeout: float) -> dict[str, Any]:
         return {
@@ -1239,15 +1242,31 @@ class PostgresStore(SqlStore):
             "queues": text_array(offer.queues),
             "all_names": offer.names is None,
             "names": text_array(offer.names or ()),
-            # one task per offer: it rides in its notification, so the
-            # worker need not read back what else was given meanwhile
-            "free": min(1, int(offer.slots)),
-            "taken": list(self._taken),
+            # every free slot: each task handed over rides in its own
+            # notification, and the offer stays open for the next one
+            "free": int(offer.slots),
             "lease": float(offer.lease_seconds),
             # a worker that died waiting is handed nothing for long (what it
             # was handed comes back when its lease ends)
             "ttl": timeout + OFFER_GRACE,
         }
+
+    def _handed_over(self, payload: str, opened: _OpenOffer | None) -> bool:
+        """A note on this store's offer channel: pass the task it carries to
+        the open offer's taker. True when the wait ends: the offer is spent
+        (no slot left to offer), or the task was too big to ride along and
+        is read back by the withdraw. A note of a task an earlier withdraw
+        read back is no news."""
+        if opened is None:
+            return False  # read back by the last withdraw; its note came after
+        if not payload.startswith("{"):
+            return True  # too big for a notification: the withdraw reads it back
+        row = self._carried(payload, opened.worker_id)
+        if row is None:
+            return False
+        opened.received.add(row["id"])
+        opened.take(_as_claims([row]))
+        return opened.spent
 
     def _carried(self, payload: str, worker_id: str) -> dict | None:
         """The task row a handing-over submit sent in its notification, or
@@ -1257,23 +1276,33 @@ class PostgresStore(SqlStore):
             row = json.loads(payload)
         except ValueError:
             return None
-        if not isinstance(row, dict) or row.get("worker_id") != worker_id or row.get("id") in self._taken:
+        if not isinstance(row, dict) or row.get("worker_id") != worker_id or row.get("id") in self._read_back:
             return None
-        self._taken.append(row["id"])
         return row
 
-    def _withdraw(self, conn, worker_id: str) -> list[dict]:
+    def _withdraw(self, conn, opened: _OpenOffer) -> None:
+        """End the offer; what was handed over under it and not received in
+        a notification yet is read back and passed to its taker."""
         cur = conn.cursor(row_factory=dict_row)
-        rows = cur.execute(self._q["offer_withdraw"], {"worker": worker_id}).fetchall()
+        rows = cur.execute(
+            self._q["offer_withdraw"], {"worker": opened.worker_id, "taken": sorted(opened.received)}
+        ).fetchall()
         given = set(rows[0]["offer_given"]) if rows else set()
         for r in rows:
             del r["offer_given"]
         found = [r for r in rows if r["id"] is not None]  # (one row of NULLs when none was found)
-        missing = given - {r["id"] for r in found}
+        missing = given - opened.received - {r["id"] for r in found}
         if missing:
-            found += cur.execute(self._q["offer_given"], {"ids": sorted(missing), "worker": worker_id}).fetchall()
-        self._taken.extend(given)
-        return found
+            found += cur.execute(
+                self._q["offer_given"], {"ids": sorted(missing), "worker": opened.worker_id}
+            ).fetchall()
+        for task_id in given - opened.received:
+            self._read_back[task_id] = None
+        while len(self._read_back) > READ_BACK_KEPT:
+            del self._read_back[next(iter(self._read_back))]
+        opened.received.update(given)
+        if found:
+            opened.take(_as_claims(found))
 
     def _start_listening(self, conn) -> str | None:
         """LISTEN on ``conn`` and check that a notification sent from another
@@ -1966,6 +1995,25 @@ def _claim_params(worker_id: str, request: ClaimRequest) -> dict[str, Any]:
         "prefetch": bool(request.prefetch),
         "relay": None,
     }
+
+
+@dataclass(slots=True)
+class _OpenOffer:
+    """A worker's offer open on the listening connection for one wait."""
+
+    worker_id: str
+    #: the slots offered
+    places: int
+    #: given each task handed over under the offer
+    take: Callable[[list[Claim]], None]
+    #: ids of the tasks passed to ``take``
+    received: set[int] = field(default_factory=set)
+
+    @property
+    def spent(self) -> bool:
+        """Every slot offered was taken and each task came in its notification:
+        nothing is left to offer or to read back."""
+        return len(self.received) >= self.places
 
 
 def _as_claims(rows: Iterable[dict]) -> list[Claim]:

@@ -621,31 +621,31 @@ SELECT EXISTS (SELECT 1 FROM pg_stats
 SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
 
 -- name: offer
--- Open (or renew) a waiting worker's offer; tasks given and not yet picked
--- up stay given.
+-- Open a waiting worker's offer, over its last one's row if that is still
+-- there: spent (every task given under it came to the worker in its
+-- notification), or left by a withdraw the server was away for (the tasks
+-- given under it come back when their leases end).
 INSERT INTO corral_offers AS o (worker_id, channel, queues, all_names, names, free, lease, made_at, expires_at)
 SELECT %(worker)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
        %(lease)s, c.now, c.now + %(ttl)s::float8
 FROM (SELECT extract(epoch FROM now())::float8 AS now) c
 ON CONFLICT (worker_id) DO UPDATE
 SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.all_names,
-    names = excluded.names, lease = excluded.lease,
-    made_at = excluded.made_at, expires_at = excluded.expires_at,
-    -- tasks the worker already has (from their notification) are off the list
-    given = ARRAY(SELECT g FROM unnest(o.given) g WHERE g <> ALL(%(taken)s::bigint[])),
-    free = excluded.free - cardinality(ARRAY(SELECT g FROM unnest(o.given) g
-                                             WHERE g <> ALL(%(taken)s::bigint[])));
+    names = excluded.names, free = excluded.free, lease = excluded.lease,
+    made_at = excluded.made_at, expires_at = excluded.expires_at, given = '{}';
 
 -- name: offer_withdraw
 -- End the offer (waiting for a submit that is handing a task over under it
--- right now) and read the tasks given under it: the ids given, with one row
--- per task found. A task canceled meanwhile is not RUNNING any more and is
--- left out; one whose submit committed after this statement's snapshot
--- (the one it waited for) is read again by offer_given.
+-- right now) and read the tasks given under it that the worker has not
+-- received in their notifications: the ids given, with one row per such task
+-- found. A task canceled meanwhile is not RUNNING any more and is left out;
+-- one whose submit committed after this statement's snapshot (the one it
+-- waited for) is read again by offer_given.
 WITH gone AS (DELETE FROM corral_offers WHERE worker_id = %(worker)s RETURNING given)
 SELECT g.given AS offer_given, t.*
 FROM gone g LEFT JOIN corral_tasks t
-  ON t.id = ANY(g.given) AND t.worker_id = %(worker)s AND (t.status || '') = 'RUNNING'
+  ON t.id = ANY(g.given) AND t.id <> ALL(%(taken)s::bigint[])
+ AND t.worker_id = %(worker)s AND (t.status || '') = 'RUNNING'
 ORDER BY t.id;
 
 -- name: offer_given
