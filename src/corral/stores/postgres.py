@@ -1150,7 +1150,9 @@ class PostgresStore(SqlStore):
     ) -> None:
         self._wait(timeout, offer, take)
 
-    def _wait(self, timeout: float, offer: Offer | None = None, take: Callable[[list[Claim]], None] | None = None) -> None:
+    def _wait(
+        self, timeout: float, offer: Offer | None = None, take: Callable[[list[Claim]], None] | None = None
+    ) -> None:
         """The wait for work; the thread waiting on the listening connection
         opens ``offer`` for the wait and passes each task handed over under
         it to ``take`` as it comes (other threads offer nothing).
