@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from corral.core import breaker as brk
@@ -177,6 +177,11 @@ class Gates:
     _keyed: dict[str, LimitState | None] = field(default_factory=dict)
     #: seconds until a skipped candidate's gate may open (a token, a pause's end, a cooldown)
     wait: float | None = None
+    #: reads the row of a key's budget when ``limits`` does not hold it (None: no
+    #: row). A store passes its declared limits only and reads a key's row when a
+    #: candidate of that key comes up: the claim touches the keys it looks at,
+    #: however many keys the store holds.
+    load_key: Callable[[str], LimitState | None] | None = None
 
     def _note_wait(self, seconds: float) -> None:
         if seconds > 0 and (self.wait is None or seconds < self.wait):
@@ -194,7 +199,11 @@ class Gates:
         base = self.limits.get(split_key(name)[0])
         got = None
         if base is not None:
-            own = self.limits.get(name) or LimitState(LimitSpec(name))
+            own = self.limits.get(name)
+            if own is None and self.load_key is not None:
+                own = self.load_key(name)
+            if own is None:  # no row: a key idle or never seen has its whole budget
+                own = LimitState(LimitSpec(name))
             spec = LimitSpec(name, base.spec.concurrency, base.spec.rate, base.spec.burst, own.spec.paused_until)
             got = LimitState(spec, own.tokens, own.counted_at, own.starts)
         self._keyed[name] = got

@@ -103,7 +103,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, record_outcomes
+from corral.core.gates import BreakerRow, Gates, LimitState, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -172,11 +172,12 @@ from corral.stores.sqlbase import (
 #: 34: worker processes' rows (workers);
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
-#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
+#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 37
+SCHEMA_VERSION = 40
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -1071,7 +1072,11 @@ class SQLiteStore(SqlStore):
             usage = dict(con.execute(Q["limit_usage"]).fetchall())
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
-            return Gates(now, limits, usage, breakers)
+            return Gates(now, limits, usage, breakers, load_key=load_key)
+
+        def load_key(name: str) -> LimitState | None:
+            row = con.execute(Q["limit_key_row"], (name,)).fetchone()
+            return None if row is None else limit_state(row)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
         plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry)
