@@ -422,6 +422,8 @@ class PostgresStore(SqlStore):
         self._outage_at: float | None = None  # see last_outage
         self._pool_failures = 0
         self._limited_hint = True  # probe for capped limits before claiming
+        #: limits seen keyed (their tasks name their keys): the probe passes over them
+        self._keyed_limits: set[str] = set()
         self._breaker_names: frozenset[str] = frozenset()
         self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
@@ -608,6 +610,7 @@ class PostgresStore(SqlStore):
         """Grouped or limited work submitted here ends this store's plain fast
         path at once, once it is stored (other stores learn of it from the
         ":g" notification); returns ``out``."""
+        self._keyed_limits.update(n.partition(KEY_SEP)[0] for t in tasks for n in t.limits if KEY_SEP in n)
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0
         return out
@@ -809,10 +812,12 @@ class PostgresStore(SqlStore):
                 rows = cur.fetchall()
                 if rows:
                     return rows
-            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
             keys = conn.execute(
                 self._q["key_probe"], {"queues": base["queues"], "m": max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)}
             ).fetchone()[0]
+            self._keyed_limits.update(k.partition(KEY_SEP)[0] for k in keys)
+            probe = {"queues": base["queues"], "keyed": sorted(self._keyed_limits)}
+            limited = conn.execute(self._q["claim_probe"], probe).fetchone()[0]
             self._limited_hint = bool(limited or keys)
             if not limited and not keys:
                 self._note_gate_wait(None)

@@ -809,7 +809,9 @@ WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = A
 -- the queued rows' index; the OR made it a scan per gate, 10x slower.)
 SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
     SELECT g.name FROM ({{gates}}) g
-    WHERE EXISTS (
+    -- a keyed limit (%(keyed)s) gates its keys, never a task by its own name:
+    -- looking for one would read every queued limited task
+    WHERE NOT (g.name = ANY(%(keyed)s::text[])) AND EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
           AND g.name = ANY(t.limits)
@@ -828,7 +830,9 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
 -- The keys (keyed limits' budgets, "<limit>\x1f<key>") of the first
 -- %(m)s ready candidates of each path, in claim order, passing over keys
 -- whose places are all held: the only keys a claim locks and reads. A key
--- with no row and no running task has its whole budget.
+-- with no row and no running task has its whole budget. ("cardinality >= 1",
+-- not "> 0": each part walks its own path's claim-order index, not the
+-- index of every limited task, which would be read whole and sorted.)
 WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 held AS MATERIALIZED (
     SELECT coalesce(array_agg(u.n), '{}')::text[] AS names FROM (
@@ -844,7 +848,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status = 'PENDING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND cardinality(t.limits) > 0 AND NOT (t.limits && (SELECT names FROM held))
+       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
     UNION ALL
@@ -852,7 +856,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
        AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND cardinality(t.limits) > 0 AND NOT (t.limits && (SELECT names FROM held))
+       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
      ORDER BY (t.ready_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
     UNION ALL
@@ -860,7 +864,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status = 'RETRYING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND cardinality(t.limits) > 0 AND NOT (t.limits && (SELECT names FROM held))
+       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
 ) c, unnest(c.limits) AS n
