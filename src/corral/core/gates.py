@@ -147,6 +147,25 @@ class LimitState:
         return at
 
 
+def key_at_rest(base: LimitSpec | None, own: LimitState, now: float) -> bool:
+    """May the row of a key's budget (``own``, of the keyed limit ``base``)
+    be forgotten at ``now``? Yes when it holds nothing a missing row would
+    not: no pause in force, its bucket full again and its window empty. Its
+    places need no row (they are counted from the running tasks), so a key
+    forgotten and used again starts with the very budget it had."""
+    if own.spec.paused_until is not None and own.spec.paused_until > now:
+        return False
+    if base is None or not base.rate:
+        return True
+    state = LimitState(LimitSpec(own.spec.name, rate=base.rate, burst=base.burst), own.tokens, own.counted_at, own.starts)
+    rate = state.rate()
+    if rate is None:
+        return True
+    if state.bucket(rate, now).level(rate, now) < rate.bucket_size - 1e-9:
+        return False
+    return rate.window is None or state.window().used(rate, now) == 0
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What a claim writes back to a rated limit's row."""

@@ -70,7 +70,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -899,6 +899,31 @@ class PostgresStore(SqlStore):
                 k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
             self._save_gates(conn, gates)
         return out
+
+    def forget_keys(self, limit: int = 1000) -> int:
+        """Under the keys' own locks (a claim charging a key holds its lock),
+        so a row is never deleted under a claim that read it."""
+        after = getattr(self, "_keys_after", "")
+        n = max(1, limit)
+
+        def go(conn):
+            with conn.transaction():
+                names = [r[0] for r in conn.execute(self._q["key_names_after"], {"after": after, "n": n})]
+                if not names:
+                    return names, 0
+                conn.execute(self._q["limit_lock"], {"names": names})
+                rows = conn.execute(self._q["limits"]).fetchall()
+                now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+                declared = {r[0]: limit_state(r).spec for r in rows}
+                keys = [limit_state(r) for r in conn.execute(self._q["limit_key_rows"], {"names": names})]
+                gone = [k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)]
+                if gone:
+                    conn.execute(self._q["forget_key_rows"], {"names": gone})
+                return names, len(gone)
+
+        names, gone = self._run(go)
+        self._keys_after = names[-1] if len(names) >= n else ""
+        return gone
 
     def _save_gates(self, conn, gates: Gates) -> None:
         for name, c in gates.rate_writes().items():

@@ -103,7 +103,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, LimitState, record_outcomes
+from corral.core.gates import BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -1155,6 +1155,19 @@ class SQLiteStore(SqlStore):
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return plan.units, gates is not None
+
+    @_guard
+    def forget_keys(self, limit: int = 1000) -> int:
+        after = getattr(self, "_keys_after", "")
+        with self._write() as con:
+            now = self._clock.time()
+            rows = [limit_state(r) for r in con.execute(Q["key_rows_after"], (after, max(1, limit))).fetchall()]
+            declared = {(lim := limit_state(r)).spec.name: lim.spec for r in con.execute(Q["limits"])}
+            gone = [k.spec.name for k in rows if key_at_rest(declared.get(k.spec.name.partition("\x1f")[0]), k, now)]
+            con.executemany(Q["forget_key"], [(n,) for n in gone])
+        # the next call goes on from here; after the last key, from the first again
+        self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
+        return len(gone)
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:

@@ -1594,6 +1594,13 @@ SELECT name, NULL::int AS concurrency, NULL::text AS rate, NULL::int AS burst, p
        counted_at, starts
 FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
 
+-- name: key_names_after
+-- The next keys' rows after %(after)s in name order, at most %(n)s (forget_keys).
+SELECT name FROM corral_limit_keys WHERE name > %(after)s ORDER BY name LIMIT %(n)s;
+
+-- name: forget_key_rows
+DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
+
 -- name: key_usage
 -- The places held under each of the keys %(names)s: one per claim (lease
 -- token) running under it. Reads the running rows only (bounded by the fleet's slots).

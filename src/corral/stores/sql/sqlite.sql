@@ -782,6 +782,14 @@ ORDER BY name
 -- name: limit_key_row
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
 
+-- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
+-- name: key_rows_after
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE name > ?1 AND instr(name, char(31)) > 0 ORDER BY name LIMIT ?2
+
+-- name: forget_key
+DELETE FROM named_limits WHERE name = ? AND instr(name, char(31)) > 0
+
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
 -- name: set_limit
