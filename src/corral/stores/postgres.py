@@ -225,6 +225,8 @@ POOL_MAX_SIZE = 2
 #: KEY_PROBE_MIN: the keys it looks at, never every key with work queued.
 KEY_PROBE_EACH = 4
 KEY_PROBE_MIN = 32
+#: looks for distinct keys a claim makes at most (each passes over the keys found)
+KEY_PROBE_LOOKS = 3
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
@@ -812,9 +814,7 @@ class PostgresStore(SqlStore):
                 rows = cur.fetchall()
                 if rows:
                     return rows
-            keys = conn.execute(
-                self._q["key_probe"], {"queues": base["queues"], "m": max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)}
-            ).fetchone()[0]
+            keys = self._probe_keys(conn, base["queues"], max_units)
             self._keyed_limits.update(k.partition(KEY_SEP)[0] for k in keys)
             probe = {"queues": base["queues"], "keyed": sorted(self._keyed_limits)}
             limited = conn.execute(self._q["claim_probe"], probe).fetchone()[0]
@@ -828,6 +828,19 @@ class PostgresStore(SqlStore):
             return self._claim_limited(conn, cur, base, max_units, limited, keys)
 
         return _as_claims(self._run_listening(go))
+
+    def _probe_keys(self, conn, queues: Any, max_units: int) -> list[str]:
+        """The keys of the first ready candidates, in claim order: distinct
+        keys, so one hot key's backlog in front does not hide the keys behind
+        it (each further look passes over the keys found so far)."""
+        m = max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)
+        keys: list[str] = []
+        for _ in range(KEY_PROBE_LOOKS):
+            more = conn.execute(self._q["key_probe"], {"queues": queues, "m": m, "skip": keys}).fetchone()[0]
+            keys += more
+            if not more or len(keys) >= max_units:
+                break
+        return sorted(keys)
 
     def _claim_limited(
         self, conn, cur, base: dict, max_units: int, names: list[str], keys: list[str]
@@ -885,18 +898,20 @@ class PostgresStore(SqlStore):
                         if n in free or n in room:
                             used.setdefault(n, set()).add(r["lease_token"])
                     heads.setdefault(r["lease_token"], r)
+                key_filled = False
                 for n, toks in used.items():
                     if n in free:
                         free[n] -= len(toks)
                     else:
                         room[n] -= len(toks)
+                        key_filled = key_filled or room[n] <= 0
                 for r in heads.values():
                     gates.take(r["limits"] or (), r["name"])
                 small = [f for f in free.values() if 0 < f < k]
-                if got < k and not small:
-                    break  # nothing more this allowed set can take
+                if got < k and not small and not (key_filled and got and any(f > 0 for f in room.values())):
+                    break  # nothing more this allowed set can take (a key filled: the next keys may)
                 open_slots = [f for f in free.values() if f > 0]
-                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
+                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k or key_filled else 0)
             self._save_gates(conn, gates)
         return out
 

@@ -829,7 +829,9 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
 -- name: key_probe
 -- The keys (keyed limits' budgets, "<limit>\x1f<key>") of the first
 -- %(m)s ready candidates of each path, in claim order, passing over keys
--- whose places are all held: the only keys a claim locks and reads. A key
+-- whose places are all held and the keys %(skip)s (found by a look before
+-- this one: a hot key's backlog is passed over to find the keys after it):
+-- the only keys a claim locks and reads. A key
 -- with no row and no running task has its whole budget. ("cardinality >= 1",
 -- not "> 0": each part walks its own path's claim-order index, not the
 -- index of every limited task, which would be read whole and sorted.)
@@ -849,6 +851,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
        AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
     UNION ALL
@@ -857,6 +860,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
        AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
        AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.ready_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
     UNION ALL
@@ -865,6 +869,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
        AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
 ) c, unnest(c.limits) AS n
