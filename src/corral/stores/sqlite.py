@@ -1075,7 +1075,7 @@ class SQLiteStore(SqlStore):
             return Gates(now, limits, usage, breakers, load_key=load_key)
 
         def load_key(name: str) -> LimitState | None:
-            row = con.execute(Q["limit_key_row"], (name,)).fetchone()
+            row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
             return None if row is None else limit_state(row)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
@@ -1164,7 +1164,7 @@ class SQLiteStore(SqlStore):
             rows = [limit_state(r) for r in con.execute(Q["key_rows_after"], (after, max(1, limit))).fetchall()]
             declared = {(lim := limit_state(r)).spec.name: lim.spec for r in con.execute(Q["limits"])}
             gone = [k.spec.name for k in rows if key_at_rest(declared.get(k.spec.name.partition("\x1f")[0]), k, now)]
-            con.executemany(Q["forget_key"], [(n,) for n in gone])
+            con.executemany(Q["forget_key_rows"], [(n,) for n in gone])
         # the next call goes on from here; after the last key, from the first again
         self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
         return len(gone)

@@ -779,7 +779,7 @@ WHERE instr(name, char(31)) = 0
 ORDER BY name
 
 -- The row of one key's budget, if it has one (a rate charged it).
--- name: limit_key_row
+-- name: limit_key_rows
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
 
 -- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
@@ -787,7 +787,7 @@ SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts 
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
 WHERE name > ?1 AND instr(name, char(31)) > 0 ORDER BY name LIMIT ?2
 
--- name: forget_key
+-- name: forget_key_rows
 DELETE FROM named_limits WHERE name = ? AND instr(name, char(31)) > 0
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
