@@ -157,7 +157,9 @@ def key_at_rest(base: LimitSpec | None, own: LimitState, now: float) -> bool:
         return False
     if base is None or not base.rate:
         return True
-    state = LimitState(LimitSpec(own.spec.name, rate=base.rate, burst=base.burst), own.tokens, own.counted_at, own.starts)
+    state = LimitState(
+        LimitSpec(own.spec.name, rate=base.rate, burst=base.burst), own.tokens, own.counted_at, own.starts
+    )
     rate = state.rate()
     if rate is None:
         return True

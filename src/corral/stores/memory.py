@@ -1117,7 +1117,7 @@ class MemoryStore(Store):
     def forget_keys(self, limit: int = 1000) -> int:
         with self._lock:
             now = self.now()
-            gone = []
+            gone: list[str] = []
             for name, lim in self._limits.items():
                 if len(gone) >= limit:
                     break

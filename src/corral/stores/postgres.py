@@ -842,9 +842,7 @@ class PostgresStore(SqlStore):
                 break
         return sorted(keys)
 
-    def _claim_limited(
-        self, conn, cur, base: dict, max_units: int, names: list[str], keys: list[str]
-    ) -> list[dict]:
+    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str], keys: list[str]) -> list[dict]:
         """Claim while holding the advisory locks of the gates (limits and
         breakers) that have ready work, and of the keys of the first
         candidates (``keys``: a keyed limit's budgets, read and locked for
@@ -931,7 +929,9 @@ class PostgresStore(SqlStore):
                 now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
                 declared = {r[0]: limit_state(r).spec for r in rows}
                 keys = [limit_state(r) for r in conn.execute(self._q["limit_key_rows"], {"names": names})]
-                gone = [k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)]
+                gone = [
+                    k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)
+                ]
                 if gone:
                     conn.execute(self._q["forget_key_rows"], {"names": gone})
                 return names, len(gone)
@@ -1905,8 +1905,6 @@ class _SubmitPlan:
             assert first is not None  # a duplicate points at a row already filled
             out[i] = SubmitResult(first.id, False)
         return out  # type: ignore[return-value]
-
-
 
 
 def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:
