@@ -61,8 +61,8 @@ SQLITE_ONLY = {
 POSTGRES_ONLY = {
     "set_limit_keys": "a keyed limit's changed rate fills its keys' buckets (SQLite: the keys' rows are kept)",
     "key_probe": "the keys of the first candidates, locked before the claim (SQLite: the Python claim reads each)",
-    "key_usage": "the places held under the keys a claim looks at (SQLite: `limit_usage` of the running rows)",
-    "key_charge": "a key's row in its own table, made on first charge (SQLite: `limit_charge` makes it)",
+    "key_usage": "a claim's keys' places held and their rows (SQLite: `limit_usage`, `limit_key_rows`)",
+    "key_charges": "the keys' rows in their own table, made on first charge (SQLite: `limit_charge` makes each)",
     "key_names_after": "the next keys to forget, to lock before reading them (SQLite: `key_rows_after`)",
     "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
     "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_members`)",

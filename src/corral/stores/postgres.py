@@ -70,7 +70,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, key_at_rest, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -861,9 +861,10 @@ class PostgresStore(SqlStore):
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             if keys:
-                usage.update(conn.execute(self._q["key_usage"], {"names": keys}).fetchall())
-                for r in conn.execute(self._q["limit_key_rows"], {"names": keys}).fetchall():
-                    limits[r[0]] = limit_state(r)
+                for name, used, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
+                    usage[name] = used
+                    if paused is not None or at is not None or starts is not None:  # the key has a row
+                        limits[name] = LimitState(LimitSpec(name, paused_until=paused), tokens, at, starts)
             breakers = self._breaker_rows(conn)
             gates = Gates(now, limits, usage, breakers)
             free = {n: gates.room(n) for n in names}
@@ -941,11 +942,16 @@ class PostgresStore(SqlStore):
         return gone
 
     def _save_gates(self, conn, gates: Gates) -> None:
+        keyed = []
         for name, c in gates.rate_writes().items():
-            conn.execute(
-                self._q["key_charge" if KEY_SEP in name else "limit_charge"],
-                {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name},
-            )
+            if KEY_SEP in name:  # the keys' rows in one statement, however many
+                keyed.append([name, c.tokens, c.counted_at, c.starts])
+            else:
+                conn.execute(
+                    self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
+                )
+        if keyed:
+            conn.execute(self._q["key_charges"], {"rows": json.dumps(keyed)})
         for name, (state, ev) in gates.breaker_writes().items():
             self._save_breaker(conn, name, state, ev)
 

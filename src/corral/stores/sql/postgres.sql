@@ -1612,17 +1612,24 @@ SELECT name FROM corral_limit_keys WHERE name > %(after)s ORDER BY name LIMIT %(
 DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
 
 -- name: key_usage
--- The places held under each of the keys %(names)s: one per claim (lease
--- token) running under it. Reads the running rows only (bounded by the fleet's slots).
-SELECT n AS name, count(DISTINCT t.lease_token) AS used
-FROM corral_tasks t, unnest(t.limits) AS n
-WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND n = ANY(%(names)s::text[])
-GROUP BY n;
+-- The places held under each of the keys %(names)s (one per claim, lease
+-- token, running under it; from the running rows only, bounded by the fleet's
+-- slots), with each key's row in the same round trip (the columns of
+-- limit_key_rows, NULL for a key with none).
+SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
+FROM unnest(%(names)s::text[]) AS n(name)
+LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
+LEFT JOIN (
+    SELECT kn, count(DISTINCT t.lease_token) AS used
+    FROM corral_tasks t, unnest(t.limits) AS kn
+    WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND kn = ANY(%(names)s::text[])
+    GROUP BY kn) u ON u.kn = n.name;
 
--- name: key_charge
--- A claim took tokens or logged starts under a key: its row, made on first use.
+-- name: key_charges
+-- The keys a claim took tokens from or logged starts under (one JSON array of
+-- [name, tokens, counted_at, starts] rows): each key's row, made on first use.
 INSERT INTO corral_limit_keys AS k (name, tokens, counted_at, starts)
-VALUES (%(name)s, %(tokens)s, %(at)s, %(starts)s)
+SELECT r->>0, (r->>1)::float8, (r->>2)::float8, r->>3 FROM json_array_elements(%(rows)s::json) AS r
 ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded.counted_at,
     starts = excluded.starts;
 
