@@ -54,12 +54,16 @@ SQLITE_ONLY = {
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
     "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
+    "key_rows_after": "the next keys' rows to forget, read whole (PostgreSQL: `key_names_after`, then their locks)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
 POSTGRES_ONLY = {
-    "limit_keys": "a key's row made at submit, for the claim's gates (SQLite: on its first charge)",
-    "set_limit_keys": "a keyed limit's settings copied to its keys' rows (SQLite reads them from the limit's row)",
+    "set_limit_keys": "a keyed limit's changed rate fills its keys' buckets (SQLite: the keys' rows are kept)",
+    "key_probe": "the keys of the first candidates, locked before the claim (SQLite: the Python claim reads each)",
+    "key_usage": "a claim's keys' places held and their rows (SQLite: `limit_usage`, `limit_key_rows`)",
+    "key_charges": "the keys' rows in their own table, made on first charge (SQLite: `limit_charge` makes each)",
+    "key_names_after": "the next keys to forget, to lock before reading them (SQLite: `key_rows_after`)",
     "lock_queue_bound": "bounded submits take one advisory lock (SQLite: one writer at a time)",
     "claim": "one statement claims (SQLite: `claim_candidates` + `claim_head`/`claim_members`)",
     "claim_probe": "capped limits with ready work (SQLite: checked by the Python claim)",
@@ -114,6 +118,7 @@ POSTGRES_ONLY = {
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
     "migration_0037": "numbered migrations (SQLite: `columns_v4` and `schema_v17`)",
+    "migration_0040": "numbered migrations (SQLite: `schema`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",

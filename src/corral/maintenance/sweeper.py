@@ -204,6 +204,7 @@ class Sweeper(Loop):
                 settled = []
             if settled:
                 log.info("sweeper submitted %d batch callback(s)", len(settled))
+            self._forget_keys()
         if self.on_report is not None:
             self.on_report(report)
         if chores:
@@ -221,6 +222,19 @@ class Sweeper(Loop):
             return
         if gone:
             log.info("sweeper forgot %d dead worker(s) that held nothing any more", gone)
+
+    def _forget_keys(self) -> None:
+        """Delete a bounded batch of keyed limits' key rows that are at rest
+        (bucket full, window empty, no pause): no row per key kept for ever."""
+        try:
+            gone = self.store.forget_keys(self.max_rows)
+        except NotImplementedError:
+            return
+        except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+            log.warning("forgetting idle keys failed, will try again: %s", exc)
+            return
+        if gone:
+            log.debug("sweeper forgot %d idle key(s) of keyed limits", gone)
 
     def after_sweep(self) -> None:
         """The leader's housekeeping after its sweep: the minutes' figures,

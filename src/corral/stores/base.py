@@ -733,6 +733,14 @@ class Store(abc.ABC):
         how many. A dead worker that still holds tasks stays listed with them."""
         raise NotImplementedError
 
+    def forget_keys(self, limit: int = 1000) -> int:
+        """Delete up to ``limit`` rows of keyed limits' keys that hold nothing
+        a missing row would not (:func:`corral.core.gates.key_at_rest`: no
+        pause, bucket full, window empty); returns how many. A key with no
+        row has its whole budget, so none is kept for ever: the leader calls
+        this in bounded batches."""
+        raise NotImplementedError
+
     # ---- fleet control ----------------------------------------------------
     def fleet_level(self) -> FleetLevel:
         """The stored degradation level (NORMAL, automatic, when never set)."""

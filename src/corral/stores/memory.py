@@ -37,7 +37,16 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, busiest_keys, fold_keys, record_outcomes
+from corral.core.gates import (
+    KEY_SEP,
+    BreakerRow,
+    Gates,
+    LimitState,
+    busiest_keys,
+    fold_keys,
+    key_at_rest,
+    record_outcomes,
+)
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     SUPERSEDED,
@@ -1104,6 +1113,21 @@ class MemoryStore(Store):
             self._limits[spec.name] = new
             self._changes += 1
             self._wake.notify_all()
+
+    def forget_keys(self, limit: int = 1000) -> int:
+        with self._lock:
+            now = self.now()
+            gone: list[str] = []
+            for name, lim in self._limits.items():
+                if len(gone) >= limit:
+                    break
+                if KEY_SEP in name:
+                    base = self._limits.get(name.partition(KEY_SEP)[0])
+                    if key_at_rest(base.spec if base else None, lim, now):
+                        gone.append(name)
+            for name in gone:
+                del self._limits[name]
+            return len(gone)
 
     def limits(self) -> dict[str, LimitSpec]:
         with self._lock:

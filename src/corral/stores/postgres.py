@@ -69,7 +69,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -222,6 +222,13 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: completer thread, so more connections would only idle (and fill the
 #: server's ``max_connections`` as workers are added).
 POOL_MAX_SIZE = 2
+#: A claim reads and locks the keys (keyed limits' budgets) of at most this
+#: many ready candidates per path for each unit it asks for, and at least
+#: KEY_PROBE_MIN: the keys it looks at, never every key with work queued.
+KEY_PROBE_EACH = 4
+KEY_PROBE_MIN = 32
+#: looks for distinct keys a claim makes at most (each passes over the keys found)
+KEY_PROBE_LOOKS = 3
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
@@ -243,8 +250,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
-#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
-SCHEMA_VERSION = 37
+#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
+SCHEMA_VERSION = 40
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -418,6 +426,8 @@ class PostgresStore(SqlStore):
         self._outage_at: float | None = None  # see last_outage
         self._pool_failures = 0
         self._limited_hint = True  # probe for capped limits before claiming
+        #: limits seen keyed (their tasks name their keys): the probe passes over them
+        self._keyed_limits: set[str] = set()
         self._breaker_names: frozenset[str] = frozenset()
         self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
@@ -573,9 +583,6 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
-        keys = _limit_keys(tasks)
-        if keys:
-            self._run(lambda conn: conn.execute(self._q["limit_keys"], {"names": keys}))
         if any(t.debounce_key is not None or t.supersede_key is not None for t in tasks):
 
             def keyed(conn):
@@ -607,6 +614,7 @@ class PostgresStore(SqlStore):
         """Grouped or limited work submitted here ends this store's plain fast
         path at once, once it is stored (other stores learn of it from the
         ":g" notification); returns ``out``."""
+        self._keyed_limits.update(n.partition(KEY_SEP)[0] for t in tasks for n in t.limits if KEY_SEP in n)
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0
         return out
@@ -730,9 +738,6 @@ class PostgresStore(SqlStore):
             )
         if not tasks:
             return []
-        keys = _limit_keys(tasks)
-        if keys:
-            connection.execute(self._q["limit_keys"], {"names": keys})
         plan = _SubmitPlan(tasks)
         try:
             cur = connection.cursor(row_factory=tuple_row)
@@ -811,39 +816,66 @@ class PostgresStore(SqlStore):
                 rows = cur.fetchall()
                 if rows:
                     return rows
-            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
-            self._limited_hint = bool(limited)
-            if not limited:
+            keys = self._probe_keys(conn, base["queues"], max_units)
+            self._keyed_limits.update(k.partition(KEY_SEP)[0] for k in keys)
+            probe = {"queues": base["queues"], "keyed": sorted(self._keyed_limits)}
+            limited = conn.execute(self._q["claim_probe"], probe).fetchone()[0]
+            self._limited_hint = bool(limited or keys)
+            if not limited and not keys:
                 self._note_gate_wait(None)
                 if tried:
                     return []  # that claim was this one (work since then notifies)
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
-            return self._claim_limited(conn, cur, base, max_units, limited)
+            return self._claim_limited(conn, cur, base, max_units, limited, keys)
 
         return _as_claims(self._run_listening(go))
 
-    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str]) -> list[dict]:
+    def _probe_keys(self, conn, queues: Any, max_units: int) -> list[str]:
+        """The keys of the first ready candidates, in claim order: distinct
+        keys, so one hot key's backlog in front does not hide the keys behind
+        it (each further look passes over the keys found so far)."""
+        m = max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)
+        keys: list[str] = []
+        for _ in range(KEY_PROBE_LOOKS):
+            more = conn.execute(self._q["key_probe"], {"queues": queues, "m": m, "skip": keys}).fetchone()[0]
+            keys += more
+            if not more or len(keys) >= max_units:
+                break
+        return sorted(keys)
+
+    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str], keys: list[str]) -> list[dict]:
         """Claim while holding the advisory locks of the gates (limits and
-        breakers) that have ready work. A claim uses at most one place of each
-        gate (a unit under a rate or a probing breaker is one task), so taking
-        at most ``min(room)`` claims per statement never overfills one; the
-        tokens and probes taken are written back in the same transaction."""
+        breakers) that have ready work, and of the keys of the first
+        candidates (``keys``: a keyed limit's budgets, read and locked for
+        those keys only, however many the store holds). A claim uses at most
+        one place of each gate (a unit under a rate or a probing breaker is
+        one task), so taking at most ``min(room)`` claims per statement never
+        overfills one; a key's room is kept inside the statement (a candidate
+        past its key's room is left). The tokens and probes taken are written
+        back in the same transaction."""
         out: list[dict] = []
         with conn.transaction():
-            conn.execute(self._q["limit_lock"], {"names": names})
+            conn.execute(self._q["limit_lock"], {"names": sorted({*names, *keys})})
             rows = cur.execute(self._q["limits"]).fetchall()  # by column name
             now = rows[0]["now"] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
             limits = {r["name"]: limit_state(r) for r in rows}
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
+            if keys:
+                for name, used, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
+                    usage[name] = used
+                    if paused is not None or at is not None or starts is not None:  # the key has a row
+                        limits[name] = LimitState(LimitSpec(name, paused_until=paused), tokens, at, starts)
             breakers = self._breaker_rows(conn)
             gates = Gates(now, limits, usage, breakers)
             free = {n: gates.room(n) for n in names}
-            solo = [n for n in names if gates.solo((n,), "")] + [n for n in names if gates.solo((), n)]
+            room = {k: gates.room(k) for k in keys}
+            solo = [n for n in (*names, *keys) if gates.solo((n,), "")] + [n for n in names if gates.solo((), n)]
             self._note_gate_wait(gates.wait)
             if (
                 all(f <= 0 for f in free.values())
+                and all(f <= 0 for f in room.values())
                 and not conn.execute(self._q["unlimited_ready"], {"queues": base["queues"]}).fetchone()[0]
             ):
                 self._save_gates(conn, gates)
@@ -852,7 +884,10 @@ class PostgresStore(SqlStore):
             k = remaining
             while remaining > 0 and k > 0:
                 allowed = [n for n, f in free.items() if f >= k]
-                cur.execute(self._q["claim"], {**base, "n": k, "allowed": allowed, "solo": solo})
+                open_keys = [n for n, f in room.items() if f > 0]
+                params = {**base, "n": k, "allowed": allowed, "solo": solo}
+                params.update(keys=open_keys, rooms=[room[n] for n in open_keys])
+                cur.execute(self._q["claim"], params)
                 rows = cur.fetchall()
                 out.extend(rows)
                 got = len({r["lease_token"] for r in rows})
@@ -861,26 +896,64 @@ class PostgresStore(SqlStore):
                 heads: dict[str, dict] = {}
                 for r in rows:
                     for n in (*(r["limits"] or ()), r["name"]):
-                        if n in free:
+                        if n in free or n in room:
                             used.setdefault(n, set()).add(r["lease_token"])
                     heads.setdefault(r["lease_token"], r)
+                key_filled = False
                 for n, toks in used.items():
-                    free[n] -= len(toks)
+                    if n in free:
+                        free[n] -= len(toks)
+                    else:
+                        room[n] -= len(toks)
+                        key_filled = key_filled or room[n] <= 0
                 for r in heads.values():
                     gates.take(r["limits"] or (), r["name"])
                 small = [f for f in free.values() if 0 < f < k]
-                if got < k and not small:
-                    break  # nothing more this allowed set can take
+                if got < k and not small and not (key_filled and got and any(f > 0 for f in room.values())):
+                    break  # nothing more this allowed set can take (a key filled: the next keys may)
                 open_slots = [f for f in free.values() if f > 0]
-                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
+                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k or key_filled else 0)
             self._save_gates(conn, gates)
         return out
 
+    def forget_keys(self, limit: int = 1000) -> int:
+        """Under the keys' own locks (a claim charging a key holds its lock),
+        so a row is never deleted under a claim that read it."""
+        after = getattr(self, "_keys_after", "")
+        n = max(1, limit)
+
+        def go(conn):
+            with conn.transaction():
+                names = [r[0] for r in conn.execute(self._q["key_names_after"], {"after": after, "n": n})]
+                if not names:
+                    return names, 0
+                conn.execute(self._q["limit_lock"], {"names": names})
+                rows = conn.execute(self._q["limits"]).fetchall()
+                now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+                declared = {r[0]: limit_state(r).spec for r in rows}
+                keys = [limit_state(r) for r in conn.execute(self._q["limit_key_rows"], {"names": names})]
+                gone = [
+                    k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)
+                ]
+                if gone:
+                    conn.execute(self._q["forget_key_rows"], {"names": gone})
+                return names, len(gone)
+
+        names, gone = self._run(go)
+        self._keys_after = names[-1] if len(names) >= n else ""
+        return gone
+
     def _save_gates(self, conn, gates: Gates) -> None:
+        keyed = []
         for name, c in gates.rate_writes().items():
-            conn.execute(
-                self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
-            )
+            if KEY_SEP in name:  # the keys' rows in one statement, however many
+                keyed.append([name, c.tokens, c.counted_at, c.starts])
+            else:
+                conn.execute(
+                    self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
+                )
+        if keyed:
+            conn.execute(self._q["key_charges"], {"rows": json.dumps(keyed)})
         for name, (state, ev) in gates.breaker_writes().items():
             self._save_breaker(conn, name, state, ev)
 
@@ -1673,8 +1746,8 @@ class PostgresStore(SqlStore):
 
     def set_limit(self, spec: LimitSpec) -> None:
         at = {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
+        self._rowcount("set_limit_keys", at)  # a changed rate: the keys' buckets full again
         self._rowcount("set_limit", at)
-        self._rowcount("set_limit_keys", at)  # the keys' budgets, if it is keyed
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
 
@@ -1871,11 +1944,6 @@ class _SubmitPlan:
         return out  # type: ignore[return-value]
 
 
-def _limit_keys(tasks: Sequence[NewTask]) -> list[str]:
-    """The keys' budgets (keyed limits' gate names) the tasks name."""
-    return sorted({n for t in tasks for n in t.limits if KEY_SEP in n})
-
-
 def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:
     """The rows of a submit as one JSON array (the ``submit`` query reads it
     with ``json_to_recordset``): one parameter to encode instead of an array
@@ -1994,6 +2062,9 @@ def _claim_params(worker_id: str, request: ClaimRequest) -> dict[str, Any]:
         # and the most retries a claim takes even when fresh work runs short
         "most": 2**31 - 1 if plain_share or request.retry_max is None else max(0, int(request.retry_max)),
         "solo": "{}",
+        # the keys a claim may take work of (it holds their locks) and the room of each
+        "keys": "{}",
+        "rooms": "{}",
         "prefetch": bool(request.prefetch),
         "relay": None,
     }

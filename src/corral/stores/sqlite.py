@@ -103,7 +103,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, record_outcomes
+from corral.core.gates import BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -172,11 +172,12 @@ from corral.stores.sqlbase import (
 #: 34: worker processes' rows (workers);
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
-#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
+#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 37
+SCHEMA_VERSION = 40
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -1071,7 +1072,11 @@ class SQLiteStore(SqlStore):
             usage = dict(con.execute(Q["limit_usage"]).fetchall())
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
-            return Gates(now, limits, usage, breakers)
+            return Gates(now, limits, usage, breakers, load_key=load_key)
+
+        def load_key(name: str) -> LimitState | None:
+            row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
+            return None if row is None else limit_state(row)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
         plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry)
@@ -1150,6 +1155,19 @@ class SQLiteStore(SqlStore):
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return plan.units, gates is not None
+
+    @_guard
+    def forget_keys(self, limit: int = 1000) -> int:
+        after = getattr(self, "_keys_after", "")
+        with self._write() as con:
+            now = self._clock.time()
+            rows = [limit_state(r) for r in con.execute(Q["key_rows_after"], (after, max(1, limit))).fetchall()]
+            declared = {(lim := limit_state(r)).spec.name: lim.spec for r in con.execute(Q["limits"])}
+            gone = [k.spec.name for k in rows if key_at_rest(declared.get(k.spec.name.partition("\x1f")[0]), k, now)]
+            con.executemany(Q["forget_key_rows"], [(n,) for n in gone])
+        # the next call goes on from here; after the last key, from the first again
+        self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
+        return len(gone)
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:

@@ -607,6 +607,24 @@ CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce
 CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- name: migration_0040
+-- Keyed limits' keys in a table of their own: a key's row holds its own
+-- bucket, log of starts and pause (its settings are its limit's), made when a
+-- rate first charges it or a 429 pauses it, and deleted when the key is idle
+-- with its budget whole. A submit makes no row; a claim reads the rows of its
+-- candidates' keys only. Rows of keys made in corral_limits before move here.
+CREATE TABLE IF NOT EXISTS corral_limit_keys (
+    name         text PRIMARY KEY,
+    tokens       double precision,
+    counted_at   double precision,
+    starts       text,
+    paused_until double precision
+);
+INSERT INTO corral_limit_keys (name, tokens, counted_at, starts, paused_until)
+SELECT name, tokens, counted_at, starts, paused_until FROM corral_limits WHERE strpos(name, chr(31)) > 0
+ON CONFLICT (name) DO NOTHING;
+DELETE FROM corral_limits WHERE strpos(name, chr(31)) > 0;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -791,7 +809,9 @@ WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = A
 -- the queued rows' index; the OR made it a scan per gate, 10x slower.)
 SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
     SELECT g.name FROM ({{gates}}) g
-    WHERE EXISTS (
+    -- a keyed limit (%(keyed)s) gates its keys, never a task by its own name:
+    -- looking for one would read every queued limited task
+    WHERE NOT (g.name = ANY(%(keyed)s::text[])) AND EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
           AND g.name = ANY(t.limits)
@@ -805,6 +825,57 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
           AND t.run_at <= extract(epoch FROM now())::float8
           AND t.queue = ANY(%(queues)s::text[]))
 ) w;
+
+-- name: key_probe
+-- The keys (keyed limits' budgets, "<limit>\x1f<key>") of the first
+-- %(m)s ready candidates of each path, in claim order, passing over keys
+-- whose places are all held and the keys %(skip)s (found by a look before
+-- this one: a hot key's backlog is passed over to find the keys after it):
+-- the only keys a claim locks and reads. A key
+-- with no row and no running task has its whole budget. Each part walks its
+-- own path's claim-order index: the heads' and the retries' name no limit
+-- count (any form of it let the planner read the index of every queued
+-- limited task whole and sort it, 20 ms at 30 000), and the fresh part says
+-- "cardinality >= 1", not the "> 0" of that index.)
+WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+held AS MATERIALIZED (
+    SELECT coalesce(array_agg(u.n), '{}')::text[] AS names FROM (
+        SELECT n, count(DISTINCT t.lease_token) AS used
+        FROM corral_tasks t, unnest(t.limits) AS n
+        WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND strpos(n, chr(31)) > 0
+        GROUP BY n) u
+    JOIN corral_limits l ON l.name = split_part(u.n, chr(31), 1)
+    WHERE l.concurrency IS NOT NULL AND u.used >= l.concurrency
+)
+SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status = 'PENDING' AND t.group_key IS NULL
+       AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.run_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+    UNION ALL
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
+       AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.ready_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+    UNION ALL
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status = 'RETRYING' AND t.group_key IS NULL
+       AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.run_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+) c, unnest(c.limits) AS n
+WHERE strpos(n, chr(31)) > 0;
 
 -- name: unlimited_ready
 -- Is there queued, due work under no limit? When every capped limit is full
@@ -884,6 +955,9 @@ free_locked AS MATERIALIZED (
       -- sorted on each claim (9 -> 45 ms at 20 000 queued)
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name OFFSET 0)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -905,6 +979,9 @@ heads_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -934,6 +1011,9 @@ retry_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
       AND (t.group_key IS NULL OR (
             %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
@@ -960,6 +1040,15 @@ lanes AS MATERIALIZED (
           UNION ALL SELECT *, 0 FROM heads_locked
           UNION ALL SELECT *, 1 FROM retry_locked) u
 ),
+-- each candidate's place among the candidates of each of its keys: past its
+-- key's room (%(rooms)s, beside %(keys)s) it is left for a later claim
+key_places AS MATERIALIZED (
+    SELECT u.id,
+           row_number() OVER (PARTITION BY kn ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rn,
+           k.room
+    FROM lanes u CROSS JOIN LATERAL unnest(u.limits) AS kn
+    JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS k(name, room) ON k.name = kn
+),
 -- claim order, but retries past their share of n are left for a later claim
 -- (unless fresh work runs short)
 picked AS MATERIALIZED (
@@ -969,7 +1058,8 @@ picked AS MATERIALIZED (
            coalesce(%(relay)s::text, replace(gen_random_uuid()::text, '-', '')) AS token,
            row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
     FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
+    WHERE (%(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf)))
+      AND NOT EXISTS (SELECT 1 FROM key_places kp WHERE kp.id = u.id AND kp.rn > kp.room)
     ORDER BY (u.elig - u.priority * 60::float8), u.id
     LIMIT %(n)s
 ),
@@ -990,7 +1080,10 @@ followers AS MATERIALIZED (
                     AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
                     AND NOT (x.limits && %(solo)s::text[])
                     AND NOT (x.name = ANY(%(solo)s::text[]))
-                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)) AS ok
+                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)
+                    -- a key not the head's would need a place of its own
+                    AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS kn
+                                    WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(p.limits)))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1176,6 +1269,13 @@ paused AS (
     FROM (SELECT n, max((SELECT now FROM clk) + u.pause) AS until
           FROM upd u, unnest(u.limits) AS n WHERE u.pause IS NOT NULL GROUP BY n) p
     WHERE l.name = p.n
+),
+paused_keys AS (
+    -- and a keyed limit's key, in its own row (made if the key has none)
+    INSERT INTO corral_limit_keys AS k (name, paused_until)
+    SELECT n, max((SELECT now FROM clk) + u.pause)
+    FROM upd u, unnest(u.limits) AS n WHERE u.pause IS NOT NULL AND strpos(n, chr(31)) > 0 GROUP BY n
+    ON CONFLICT (name) DO UPDATE SET paused_until = greatest(coalesce(k.paused_until, 0), excluded.paused_until)
 ),
 note AS (
     -- Wake workers only when something became claimable: a task queued again
@@ -1487,23 +1587,51 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
 
--- name: limit_keys
--- Each key's budget of a keyed limit (the names %(names)s, "<limit>\x1f<key>")
--- gets its row on first use, with its limit's settings: the claim, its gate
--- check and the counts of places held then gate it as any limit.
-INSERT INTO corral_limits (name, concurrency, rate, burst)
-SELECT k.name, l.concurrency, l.rate, l.burst
-FROM unnest(%(names)s::text[]) AS k(name)
-JOIN corral_limits l ON l.name = split_part(k.name, chr(31), 1)
-ON CONFLICT (name) DO NOTHING;
-
 -- name: set_limit_keys
--- A keyed limit's new settings reach the rows of its keys (a changed rate
--- starts each key with a full bucket).
-UPDATE corral_limits AS l SET concurrency = %(concurrency)s, rate = %(rate)s, burst = %(burst)s,
-    tokens = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.tokens END,
-    counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.counted_at END
-WHERE starts_with(l.name, %(name)s || chr(31));
+-- A keyed limit's changed rate starts each of its keys with a full bucket
+-- (run before set_limit, which the old rate is read from).
+DELETE FROM corral_limit_keys k
+WHERE starts_with(k.name, %(name)s || chr(31))
+  AND EXISTS (SELECT 1 FROM corral_limits l
+              WHERE l.name = %(name)s AND l.rate IS DISTINCT FROM %(rate)s::text);
+
+-- name: limit_key_rows
+-- The rows of the keys %(names)s (keys with no row have their whole budget),
+-- each looked up by its key: "name = ANY(...)" was planned as a scan of every
+-- key's row while the table had no statistics (8 ms at 10 000 keys).
+SELECT k.name, NULL::int AS concurrency, NULL::text AS rate, NULL::int AS burst, k.paused_until, k.tokens,
+       k.counted_at, k.starts
+FROM unnest(%(names)s::text[]) AS n(name)
+CROSS JOIN LATERAL (SELECT * FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k;
+
+-- name: key_names_after
+-- The next keys' rows after %(after)s in name order, at most %(n)s (forget_keys).
+SELECT name FROM corral_limit_keys WHERE name > %(after)s ORDER BY name LIMIT %(n)s;
+
+-- name: forget_key_rows
+DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
+
+-- name: key_usage
+-- The places held under each of the keys %(names)s (one per claim, lease
+-- token, running under it; from the running rows only, bounded by the fleet's
+-- slots), with each key's row in the same round trip (the columns of
+-- limit_key_rows, NULL for a key with none).
+SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
+FROM unnest(%(names)s::text[]) AS n(name)
+LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
+LEFT JOIN (
+    SELECT kn, count(DISTINCT t.lease_token) AS used
+    FROM corral_tasks t, unnest(t.limits) AS kn
+    WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND kn = ANY(%(names)s::text[])
+    GROUP BY kn) u ON u.kn = n.name;
+
+-- name: key_charges
+-- The keys a claim took tokens from or logged starts under (one JSON array of
+-- [name, tokens, counted_at, starts] rows): each key's row, made on first use.
+INSERT INTO corral_limit_keys AS k (name, tokens, counted_at, starts)
+SELECT r->>0, (r->>1)::float8, (r->>2)::float8, r->>3 FROM json_array_elements(%(rows)s::json) AS r
+ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded.counted_at,
+    starts = excluded.starts;
 
 -- name: limits
 -- (the last column: the transaction's now, the time a claim charges tokens

@@ -171,6 +171,13 @@ CREATE TABLE IF NOT EXISTS named_limits (
     rate        TEXT
 ) WITHOUT ROWID;
 
+-- The declared limits apart from the rows of keyed limits' keys (schema 40):
+-- a claim reads these whole and a key's row only when a task of that key is a
+-- candidate, however many keys the store holds. A key's name holds U+001F.
+CREATE INDEX IF NOT EXISTS named_limits_declared
+    ON named_limits (name)
+    WHERE instr(name, char(31)) = 0;
+
 -- Circuit breakers on a limit or a task name: config and state as JSON,
 -- the state's name apart (the plain claim path reads it).
 CREATE TABLE IF NOT EXISTS breakers (
@@ -764,8 +771,24 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 
 -- ---- limits --------------------------------------------------------------------
 
+-- The declared limits, without the rows of keys (named_limits_declared).
 -- name: limits
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits ORDER BY name
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts
+FROM named_limits INDEXED BY named_limits_declared
+WHERE instr(name, char(31)) = 0
+ORDER BY name
+
+-- The row of one key's budget, if it has one (a rate charged it).
+-- name: limit_key_rows
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
+
+-- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
+-- name: key_rows_after
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE name > ?1 AND instr(name, char(31)) > 0 ORDER BY name LIMIT ?2
+
+-- name: forget_key_rows
+DELETE FROM named_limits WHERE name = ? AND instr(name, char(31)) > 0
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
