@@ -45,6 +45,7 @@ from corral.maintenance.minute_recorder import MinuteRecorder
 from corral.maintenance.recovery import (
     DEFAULT_MAX_ROWS,
     DEFAULT_STALE_PENDING_AGE,
+    expire_queued,
     recover_lost_leases,
     sweep_once,
 )
@@ -191,6 +192,8 @@ class Sweeper(Loop):
             )
         else:  # between the chores, only the rule that blocks groups
             report = recover_lost_leases(self.store, max_rows=self.max_rows) if due else SweepReport()
+        # every tick: a task past its deadline holds its group's line until it is ended
+        report.expired_canceled = expire_queued(self.store, max_rows=self.max_rows).expired_canceled
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
         if due:
@@ -245,6 +248,7 @@ _LABELS = {
     "overdue_failed": "overdue failed",
     "stale_pending_canceled": "stale pending canceled",
     "exhausted_failed": "retries exhausted failed",
+    "expired_canceled": "expired canceled",
 }
 
 
