@@ -172,14 +172,19 @@ from corral.stores.sqlbase import (
 #: 34: worker processes' rows (workers);
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
-#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key).
+#: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 38: a deadline for a task's first start (tasks.expires_at, its partial index
+#: tasks_expires) and why a running task was asked to stop (tasks.cancel_reason).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 37
+SCHEMA_VERSION = 38
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
+#: At most this many expired tasks a claim met are ended in its transaction
+#: (the sweeper's leader ends the rest).
+EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -349,6 +354,7 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         nt.on_upstream_failure,
         nt.debounce_key,
         nt.supersede_key,
+        nt.expires_at,
     )
 
 
@@ -381,6 +387,8 @@ class _CandidateRow(NamedTuple):
     status: str
     #: its place in the claim index (see :meth:`index_key`)
     ord: float | None = None
+    #: past the deadline of its first start: the claim ends it, never starts it
+    expired: int = 0
 
     def index_key(self) -> tuple:
         """Where it sits in its claim index: (ord, id); a head with no place
@@ -1090,6 +1098,9 @@ class SQLiteStore(SqlStore):
             return (claim_rank(row.priority, max(row.run_at, lca)), row.id)
 
         cursors: list[sqlite3.Cursor] = []
+        #: queued tasks read past the deadline of their first start: never
+        #: candidates, and ended below (unless ``dry``), in this transaction
+        met_expired: list[int] = []
 
         def ordered(*queries: str, fresh_only: bool = False) -> Iterator[Candidate]:
             """Candidates of ``queries`` in claim order: rank (priority with
@@ -1110,6 +1121,9 @@ class SQLiteStore(SqlStore):
             )
             heap: list = []
             for row in stream:
+                if row.expired:
+                    met_expired.append(row.id)
+                    continue
                 c = row.candidate(now)
                 if (fresh_only and c.retrying) or plan.shut_out(c):
                     continue
@@ -1142,6 +1156,8 @@ class SQLiteStore(SqlStore):
         finally:
             for cur in cursors:
                 cur.close()
+        if met_expired and not dry:
+            self._expire_on(con, met_expired[:EXPIRE_IN_CLAIM], now)
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
@@ -1150,6 +1166,14 @@ class SQLiteStore(SqlStore):
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return plan.units, gates is not None
+
+    def _expire_on(self, con: sqlite3.Connection, ids: list[int], now: float) -> None:
+        """End the queued tasks ``ids`` a claim met past their deadline:
+        CANCELED "expired", their groups and dependents moved on."""
+        ended = con.execute(Q["expire_queued"], (now, dumps(ids))).fetchall()
+        if ended:
+            groups = {group for _, group in ended if group is not None}
+            self._after_final(con, [(tid, State.CANCELED) for tid, _ in ended], now, groups)
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
@@ -1307,6 +1331,7 @@ class SQLiteStore(SqlStore):
                     (
                         status.value,
                         o.result,
+                        status is State.CANCELED,  # a supersede's reason wins
                         set_error,
                         o.error,
                         set_error,
@@ -1884,6 +1909,11 @@ class SQLiteStore(SqlStore):
     @_guard
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         rows = _task_cursor(self._con()).execute(Q["find_stale_pending"], {"before": before, "limit": limit})
+        return [SweepRow(**r) for r in rows]
+
+    @_guard
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = _task_cursor(self._con()).execute(Q["find_expired"], {"now": now, "limit": limit})
         return [SweepRow(**r) for r in rows]
 
     @_guard
