@@ -54,6 +54,7 @@ SQLITE_ONLY = {
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
     "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
+    "expire_queued": "a claim ends the expired tasks its Python pick met (PostgreSQL: `claim` passes them over)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.

@@ -241,8 +241,10 @@ MIGRATE_LOCK_KEY = 7429000
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
-#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
-SCHEMA_VERSION = 37
+#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 38: a deadline for a task's first start (expires_at, its partial index) and
+#: why a running task was asked to stop (cancel_reason).
+SCHEMA_VERSION = 38
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1709,6 +1711,10 @@ class PostgresStore(SqlStore):
         rows = self._fetchall("find_stale_pending", {"before": before, "limit": limit}, dicts=True)
         return [SweepRow(**r) for r in rows]
 
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = self._fetchall("find_expired", {"now": now, "limit": limit}, dicts=True)
+        return [SweepRow(**r) for r in rows]
+
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         params = {
             "id": [r.task_id for r in rescues],
@@ -1870,6 +1876,7 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
                 "error": err,
                 "ref": t.ref,
                 "policy": t.on_upstream_failure,
+                "expires": t.expires_at,
             }
             for t, st, err in zip(rows, status, error)
         ]
@@ -1898,7 +1905,14 @@ def _one_params(t: NewTask) -> dict[str, Any]:
 def _plain_now(t: NewTask) -> bool:
     """A task a waiting worker could be handed in its submit: queued at once,
     in no group, under no limit, with nothing to wait for."""
-    return t.group is None and not t.limits and not t.depends_on and not t.after and t.run_at is None
+    return (
+        t.group is None
+        and not t.limits
+        and not t.depends_on
+        and not t.after
+        and t.run_at is None
+        and t.expires_at is None  # submit_one writes no deadline
+    )
 
 
 class _RefusedData(StoreError):
