@@ -115,6 +115,7 @@ POSTGRES_ONLY = {
     "lock_groups": "group row locks of a bulk re-queue, in one order (SQLite: one writer at a time)",
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
     "migration_0037": "numbered migrations (SQLite: `columns_v4` and `schema_v17`)",
+    "migration_0038": "numbered migrations (SQLite: `columns_v4` and `schema`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",
