@@ -28,7 +28,7 @@ from helpers import wait_for
         (float("nan"), "expires"),
         ("soon", "expires must be seconds or a duration"),
         (True, "expires must be seconds or a duration"),
-        (datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc), "a datetime is per submit"),
+        (datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC), "a datetime is per submit"),
     ],
 )
 def test_bad_deadlines_are_refused_in_one_line_at_the_task(expires, says):
@@ -62,7 +62,7 @@ def test_a_deadline_is_seconds_from_submit_on_the_stores_clock(url):
         before = app.store.now()
         default = send.submit("+1").get()
         given = send.submit("+1", expires=30).get()
-        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+        at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)
         moment = send.submit("+1", expires=at).get()
         after = app.store.now()
         assert before + 300 <= default.expires_at <= after + 300
@@ -126,7 +126,10 @@ def test_no_task_starts_after_its_deadline_across_worker_processes(durable_url, 
     time: the tasks that start do so before their deadline (the claim's
     check, or the worker's for a held one), every other ends "expired"."""
     history = tmp_path / "history.jsonl"
-    workers = [processes.worker(durable_url, history, name=f"w{i}", concurrency=2, prefetch=4, sweep_interval=0.5) for i in range(2)]
+    workers = [
+        processes.worker(durable_url, history, name=f"w{i}", concurrency=2, prefetch=4, sweep_interval=0.5)
+        for i in range(2)
+    ]
     for w in workers:
         w.wait_ready()
     app = corral.App(durable_url)

@@ -3,7 +3,8 @@
 One skeleton, like every maintenance loop: options, a timer, a leader check,
 and bounded store calls per tick. Each tick the sweeper asks the store to
 lead (``store.try_lead("sweeper", holder, ttl)``). The holder recovers lost
-leases every tick and, at most every ``chores_every`` seconds (30 by
+leases and ends the queued tasks past their deadline (``expires=``) that no
+claim met every tick and, at most every ``chores_every`` seconds (30 by
 default), does the chores that must run once across the fleet and are not
 urgent: stale pending tasks, dependents a crash left unsettled, batch
 callbacks, (with ``levels``) the fleet's level and the event log's trim, and
