@@ -55,6 +55,7 @@ SQLITE_ONLY = {
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
     "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
     "key_rows_after": "the next keys' rows to forget, read whole (PostgreSQL: `key_names_after`, then their locks)",
+    "expire_queued": "a claim ends the expired tasks its Python pick met (PostgreSQL: `claim` passes them over)",
 }
 
 #: PostgreSQL only: what SQLite does not need or does in Python.
@@ -119,6 +120,7 @@ POSTGRES_ONLY = {
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
     "migration_0037": "numbered migrations (SQLite: `columns_v4` and `schema_v17`)",
     "migration_0040": "numbered migrations (SQLite: `schema`)",
+    "migration_0038": "numbered migrations (SQLite: `columns_v4` and `schema`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import os
@@ -89,6 +90,23 @@ def _debounce_of(debounce: Any, debounce_max: Any) -> tuple[float | None, float 
     return window, bound
 
 
+def _expires_of(value: Any, err: type[CorralError] = ConfigError) -> float | datetime.datetime:
+    """A deadline for a task's first start: seconds after its submit (a
+    number, or ``"30s"``, ``"5m"``, ``"1h"``), more than 0 and finite; or,
+    at submit only, a timezone-aware datetime (that moment)."""
+    if isinstance(value, datetime.datetime):
+        if err is ConfigError:
+            raise ConfigError("@app.task(expires=) takes seconds or a duration like '30s': a datetime is per submit")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise err(f"expires must be a timezone-aware datetime, not the naive {value.isoformat()}")
+        return value
+    try:
+        seconds = _duration(value, "expires")
+    except ValueError as exc:
+        raise err(str(exc)) from None
+    return check.seconds(seconds, "expires", err)
+
+
 def _needs_no_arguments(fn: Callable) -> None:
     """A periodic task is called with no arguments (``ctx`` aside): refuse one that needs some."""
     if not callable(fn):
@@ -130,6 +148,7 @@ _SUBMIT_OPTIONS = frozenset(
         "debounce_key",
         "supersede_key",
         "limit_key",
+        "expires",
     }
 )
 #: How long a submitter trusts "this batch has no limit" before it asks the store again.
@@ -232,6 +251,9 @@ class TaskDef:
     #: its place among the positional arguments (ctx not counted), and its default
     limit_key_at: int | None = None
     limit_key_default: Any = None
+    #: seconds after its submit by which a run must have started, or it ends
+    #: CANCELED "expired" (docs/keys.md); a submit's ``expires=`` overrides it
+    expires: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -380,6 +402,7 @@ class App:
         debounce: float | str | None = None,
         debounce_max: float | str | None = None,
         limit_key: str | None = None,
+        expires: float | str | None = None,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -406,9 +429,14 @@ class App:
         and never later than ``debounce_max`` after the first (docs/keys.md).
         ``limit_key="merchant"`` names the argument whose value is the key of
         the task's keyed limits (``app.limit(..., per_key=True)``); a submit's
-        ``limit_key=`` overrides it.
+        ``limit_key=`` overrides it. ``expires=30`` (or ``"5m"``): a run not
+        started within that long after its submit never runs and ends
+        CANCELED with the error "expired"; the deadline binds the first
+        start only (a retry runs whenever it is due). A submit's
+        ``expires=`` overrides it.
         """
         debounce_s, debounce_max_s = _debounce_of(debounce, debounce_max)
+        expires_s = None if expires is None else _expires_of(expires)
         if cron is not None:
             check.text(cron, "cron")
             schedule_expr = check_expression(cron)  # a bad expression registers nothing
@@ -460,6 +488,7 @@ class App:
                 limit_key=limit_key,
                 limit_key_at=key_at,
                 limit_key_default=key_default,
+                expires=expires_s,  # type: ignore[arg-type]
             )
             if cron is not None:
                 _needs_no_arguments(f)
@@ -818,6 +847,11 @@ class App:
         supersede_key = item.get("supersede_key")
         if supersede_key is not None:
             supersede_key = check.text(supersede_key, "supersede_key", bad)
+        expires: float | datetime.datetime | None = tdef.expires
+        if item.get("expires") is not None:
+            expires = _expires_of(item["expires"], bad)
+        if isinstance(expires, float) and run_at is not None and expires <= run_at:
+            raise bad(f"expires ({expires:g}s) must be later than delay ({run_at:g}s): the task could never start")
         limits = tdef.limits
         if self._per_key and limits and not self._per_key.isdisjoint(limits):
             limit_key = self._limit_key(tdef, item, args, kwargs)
@@ -845,6 +879,9 @@ class App:
             debounce=tdef.debounce if debounce_key is not None else None,
             debounce_max=tdef.debounce_max if debounce_key is not None else None,
             supersede_key=supersede_key,
+            # relative until submit_many adds the store's now, as for run_at
+            expires_at=expires.timestamp() if isinstance(expires, datetime.datetime) else expires,
+            expires_absolute=isinstance(expires, datetime.datetime),
         )
 
     def _limit_key(self, tdef: TaskDef, item: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -925,12 +962,16 @@ class App:
         parent = _submitter_traceparent()
         new = [self._new_task(t, item, parent) for t, item in pairs]
         order = self._wire(new, [item for _, item in pairs])
-        if any(nt.run_at is not None for nt in new):
-            # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
+        if any(nt.run_at is not None or nt.expires_at is not None for nt in new):
+            # the store's clock, asked only when something is delayed or has a
+            # deadline (a round trip on PostgreSQL)
             now = self.store.now()
             for nt in new:
                 if nt.run_at is not None:
                     nt.run_at += now
+                if nt.expires_at is not None and not nt.expires_absolute:
+                    nt.expires_at += now
+                    nt.expires_absolute = True
         for tdef in {id(t): t for t, _ in pairs if t.limits}.values():
             self._check_limits(tdef)
         if any(nt.batch is not None for nt in new):

@@ -56,6 +56,15 @@ def push(ctx, merchant: str, dur: float) -> int:
 
 
 @app.task
+def otp(ctx, dur: float) -> int:
+    """A code sent if it is still worth sending (submitted with expires=)."""
+    history.start(ctx.task_id, None, lease=str(ctx.attempt))
+    time.sleep(dur)
+    history.end(ctx.task_id, lease=str(ctx.attempt))
+    return os.getpid()
+
+
+@app.task
 def noop(ctx) -> int:
     history.start(ctx.task_id, ctx.group, lease=str(ctx.attempt))
     history.end(ctx.task_id, lease=str(ctx.attempt))

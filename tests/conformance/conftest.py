@@ -73,7 +73,7 @@ PG_SHIFT = (
     "UPDATE corral_groups SET last_claimed_at = last_claimed_at - %(s)s WHERE last_claimed_at > 0",
     "UPDATE corral_tasks SET created_at = created_at - %(s)s, run_at = run_at - %(s)s,"
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
-    " lease_expires_at = lease_expires_at - %(s)s",
+    " lease_expires_at = lease_expires_at - %(s)s, expires_at = expires_at - %(s)s",
     "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
     "UPDATE corral_fleet SET calm_since = calm_since - %(s)s, changed_at = changed_at - %(s)s",
     "UPDATE corral_events SET at = at - %(s)s",

@@ -58,10 +58,25 @@ class NewTask:
     #: a newer submit of one task name with one supersede key cancels the
     #: queued ones ("superseded") and asks a running one to stop
     supersede_key: str | None = None
+    #: the deadline of its first start, epoch seconds on the store's clock:
+    #: not started by then, it ends CANCELED with the error :data:`EXPIRED`
+    expires_at: float | None = None
+    #: False while ``expires_at`` is still seconds from now (the app adds the
+    #: store's clock before the store is given the task)
+    expires_absolute: bool = True
 
 
 #: The error of a task canceled by a newer submit with its supersede key.
 SUPERSEDED = "superseded"
+#: The error of a task not started by its deadline (``expires=``).
+EXPIRED = "expired"
+
+
+def expired(expires_at: float | None, attempt: int, snoozes: int, now: float) -> bool:
+    """Is a queued or held task past the deadline of its first start at
+    ``now``? A task that started once (an attempt counted, or a snooze
+    given back) is never expired: the deadline binds its first start only."""
+    return expires_at is not None and expires_at <= now and attempt == 0 and snoozes == 0
 
 
 @dataclass(slots=True)
@@ -104,6 +119,8 @@ class TaskRecord:
     on_upstream_failure: str = "cancel"
     #: the traceback of the failed attempt its error is from (bounded; see corral.core.texts)
     traceback: str | None = None
+    #: the deadline of its first start (store clock), if submitted with ``expires=``
+    expires_at: float | None = None
 
     @property
     def result_value(self) -> Any:
@@ -263,6 +280,8 @@ class SweepReport:
     overdue_failed: list[int] = field(default_factory=list)
     stale_pending_canceled: list[int] = field(default_factory=list)
     exhausted_failed: list[int] = field(default_factory=list)
+    #: queued tasks past the deadline of their first start, ended CANCELED "expired"
+    expired_canceled: list[int] = field(default_factory=list)
 
     @property
     def total(self) -> int:

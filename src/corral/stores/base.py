@@ -919,6 +919,12 @@ class Store(abc.ABC):
         """Up to ``limit`` PENDING tasks, by id, whose ``run_at`` is before ``before``."""
 
     @abc.abstractmethod
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        """Up to ``limit`` PENDING tasks, by id, never started, whose deadline
+        (``expires=``) is at or before ``now`` (see :func:`corral.core.model.expired`):
+        those no claim met, ended by the sweeper's leader."""
+
+    @abc.abstractmethod
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         """Apply the decisions as guarded writes in one transaction; True for
         each that applied. Times written are the store's now."""

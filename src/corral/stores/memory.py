@@ -49,6 +49,7 @@ from corral.core.gates import (
 )
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
+    EXPIRED,
     SUPERSEDED,
     BreakerEvent,
     Claim,
@@ -61,6 +62,7 @@ from corral.core.model import (
     TaskRecord,
     WorkerInfo,
     dumps,
+    expired,
     loads,
 )
 from corral.core.planning import HISTORY_SCAN, HistoryRow
@@ -135,6 +137,10 @@ class MemoryStore(Store):
         self._debounced: dict[tuple[str, str], int] = {}
         #: (task name, supersede key) -> the tasks submitted with it, not yet seen final
         self._superseding: dict[tuple[str, str], set[int]] = {}
+        #: running tasks asked to stop for a reason other than a cancel ("superseded")
+        self._cancel_reasons: dict[int, str] = {}
+        #: tasks submitted with a deadline, not yet seen started or final (the sweeper's read)
+        self._deadlines: dict[int, float] = {}
         self._stamps = itertools.count(1)
         self._delayed: list = []  # heap of (run_at, id, stamp)
         self._groups: dict[str, _Group] = {}
@@ -344,6 +350,7 @@ class MemoryStore(Store):
                 finished_at=now if status in FINAL else None,
                 ref=nt.ref,
                 on_upstream_failure=nt.on_upstream_failure,
+                expires_at=nt.expires_at,
             )
             if nt.debounce is not None:
                 t.run_at = now + nt.debounce
@@ -359,6 +366,8 @@ class MemoryStore(Store):
             self._count[status] += 1
             if t.key is not None:
                 self._keys[t.key] = tid
+            if t.expires_at is not None:
+                self._deadlines[tid] = t.expires_at
             if status is State.WAITING:
                 self._waiting_on[tid] = waiting
                 for dep in waiting:
@@ -402,6 +411,7 @@ class MemoryStore(Store):
                 older.discard(tid)
             elif t.status is State.RUNNING:
                 t.cancel_requested = True
+                self._cancel_reasons[tid] = SUPERSEDED
             elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
                 self._stamp.pop(t.id, None)
                 self._waiting_on.pop(t.id, None)
@@ -440,6 +450,9 @@ class MemoryStore(Store):
                     g = self._groups.get(t.group) if t.group is not None else None
                     if g is not None and (g.running or g.ids[0] != tid):
                         continue  # not its group's head: queued again when it is
+                    if t.expires_at is not None and expired(t.expires_at, t.attempt, t.snoozes, now):
+                        self._expire(t, now)  # never started: ended here, in the claim
+                        continue
                     read.append((heap, entry))
                     c = _candidate(t, now)
                     if not plan.shut_out(c):
@@ -489,6 +502,13 @@ class MemoryStore(Store):
             if claims:
                 self._changes += 1
         return claims
+
+    def _expire(self, t: TaskRecord, now: float) -> None:
+        """End the queued ``t``, past the deadline of its first start: CANCELED "expired"."""
+        self._stamp.pop(t.id, None)
+        self._deadlines.pop(t.id, None)
+        self._set(t, State.CANCELED, finished_at=now, error=EXPIRED)
+        self._finish_effects(t, now)
 
     def _take(self, worker_id: str, request: ClaimRequest, unit: list[Candidate], now: float) -> Claim:
         """Claim the tasks of ``unit`` (its head first) under one new lease."""
@@ -577,6 +597,9 @@ class MemoryStore(Store):
                 if o.error is not None or o.status is State.SUCCESS:
                     fields["error"] = o.error
                     fields["traceback"] = o.traceback
+                reason = self._cancel_reasons.pop(t.id, None)
+                if reason is not None and o.status is State.CANCELED and t.cancel_requested:
+                    fields["error"] = reason  # why it was asked to stop (a newer submit)
                 if o.attempt is not None:
                     fields["attempt"] = o.attempt
                 elif not o.burn_attempt or o.snooze:
@@ -776,6 +799,7 @@ class MemoryStore(Store):
                 return None
             if t.status is State.RUNNING:
                 t.cancel_requested = True
+                self._cancel_reasons.pop(t.id, None)  # an operator's cancel says "canceled"
             elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
                 self._stamp.pop(t.id, None)
                 self._waiting_on.pop(t.id, None)
@@ -1206,6 +1230,19 @@ class MemoryStore(Store):
                 if t.status is State.PENDING and t.run_at < before and self._idle_head(t, before)
             )
             return [self._sweep_row(t) for t in itertools.islice(stale, max(0, limit))]
+
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        with self._lock:
+            out: list[SweepRow] = []
+            for tid in sorted(self._deadlines):
+                t = self._tasks.get(tid)
+                if t is None or t.status in FINAL or t.attempt or t.snoozes:
+                    del self._deadlines[tid]  # ended, or started once: its deadline is spent
+                elif t.status is State.PENDING and expired(t.expires_at, t.attempt, t.snoozes, now):
+                    out.append(self._sweep_row(t))
+                    if len(out) >= limit:
+                        break
+            return out
 
     def _idle_head(self, t: TaskRecord, before: float) -> bool:
         """Ungrouped, or its group's head with nothing of the group running

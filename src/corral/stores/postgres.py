@@ -251,6 +251,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
 #: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 38: a deadline for a task's first start (expires_at, its partial index) and
+#: why a running task was asked to stop (cancel_reason);
 #: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
 SCHEMA_VERSION = 40
 #: A group's tasks, as the two indexes that hold them say: in its line, or
@@ -1813,6 +1815,10 @@ class PostgresStore(SqlStore):
         rows = self._fetchall("find_stale_pending", {"before": before, "limit": limit}, dicts=True)
         return [SweepRow(**r) for r in rows]
 
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = self._fetchall("find_expired", {"now": now, "limit": limit}, dicts=True)
+        return [SweepRow(**r) for r in rows]
+
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
         params = {
             "id": [r.task_id for r in rescues],
@@ -1969,6 +1975,7 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
                 "error": err,
                 "ref": t.ref,
                 "policy": t.on_upstream_failure,
+                "expires": t.expires_at,
             }
             for t, st, err in zip(rows, status, error)
         ]
@@ -1997,7 +2004,14 @@ def _one_params(t: NewTask) -> dict[str, Any]:
 def _plain_now(t: NewTask) -> bool:
     """A task a waiting worker could be handed in its submit: queued at once,
     in no group, under no limit, with nothing to wait for."""
-    return t.group is None and not t.limits and not t.depends_on and not t.after and t.run_at is None
+    return (
+        t.group is None
+        and not t.limits
+        and not t.depends_on
+        and not t.after
+        and t.run_at is None
+        and t.expires_at is None  # submit_one writes no deadline
+    )
 
 
 class _RefusedData(StoreError):

@@ -82,6 +82,7 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         ref=_optional(row, "ref"),
         on_upstream_failure=_optional(row, "on_upstream_failure") or "cancel",
         traceback=_optional(row, "traceback"),
+        expires_at=_optional(row, "expires_at"),
     )
 
 

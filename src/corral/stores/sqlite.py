@@ -173,6 +173,8 @@ from corral.stores.sqlbase import (
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
 #: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 38: a deadline for a task's first start (tasks.expires_at, its partial index
+#: tasks_expires) and why a running task was asked to stop (tasks.cancel_reason);
 #: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
@@ -181,6 +183,9 @@ SCHEMA_VERSION = 40
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
+#: At most this many expired tasks a claim met are ended in its transaction
+#: (the sweeper's leader ends the rest).
+EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -350,6 +355,7 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         nt.on_upstream_failure,
         nt.debounce_key,
         nt.supersede_key,
+        nt.expires_at,
     )
 
 
@@ -382,6 +388,8 @@ class _CandidateRow(NamedTuple):
     status: str
     #: its place in the claim index (see :meth:`index_key`)
     ord: float | None = None
+    #: past the deadline of its first start: the claim ends it, never starts it
+    expired: int = 0
 
     def index_key(self) -> tuple:
         """Where it sits in its claim index: (ord, id); a head with no place
@@ -1095,6 +1103,9 @@ class SQLiteStore(SqlStore):
             return (claim_rank(row.priority, max(row.run_at, lca)), row.id)
 
         cursors: list[sqlite3.Cursor] = []
+        #: queued tasks read past the deadline of their first start: never
+        #: candidates, and ended below (unless ``dry``), in this transaction
+        met_expired: list[int] = []
 
         def ordered(*queries: str, fresh_only: bool = False) -> Iterator[Candidate]:
             """Candidates of ``queries`` in claim order: rank (priority with
@@ -1115,6 +1126,9 @@ class SQLiteStore(SqlStore):
             )
             heap: list = []
             for row in stream:
+                if row.expired:
+                    met_expired.append(row.id)
+                    continue
                 c = row.candidate(now)
                 if (fresh_only and c.retrying) or plan.shut_out(c):
                     continue
@@ -1147,6 +1161,8 @@ class SQLiteStore(SqlStore):
         finally:
             for cur in cursors:
                 cur.close()
+        if met_expired and not dry:
+            self._expire_on(con, met_expired[:EXPIRE_IN_CLAIM], now)
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
@@ -1168,6 +1184,14 @@ class SQLiteStore(SqlStore):
         # the next call goes on from here; after the last key, from the first again
         self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
         return len(gone)
+
+    def _expire_on(self, con: sqlite3.Connection, ids: list[int], now: float) -> None:
+        """End the queued tasks ``ids`` a claim met past their deadline:
+        CANCELED "expired", their groups and dependents moved on."""
+        ended = con.execute(Q["expire_queued"], (now, dumps(ids))).fetchall()
+        if ended:
+            groups = {group for _, group in ended if group is not None}
+            self._after_final(con, [(tid, State.CANCELED) for tid, _ in ended], now, groups)
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
@@ -1325,6 +1349,7 @@ class SQLiteStore(SqlStore):
                     (
                         status.value,
                         o.result,
+                        status is State.CANCELED,  # a supersede's reason wins
                         set_error,
                         o.error,
                         set_error,
@@ -1902,6 +1927,11 @@ class SQLiteStore(SqlStore):
     @_guard
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         rows = _task_cursor(self._con()).execute(Q["find_stale_pending"], {"before": before, "limit": limit})
+        return [SweepRow(**r) for r in rows]
+
+    @_guard
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = _task_cursor(self._con()).execute(Q["find_expired"], {"now": now, "limit": limit})
         return [SweepRow(**r) for r in rows]
 
     @_guard

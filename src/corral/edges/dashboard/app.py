@@ -563,6 +563,8 @@ def task_detail(request: Request) -> Response:
     timeline = [("submitted", rec.created_at, "")]
     if rec.run_at and rec.run_at > rec.created_at + 0.001:
         timeline.append(("due", rec.run_at, "may run from here" if rec.status.value != "RETRYING" else "retry due"))
+    if rec.expires_at is not None:
+        timeline.append(("deadline", rec.expires_at, "its first start must come before this (expires=)"))
     if rec.started_at:
         timeline.append(("started", rec.started_at, f"attempt {rec.attempt}"))
     if rec.finished_at:

@@ -624,6 +624,14 @@ INSERT INTO corral_limit_keys (name, tokens, counted_at, starts, paused_until)
 SELECT name, tokens, counted_at, starts, paused_until FROM corral_limits WHERE strpos(name, chr(31)) > 0
 ON CONFLICT (name) DO NOTHING;
 DELETE FROM corral_limits WHERE strpos(name, chr(31)) > 0;
+-- name: migration_0038
+-- A deadline for a task's first start (docs/keys.md) and why a running task
+-- was asked to stop. The index holds only tasks with a deadline: a task
+-- without one writes no entry, and the column never changes (HOT updates stay).
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS expires_at float8;
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS cancel_reason text;
+CREATE INDEX IF NOT EXISTS corral_tasks_expires ON corral_tasks (expires_at)
+    WHERE expires_at IS NOT NULL;
 
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
@@ -694,15 +702,15 @@ src AS (
     SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
         AS (name text, args text, status text, queue text, priority int, max_retries int,
             timeout float8, grp text, batch text, key text, trace_id text, run_at float8,
-            limits json, deps json, halt bool, error text, ref text, policy text))
+            limits json, deps json, halt bool, error text, ref text, policy text, expires float8))
     WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
-                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, ord)
+                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, expires, ord)
 ),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
                               group_key, batch, idem_key, trace_id, limits, depends_on,
                               halt_group_on_failure, created_at, run_at, error, finished_at,
-                              ref, on_upstream_failure)
+                              ref, on_upstream_failure, expires_at)
     SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
@@ -711,7 +719,7 @@ ins AS (
                 ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
            CASE WHEN s.status IN ('FAILED', 'CANCELED') THEN clk.now END,
-           s.ref, coalesce(s.policy, 'cancel')
+           s.ref, coalesce(s.policy, 'cancel'), s.expires
     FROM src s, clk
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
@@ -958,6 +966,8 @@ free_locked AS MATERIALIZED (
       -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
       AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
                       WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -982,6 +992,8 @@ heads_locked AS MATERIALIZED (
       -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
       AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
                       WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -1159,6 +1171,8 @@ fresh AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1244,7 +1258,9 @@ upd AS (
     UPDATE corral_tasks t
     SET status = o.status,
         result = o.result,
-        error = o.error,
+        -- a running task a newer submit asked to stop says why it ended
+        error = CASE WHEN o.status = 'CANCELED' AND t.cancel_requested AND t.cancel_reason IS NOT NULL
+                     THEN t.cancel_reason ELSE o.error END,
         traceback = o.traceback,
         run_at = CASE WHEN o.status = 'RETRYING' THEN coalesce(o.run_at, clk.now)
                       WHEN o.status = 'PENDING' THEN coalesce(o.run_at, clk.now)
@@ -1500,12 +1516,13 @@ WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s
 RETURNING id, queue, group_key;
 
 -- name: supersede_running
--- ... and asks a running one to stop, as a cancel does.
-UPDATE corral_tasks SET cancel_requested = true
+-- ... and asks a running one to stop, as a cancel does; if it ends CANCELED,
+-- its error says why (complete).
+UPDATE corral_tasks SET cancel_requested = true, cancel_reason = 'superseded'
 WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s AND status = 'RUNNING';
 
 -- name: cancel_running
-UPDATE corral_tasks SET cancel_requested = true
+UPDATE corral_tasks SET cancel_requested = true, cancel_reason = NULL
 WHERE id = %(id)s AND (status || '') = 'RUNNING';
 
 -- name: retry
@@ -1718,6 +1735,16 @@ WHERE t.status = 'PENDING' AND t.run_at < %(before)s::float8
            AND coalesce((SELECT g.last_claimed_at FROM corral_groups g WHERE g.group_key = t.group_key), 0)
                < %(before)s::float8))
 ORDER BY t.id
+LIMIT %(limit)s;
+
+-- name: find_expired
+-- PENDING tasks never started whose deadline is at or before %(now)s, from the
+-- index of tasks with a deadline (empty unless some have one).
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at, t.crashes
+FROM corral_tasks t
+WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
+  AND t.status = 'PENDING' AND t.attempt = 0 AND t.snoozes = 0
+ORDER BY t.expires_at, t.id
 LIMIT %(limit)s;
 
 -- name: rescue

@@ -354,6 +354,8 @@ ALTER TABLE tasks ADD COLUMN traceback TEXT;
 ALTER TABLE tasks ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 ALTER TABLE tasks ADD COLUMN supersede_key TEXT;
+ALTER TABLE tasks ADD COLUMN expires_at REAL;
+ALTER TABLE tasks ADD COLUMN cancel_reason TEXT;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -441,6 +443,11 @@ CREATE INDEX IF NOT EXISTS tasks_debounce
 CREATE INDEX IF NOT EXISTS tasks_supersede
     ON tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+-- Tasks with a deadline for their first start (schema 38), for the sweeper's
+-- read of those past it: empty while no task has one, and never written for
+-- a task without (the column stays NULL and never changes).
+CREATE INDEX IF NOT EXISTS tasks_expires
+    ON tasks (expires_at) WHERE expires_at IS NOT NULL;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -468,8 +475,8 @@ SELECT id, status FROM tasks WHERE id IN (SELECT value FROM json_each(?))
 INSERT INTO tasks (
     id, name, args, status, queue, priority, max_retries, timeout, group_key,
     batch, idem_key, trace_id, limits, halt_group_on_failure, created_at,
-    run_at, finished_at, error, ref, on_upstream_failure, debounce_key, supersede_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    run_at, finished_at, error, ref, on_upstream_failure, debounce_key, supersede_key, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: debounce_merge
 -- A submit with a debounce key into the PENDING task of its name and key: the
@@ -489,8 +496,9 @@ WHERE name = ?2 AND supersede_key = ?3 AND id < ?4 AND status IN ('WAITING', 'PE
 RETURNING id, group_key
 
 -- name: supersede_running
--- ... and asks a running one to stop, as a cancel does.
-UPDATE tasks SET cancel_requested = 1
+-- ... and asks a running one to stop, as a cancel does; if it ends CANCELED,
+-- its error says why (complete).
+UPDATE tasks SET cancel_requested = 1, cancel_reason = 'superseded'
 WHERE name = ?1 AND supersede_key = ?2 AND id < ?3 AND status = 'RUNNING'
 
 -- name: insert_dep
@@ -503,7 +511,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at
 FROM tasks
 
 -- name: get
@@ -511,7 +519,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at
 FROM tasks WHERE id = ?
 
 -- The tasks one task depends on, in its depends_on order (ctx.upstream).
@@ -570,21 +578,23 @@ WHERE status = 'RUNNING' AND started_at IS NULL AND queue = ?1
 -- rank (priority with ageing): free tasks by run_at, and group heads by their
 -- place in the round robin (ready_at).
 -- name: claim_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status, (run_at - priority * 60.0) AS ord
+SELECT id, priority, run_at, group_key, name, limits, queue, status, (run_at - priority * 60.0) AS ord,
+       (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
 FROM tasks INDEXED BY tasks_ready_plain_rank
 WHERE status IN ('PENDING', 'RETRYING')
   AND group_key IS NULL
-  AND queue = ?
-  AND run_at <= ?
+  AND queue = ?1
+  AND run_at <= ?2
 ORDER BY (run_at - priority * 60.0), id
 
 -- name: claim_head_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status, (ready_at - priority * 60.0) AS ord
+SELECT id, priority, run_at, group_key, name, limits, queue, status, (ready_at - priority * 60.0) AS ord,
+       (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
 FROM tasks INDEXED BY tasks_ready_heads_rank
 WHERE status IN ('PENDING', 'RETRYING')
   AND is_head = 1 AND group_key IS NOT NULL
-  AND queue = ?
-  AND run_at <= ?
+  AND queue = ?1
+  AND run_at <= ?2
 ORDER BY (ready_at - priority * 60.0), id
 
 -- The retry path's claim candidates (a claim with a retry share).
@@ -671,7 +681,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- The fast path for plain work (no group, no limit) while nothing else is
 -- queued: one statement. Parameters: expires, worker, start (NULL for a
@@ -684,8 +694,10 @@ WHERE id IN (
     SELECT id FROM tasks INDEXED BY tasks_ready_plain_rank
     WHERE status IN ('PENDING', 'RETRYING')
       AND group_key IS NULL AND limits IS NULL
-      AND queue = ? AND run_at <= ?
+      AND queue = ? AND run_at <= ?5
       AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
       AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
     ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
@@ -693,7 +705,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- claim_plain with a retry share: up to n fresh and up to n retry candidates,
 -- taken in claim order, but retries past ?8 (the share of n) are left for a
@@ -725,6 +737,7 @@ WHERE id IN (
                   AND status = 'PENDING'
                   AND group_key IS NULL AND limits IS NULL
                   AND queue = ?4 AND run_at <= ?5
+                  AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
                 ORDER BY (run_at - priority * 60.0), id
@@ -736,7 +749,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- name: due_probe
 -- Is anything in queue ?1 due at ?2: a queued ungrouped task or a group's
@@ -754,6 +767,15 @@ SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                WHERE status IN ('PENDING', 'RETRYING')
                  AND (group_key IS NOT NULL OR limits IS NOT NULL))
 
+-- name: expire_queued
+-- Queued tasks a claim met past the deadline of their first start (a JSON
+-- array of ids): ended CANCELED "expired" in the claim's transaction, so the
+-- next claim does not read them again.
+UPDATE tasks SET status = 'CANCELED', finished_at = ?1, error = 'expired', version = version + 1
+WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'PENDING'
+  AND expires_at <= ?1 AND attempt = 0 AND snoozes = 0
+RETURNING id, group_key
+
 -- name: claim_members
 -- A chunk's members (after its head) in one statement: one per member cost
 -- the claim, holding the write lock, a trip through the interpreter's lock
@@ -767,7 +789,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- ---- limits --------------------------------------------------------------------
 
@@ -917,7 +939,8 @@ WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 -- name: complete_final
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
-    error = CASE WHEN ? THEN ? ELSE error END,
+    error = CASE WHEN ? AND cancel_requested = 1 AND cancel_reason IS NOT NULL THEN cancel_reason
+                 WHEN ? THEN ? ELSE error END,
     traceback = CASE WHEN ? THEN ? ELSE traceback END,
     finished_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)),
@@ -932,7 +955,9 @@ RETURNING group_key, name, limits
 -- name: complete_final_many
 UPDATE tasks
 SET status = o.status, result = coalesce(o.result, tasks.result),
-    error = CASE WHEN o.set_error THEN o.error ELSE tasks.error END,
+    error = CASE WHEN o.status = 'CANCELED' AND tasks.cancel_requested = 1 AND tasks.cancel_reason IS NOT NULL
+                 THEN tasks.cancel_reason
+                 WHEN o.set_error THEN o.error ELSE tasks.error END,
     traceback = CASE WHEN o.set_error THEN o.traceback ELSE tasks.traceback END,
     finished_at = o.finished_at, started_at = coalesce(tasks.started_at, o.started_at),
     attempt = coalesce(o.attempt, max(0, tasks.attempt - o.give_back)),
@@ -998,7 +1023,7 @@ UPDATE tasks SET status = 'CANCELED', finished_at = ?, error = 'canceled', versi
 WHERE id = ? AND status IN ('WAITING', 'PENDING', 'RETRYING')
 
 -- name: cancel_running
-UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
+UPDATE tasks SET cancel_requested = 1, cancel_reason = NULL WHERE id = ? AND status = 'RUNNING'
 
 -- name: retry
 UPDATE tasks
@@ -1085,6 +1110,16 @@ WHERE t.status IN ('PENDING', 'RETRYING') AND t.status = 'PENDING' AND t.run_at 
            AND coalesce((SELECT g.last_claimed_at FROM task_groups AS g WHERE g.group_key = t.group_key), 0)
                < :before))
 ORDER BY t.id
+LIMIT :limit
+
+-- name: find_expired
+-- PENDING tasks never started whose deadline is at or before :now, from the
+-- index of tasks with a deadline (empty unless some have one).
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at
+FROM tasks AS t INDEXED BY tasks_expires
+WHERE t.expires_at IS NOT NULL AND t.expires_at <= :now
+  AND t.status = 'PENDING' AND t.attempt = 0 AND t.snoozes = 0
+ORDER BY t.expires_at, t.id
 LIMIT :limit
 
 -- name: rescue
