@@ -86,6 +86,8 @@ from corral.core.model import (
     dumps,
 )
 from corral.core.pacing import chunk_reach
+from corral.core.pauses import Pause, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import (
     ConfigError,
@@ -241,8 +243,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: traceback; 33: a limit's log of recent starts (a sliding window's);
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
-#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes).
-SCHEMA_VERSION = 37
+#: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 39: pauses by hand (corral_pauses).
+SCHEMA_VERSION = 39
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1646,6 +1649,34 @@ class PostgresStore(SqlStore):
         self._rowcount("set_limit_keys", at)  # the keys' budgets, if it is keyed
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
+
+    # ---- pauses by hand -------------------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["pause"], {"kind": kind, "name": name, "by": by}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, True, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                return True
+
+        return self._run(go)
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["resume"], {"kind": kind, "name": name}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, False, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                # every waiting worker looks again (":g": off its fast path too)
+                conn.execute(self._q["notify"], {"queue": ""})
+                return True
+
+        return self._run(go)
+
+    def pauses(self) -> list[Pause]:
+        return sorted((Pause(**r) for r in self._fetchall("pauses", dicts=True)), key=pause_order)
 
     # ---- circuit breakers -----------------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

@@ -607,6 +607,19 @@ CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce
 CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- name: migration_0039
+-- Pauses by hand (core/pauses.py): a queue, a group or a limit no claim takes
+-- work of while its row is here. Every claim reads them in its own snapshot
+-- (the claim statement's "paused"); apart from a limit's paused_until (a
+-- 429's pause), so neither ends the other.
+CREATE TABLE IF NOT EXISTS corral_pauses (
+    kind      text NOT NULL CHECK (kind IN ('queue', 'group', 'limit')),
+    name      text NOT NULL,
+    paused_at double precision NOT NULL,
+    paused_by text NOT NULL DEFAULT '',
+    PRIMARY KEY (kind, name)
+);
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -733,6 +746,7 @@ offer AS MATERIALIZED (
       AND (o.all_names OR %(name)s::text = ANY(o.names))
       AND NOT EXISTS (SELECT 1 FROM corral_breakers b
                       WHERE b.name = %(name)s::text AND b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM corral_pauses p WHERE p.kind = 'queue' AND p.name = %(queue)s::text)
     ORDER BY o.made_at, o.worker_id
     LIMIT 1
     FOR UPDATE OF o SKIP LOCKED
@@ -861,6 +875,14 @@ WITH RECURSIVE
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+-- pauses by hand: no task of a paused queue or group, or naming a paused
+-- limit (any key of a keyed one), is a candidate or a chunk member
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'queue'), '{}')::text[] AS queues,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'group'), '{}')::text[] AS groups,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'limit'), '{}')::text[] AS limits
+    FROM corral_pauses p
+),
 -- the gates in force (the fragment "gates") this claim may not pass unless
 -- the caller, holding their locks, allows them
 barred AS MATERIALIZED (
@@ -884,6 +906,10 @@ free_locked AS MATERIALIZED (
       -- sorted on each claim (9 -> 45 ms at 20 000 queued)
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name OFFSET 0)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -905,6 +931,11 @@ heads_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -934,6 +965,11 @@ retry_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND (t.group_key IS NULL OR (
             %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
@@ -990,7 +1026,10 @@ followers AS MATERIALIZED (
                     AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
                     AND NOT (x.limits && %(solo)s::text[])
                     AND NOT (x.name = ANY(%(solo)s::text[]))
-                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)) AS ok
+                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)
+                    AND NOT (x.group_key = ANY((SELECT groups FROM paused)::text[]))
+                    AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
+                                    WHERE split_part(y, chr(31), 1) = ANY((SELECT limits FROM paused)::text[]))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1055,6 +1094,10 @@ clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 -- task name the planner takes "name <> ALL(array)" for "no row" and sorts the
 -- whole queue instead of walking its index in claim order
 barred AS MATERIALIZED (SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED'),
+-- queues paused by hand (plain work has no group and no limit to pause)
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name), '{}')::text[] AS queues FROM corral_pauses p WHERE p.kind = 'queue'
+),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
@@ -1066,6 +1109,7 @@ fresh AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1079,6 +1123,7 @@ retry AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1479,6 +1524,18 @@ ORDER BY d;
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
+-- name: pauses
+SELECT kind, name, paused_at, paused_by AS by FROM corral_pauses;
+
+-- name: pause
+INSERT INTO corral_pauses (kind, name, paused_at, paused_by)
+VALUES (%(kind)s, %(name)s, extract(epoch FROM now())::float8, %(by)s)
+ON CONFLICT DO NOTHING
+RETURNING paused_at;
+
+-- name: resume
+DELETE FROM corral_pauses WHERE kind = %(kind)s AND name = %(name)s RETURNING kind;
+
 -- name: set_limit
 INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
 VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
