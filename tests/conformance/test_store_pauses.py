@@ -98,14 +98,18 @@ def test_a_pause_by_hand_and_a_429_pause_are_apart(store, advance):
     (c,) = claim(store, 1)
     store.pause("limit", "api")
     # a 429 pauses the limit for 30 s, and the pause by hand is still there after it
-    assert finish(store, c.tasks[0], State.RETRYING, run_at=store.now() + 1, snooze=True, pause_limits=30.0, error="429")
+    assert finish(
+        store, c.tasks[0], State.RETRYING, run_at=store.now() + 1, snooze=True, pause_limits=30.0, error="429"
+    )
     advance(31)
     assert claim(store, 10) == []
     assert [p.name for p in store.pauses()] == ["api"]
     # resumed by hand, the limit's own pause (another 429) still holds
     assert store.resume("limit", "api")
     (c,) = claim(store, 1)
-    assert finish(store, c.tasks[0], State.RETRYING, run_at=store.now() + 1, snooze=True, pause_limits=30.0, error="429")
+    assert finish(
+        store, c.tasks[0], State.RETRYING, run_at=store.now() + 1, snooze=True, pause_limits=30.0, error="429"
+    )
     assert claim(store, 10) == []
     advance(31)
     assert sorted(claimed_ids(claim(store, 10))) == [a, b]

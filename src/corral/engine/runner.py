@@ -34,8 +34,8 @@ from corral.engine.completer import START_RECORD_AFTER, Completer
 from corral.engine.context import Context
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import Guarded
-from corral.engine.pause_watch import PauseWatch
 from corral.engine.logs import set_running, task_fields
+from corral.engine.pause_watch import PauseWatch
 from corral.engine.registry import Registry
 from corral.engine.units import RELAY_ASKED, RELAY_NONE, Ledger, Pace, Relay, TaskRun, Unit
 from corral.errors import Canceled, PermanentError, StoreError
