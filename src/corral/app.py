@@ -30,7 +30,7 @@ from corral.core.model import (
     dumps,
     new_holder_id,
 )
-from corral.core.pauses import Pause, check_target
+from corral.core.pauses import Pause, check_target, who
 from corral.core.rates import parse_rate
 from corral.core.retention import DEFAULT_PRUNE_STATES, final_states
 from corral.core.retention import age as retention_age
@@ -725,8 +725,8 @@ class App:
         one. Something with no tasks may be paused before work arrives.
         ``by`` (default: user@host) is shown with the pause. True when it was
         not paused before."""
-        kind, name = _pause_target(queue, group, limit)
-        return self.store.pause(kind, name, _pause_by(by))
+        kind, name = check_target(queue, group, limit)
+        return self.store.pause(kind, name, who(by))
 
     def resume(
         self, *, queue: str | None = None, group: str | None = None, limit: str | None = None, by: str | None = None
@@ -735,8 +735,8 @@ class App:
         ``limit``); waiting workers look again at once. False when it was
         not paused (nothing changes). A limit's pause by a 429's
         ``Retry-After`` is its own and is not ended here."""
-        kind, name = _pause_target(queue, group, limit)
-        return self.store.resume(kind, name, _pause_by(by))
+        kind, name = check_target(queue, group, limit)
+        return self.store.resume(kind, name, who(by))
 
     def pauses(self) -> list[Pause]:
         """Every pause by hand in force: kind, name, since when, by whom."""
@@ -1331,25 +1331,3 @@ class App:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _pause_target(queue: str | None, group: str | None, limit: str | None) -> tuple[str, str]:
-    try:
-        kind, name = check_target(queue, group, limit)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    return kind, check.text(name, f"the {kind} to pause or resume")
-
-
-def _pause_by(by: str | None) -> str:
-    """Who pauses: ``by`` as given, else this process's user@host."""
-    if by is not None:
-        return check.text(by, "by") if by else ""
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name is no reason to refuse a pause
-        user = "?"
-    return f"{user}@{socket.gethostname()}"

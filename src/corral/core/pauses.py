@@ -15,8 +15,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from corral.core import validation as check
 from corral.core.events import PAUSE as PAUSE_EVENT
 from corral.core.gates import split_key
+from corral.errors import ConfigError
 
 #: What may be paused, in the order they are shown.
 KINDS = ("queue", "group", "limit")
@@ -48,14 +50,26 @@ class Pause:
 
 def check_target(queue: str | None = None, group: str | None = None, limit: str | None = None) -> tuple[str, str]:
     """``(kind, name)`` of a pause or resume: exactly one of ``queue``,
-    ``group`` and ``limit``, a non-empty string. Raises ValueError otherwise."""
+    ``group`` and ``limit``, a name. Raises ConfigError otherwise."""
     given = [(k, v) for k, v in zip(KINDS, (queue, group, limit)) if v is not None]
     if len(given) != 1:
-        raise ValueError("name exactly one of queue=, group= or limit= to pause or resume")
+        raise ConfigError("name exactly one of a queue, a group or a limit to pause or resume")
     kind, name = given[0]
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"the {kind} to pause or resume must be a non-empty name, not {name!r}")
-    return kind, name
+    return kind, check.text(name, f"the {kind} to pause or resume")
+
+
+def who(by: str | None = None) -> str:
+    """Who pauses: ``by`` as given, else this process's user@host."""
+    if by is not None:
+        return check.text(by, "by") if by else ""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name is no reason to refuse a pause
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
 
 
 @dataclass(frozen=True, slots=True)
