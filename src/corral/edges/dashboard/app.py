@@ -44,8 +44,8 @@ from starlette.staticfiles import StaticFiles
 from corral.core.breaker import BreakerState
 from corral.core.events import task_subject
 from corral.core.levels import Level
-from corral.core.pauses import KINDS, Pause, check_target
 from corral.core.model import TaskFilter, TaskRecord, loads
+from corral.core.pauses import KINDS, Pause, check_target
 from corral.core.planning import format_age
 from corral.core.states import ACTIVE, State
 from corral.edges.dashboard.hosts import is_loopback
