@@ -1028,8 +1028,9 @@ followers AS MATERIALIZED (
                     AND NOT (x.name = ANY(%(solo)s::text[]))
                     AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)
                     AND NOT (x.group_key = ANY((SELECT groups FROM paused)::text[]))
-                    AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
-                                    WHERE split_part(y, chr(31), 1) = ANY((SELECT limits FROM paused)::text[]))) AS ok
+                    AND (cardinality(x.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+                         OR NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
+                                        WHERE split_part(y, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
