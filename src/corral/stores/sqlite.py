@@ -1482,9 +1482,12 @@ class SQLiteStore(SqlStore):
             raise _translate(exc, self.path) from exc
 
     def _due_in(self, con: sqlite3.Connection, queues: Collection[str]) -> bool:
-        """Is a task in ``queues`` due now (read only, no lock)?"""
+        """Is a task in ``queues`` due now (read only, no lock)? A paused
+        queue's work is not: an idle worker of a paused queue with a backlog
+        would otherwise claim (for nothing) at every commit in the store."""
         now = self._clock.time()
-        return any(due for q in queues for (due,) in con.execute(Q["due_probe"], (q, now)))
+        paused = {name for (name,) in con.execute(Q["paused_queues"])}
+        return any(due for q in queues if q not in paused for (due,) in con.execute(Q["due_probe"], (q, now)))
 
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:

@@ -781,6 +781,9 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
 -- name: pauses
 SELECT kind, name, paused_at, paused_by FROM pauses
 
+-- name: paused_queues
+SELECT name FROM pauses WHERE kind = 'queue'
+
 -- name: pause
 INSERT INTO pauses (kind, name, paused_at, paused_by) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
 
