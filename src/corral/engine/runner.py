@@ -121,7 +121,7 @@ class Runner:
             if not (unit.lost or unit.done) and not self._lease_stands(unit):
                 if self._lease_gone(unit, i):
                     break
-            if (i > 0 or unit.prefetched) and not (unit.lost or unit.done) and self.pauses.holds(rec):
+            if (i > 0 or unit.prefetched) and not (unit.lost or unit.done) and self.pauses.holds(rec, unit.claimed):
                 # held, not started, and paused since its claim: back to the
                 # queue, attempts intact (the store recorded no start for it)
                 if self._paused_back(unit, i):
