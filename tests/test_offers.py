@@ -348,3 +348,13 @@ def test_racing_submits_and_waits_lose_nothing_and_run_nothing_twice(pg_url):
             w.stop(10)
         for app in apps:
             app.close(10)
+
+
+def test_a_task_of_a_paused_queue_is_never_handed_over(pg_url):
+    app, job = _app_with_job(pg_url)
+    app.pause(queue="default")
+    waiter = _Waiter(app, pg_url, Offer("w-1", ("default",), frozenset({job.name}), 2, 30.0))
+    h = job.submit(7)
+    assert app.get(h.id).status is State.PENDING  # it waits for the resume, not in the worker
+    assert waiter.result(app.store) == []
+    app.close(5)

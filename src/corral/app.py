@@ -31,6 +31,7 @@ from corral.core.model import (
     dumps,
     new_holder_id,
 )
+from corral.core.pauses import Pause, check_target, who
 from corral.core.rates import parse_rate
 from corral.core.retention import DEFAULT_PRUNE_STATES, final_states
 from corral.core.retention import age as retention_age
@@ -738,6 +739,37 @@ class App:
             raise ConfigError(f"a breaker is forced 'open' or 'close', not {state!r}")
         target = BreakerState.OPEN if wanted == "OPEN" else BreakerState.CLOSED
         return self.store.force_breaker(name, target, check.text(reason, "reason"))
+
+    # ---- pauses by hand -------------------------------------------------------------
+    def pause(
+        self, *, queue: str | None = None, group: str | None = None, limit: str | None = None, by: str | None = None
+    ) -> bool:
+        """Pause a queue, a group or a limit (exactly one) for the whole fleet.
+
+        Stored, so it holds across restarts and every worker process: from
+        its commit on no claim takes the paused work; a group's head waits and
+        nothing after it starts; no attempt is burned. Tasks running finish
+        normally; tasks a worker holds but has not started go back to the
+        queue, attempts intact. A paused limit pauses every key of a keyed
+        one. Something with no tasks may be paused before work arrives.
+        ``by`` (default: user@host) is shown with the pause. True when it was
+        not paused before."""
+        kind, name = check_target(queue, group, limit)
+        return self.store.pause(kind, name, who(by))
+
+    def resume(
+        self, *, queue: str | None = None, group: str | None = None, limit: str | None = None, by: str | None = None
+    ) -> bool:
+        """End a pause by hand (exactly one of ``queue``, ``group``,
+        ``limit``); waiting workers look again at once. False when it was
+        not paused (nothing changes). A limit's pause by a 429's
+        ``Retry-After`` is its own and is not ended here."""
+        kind, name = check_target(queue, group, limit)
+        return self.store.resume(kind, name, who(by))
+
+    def pauses(self) -> list[Pause]:
+        """Every pause by hand in force: kind, name, since when, by whom."""
+        return self.store.pauses()
 
     @property
     def task_names(self) -> frozenset[str]:

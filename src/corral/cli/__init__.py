@@ -63,7 +63,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here, after the group exists.
-    from corral.cli import batch, controls, demo, events, periodic, plan, prune, tasks, worker, workers
+    from corral.cli import batch, controls, demo, events, pauses, periodic, plan, prune, tasks, worker, workers
 
     for command in (
         worker.worker,
@@ -79,6 +79,8 @@ def _add_commands() -> None:
         controls.breaker,
         controls.level,
         controls.dead,
+        pauses.pause,
+        pauses.resume,
         events.events,
         periodic.periodic,
         demo.dashboard,

@@ -19,6 +19,7 @@ from corral.cli.common import (
     store_option,
     store_url_of,
 )
+from corral.cli.pauses import pauses_of, print_pauses
 from corral.core.model import TaskFilter, TaskRecord
 from corral.core.states import FINAL, State
 from corral.errors import TaskNotFound
@@ -147,10 +148,13 @@ def status(store_url, queue, batch, as_json):
         raise _no_batch(batch)
     url = store_url_of(store_url)
     health = worker_health(store)
+    paused = pauses_of(store)
     if as_json:
-        render.print_json(dict(render.status_dict(url, full, specs, usage, summary, keys), workers=health))
+        data = render.status_dict(url, full, specs, usage, summary, keys)
+        render.print_json(dict(data, workers=health, paused=[p.as_dict() for p in paused]))
     else:
         render.print_status(url, queue, full, specs, usage, summary, keys)
+        print_pauses(paused)
         render.print_health(health)
 
 

@@ -35,6 +35,7 @@ from corral.engine.context import Context
 from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import Guarded
 from corral.engine.logs import set_running, task_fields
+from corral.engine.pause_watch import PauseWatch
 from corral.engine.registry import Registry
 from corral.engine.units import RELAY_ASKED, RELAY_NONE, Ledger, Pace, Relay, TaskRun, Unit
 from corral.errors import Canceled, PermanentError, StoreError
@@ -71,6 +72,7 @@ class Runner:
         lease_seconds: float,
         max_payload_bytes: int,
         stop_claiming: threading.Event,
+        pauses: PauseWatch | None = None,
     ):
         self.store = store
         self.registry = registry
@@ -83,6 +85,7 @@ class Runner:
         self.lease_seconds = lease_seconds
         self.max_payload_bytes = max_payload_bytes
         self.stop_claiming = stop_claiming
+        self.pauses = pauses if pauses is not None else PauseWatch(store)
         #: slot threads started (the watchdog adds one per abandoned thread)
         self.slots = 0
         #: how far the store's clock was ahead of the worker's when last read
@@ -126,6 +129,11 @@ class Runner:
                 if self._lease_gone(unit, i):
                     break
             late = self._past_deadline(unit, i, rec)
+            if (i > 0 or unit.prefetched) and not (unit.lost or unit.done) and self.pauses.holds(rec, unit.claimed):
+                # held, not started, and paused since its claim: back to the
+                # queue, attempts intact (the store recorded no start for it)
+                if self._paused_back(unit, i):
+                    break
             # Commit to the next task under the unit's lock, so a shutdown
             # handing the unit back sees exactly which task is under way.
             with unit.lock:
@@ -161,6 +169,23 @@ class Runner:
                 break
         self.pace.units.observe(time.monotonic() - began)
         self.completer.release(unit)
+        return True
+
+    def _paused_back(self, unit: Unit, i: int) -> bool:
+        """Give the unit's tasks from ``i`` on back: a pause by hand holds
+        task ``i`` (none of them started). False when the unit was let go
+        meanwhile (a stop, the heartbeat): that path ends it."""
+        tasks = unit.claim.tasks
+        with unit.lock:
+            if unit.lost or unit.done:
+                return False
+            unit.lost = True  # nothing more starts; a stop gives back nothing twice
+        self.completer.hand_back(tasks[i:], unit.claim.token)
+        log.info(
+            "worker %s: task(s) %s held here are paused; giving them back to the queue",
+            self.id,
+            ", ".join(str(t.id) for t in tasks[i:]),
+        )
         return True
 
     def _lease_stands(self, unit: Unit) -> bool:

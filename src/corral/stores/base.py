@@ -35,8 +35,10 @@ claim's options are one :class:`corral.core.claims.ClaimRequest`):
    the claim's own transaction; a unit
    under a rate is one task), a limit paused by a 429's Retry-After, and a
    circuit breaker on one of the task's limits or on its name (OPEN: nothing
-   passes; HALF_OPEN: exactly ``probes`` claims across the fleet). A skipped
-   task keeps its attempts and holds its group's place.
+   passes; HALF_OPEN: exactly ``probes`` claims across the fleet), and a
+   pause by hand (:meth:`Store.pause`) of the task's queue, its group or one
+   of its limits, read in the claim's own transaction. A skipped task keeps
+   its attempts and holds its group's place.
 6. Never more than ``max_units`` claims. Claimed tasks become RUNNING with a
    new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
    The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
@@ -84,6 +86,7 @@ from corral.core.model import (
     TaskRecord,
     WorkerInfo,
 )
+from corral.core.pauses import Pause
 from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
 from corral.errors import QueueFull
@@ -887,6 +890,26 @@ class Store(abc.ABC):
             if at is not None:
                 out[name] = at
         return out
+
+    # ---- pauses by hand ---------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        """Pause the queue, group or limit ``name`` (``kind`` one of
+        :data:`corral.core.pauses.KINDS`) for every worker of the store: from
+        this commit on no claim takes its work (claim rule 5). True when it
+        was not paused before; a ``pause`` event is added in the same
+        transaction then. Pausing what has no tasks is allowed."""
+        raise NotImplementedError
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        """End a pause by hand (a limit's pause by a 429 is not touched);
+        True when it was paused (a ``pause`` event with ``paused: false`` is
+        added in the same transaction), False when it was not. Waiting
+        workers are woken."""
+        raise NotImplementedError
+
+    def pauses(self) -> list[Pause]:
+        """Every pause by hand in force, by kind (queue, group, limit), then name."""
+        raise NotImplementedError
 
     # ---- circuit breakers -------------------------------------------------
     @abc.abstractmethod

@@ -65,6 +65,8 @@ from corral.core.model import (
     expired,
     loads,
 )
+from corral.core.pauses import Pause, Paused, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, RESERVED, State, check_transition, shown
@@ -153,6 +155,9 @@ class MemoryStore(Store):
         self._limits: dict[str, LimitState] = {}
         self._usage: dict[str, int] = {}
         self._breakers: dict[str, BreakerRow] = {}
+        #: pauses by hand, (kind, name) -> Pause, and the sets a claim obeys
+        self._pauses: dict[tuple[str, str], Pause] = {}
+        self._paused = Paused()
         self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
         self._level = FleetLevel()
@@ -429,7 +434,11 @@ class MemoryStore(Store):
             now = self.now()
             self._promote_due(now)
             breakers = {n: b.state.state is brk.BreakerState.CLOSED for n, b in self._breakers.items()}
-            plan = ClaimPlanner(request, lambda: Gates(now, self._limits, self._usage, self._breakers), breakers)
+            paused = self._paused
+            plan = ClaimPlanner(
+                request, lambda: Gates(now, self._limits, self._usage, self._breakers), breakers, paused=paused
+            )
+            queues = [q for q in request.queues if q not in paused.queues]
             # entries read from the heaps that still stand: put back unless taken
             read: list[tuple[list, tuple]] = []
             ranks: dict[int, tuple] = {}
@@ -475,8 +484,8 @@ class MemoryStore(Store):
             def try_take(c: Candidate) -> bool:
                 return plan.try_head(c, read_line)
 
-            retry = [self._retry_ready[q] for q in request.queues if self._retry_ready.get(q)]
-            fresh = [] if request.only_retries else [self._ready[q] for q in request.queues if self._ready.get(q)]
+            retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
+            fresh = [] if request.only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
             if plan.retry_cap is None:
                 plan.run(ordered(fresh + retry), None, try_take, lambda c: ranks[c.id])
             else:
@@ -1168,6 +1177,31 @@ class MemoryStore(Store):
             now = self.now()
             at = {k: v.frees_at(now) for k, v in self._limits.items()}
         return {k: t for k, t in at.items() if t is not None}
+
+    # ---- pauses by hand -----------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        with self._lock:
+            if (kind, name) in self._pauses:
+                return False
+            now = self.now()
+            self._pauses[(kind, name)] = Pause(kind, name, now, by)
+            self._paused = Paused.of(self._pauses)
+            self._add_event(now, *pause_event(kind, name, True, by))
+            return True
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        with self._lock:
+            if self._pauses.pop((kind, name), None) is None:
+                return False
+            self._paused = Paused.of(self._pauses)
+            self._add_event(self.now(), *pause_event(kind, name, False, by))
+            self._changes += 1
+            self._wake.notify_all()
+            return True
+
+    def pauses(self) -> list[Pause]:
+        with self._lock:
+            return sorted(self._pauses.values(), key=pause_order)
 
     # ---- circuit breakers -------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

@@ -85,6 +85,8 @@ from corral.core.model import (
     dumps,
 )
 from corral.core.pacing import chunk_reach
+from corral.core.pauses import Pause, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import (
     ConfigError,
@@ -252,7 +254,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
 #: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
 #: 38: a deadline for a task's first start (expires_at, its partial index) and
-#: why a running task was asked to stop (cancel_reason);
+#: why a running task was asked to stop (cancel_reason); 39: pauses by hand (corral_pauses);
 #: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
 SCHEMA_VERSION = 40
 #: A group's tasks, as the two indexes that hold them say: in its line, or
@@ -1752,6 +1754,34 @@ class PostgresStore(SqlStore):
         self._rowcount("set_limit", at)
         # a raised limit may free slots for waiting work
         self._rowcount("notify", {"queue": ""})
+
+    # ---- pauses by hand -------------------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["pause"], {"kind": kind, "name": name, "by": by}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, True, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                return True
+
+        return self._run(go)
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["resume"], {"kind": kind, "name": name}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, False, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                # every waiting worker looks again (":g": off its fast path too)
+                conn.execute(self._q["notify"], {"queue": ""})
+                return True
+
+        return self._run(go)
+
+    def pauses(self) -> list[Pause]:
+        return sorted((Pause(**r) for r in self._fetchall("pauses", dicts=True)), key=pause_order)
 
     # ---- circuit breakers -----------------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

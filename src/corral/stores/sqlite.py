@@ -119,6 +119,8 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.pauses import Pause, Paused, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
@@ -175,6 +177,7 @@ from corral.stores.sqlbase import (
 #: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
 #: 38: a deadline for a task's first start (tasks.expires_at, its partial index
 #: tasks_expires) and why a running task was asked to stop (tasks.cancel_reason);
+#: 39: pauses by hand (pauses: a queue, a group or a limit);
 #: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
@@ -1074,6 +1077,7 @@ class SQLiteStore(SqlStore):
         naming no other limit."""
         last_claimed: dict[str, float] = {}
         breakers = self._breaker_rows(con)
+        paused = Paused.of((k, n) for k, n, _, _ in con.execute(Q["pauses"]))
 
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
@@ -1087,7 +1091,8 @@ class SQLiteStore(SqlStore):
             return None if row is None else limit_state(row)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
-        plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry)
+        plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry, paused=paused)
+        queues = [q for q in request.queues if q not in paused.queues]
         ranks: dict[int, tuple] = {}
 
         def rank(c: Candidate) -> tuple:
@@ -1119,7 +1124,7 @@ class SQLiteStore(SqlStore):
             A row the planner shuts out has its place in the order not worked
             out (that reads its group's last claim): behind a full limit,
             every head is passed over this way."""
-            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in request.queues]
+            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in queues]
             cursors.extend(mine)
             stream: Iterable[_CandidateRow] = (
                 mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_CandidateRow.index_key)
@@ -1520,9 +1525,12 @@ class SQLiteStore(SqlStore):
             raise _translate(exc, self.path) from exc
 
     def _due_in(self, con: sqlite3.Connection, queues: Collection[str]) -> bool:
-        """Is a task in ``queues`` due now (read only, no lock)?"""
+        """Is a task in ``queues`` due now (read only, no lock)? A paused
+        queue's work is not: an idle worker of a paused queue with a backlog
+        would otherwise claim (for nothing) at every commit in the store."""
         now = self._clock.time()
-        return any(due for q in queues for (due,) in con.execute(Q["due_probe"], (q, now)))
+        paused = {name for (name,) in con.execute(Q["paused_queues"])}
+        return any(due for q in queues if q not in paused for (due,) in con.execute(Q["due_probe"], (q, now)))
 
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
@@ -1887,6 +1895,33 @@ class SQLiteStore(SqlStore):
     def set_limit(self, spec: LimitSpec) -> None:
         with self._write() as con:
             con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
+
+    # ---- pauses by hand -----------------------------------------------------
+    @_guard
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        with self._write() as con:
+            now = self._clock.time()
+            if con.execute(Q["pause"], (kind, name, now, by)).rowcount != 1:
+                return False
+            con.execute(Q["add_event"], (now, *pause_event(kind, name, True, by)))
+        if kind == "queue":
+            self._plain_until = 0.0
+        return True
+
+    @_guard
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        with self._write() as con:
+            if con.execute(Q["resume"], (kind, name)).rowcount != 1:
+                return False
+            con.execute(Q["add_event"], (self._clock.time(), *pause_event(kind, name, False, by)))
+        self._plain_until = 0.0
+        self.wake_waiters()  # this process's own waiters; others see the commit
+        return True
+
+    @_guard
+    def pauses(self) -> list[Pause]:
+        rows = self._con().execute(Q["pauses"]).fetchall()
+        return sorted((Pause(*r) for r in rows), key=pause_order)
 
     # ---- circuit breakers -------------------------------------------------
     @_guard

@@ -45,6 +45,7 @@ from corral.core.breaker import BreakerState
 from corral.core.events import task_subject
 from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
+from corral.core.pauses import KINDS, Pause, check_target
 from corral.core.planning import format_age
 from corral.core.states import ACTIVE, State
 from corral.edges.dashboard.hosts import is_loopback
@@ -241,12 +242,27 @@ def overview(request: Request) -> Response:
     return d.page(request, "overview.html", title="Overview", events=events, levels=list(Level))
 
 
+def _paused(store: Store) -> dict[str, dict[str, Pause]]:
+    """The pauses by hand, by kind then name (none from a store that keeps none)."""
+    try:
+        pauses = store.pauses()
+    except NotImplementedError:
+        pauses = []
+    out: dict[str, dict[str, Pause]] = {}
+    for p in pauses:
+        out.setdefault(p.kind, {})[p.name] = p
+    return out
+
+
 def queues(request: Request) -> Response:
     d = _dash(request)
+    counts = d.store.queue_counts()
+    paused = _paused(d.store)
     rows = []
-    for q, c in sorted(d.store.queue_counts().items()):
+    for q in sorted(set(counts) | set(paused.get("queue", {}))):  # a queue paused before work arrived too
+        c = counts.get(q, {})
         rows.append({"queue": q, **{s.value: c.get(s.value, 0) for s in ACTIVE}})
-    return d.page(request, "queues.html", title="Queues", rows=rows)
+    return d.page(request, "queues.html", title="Queues", rows=rows, paused=paused)
 
 
 def groups(request: Request) -> Response:
@@ -264,6 +280,7 @@ def groups(request: Request) -> Response:
         title="Groups",
         lines=lines[:PAGE],
         dead=dead,
+        paused=_paused(d.store),
         offset=offset,
         next_offset=offset + PAGE if more else None,
         prev_offset=max(0, offset - PAGE) if offset else None,
@@ -285,6 +302,7 @@ def limits(request: Request) -> Response:
         breakers=breakers,
         events=events,
         now=d.store.now(),
+        paused=_paused(d.store),
     )
 
 
@@ -873,6 +891,19 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
         if (form.get("level") or "").strip().lower() == "auto":
             return "level handed back to the automatic rules"
         return f"level set to L{lv.value} {lv.name} by hand"
+    if what == "pause":
+        state = form.get("state", "")
+        if state not in ("pause", "resume"):
+            raise ValueError("state must be pause or resume")
+        kind = form.get("kind", "")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+        kind, name = check_target(**{kind: form.get("name", "")})
+        if state == "pause":
+            done = store.pause(kind, name, "dashboard")
+            return f"{kind} {name} paused" if done else f"{kind} {name} was already paused"
+        done = store.resume(kind, name, "dashboard")
+        return f"{kind} {name} resumed" if done else f"{kind} {name} is not paused: nothing to resume"
     return None
 
 

@@ -632,6 +632,18 @@ ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS expires_at float8;
 ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS cancel_reason text;
 CREATE INDEX IF NOT EXISTS corral_tasks_expires ON corral_tasks (expires_at)
     WHERE expires_at IS NOT NULL;
+-- name: migration_0039
+-- Pauses by hand (core/pauses.py): a queue, a group or a limit no claim takes
+-- work of while its row is here. Every claim reads them in its own snapshot
+-- (the claim statement's "paused"); apart from a limit's paused_until (a
+-- 429's pause), so neither ends the other.
+CREATE TABLE IF NOT EXISTS corral_pauses (
+    kind      text NOT NULL CHECK (kind IN ('queue', 'group', 'limit')),
+    name      text NOT NULL,
+    paused_at double precision NOT NULL,
+    paused_by text NOT NULL DEFAULT '',
+    PRIMARY KEY (kind, name)
+);
 
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
@@ -759,6 +771,7 @@ offer AS MATERIALIZED (
       AND (o.all_names OR %(name)s::text = ANY(o.names))
       AND NOT EXISTS (SELECT 1 FROM corral_breakers b
                       WHERE b.name = %(name)s::text AND b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM corral_pauses p WHERE p.kind = 'queue' AND p.name = %(queue)s::text)
     ORDER BY o.made_at, o.worker_id
     LIMIT 1
     FOR UPDATE OF o SKIP LOCKED
@@ -940,6 +953,14 @@ WITH RECURSIVE
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+-- pauses by hand: no task of a paused queue or group, or naming a paused
+-- limit (any key of a keyed one), is a candidate or a chunk member
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'queue'), '{}')::text[] AS queues,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'group'), '{}')::text[] AS groups,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'limit'), '{}')::text[] AS limits
+    FROM corral_pauses p
+),
 -- the gates in force (the fragment "gates") this claim may not pass unless
 -- the caller, holding their locks, allows them
 barred AS MATERIALIZED (
@@ -968,6 +989,10 @@ free_locked AS MATERIALIZED (
                       WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
       -- never a task past the deadline of its first start (the sweeper ends it)
       AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -994,6 +1019,11 @@ heads_locked AS MATERIALIZED (
                       WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
       -- never a task past the deadline of its first start (the sweeper ends it)
       AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -1026,6 +1056,11 @@ retry_locked AS MATERIALIZED (
       -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
       AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
                       WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND (t.group_key IS NULL OR (
             %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
@@ -1096,6 +1131,10 @@ followers AS MATERIALIZED (
                     -- a key not the head's would need a place of its own
                     AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS kn
                                     WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(p.limits)))) AS ok
+                    AND NOT (x.group_key = ANY((SELECT groups FROM paused)::text[]))
+                    AND (cardinality(x.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+                         OR NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
+                                        WHERE split_part(y, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1160,6 +1199,10 @@ clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 -- task name the planner takes "name <> ALL(array)" for "no row" and sorts the
 -- whole queue instead of walking its index in claim order
 barred AS MATERIALIZED (SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED'),
+-- queues paused by hand (plain work has no group and no limit to pause)
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name), '{}')::text[] AS queues FROM corral_pauses p WHERE p.kind = 'queue'
+),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
@@ -1173,6 +1216,7 @@ fresh AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
       -- never a task past the deadline of its first start (the sweeper ends it)
       AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1186,6 +1230,7 @@ retry AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1596,6 +1641,18 @@ ORDER BY d;
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
+-- name: pauses
+SELECT kind, name, paused_at, paused_by AS by FROM corral_pauses;
+
+-- name: pause
+INSERT INTO corral_pauses (kind, name, paused_at, paused_by)
+VALUES (%(kind)s, %(name)s, extract(epoch FROM now())::float8, %(by)s)
+ON CONFLICT DO NOTHING
+RETURNING paused_at;
+
+-- name: resume
+DELETE FROM corral_pauses WHERE kind = %(kind)s AND name = %(name)s RETURNING kind;
+
 -- name: set_limit
 INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
 VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)

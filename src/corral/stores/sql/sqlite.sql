@@ -334,6 +334,17 @@ CREATE INDEX IF NOT EXISTS tasks_batch_status
     ON tasks (batch, status)
     WHERE batch IS NOT NULL;
 
+-- Pauses by hand (schema 39): a queue, a group or a limit no claim takes
+-- work of while its row is here (core/pauses.py). Every claim reads them in
+-- its own transaction; apart from a limit's paused_until (a 429's pause).
+CREATE TABLE IF NOT EXISTS pauses (
+    kind      TEXT NOT NULL CHECK (kind IN ('queue', 'group', 'limit')),
+    name      TEXT NOT NULL,
+    paused_at REAL NOT NULL,
+    paused_by TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+
 -- Columns of schema version 4 (flow control) and later; each is added only
 -- when missing.
 -- name: columns_v4
@@ -699,6 +710,7 @@ WHERE id IN (
       -- never a task past the deadline of its first start (the sweeper ends it)
       AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
       AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
     ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
@@ -728,6 +740,7 @@ WHERE id IN (
                   AND queue = ?4 AND run_at <= ?5
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+                  AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
                 ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)
             UNION ALL
@@ -740,6 +753,7 @@ WHERE id IN (
                   AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+                  AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
                 ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)))
     WHERE lane = 0 OR rn <= min(?9, max(?8, ?7 - nf))
@@ -792,6 +806,18 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        checkpoint, cancel_requested, snoozes, expires_at
 
 -- ---- limits --------------------------------------------------------------------
+
+-- name: pauses
+SELECT kind, name, paused_at, paused_by FROM pauses
+
+-- name: paused_queues
+SELECT name FROM pauses WHERE kind = 'queue'
+
+-- name: pause
+INSERT INTO pauses (kind, name, paused_at, paused_by) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
+
+-- name: resume
+DELETE FROM pauses WHERE kind = ? AND name = ?
 
 -- The declared limits, without the rows of keys (named_limits_declared).
 -- name: limits
