@@ -607,6 +607,15 @@ CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce
 CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- name: migration_0041
+-- Limits changed while running (docs/flow-control.md): whether a limit is
+-- keyed, who changed its settings in force (NULL: as declared), the declared
+-- settings kept aside meanwhile (JSON), and when its settings last changed.
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS per_key boolean NOT NULL DEFAULT false;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS set_by text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS declared text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS changed_at double precision;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -1479,13 +1488,27 @@ ORDER BY d;
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
+-- A limit's settings as core.limits decided them (declared, or changed while
+-- running). A changed rate starts with a full bucket; an unchanged one keeps
+-- its tokens.
 -- name: set_limit
-INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
-VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(per_key)s, %(set_by)s, %(declared)s, %(changed_at)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst,
+    burst = excluded.burst, per_key = excluded.per_key, set_by = excluded.set_by,
+    declared = excluded.declared, changed_at = coalesce(excluded.changed_at, l.changed_at),
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
+
+-- One limit's row, read in the transaction that changes it (its limit_lock held).
+-- name: limit_row
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM corral_limits WHERE name = %(name)s;
+
+-- The names of the limits (not their keys' rows), for an error naming them.
+-- name: limit_names
+SELECT name FROM corral_limits WHERE strpos(name, chr(31)) = 0 ORDER BY name;
 
 -- name: limit_keys
 -- Each key's budget of a keyed limit (the names %(names)s, "<limit>\x1f<key>")
@@ -1510,7 +1533,7 @@ WHERE starts_with(l.name, %(name)s || chr(31));
 -- and logs starts at: the start time the claim writes, so the starts a
 -- window logs are the tasks' own)
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
-       extract(epoch FROM now())::float8 AS now
+       per_key, set_by, declared, changed_at, extract(epoch FROM now())::float8 AS now
 FROM corral_limits ORDER BY name;
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.
