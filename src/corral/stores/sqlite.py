@@ -1871,6 +1871,12 @@ class SQLiteStore(SqlStore):
         commit: waiting workers wake, and claims behind a full limit look again)."""
         now = self._clock.time()
         changed = old is None or old.settings() != spec.settings()
+        if changed:
+            # later than every change before it, even on a clock that stood
+            # still: claims behind a full limit compare the newest (gated_signature)
+            (last,) = con.execute(Q["limits_changed"]).fetchone()
+            if last is not None and last >= now:
+                now = math.nextafter(last, math.inf)
         con.execute(Q["set_limit"], limit_params(spec, now if changed else None))
         data = limit_rules.event_data(action, by, old, spec)
         if data is not None:

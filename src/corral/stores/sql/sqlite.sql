@@ -784,6 +784,10 @@ SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
        per_key, set_by, declared, changed_at
 FROM named_limits WHERE name = ?
 
+-- The last change of any limit's settings (from its index).
+-- name: limits_changed
+SELECT max(changed_at) FROM named_limits
+
 -- The names of the limits (not their keys' rows), for an error naming them.
 -- name: limit_names
 SELECT name FROM named_limits WHERE instr(name, char(31)) = 0 ORDER BY name
