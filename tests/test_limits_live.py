@@ -67,7 +67,8 @@ def test_limit_set_changes_only_what_it_names_and_show_says_so(store, sqlite_url
     assert merchant["busiest_keys"] == [{"key": "m-1", "in_use": 2}, {"key": "m-2", "in_use": 1}]
     assert merchant["paused"] is False and merchant["tokens"] is not None
     text = _run("limit", "--store", sqlite_url).stdout
-    assert "merchant (keyed: per key)  3 of 3 held  rate 8/s" in text
+    assert "merchant (keyed)  3 held, 3 per key  rate 8/s per key" in text
+    assert "api  0 of 4 held  no rate" in text
     assert "keys holding places: 2; busiest: m-1 2, m-2 1" in text
     assert "set by cli" in text and "(declared: concurrency 4, rate 10/s)" in text
     whos = [(json.loads(e.data)["action"], json.loads(e.data)["by"]) for e in store.events(LIMIT)]
@@ -122,7 +123,7 @@ def test_the_dashboard_shows_limits_and_changes_one(store):
         c = Client(dash.url)
         status, body = c.request("/limits")
         assert status == 200
-        assert 'action="/actions/limit"' in body and "per key" in body
+        assert 'action="/actions/limit"' in body and "2 per key" in body
         assert "keys holding places: 2" in body and "m-1" in body
         # no CSRF token: refused, nothing changed
         assert c.request("/actions/limit", {"name": "api", "concurrency": "2"})[0] == 403

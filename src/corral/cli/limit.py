@@ -66,10 +66,16 @@ def _show(store_url: str | None, as_json: bool) -> None:
 
 
 def _line(r: dict[str, Any]) -> str:
-    held = f"{r['in_use']} of {r['concurrency']} held" if r["concurrency"] is not None else f"{r['in_use']} held"
-    parts = [r["name"] + (" (keyed: per key)" if r["per_key"] else ""), held]
+    if r["concurrency"] is None:
+        held = f"{r['in_use']} held"
+    elif r["per_key"]:  # the keys' places summed; the cap is each key's
+        held = f"{r['in_use']} held, {r['concurrency']} per key"
+    else:
+        held = f"{r['in_use']} of {r['concurrency']} held"
+    parts = [r["name"] + (" (keyed)" if r["per_key"] else ""), held]
     if r["rate"]:
-        rate = f"rate {r['rate']}" + (f" burst {r['burst']}" if r["burst"] is not None else "")
+        rate = f"rate {r['rate']}" + (" per key" if r["per_key"] else "")
+        rate += f" burst {r['burst']}" if r["burst"] is not None else ""
         if r["tokens"] is not None:
             rate += f", {r['tokens']:g} may start now"
         parts.append(rate)
