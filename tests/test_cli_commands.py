@@ -25,6 +25,7 @@ COMMANDS = [
     "demo",
     "events",
     "level",
+    "limit",
     "periodic",
     "plan",
     "prune",

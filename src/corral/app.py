@@ -21,8 +21,10 @@ from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.gates import keyed_name
 from corral.core.levels import CALM_PERIOD, Level
+from corral.core.limits import UNCHANGED, describe_settings
 from corral.core.model import (
     BreakerEvent,
+    LimitSettings,
     LimitSpec,
     NewTask,
     SubmitResult,
@@ -632,12 +634,56 @@ class App:
                 parse_rate(rate, burst)
             except ValueError as exc:
                 raise ConfigError(f"limit {name!r}: {exc}") from None
-        self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
+        now = self.store.set_limit(LimitSpec(name, concurrency, rate, burst, per_key=per_key))
+        if now is not None and now.set_by is not None and now.settings() != LimitSettings(concurrency, rate, burst):
+            # an operator's change stays in force over the declaration (core.limits)
+            log.warning(
+                "limit %r: %s set by %s stays in force, not the declared %s; `corral limit reset %s` hands it back",
+                name,
+                describe_settings(now.settings()),
+                now.set_by,
+                describe_settings(LimitSettings(concurrency, rate, burst)),
+                name,
+            )
         self._known_limits.add(name)
         if per_key:
             self._per_key.add(name)
         else:
             self._per_key.discard(name)
+
+    def set_limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None | object = UNCHANGED,
+        rate: str | None | object = UNCHANGED,
+        burst: int | None | object = UNCHANGED,
+    ) -> LimitSpec:
+        """Change a declared limit while the fleet runs: every worker obeys
+        at its next claim (within a second), without a restart.
+
+        Only the settings named change (``set_limit("api", concurrency=3)``
+        keeps the rate); None clears one (``rate=None``: no rate, and no
+        burst). Raising a concurrency wakes waiting workers at once; lowering
+        it below the places held lets running work finish and starts nothing
+        new until under it. A keyed limit's keys all follow.
+
+        The change stays in force over ``app.limit``'s declared settings,
+        across restarts and new declarations, until :meth:`reset_limit`
+        (docs/flow-control.md, "Changing a limit while running"). Recorded
+        as a ``limit`` event. Returns the limit as it is now; ConfigError
+        for a name no app declared or settings ``app.limit`` refuses."""
+        changes = {
+            f: v for f, v in (("concurrency", concurrency), ("rate", rate), ("burst", burst)) if v is not UNCHANGED
+        }
+        spec = self.store.change_limit(check.text(name, "limit name"), changes, by="app")
+        self._known_limits.add(spec.name)
+        return spec
+
+    def reset_limit(self, name: str) -> LimitSpec:
+        """Hand a limit back to its declared settings (undo :meth:`set_limit`'s
+        changes, fleet-wide). Returns the limit as it is now."""
+        return self.store.change_limit(check.text(name, "limit name"), {}, by="app", reset=True)
 
     def batch(self, name: str, *, concurrency: int | None = None, on_complete: TaskDef | str | None = None) -> str:
         """Declare a batch: a per-batch limit and a callback, shared by the fleet.

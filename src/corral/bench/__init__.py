@@ -8,6 +8,7 @@
                 ``corral worker`` processes;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
+``limit-change`` how soon running workers obey a limit changed while they run;
 ``dashboard``   the dashboard's pages on a store of a million finished tasks;
 ``scale``       a million queued tasks: submit rate, claim time and worker
                 memory from the first slice to the last;
@@ -36,7 +37,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 @click.group()
 def bench() -> None:
     """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `limits`,
-    `dashboard`, `scale`, `processes`, `dag` and `retention`."""
+    `limit-change`, `dashboard`, `scale`, `processes`, `dag` and `retention`."""
 
 
 class StoreParam(click.ParamType):
@@ -341,6 +342,85 @@ def throughput_cmd(
         progress=not no_progress,
     )
     _run_and_show(argv, f"throughput ({kind})", render, as_json=as_json, progress=not no_progress)
+
+
+@bench.command("limit-change")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    multiple=True,
+    default=("sqlite",),
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
+)
+@pg_url_option
+@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@click.option("--slots", default=4, show_default=True, help="Slots per worker process.")
+@click.option("--high", default=4, show_default=True, help="The concurrency each raise sets (a lowering sets 1).")
+@click.option("--rounds", default=20, show_default=True, help="Lowerings and raises.")
+@click.option("--task-seconds", default=0.5, show_default=True, help="How long each task runs.")
+@json_option
+@no_progress_option
+def limit_change_cmd(
+    store: tuple[tuple[str, str | None], ...],
+    pg_url: str | None,
+    workers: int,
+    slots: int,
+    high: int,
+    rounds: int,
+    task_seconds: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """How soon running workers obey a limit changed while they run.
+
+    Each round lowers the limit's concurrency to 1 (as `corral limit set` does),
+    then raises it to --high; measured from the store's records: after a raise,
+    the first new start and the start filling the last new place; after a
+    lowering, starts beside the new cap (none allowed) and how long running
+    tasks kept more than it in flight (they finish)."""
+    from corral.bench.limit_change import run
+
+    if workers < 1 or slots < 1 or high < 2 or rounds < 1 or task_seconds <= 0 or workers * slots < high:
+        raise click.UsageError(
+            "--workers, --slots and --rounds >= 1, --high from 2 to the slots in all, --task-seconds > 0"
+        )
+    reports = []
+    for one in dict.fromkeys(store):
+        kind, url = _shared_store(one, pg_url)
+        click.echo(f"limit-change on {kind} ...", err=True)
+        try:
+            reports.append(
+                run(
+                    kind,
+                    url,
+                    workers=workers,
+                    slots=slots,
+                    high=high,
+                    rounds=rounds,
+                    task_seconds=task_seconds,
+                    progress=False,
+                )
+            )
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps({"scenario": "limit-change", "runs": reports}))
+        return
+    for r in reports:
+        click.echo(
+            f"{r['store']}: {r['workers']} workers x {r['slots']} slots, {r['rounds']} rounds of 1 <-> {r['high']},"
+            f" tasks of {r['task_seconds']:g}s"
+        )
+        click.echo(
+            f"  raise: first new start p50 {r['raise_first_start_ms']['p50']} ms, max"
+            f" {r['raise_first_start_ms']['max']} ms; every new place taken p50 {r['raise_all_places_ms']['p50']} ms,"
+            f" max {r['raise_all_places_ms']['max']} ms ({r['raises_measured']} raises)"
+        )
+        click.echo(
+            f"  lower: starts beside the new cap {r['lower_starts_over_cap']}; running tasks above it for p50"
+            f" {r['lower_running_over_cap_ms']['p50']} ms, max {r['lower_running_over_cap_ms']['max']} ms (they finish)"
+        )
 
 
 @bench.command("latency")

@@ -11,6 +11,7 @@ and error handling every command shares are in :mod:`corral.cli.common`. The com
 - :mod:`corral.cli.worker`: ``worker APP`` and ``sweep`` (long-running processes);
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
+- :mod:`corral.cli.limit`: ``limit [show|set NAME|reset NAME]`` (named limits while running);
 - :mod:`corral.cli.prune`: ``prune --older-than AGE`` (old finished tasks);
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
 - :mod:`corral.cli.batch`: ``batch show B`` (a live progress bar);
@@ -63,7 +64,7 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here, after the group exists.
-    from corral.cli import batch, controls, demo, events, pauses, periodic, plan, prune, tasks, worker, workers
+    from corral.cli import batch, controls, demo, events, limit, pauses, periodic, plan, prune, tasks, worker, workers
 
     for command in (
         worker.worker,
@@ -78,6 +79,7 @@ def _add_commands() -> None:
         prune.prune,
         controls.breaker,
         controls.level,
+        limit.limit,
         controls.dead,
         pauses.pause,
         pauses.resume,

@@ -200,6 +200,15 @@ class SubmitResult:
     created: bool  # False when an idempotency key matched an existing task
 
 
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """What an operator may change of a limit while it runs (see :mod:`corral.core.limits`)."""
+
+    concurrency: int | None = None
+    rate: str | None = None
+    burst: int | None = None
+
+
 @dataclass(slots=True)
 class LimitSpec:
     name: str
@@ -207,6 +216,16 @@ class LimitSpec:
     rate: str | None = None  # "100/s", "6000/m", "20/h": at most N starts in any sliding period, fleet-wide
     burst: int | None = None  # set: a token bucket of this many tokens instead (opt-in bursts)
     paused_until: float | None = None  # read only: set by a 429 with Retry-After
+    per_key: bool = False  # a keyed limit: these settings are each key's own budget
+    #: read only: who changed the settings in force while it ran ("cli",
+    #: "dashboard", "app"); None: they are the ones ``app.limit`` declared
+    set_by: str | None = None
+    #: read only: the declared settings, kept aside while ``set_by``'s are in force
+    declared: LimitSettings | None = None
+    changed_at: float | None = None  # read only: when the settings in force last changed (store time)
+
+    def settings(self) -> LimitSettings:
+        return LimitSettings(self.concurrency, self.rate, self.burst)
 
 
 @dataclass(frozen=True, slots=True)

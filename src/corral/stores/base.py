@@ -843,8 +843,21 @@ class Store(abc.ABC):
 
     # ---- limits -----------------------------------------------------------
     @abc.abstractmethod
-    def set_limit(self, spec: LimitSpec) -> None:
-        """Create or change a named limit, visible to every worker of the store."""
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
+        """Declare a named limit (``app.limit``), visible to every worker of
+        the store: its settings, unless an operator's change is in force,
+        which stays (:func:`corral.core.limits.declare`). Returns the limit
+        as it is now. A change of what is declared records a ``limit`` event."""
+
+    @abc.abstractmethod
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        """An operator's change of a declared limit while it runs, in one
+        transaction (:func:`corral.core.limits.change`: the fields named
+        change, the others stay; ``reset`` puts the declared settings back).
+        A keyed limit's keys follow at once; waiting workers are woken; a
+        ``limit`` event records it (``by``: cli, dashboard or app). Returns
+        the limit as it is now. ConfigError (one line) for a name that is no
+        limit, or settings ``app.limit`` would refuse; nothing is written then."""
 
     @abc.abstractmethod
     def limits(self) -> dict[str, LimitSpec]: ...

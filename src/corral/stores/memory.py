@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core import events as ev
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest
@@ -1135,17 +1136,38 @@ class MemoryStore(Store):
             rows = sorted(self._ticks.get(schedule, {}).values(), key=lambda r: -r.tick)
             return rows[: max(0, limit)]
 
-    def set_limit(self, spec: LimitSpec) -> None:
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
         with self._lock:
             old = self._limits.get(spec.name)
-            new = LimitState(replace(spec, paused_until=old.spec.paused_until if old else None))
-            if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
-                new.tokens, new.counted_at = old.tokens, old.counted_at
-            if old is not None:  # starts made are starts made, whatever the new rate
-                new.starts = old.starts
-            self._limits[spec.name] = new
-            self._changes += 1
-            self._wake.notify_all()
+            before = None if old is None else old.spec
+            return self._write_limit(old, limit_rules.declare(before, spec), "declare", "app")
+
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        with self._lock:
+            old = self._limits.get(name) if KEY_SEP not in name else None
+            if old is None:
+                raise limit_rules.unknown(name, (k for k in self._limits if KEY_SEP not in k))
+            after = limit_rules.change(old.spec, changes, by, reset=reset)
+            return self._write_limit(old, after, "reset" if reset else "set", by)
+
+    def _write_limit(self, old: LimitState | None, spec: LimitSpec, action: str, by: str) -> LimitSpec:
+        """Write a limit's row (lock held): a changed rate starts a full
+        bucket; the log of starts is kept; an event if anything changed."""
+        now = self.now()
+        data = limit_rules.event_data(action, by, None if old is None else old.spec, spec)
+        if old is None or old.spec.settings() != spec.settings():
+            spec = replace(spec, changed_at=now)
+        new = LimitState(spec)
+        if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
+            new.tokens, new.counted_at = old.tokens, old.counted_at
+        if old is not None:  # starts made are starts made, whatever the new rate
+            new.starts = old.starts
+        self._limits[spec.name] = new
+        if data is not None:
+            self._add_event(now, ev.LIMIT, limit_rules.subject(spec.name), data)
+        self._changes += 1
+        self._wake.notify_all()
+        return replace(spec)
 
     def forget_keys(self, limit: int = 1000) -> int:
         with self._lock:

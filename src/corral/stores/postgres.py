@@ -54,6 +54,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import ClaimRequest
@@ -69,6 +70,7 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -113,7 +115,7 @@ from corral.stores.base import (
     schedule_params,
     schedule_state,
 )
-from corral.stores.gates import breaker_row, limit_state
+from corral.stores.gates import LIMIT_COLUMNS, breaker_row, limit_params, limit_state
 from corral.stores.sqlbase import (
     Read,
     SqlStore,
@@ -256,7 +258,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 38: a deadline for a task's first start (expires_at, its partial index) and
 #: why a running task was asked to stop (cancel_reason); 39: pauses by hand (corral_pauses);
 #: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
-SCHEMA_VERSION = 40
+#: 41: limits changed while running (corral_limits.per_key, set_by, declared, changed_at).
+SCHEMA_VERSION = 41
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1136,7 +1139,7 @@ class PostgresStore(SqlStore):
             with conn.transaction():
                 conn.execute(self._q["limit_lock"], {"names": names})
                 now = conn.execute(self._q["limits"]).fetchone()
-                at = now[8] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
+                at = now[len(LIMIT_COLUMNS)] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
                 changed, events = record_outcomes(self._breaker_rows(conn), feed, at)
                 for name, state in changed.items():
                     self._save_breaker(conn, name, state, None)
@@ -1748,12 +1751,50 @@ class PostgresStore(SqlStore):
                 submitted.append(tid)
         return submitted
 
-    def set_limit(self, spec: LimitSpec) -> None:
-        at = {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
-        self._rowcount("set_limit_keys", at)  # a changed rate: the keys' buckets full again
-        self._rowcount("set_limit", at)
-        # a raised limit may free slots for waiting work
-        self._rowcount("notify", {"queue": ""})
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [spec.name]})
+                old = self._limit_row(conn, spec.name)
+                return self._write_limit(conn, old, limit_rules.declare(old, spec), "declare", "app")
+
+        return self._run(go)
+
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [name]})
+                old = self._limit_row(conn, name) if KEY_SEP not in name else None
+                if old is None:
+                    names = (n for (n,) in conn.execute(self._q["limit_names"]).fetchall())
+                    raise limit_rules.unknown(name, names)
+                after = limit_rules.change(old, changes, by, reset=reset)
+                return self._write_limit(conn, old, after, "reset" if reset else "set", by)
+
+        return self._run(go, retry=False)
+
+    def _limit_row(self, conn, name: str) -> LimitSpec | None:
+        row = conn.execute(self._q["limit_row"], {"name": name}).fetchone()
+        return None if row is None else limit_state(row).spec
+
+    def _write_limit(self, conn, old: LimitSpec | None, spec: LimitSpec, action: str, by: str) -> LimitSpec:
+        """The row core.limits decided, its keys' rows (a keyed limit's
+        budgets carry its settings), its event if anything changed, and a
+        notification: a raised limit frees places for waiting work."""
+        (now,) = conn.execute(self._q["tx_now"]).fetchone()
+        changed = old is None or old.settings() != spec.settings()
+        params = limit_params(spec, now if changed else None)
+        if changed:  # a changed rate: the keys' buckets full again (read before the row changes)
+            conn.execute(self._q["set_limit_keys"], params)
+        conn.execute(self._q["set_limit"], params)
+        if changed:
+            conn.execute(self._q["notify"], {"queue": ""})
+        data = limit_rules.event_data(action, by, old, spec)
+        if data is not None:
+            conn.execute(
+                self._q["add_event"], {"kind": LIMIT_EVENT, "subject": limit_rules.subject(spec.name), "data": data}
+            )
+        return replace(spec, changed_at=now if changed else spec.changed_at)
 
     # ---- pauses by hand -------------------------------------------------------------
     def pause(self, kind: str, name: str, by: str = "") -> bool:

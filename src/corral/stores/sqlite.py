@@ -81,12 +81,13 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest, Relay
@@ -103,7 +104,8 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
+from corral.core.events import LIMIT as LIMIT_EVENT
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -140,7 +142,7 @@ from corral.stores.base import (
     schedule_state,
 )
 from corral.stores.filewatch import FileWatch, open_watch
-from corral.stores.gates import breaker_row, limit_state
+from corral.stores.gates import breaker_row, limit_params, limit_state
 from corral.stores.sql import load
 from corral.stores.sqlbase import (
     Read,
@@ -179,10 +181,12 @@ from corral.stores.sqlbase import (
 #: tasks_expires) and why a running task was asked to stop (tasks.cancel_reason);
 #: 39: pauses by hand (pauses: a queue, a group or a limit);
 #: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
+#: 41: limits changed while running (named_limits.per_key, set_by, declared,
+#: changed_at, and the index of changes a claim behind a full limit reads).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 40
+SCHEMA_VERSION = 41
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -1892,9 +1896,43 @@ class SQLiteStore(SqlStore):
         return submitted
 
     @_guard
-    def set_limit(self, spec: LimitSpec) -> None:
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
         with self._write() as con:
-            con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
+            old = self._limit_row(con, spec.name)
+            return self._write_limit(con, old, limit_rules.declare(old, spec), "declare", "app")
+
+    @_guard
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        with self._write() as con:
+            old = self._limit_row(con, name) if KEY_SEP not in name else None
+            if old is None:
+                raise limit_rules.unknown(name, (n for (n,) in con.execute(Q["limit_names"])))
+            after = limit_rules.change(old, changes, by, reset=reset)
+            return self._write_limit(con, old, after, "reset" if reset else "set", by)
+
+    @staticmethod
+    def _limit_row(con: sqlite3.Connection, name: str) -> LimitSpec | None:
+        row = con.execute(Q["limit_row"], (name,)).fetchone()
+        return None if row is None else limit_state(row).spec
+
+    def _write_limit(
+        self, con: sqlite3.Connection, old: LimitSpec | None, spec: LimitSpec, action: str, by: str
+    ) -> LimitSpec:
+        """The row core.limits decided, and its event if anything changed (a
+        commit: waiting workers wake, and claims behind a full limit look again)."""
+        now = self._clock.time()
+        changed = old is None or old.settings() != spec.settings()
+        if changed:
+            # later than every change before it, even on a clock that stood
+            # still: claims behind a full limit compare the newest (gated_signature)
+            (last,) = con.execute(Q["limits_changed"]).fetchone()
+            if last is not None and last >= now:
+                now = math.nextafter(last, math.inf)
+        con.execute(Q["set_limit"], limit_params(spec, now if changed else None))
+        data = limit_rules.event_data(action, by, old, spec)
+        if data is not None:
+            con.execute(Q["add_event"], (now, LIMIT_EVENT, limit_rules.subject(spec.name), data))
+        return replace(spec, changed_at=now if changed else spec.changed_at)
 
     # ---- pauses by hand -----------------------------------------------------
     @_guard

@@ -288,17 +288,19 @@ def groups(request: Request) -> Response:
 
 
 def limits(request: Request) -> Response:
+    """What ``corral limit show`` says (edges/limit_view.py), a form to change
+    a limit while running, and the breakers."""
+    from corral.edges.limit_view import limits_report
+
     d = _dash(request)
-    usage = d.store.limit_usage()
-    specs = sorted(d.store.limits().values(), key=lambda s: s.name)
+    rows = limits_report(d.store)
     breakers = sorted(d.store.breakers().items())
     events = d.store.breaker_events(limit=20)
     return d.page(
         request,
         "limits.html",
         title="Limits and breakers",
-        specs=specs,
-        usage=usage,
+        rows=rows,
         breakers=breakers,
         events=events,
         now=d.store.now(),
@@ -884,6 +886,18 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
             raise ValueError("state must be open or close")
         store.force_breaker(name, target, form.get("reason") or f"{state}ed from the dashboard")
         return f"breaker {name} {'opened' if target is BreakerState.OPEN else 'closed'}"
+    if what == "limit":
+        from corral.core.limits import describe_settings, parse_changes
+
+        name = form.get("name", "")
+        if form.get("reset"):
+            spec = store.change_limit(name, {}, by="dashboard", reset=True)
+            return f"limit {name}: {describe_settings(spec.settings())}, as declared"
+        changes = parse_changes(form.get("concurrency"), form.get("rate"), form.get("burst"))
+        if not changes:
+            raise ValueError("name a concurrency, a rate or a burst to change ('none' clears one)")
+        spec = store.change_limit(name, changes, by="dashboard")
+        return f"limit {name}: {describe_settings(spec.settings())}, set from the dashboard"
     if what == "level":
         from corral.engine.level_follower import set_level
 

@@ -644,6 +644,14 @@ CREATE TABLE IF NOT EXISTS corral_pauses (
     paused_by text NOT NULL DEFAULT '',
     PRIMARY KEY (kind, name)
 );
+-- name: migration_0041
+-- Limits changed while running (docs/flow-control.md): whether a limit is
+-- keyed, who changed its settings in force (NULL: as declared), the declared
+-- settings kept aside meanwhile (JSON), and when its settings last changed.
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS per_key boolean NOT NULL DEFAULT false;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS set_by text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS declared text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS changed_at double precision;
 
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
@@ -1653,13 +1661,27 @@ RETURNING paused_at;
 -- name: resume
 DELETE FROM corral_pauses WHERE kind = %(kind)s AND name = %(name)s RETURNING kind;
 
+-- A limit's settings as core.limits decided them (declared, or changed while
+-- running). A changed rate starts with a full bucket; an unchanged one keeps
+-- its tokens.
 -- name: set_limit
-INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
-VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(per_key)s, %(set_by)s, %(declared)s, %(changed_at)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst,
+    burst = excluded.burst, per_key = excluded.per_key, set_by = excluded.set_by,
+    declared = excluded.declared, changed_at = coalesce(excluded.changed_at, l.changed_at),
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
+
+-- One limit's row, read in the transaction that changes it (its limit_lock held).
+-- name: limit_row
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM corral_limits WHERE name = %(name)s;
+
+-- The names of the limits (not their keys' rows), for an error naming them.
+-- name: limit_names
+SELECT name FROM corral_limits WHERE strpos(name, chr(31)) = 0 ORDER BY name;
 
 -- name: set_limit_keys
 -- A keyed limit's changed rate starts each of its keys with a full bucket
@@ -1712,7 +1734,7 @@ ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded
 -- and logs starts at: the start time the claim writes, so the starts a
 -- window logs are the tasks' own)
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
-       extract(epoch FROM now())::float8 AS now
+       per_key, set_by, declared, changed_at, extract(epoch FROM now())::float8 AS now
 FROM corral_limits ORDER BY name;
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.

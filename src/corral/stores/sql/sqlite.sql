@@ -367,6 +367,10 @@ ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 ALTER TABLE tasks ADD COLUMN supersede_key TEXT;
 ALTER TABLE tasks ADD COLUMN expires_at REAL;
 ALTER TABLE tasks ADD COLUMN cancel_reason TEXT;
+ALTER TABLE named_limits ADD COLUMN per_key INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE named_limits ADD COLUMN set_by TEXT;
+ALTER TABLE named_limits ADD COLUMN declared TEXT;
+ALTER TABLE named_limits ADD COLUMN changed_at REAL;
 
 -- The event stream (schema version 9), after the columns it needs: written by
 -- triggers in the transaction that changed a task, so every path (claim,
@@ -434,6 +438,11 @@ FROM events e LEFT JOIN tasks t ON t.id = e.task_id;
 -- eligible: at 10 000 groups, 10 000 rows per claim once every group had been
 -- claimed once. The index of every candidate it replaces goes.
 -- name: schema_v17
+-- When a limit's settings last changed (schema 41): a claim that found its
+-- work behind a full limit reads the newest, so a raised limit is seen at
+-- once (gated_signature); key rows never set it.
+CREATE INDEX IF NOT EXISTS named_limits_changed ON named_limits (changed_at)
+    WHERE changed_at IS NOT NULL;
 DROP INDEX IF EXISTS tasks_ready_heads;
 CREATE INDEX IF NOT EXISTS tasks_ready_heads_rank
     ON tasks (queue, (ready_at - priority * 60.0), id)
@@ -821,7 +830,8 @@ DELETE FROM pauses WHERE kind = ? AND name = ?
 
 -- The declared limits, without the rows of keys (named_limits_declared).
 -- name: limits
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
 FROM named_limits INDEXED BY named_limits_declared
 WHERE instr(name, char(31)) = 0
 ORDER BY name
@@ -838,12 +848,29 @@ WHERE name > ?1 AND instr(name, char(31)) > 0 ORDER BY name LIMIT ?2
 -- name: forget_key_rows
 DELETE FROM named_limits WHERE name = ? AND instr(name, char(31)) > 0
 
--- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
--- The log of recent starts (a sliding window's) is kept either way.
+-- One limit's row, read in the write transaction that changes it.
+-- name: limit_row
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM named_limits WHERE name = ?
+
+-- The last change of any limit's settings (from its index).
+-- name: limits_changed
+SELECT max(changed_at) FROM named_limits
+
+-- The names of the limits (not their keys' rows), for an error naming them.
+-- name: limit_names
+SELECT name FROM named_limits WHERE instr(name, char(31)) = 0 ORDER BY name
+
+-- A limit's settings as core.limits decided them (declared, or changed while
+-- running). A changed rate starts with a full bucket; an unchanged one keeps
+-- its tokens. The log of recent starts (a sliding window's) is kept either way.
 -- name: set_limit
-INSERT INTO named_limits (name, concurrency, rate, burst) VALUES (?, ?, ?, ?)
+INSERT INTO named_limits (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
+VALUES (:name, :concurrency, :rate, :burst, :per_key, :set_by, :declared, :changed_at)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst,
+    burst = excluded.burst, per_key = excluded.per_key, set_by = excluded.set_by,
+    declared = excluded.declared, changed_at = coalesce(excluded.changed_at, named_limits.changed_at),
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
 
@@ -901,8 +928,9 @@ WHERE heartbeat_at < :before
   AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.status = 'RUNNING' AND t.worker_id = workers.id)
 
 -- What a claim that found its work only behind a full limit depends on,
--- besides the limits' usage: the newest task, and the ready heads of its
--- queues (their number and the sum of their ids).
+-- besides the limits' usage: the newest task, the ready heads of its
+-- queues (their number and the sum of their ids), and the last change of a
+-- limit's settings (a raised limit frees places no count shows).
 -- name: gated_signature
 -- (The ids of the tasks holding limits' places: a place freed and taken
 -- again at once, by another worker of the limit, leaves every count as it
@@ -910,7 +938,8 @@ WHERE heartbeat_at < :before
 -- for the next place, a run of 45 places in a row going to the other.)
 SELECT (SELECT max(id) FROM tasks), count(*), total(id),
        (SELECT total(id) FROM tasks INDEXED BY tasks_running_limits
-        WHERE status = 'RUNNING' AND limits IS NOT NULL)
+        WHERE status = 'RUNNING' AND limits IS NOT NULL),
+       (SELECT max(changed_at) FROM named_limits)
 FROM tasks INDEXED BY tasks_ready_heads_rank
 WHERE queue IN (SELECT value FROM json_each(?))
   AND status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL
