@@ -54,6 +54,8 @@ SQLITE_ONLY = {
     "schedule_last_run": "a schedule's last run, read under the write lock (PostgreSQL: `schedule_lock`)",
     "tick_skipped": "a tick's row marked skipped after the overlap check (PostgreSQL: written so at once)",
     "prune_deps": "the dependency rows of pruned tasks (PostgreSQL: inside `prune`)",
+    "paused_queues": "the paused queues, read by a wait (PostgreSQL: the claim reads them in its statement)",
+    "limits_changed": "the last change of a limit, read by a claim behind a full limit (PostgreSQL: notified)",
     "key_rows_after": "the next keys' rows to forget, read whole (PostgreSQL: `key_names_after`, then their locks)",
     "expire_queued": "a claim ends the expired tasks its Python pick met (PostgreSQL: `claim` passes them over)",
 }
@@ -120,6 +122,8 @@ POSTGRES_ONLY = {
     "retry_many": "dead letters re-queued in one statement (SQLite: `retry` per id in one transaction)",
     "migration_0037": "numbered migrations (SQLite: `columns_v4` and `schema_v17`)",
     "migration_0040": "numbered migrations (SQLite: `schema`)",
+    "migration_0039": "numbered migrations (SQLite: `schema`)",
+    "migration_0041": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0038": "numbered migrations (SQLite: `columns_v4` and `schema`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",

@@ -936,7 +936,7 @@ class PostgresStore(SqlStore):
                     return names, 0
                 conn.execute(self._q["limit_lock"], {"names": names})
                 rows = conn.execute(self._q["limits"]).fetchall()
-                now = rows[0][8] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+                now = rows[0][-1] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
                 declared = {r[0]: limit_state(r).spec for r in rows}
                 keys = [limit_state(r) for r in conn.execute(self._q["limit_key_rows"], {"names": names})]
                 gone = [

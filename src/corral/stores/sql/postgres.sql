@@ -1138,7 +1138,7 @@ followers AS MATERIALIZED (
                     AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)
                     -- a key not the head's would need a place of its own
                     AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS kn
-                                    WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(p.limits)))) AS ok
+                                    WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(p.limits)))
                     AND NOT (x.group_key = ANY((SELECT groups FROM paused)::text[]))
                     AND (cardinality(x.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
                          OR NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
