@@ -104,6 +104,8 @@ class TaskRecord:
     on_upstream_failure: str = "cancel"
     #: the traceback of the failed attempt its error is from (bounded; see corral.core.texts)
     traceback: str | None = None
+    #: the debounce key it was submitted with: its ``run_at`` is the end of the window
+    debounce_key: str | None = None
 
     @property
     def result_value(self) -> Any:
