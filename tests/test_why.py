@@ -179,3 +179,13 @@ def test_one_more_check_is_one_more_function():
 
 def test_spans_read_as_an_operator_reads_them():
     assert [span(s) for s in (0.34, 12.4, 300, 9000, 3 * 86400)] == ["0.3 s", "12 s", "5 min", "2.5 h", "3 d"]
+
+
+def test_no_live_worker_registers_its_name_when_every_one_serving_its_queue_says_so():
+    a, b = worker("a"), worker("b")
+    says = {"a": frozenset({"default:sync"}), "b": frozenset({"default:sync", "default:other"})}
+    (r,) = why(task(), snap(workers=[a, b], unregistered=says))
+    assert r.text == "no live worker registers task name 'sync' (the 2 serving queue 'default' do not)"
+    # one of them runs it (or has not said): not held
+    assert kinds(why(task(), snap(workers=[a, b], unregistered={"a": says["a"]}))) == ["ready"]
+    assert kinds(why(task(name="other"), snap(workers=[a, b], unregistered=says))) == ["ready"]

@@ -148,3 +148,17 @@ def test_the_claim_takes_what_why_calls_ready_and_leaves_what_it_explains(store,
     assert {tid: reasons[tid][0].kind for tid in expect} == expect
     taken = {t.id for c in store.claim("w1", ClaimRequest(QUEUES, 100)) for t in c.tasks}
     assert taken == {tid for tid, kind in expect.items() if kind == "ready"}
+
+
+def test_a_name_no_live_worker_of_its_queue_registers(store):
+    from corral.core.model import dumps
+    from corral.engine.heartbeat import HEALTH_EVENT
+
+    alive(store, "w1")
+    alive(store, "w2")
+    tid = submit_one(store, "ghost")
+    store.add_event(HEALTH_EVENT, "w1", dumps({"unregistered": {"default:ghost": 1}}))
+    assert main_reason(store, tid).kind == "ready"  # w2 has not said it cannot run it
+    store.add_event(HEALTH_EVENT, "w2", dumps({"unregistered": {"default:ghost": 1}}))
+    r = main_reason(store, tid)
+    assert (r.kind, r.fields["name"]) == ("no_worker", "ghost")

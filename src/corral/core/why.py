@@ -53,7 +53,10 @@ class Snapshot:
     claim reads them (None: none read, so none named). ``workers``: the
     presence rows (None: not known, so "no worker" is never said).
     ``heads``: each group's head (the smallest id still in its line).
-    ``upstream``: a WAITING task's upstream tasks, by its id."""
+    ``upstream``: a WAITING task's upstream tasks, by its id.
+    ``unregistered``: by worker id, the ``queue:name`` pairs of queued tasks
+    its newest health report says it does not register (a worker with no
+    report is taken to run them)."""
 
     now: float
     gates: Gates | None = None
@@ -61,6 +64,7 @@ class Snapshot:
     workers: Sequence[WorkerInfo] | None = None
     heads: Mapping[str, TaskRecord | None] = field(default_factory=dict)
     upstream: Mapping[int, Sequence[TaskRecord]] = field(default_factory=dict)
+    unregistered: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 # ---- words --------------------------------------------------------------------------------
@@ -173,11 +177,20 @@ def group(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
 
 
 def no_worker(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
-    """No live worker process serves the task's queue (from the presence rows)."""
+    """No live worker process serves the task's queue (from the presence
+    rows), or every one that does says it does not register the task's name
+    (from their health reports)."""
     if s.workers is None or t.status in FINAL:
         return
     alive = [w for w in s.workers if worker_silence(w, s.now) is None]
-    if any(t.queue in w.queues for w in alive):
+    serving = [w for w in alive if t.queue in w.queues]
+    if serving:
+        pair = f"{t.queue}:{t.name}"
+        if all(pair in s.unregistered.get(w.id, ()) for w in serving):
+            text = (
+                f"no live worker registers task name {t.name!r} (the {len(serving)} serving queue {t.queue!r} do not)"
+            )
+            yield Reason("no_worker", text, {"queue": t.queue, "name": t.name, "alive_workers": len(alive)})
         return
     served = sorted({q for w in alive for q in w.queues})
     if not alive:

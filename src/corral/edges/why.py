@@ -3,9 +3,10 @@ judges, read once for a task or a page of them (``corral why``, the task's
 page and the lists of waiting tasks on the dashboard).
 
 Bounded: the limits the tasks name (and their keyed limits), the places held
-(one read of the running rows), the breakers, the level, the workers' rows,
-one seek per group for its head and one read per WAITING task for its
-upstream tasks; never a scan of the history."""
+(one read of the running rows), the breakers, the level, the workers' rows
+and their newest health reports (the last 500 events of that kind), one seek
+per group for its head and one read per WAITING task for its upstream tasks;
+never a scan of the history."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from corral.core.model import TaskRecord
 from corral.core.states import FINAL, State
 from corral.core.why import Reason, Snapshot, why
+from corral.edges.workers import health_reports
 from corral.stores.base import Store
 
 
@@ -37,7 +39,11 @@ def snapshot(store: Store, tasks: Sequence[TaskRecord]) -> Snapshot:
         except NotImplementedError:
             break
     upstream = {t.id: store.upstream(t.id) for t in live if t.status is State.WAITING}
-    return Snapshot(now, gates, store.fleet_level().level if live else 0, workers, heads, upstream)
+    unregistered = {
+        wid: frozenset((rep.get("unregistered") or {}).keys()) for wid, rep in health_reports(store).items()
+    }
+    level = store.fleet_level().level if live else 0
+    return Snapshot(now, gates, level, workers, heads, upstream, unregistered)
 
 
 def explain(store: Store, tasks: Sequence[TaskRecord]) -> dict[int, list[Reason]]:
