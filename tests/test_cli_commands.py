@@ -34,6 +34,7 @@ COMMANDS = [
     "submit",
     "sweep",
     "tasks",
+    "why",
     "worker",
     "workers",
 ]
