@@ -253,7 +253,7 @@ def _shut(g: Gates, name: str) -> Iterator[Reason]:
     row = g.breakers.get(name)
     if row is not None and brk.admit(row.state, row.config, now, 1)[0] < 1:
         b = row.state
-        facts = {"breaker": name, "state": b.state.value, "forced": b.forced}
+        facts: dict[str, Any] = {"breaker": name, "state": b.state.value, "forced": b.forced}
         reopen = b.reopens_at()
         if b.forced:
             text = f"breaker {name!r} held open by hand: closed only by an operator"
