@@ -35,6 +35,7 @@ COMMANDS = [
     "submit",
     "sweep",
     "tasks",
+    "why",
     "worker",
     "workers",
 ]

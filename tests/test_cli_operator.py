@@ -17,6 +17,7 @@ READS = [
     ("status",),
     ("tasks",),
     ("show", "1"),
+    ("why", "2"),
     ("dead",),
     ("events",),
     ("periodic",),

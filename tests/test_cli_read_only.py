@@ -17,6 +17,7 @@ READ_ONLY = [
     ("status",),
     ("tasks",),
     ("show", "1"),
+    ("why", "1"),
     ("dead",),
     ("events",),
     ("periodic",),

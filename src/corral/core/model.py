@@ -121,6 +121,8 @@ class TaskRecord:
     traceback: str | None = None
     #: the deadline of its first start (store clock), if submitted with ``expires=``
     expires_at: float | None = None
+    #: the debounce key it was submitted with: its ``run_at`` is the end of the window
+    debounce_key: str | None = None
 
     @property
     def result_value(self) -> Any:

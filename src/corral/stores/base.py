@@ -72,6 +72,7 @@ from typing import Any
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
 from corral.core.claims import ClaimRequest
 from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.gates import Gates
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
@@ -638,6 +639,14 @@ class Store(abc.ABC):
         never finished history."""
         raise NotImplementedError
 
+    def line_head(self, group: str) -> TaskRecord | None:
+        """The head of ``group``'s line, shown as :meth:`get` shows it: its
+        smallest id still ACTIVE or FAILED halting the group (what every task
+        behind it waits for); None when the line is empty.
+
+        One seek of the index of live group lines, whatever the group's history."""
+        raise NotImplementedError
+
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
         """Batches by name (those after ``after``), each with its tasks per state.
 
@@ -876,6 +885,28 @@ class Store(abc.ABC):
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name (a keyed limit's keys
         summed under its name); limits with none are absent."""
+
+    def gate_rows(self, names: Collection[str]) -> Gates:
+        """The gates a claim would read now for these gate names (limits, a
+        keyed limit's keys as :func:`~corral.core.gates.keyed_name`, task
+        names under a breaker): the rows of those limits and of their keyed
+        limits, the places held, and every breaker. A read: nothing is
+        charged, so :meth:`Gates.room` answers what a claim would find.
+
+        This default composes the public reads (a key's own bucket is not
+        among them: it counts full); the stores here read the rows a claim reads."""
+        from corral.core.gates import BreakerRow, LimitState, keyed_name, split_key
+
+        now = self.now()
+        specs = self.limits()
+        wanted = {n for name in names for n in (name, split_key(name)[0])}
+        limits = {n: LimitState(specs[n]) for n in wanted if n in specs}
+        usage = dict(self.limit_usage())
+        for limit, keys in self.busiest_keys(top=1 << 30).items():
+            for key, used in keys:
+                usage[keyed_name(limit, key)] = used
+        breakers = {n: BreakerRow(n, cfg, st) for n, (cfg, st) in self.breakers().items()}
+        return Gates(now, limits, usage, breakers)
 
     def limit_frees_at(self) -> dict[str, float]:
         """For each limit that lets nothing start now for its rate (or a

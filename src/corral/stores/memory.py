@@ -47,6 +47,7 @@ from corral.core.gates import (
     fold_keys,
     key_at_rest,
     record_outcomes,
+    split_key,
 )
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -357,6 +358,7 @@ class MemoryStore(Store):
                 ref=nt.ref,
                 on_upstream_failure=nt.on_upstream_failure,
                 expires_at=nt.expires_at,
+                debounce_key=nt.debounce_key,
             )
             if nt.debounce is not None:
                 t.run_at = now + nt.debounce
@@ -723,6 +725,14 @@ class MemoryStore(Store):
     def minute_stats(self, since: float) -> list[MinuteStat]:
         with self._lock:
             return sorted((r for r in self._minutes.values() if r.minute >= since), key=lambda r: r.minute)
+
+    def line_head(self, group: str) -> TaskRecord | None:
+        with self._lock:
+            for tid in self._groups[group].ids if group in self._groups else ():
+                t = self._tasks[tid]
+                if t.status in ACTIVE or (t.status is State.FAILED and t.halt_group_on_failure):
+                    return _shown(t)
+            return None
 
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
@@ -1253,6 +1263,13 @@ class MemoryStore(Store):
         with self._lock:
             evs = [e for e in self._breaker_events if name is None or e.name == name]
         return evs[::-1][: max(0, limit)]
+
+    def gate_rows(self, names: Collection[str]) -> Gates:
+        with self._lock:
+            wanted = {n for name in names for n in (name, split_key(name)[0])}
+            limits = {n: replace(lim) for n in wanted if (lim := self._limits.get(n)) is not None}
+            breakers = {n: replace(b) for n, b in self._breakers.items()}
+            return Gates(self.now(), limits, dict(self._usage), breakers)
 
     def limit_usage(self) -> dict[str, int]:
         with self._lock:

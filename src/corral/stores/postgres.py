@@ -1424,6 +1424,13 @@ class PostgresStore(SqlStore):
         rows = self._fetchall("get", {"id": task_id}, dicts=True)
         return shown_record(_record(rows[0])) if rows else None
 
+    def line_head(self, group: str) -> TaskRecord | None:
+        rows = self._fetchall("line_head", {"group": group}, dicts=True)
+        return shown_record(_record(rows[0])) if rows else None
+
+    def _names_param(self, names: Sequence[str]) -> Any:
+        return list(names)
+
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
         for attr, col in (

@@ -1861,6 +1861,15 @@ class SQLiteStore(SqlStore):
                 con.execute(Q["prune_deps"], (json.dumps(ids),))
         return len(ids)
 
+    def _names_param(self, names: Sequence[str]) -> Any:
+        return dumps(list(names))
+
+    @_guard
+    def line_head(self, group: str) -> TaskRecord | None:
+        with self._read() as con:
+            row = _task_cursor(con).execute(Q["line_head"], (group,)).fetchone()
+            return None if row is None else self._records(con, [row])[0]
+
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:
         with self._read() as con:

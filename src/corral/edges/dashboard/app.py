@@ -47,10 +47,11 @@ from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
 from corral.core.pauses import KINDS, Pause, check_target
 from corral.core.planning import format_age
-from corral.core.states import ACTIVE, State
+from corral.core.states import ACTIVE, FINAL, State
 from corral.edges.dashboard.hosts import is_loopback
 from corral.edges.dashboard.sampler import Sampler, fmt_seconds
 from corral.edges.task_lists import TaskQuery
+from corral.edges.why import explain, explain_one
 from corral.errors import CorralError
 from corral.stores.base import DEAD, Store, batch_status
 
@@ -597,6 +598,7 @@ def task_detail(request: Request) -> Response:
         pass
     timeline.sort(key=lambda entry: entry[1])  # (what, at, detail): by when
     duration = rec.finished_at - rec.started_at if rec.finished_at and rec.started_at else None
+    reasons = explain_one(d.store, rec) if rec.status not in FINAL else []
     return d.page(
         request,
         "task.html",
@@ -609,6 +611,7 @@ def task_detail(request: Request) -> Response:
         duration=duration,
         cancellable=rec.status in ACTIVE,
         retryable=rec.status.value in FINAL_STATES,
+        why=reasons,
     )
 
 
@@ -638,6 +641,8 @@ AGE_FILTERS = {"older": "min_age", "newer": "max_age"}
 STATE_NAMES = [s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED, State.RUNNING)] + [
     s.value for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED)
 ]
+#: States a task waits in: the Tasks page filtered to one of them has a "why" column.
+WAITING_STATES = frozenset(s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED))
 #: Tasks one bulk retry or cancel may take (the newest of a larger set).
 BULK_MAX = 10_000
 #: How long a shown count may be confirmed, and how many may wait at once.
@@ -695,6 +700,8 @@ def tasks(request: Request) -> Response:
         return d.page(request, "error.html", status_code=400, title="Bad filter", error=str(exc))
     now = d.store.now()
     page = find_tasks(d.store, query, now)
+    # the Tasks page filtered to a waiting state says why each row waits (one snapshot for the page)
+    why = {k: v[0].text for k, v in explain(d.store, page.rows).items()} if query.status in WAITING_STATES else None
     filtered = any(shown.values())
     what = [f"{k} {v}" for k, v in shown.items() if v]
     heading = ("Tasks: " + ", ".join(what)) if filtered else "Newest tasks"
@@ -716,6 +723,7 @@ def tasks(request: Request) -> Response:
         first_url=request.url.path + ("?" + urlencode(params) if params else ""),
         bulk_url="/tasks/bulk?" + urlencode(params),
         live_rows=",".join(str(r.id) for r in page.rows),
+        why=why,
     )
 
 
@@ -934,6 +942,7 @@ def _task_live(store: Store, tid: int) -> dict[str, Any] | None:
         "progress_value": rec.progress,
         "progress_message": rec.progress_message or "",
         "error": rec.error or "",
+        "why": explain_one(store, rec)[0].text if rec.status not in FINAL else "",
     }
 
 

@@ -1451,6 +1451,15 @@ WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 -- name: get
 SELECT * FROM corral_tasks WHERE id = %(id)s;
 
+-- The head of a group's line: its smallest id still ACTIVE or halting-FAILED
+-- (one seek of the group-block index; `corral why`).
+-- name: line_head
+SELECT * FROM corral_tasks
+WHERE id = (SELECT min(id) FROM corral_tasks
+            WHERE group_key = %(group)s AND group_key IS NOT NULL
+              AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure)));
+
 -- The starts of held tasks whose bodies run now ([id, token, attempt,
 -- started_at] rows as JSON): applied only while RUNNING under the token with
 -- no start recorded; the version stays (the outcome still applies).
@@ -1736,6 +1745,11 @@ ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
        per_key, set_by, declared, changed_at, extract(epoch FROM now())::float8 AS now
 FROM corral_limits ORDER BY name;
+
+-- The rows of these limits (keys' budgets by their gate name).
+-- name: limits_named
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts
+FROM corral_limits WHERE name = ANY(%(names)s) ORDER BY name;
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.
 -- name: limit_charge

@@ -531,7 +531,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at, debounce_key
 FROM tasks
 
 -- name: get
@@ -539,8 +539,23 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at, debounce_key
 FROM tasks WHERE id = ?
+
+-- The head of a group's line: its smallest id still ACTIVE or halting-FAILED
+-- (one seek of the line index; `corral why`).
+-- name: line_head
+SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, debounce_key
+FROM tasks
+WHERE id = (SELECT min(id) FROM tasks INDEXED BY tasks_group_line
+            WHERE group_key = ?
+              AND group_key IS NOT NULL
+              AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
 -- The tasks one task depends on, in its depends_on order (ctx.upstream).
 -- name: upstream
@@ -865,6 +880,11 @@ SELECT name FROM named_limits WHERE instr(name, char(31)) = 0 ORDER BY name
 -- A limit's settings as core.limits decided them (declared, or changed while
 -- running). A changed rate starts with a full bucket; an unchanged one keeps
 -- its tokens. The log of recent starts (a sliding window's) is kept either way.
+-- The rows of these limits (a JSON array of names; keys' budgets by their gate name).
+-- name: limits_named
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name
+
 -- name: set_limit
 INSERT INTO named_limits (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
 VALUES (:name, :concurrency, :rate, :burst, :per_key, :set_by, :declared, :changed_at)
