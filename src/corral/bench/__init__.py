@@ -823,6 +823,12 @@ def retention_cmd(
     show_default=True,
     help="Claim cost: units a claim asks for (a worker's free slots; its default slots are 10).",
 )
+@click.option(
+    "--claim-limits",
+    default="none,limit,keyed,keyed_rate",
+    show_default=True,
+    help="Claim cost: which to time: no limit, one plain limit, a keyed limit, a keyed limit with a rate.",
+)
 @json_option
 @no_progress_option
 def keys_cmd(
@@ -844,6 +850,7 @@ def keys_cmd(
     claims: int,
     warmup: int,
     batch: int,
+    claim_limits: str,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -869,10 +876,17 @@ def keys_cmd(
     --active-keys keys each holding a running task and --queued tasks queued
     under them, a keyed limit that never binds (concurrency only, and with a
     rate too), against the same tasks under no limit; target <= 1.2 x."""
-    from corral.bench.keys import child_argv, render, tasks_for
+    from corral.bench.keys import CLAIM_VARIANTS, child_argv, render, tasks_for
 
     kind, pg_url = _store(store, pg_url)
     if claim_cost:
+        chosen = [v.strip() for v in claim_limits.split(",") if v.strip()]
+        bad = [v for v in chosen if v not in CLAIM_VARIANTS]
+        if bad or not chosen:
+            raise click.BadParameter(
+                f"unknown {', '.join(bad) or '(none)'}; choose from {', '.join(CLAIM_VARIANTS)}",
+                param_hint="--claim-limits",
+            )
         if min(active_keys, queued, claims, batch) < 1 or warmup < 0:
             raise click.UsageError("--active-keys, --queued, --claims and --batch must be >= 1, --warmup >= 0")
         if queued < (claims + warmup) * batch:
@@ -886,6 +900,7 @@ def keys_cmd(
             claims=claims,
             warmup=warmup,
             batch=batch,
+            variants=",".join(chosen),
             progress=not no_progress,
         )
         _run_and_show(argv, f"keys: claim cost ({kind})", render, as_json=as_json, progress=not no_progress)

@@ -350,7 +350,9 @@ def run_fleet(args) -> dict[str, Any]:
 
 
 # ---- the claim cost -------------------------------------------------------------------------------
-CLAIM_VARIANTS = ("none", "keyed", "keyed_rate")
+#: no limit; one plain limit that never binds (for scale); a keyed limit, then with a rate too
+CLAIM_VARIANTS = ("none", "limit", "keyed", "keyed_rate")
+PLAIN_LIMIT = "bench_plain"
 
 
 def claim_request(batch: int, names: Iterable[str]):
@@ -374,12 +376,16 @@ def claim_variant(args, variant: str, progress) -> dict[str, Any]:
     (each under its own key, or under none) and ``args.queued`` queued."""
     from corral.core.claims import ClaimRequest
 
-    keyed = variant != "none"
+    keyed = variant.startswith("keyed")
     task = KEYED_TASK if keyed else PLAIN_TASK
     with common.temp_store_url(args.store, args.pg_url) as url:
         app = build_app(url)
         try:
             big = 1 << 30
+            if variant == "limit":
+                task = "keys.limited"
+                app.task(name=task, limits=[PLAIN_LIMIT])(work)
+                app.limit(PLAIN_LIMIT, concurrency=big)
             if keyed:
                 rate = "1000000/s" if variant == "keyed_rate" else None
                 app.limit(LIMIT, concurrency=big, rate=rate, per_key=True)
@@ -512,7 +518,12 @@ def render(report: dict[str, Any]) -> None:
         )
         for c in ("limit", "active keys", "claims", "tasks/claim", "p50 ms", "p90 ms", "mean ms", "p50 / none"):
             t.add_column(c, justify="left" if c == "limit" else "right")
-        names = {"none": "none", "keyed": "keyed, concurrency", "keyed_rate": "keyed, concurrency + rate"}
+        names = {
+            "none": "none",
+            "limit": "one plain limit",
+            "keyed": "keyed, concurrency",
+            "keyed_rate": "keyed, concurrency + rate",
+        }
         for r in report["results"]:
             t.add_row(
                 names.get(r["variant"], r["variant"]),
