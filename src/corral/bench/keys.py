@@ -46,7 +46,7 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,8 +176,7 @@ def broken_bounds(fig: dict[str, Any], concurrency: int, rate: int) -> list[str]
         out.append(f"key {fig['max_in_flight_key']!r} had {fig['max_in_flight']} in flight (bound {concurrency})")
     if fig["max_starts_per_window"] > rate:
         out.append(
-            f"key {fig['max_starts_key']!r} started {fig['max_starts_per_window']} in one sliding second"
-            f" (bound {rate})"
+            f"key {fig['max_starts_key']!r} started {fig['max_starts_per_window']} in one sliding second (bound {rate})"
         )
     return out
 
@@ -272,9 +271,7 @@ def fleet_run(args, keyed: bool, base: int, total: int) -> dict[str, Any]:
             if keyed:
                 after = None
                 while True:
-                    page = app.store.list_tasks(
-                        TaskFilter(name=task, limit=10_000, newest_first=False, after_id=after)
-                    )
+                    page = app.store.list_tasks(TaskFilter(name=task, limit=10_000, newest_first=False, after_id=after))
                     if not page:
                         break
                     for r in page:
@@ -303,8 +300,10 @@ def fleet_run(args, keyed: bool, base: int, total: int) -> dict[str, Any]:
         "tasks_per_s": round(len(first) / wall, 1) if wall > 0 else None,
     }
     if keyed:
-        runs = [Run(claimed.get(i, (f"k{k}", None))[0], s, e, claimed.get(i, (None, None))[1])
-                for i, (k, s, e) in first.items()]
+        runs = [
+            Run(claimed.get(i, (f"k{k}", None))[0], s, e, claimed.get(i, (None, None))[1])
+            for i, (k, s, e) in first.items()
+        ]
         out.update(key_figures(runs))
         # the store's starts on the bodies' clock: how long a claim waited for its slot
         lags = sorted(r.start - r.claimed for r in runs if r.claimed is not None)
@@ -556,8 +555,9 @@ def render(report: dict[str, Any]) -> None:
         _f(k["duplicates"]),
     )
     if p:
-        t.add_row("no limit", _f(p["ran"]), _f(p["wall_s"]), _f(p["tasks_per_s"], 0), "—", "—", "—",
-                  _f(p["duplicates"]))
+        t.add_row(
+            "no limit", _f(p["ran"]), _f(p["wall_s"]), _f(p["tasks_per_s"], 0), "—", "—", "—", _f(p["duplicates"])
+        )
     console.print(t)
     console.print(
         f"ideal (the keys' own bounds) {report['ideal_s']:.3f} s = {_f(report['allowed_tasks_per_s'], 0)} tasks/s;"
