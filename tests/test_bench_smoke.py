@@ -213,8 +213,8 @@ LATENCY_FIELDS = {
 }
 
 
-def _latency_run(*store: str) -> dict:
-    report = _run("latency", *store, "--rates", "50", "--seconds", "2", "--warmup", "0.5", "--json", "--no-progress")
+def _latency_run(*args: str) -> dict:
+    report = _run("latency", *args, "--rates", "50", "--seconds", "2", "--warmup", "0.5", "--json", "--no-progress")
     assert report["scenario"] == "latency"
     (run,) = report["runs"]
     assert run["workers"] == 2 and run["warmup_s"] == 0.5
@@ -223,7 +223,10 @@ def _latency_run(*store: str) -> dict:
 
 
 def test_latency_sqlite():
-    _assert_sane_latency(_latency_run("--store", "sqlite"), "sqlite")
+    # two submitting processes share the schedule: every task of it is submitted once
+    r = _latency_run("--store", "sqlite", "--submitters", "2")
+    _assert_sane_latency(r, "sqlite")
+    assert r["submitters"] == 2 and r["submitted"] == 100
 
 
 @pytest.mark.postgres
@@ -234,7 +237,7 @@ def test_latency_postgres(pg_admin_url):
 def _assert_sane_latency(r: dict, store: str) -> None:
     assert r["store"] == store
     assert LATENCY_FIELDS <= set(r)
-    assert r["rate"] == 50 and r["submitted"] > 0
+    assert r["rate"] == 50 and r["submitted"] > 0 and r["submitters"] >= 1
     # the first 0.5 s are warm-up: about three quarters of 2 s of submits are measured
     assert 0 < r["measured"] < r["submitted"]
     assert r["started"] == r["measured"] and r["missing"] == 0 and r["duplicates"] == 0
@@ -276,3 +279,42 @@ def test_latency_schedule_is_steady_and_open_loop():
     assert fig["measured"] == 17 and fig["started"] == 16 and fig["missing"] == 1
     assert fig["pickup_p50_ms"] == pytest.approx(2.0)
     assert fig["max_ms"] is None  # a task that never started is slower than any that did
+
+
+def test_latency_submitters_share_one_schedule():
+    """Submitters k of n take the tasks k, k + n, ... of one schedule, each
+    at its own due time; their notes merge in the schedule's order. The
+    default gives one submitter per 150/s of the rate."""
+    from corral.bench.latency import Submits, submit_steady, submitters_for
+
+    parts = []
+    for k in range(3):
+        calls: list[tuple[int, float]] = []
+        now = [0.0]
+
+        def submit(i: int, calls=calls, now=now) -> None:
+            calls.append((i, now[0]))
+            now[0] += 0.001
+
+        def sleep(s: float, now=now) -> None:
+            now[0] += s
+
+        part = submit_steady(
+            submit,
+            100.0,
+            0.2,
+            first=k,
+            step=3,
+            start=0.0,
+            clock=lambda now=now: now[0],
+            wall=lambda now=now: now[0],
+            sleep=sleep,
+        )
+        assert [i for i, _ in calls] == list(range(k, 20, 3))
+        assert [t for _, t in calls] == pytest.approx([i / 100.0 for i in range(k, 20, 3)])
+        parts.append(part)
+    merged = Submits.merged(parts)
+    assert list(merged.ids) == list(range(20))
+    assert list(merged.before) == pytest.approx([i / 100.0 for i in range(20)])
+    assert merged.elapsed == max(p.elapsed for p in parts)
+    assert [submitters_for(r) for r in (50, 100, 150, 151, 300, 1000)] == [1, 1, 1, 2, 2, 7]

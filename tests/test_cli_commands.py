@@ -25,6 +25,7 @@ COMMANDS = [
     "demo",
     "events",
     "level",
+    "limit",
     "periodic",
     "plan",
     "prune",
@@ -34,6 +35,7 @@ COMMANDS = [
     "submit",
     "sweep",
     "tasks",
+    "why",
     "worker",
     "workers",
 ]

@@ -17,6 +17,7 @@ READS = [
     ("status",),
     ("tasks",),
     ("show", "1"),
+    ("why", "2"),
     ("dead",),
     ("events",),
     ("periodic",),
@@ -24,6 +25,8 @@ READS = [
     ("breaker", "show"),
     ("level",),
     ("level", "show"),
+    ("limit",),
+    ("limit", "show"),
     ("batch", "show", "b1", "--once"),
     ("plan", "--qps", "100", "--latency-ms", "200"),
     ("workers",),
@@ -52,7 +55,8 @@ def test_every_read_command_prints_json(cmd, url):
     got = CliRunner().invoke(cli, [*cmd, "--json", "--store", url], catch_exceptions=False)
     assert got.exit_code == 0, got.output
     if cmd == ("events",):  # one object a line, so that --follow streams them
-        assert [json.loads(ln)["kind"] for ln in got.stdout.splitlines()] == ["submitted"] * 3
+        # the limit's declaration, then the tasks
+        assert [json.loads(ln)["kind"] for ln in got.stdout.splitlines()] == ["limit"] + ["submitted"] * 3
     else:
         json.loads(got.stdout)
 

@@ -17,6 +17,7 @@ READ_ONLY = [
     ("status",),
     ("tasks",),
     ("show", "1"),
+    ("why", "1"),
     ("dead",),
     ("events",),
     ("periodic",),
@@ -24,11 +25,15 @@ READ_ONLY = [
     ("breaker", "show"),
     ("level",),
     ("level", "show"),
+    ("limit",),
+    ("limit", "show"),
     ("batch", "show", "b"),
     ("workers",),
     ("plan", "--from-history", "t"),
-    # not a read, but deleting from a store that is not there is a mistake too
+    # not reads, but deleting from or changing a store that is not there is a mistake too
     ("prune", "--older-than", "7d"),
+    ("limit", "set", "api", "--concurrency", "2"),
+    ("limit", "reset", "api"),
 ]
 
 

@@ -228,7 +228,18 @@ def test_workers_page_shows_a_killed_worker_dead_with_what_it_held(env, tmp_path
     try:
         worker.wait_ready()
         wait_for(lambda: submitter.get(held).status is State.RUNNING, 30, message="the worker runs the task")
+        # a task behind the held head says why it waits, and follows the kill live
+        behind = slow.submit(0, group="g-killed").id
+        page.goto(other.url + f"/tasks/{behind}")
+        why = page.locator("[data-task=why]")
+        assert f"behind its group's head, task {held} (slow), RUNNING on worker" in why.inner_text()
+        assert worker.pid in why.inner_text() and "dead" not in why.inner_text()
+        page.evaluate("window.__same_page = true")
         worker.kill()
+        wait_for(lambda: "(dead: " in why.inner_text(), 30, message="the why of the task behind says dead, live")
+        assert page.evaluate("window.__same_page === true")  # no reload happened
+        assert "lease lost" in why.inner_text() and worker.pid in why.inner_text()
+        shot(page, "task-why")
         page.goto(other.url + "/workers")
 
         def dead_row():

@@ -236,3 +236,27 @@ def test_the_over_time_page_draws_the_recorded_minutes(store, client, clock):
     status, body = c.request("/over-time?window=day&queue=default&name=sync")
     assert status == 200 and "the last day, queue default, sync" in body
     assert c.request("/over-time?window=week")[0] == 400
+
+
+def test_a_waiting_task_says_why_on_its_page_and_in_a_list_of_waiting_tasks(client, store, clock):
+    from corral.core.model import LimitSpec, WorkerInfo
+
+    c, _ = client
+    store.report_worker(WorkerInfo("w1", "vm", 1, ("default",), 4, 0, "1.0", 5.0))
+    store.set_limit(LimitSpec("partner", concurrency=1))
+    head, behind = submit(store, 2, group="acct-1")
+    (free,) = submit(store, 1, limits=("partner",))
+    (held,) = submit(store, 1, limits=("partner",))
+    (later,) = submit(store, 1, run_at=store.now() + 600)
+    store.claim("w1", ClaimRequest(["default"], 2))  # the group's head and the limit's one place
+    status, body = c.request(f"/tasks/{behind}")
+    assert status == 200
+    assert f"behind its group&#39;s head, task {head} (t), RUNNING on worker w1 (alive, lease expires in" in body
+    status, body = c.request("/tasks?status=PENDING")
+    cells = dict(re.findall(r'<tr data-row="(\d+)">.*?<td class="why" data-col="why">([^<]*)</td>', body, re.S))
+    assert cells[str(held)] == "limit &#39;partner&#39; full: 1 of 1 running"
+    assert cells[str(later)] == "scheduled for later: runs in 10 min"
+    assert cells[str(behind)].startswith("behind its group")
+    assert str(free) not in cells  # claimed: not PENDING any more
+    _, body = c.request("/tasks")  # not filtered to a waiting state: no column
+    assert 'data-col="why"' not in body

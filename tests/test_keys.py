@@ -133,6 +133,7 @@ def test_a_newer_submit_stops_a_running_task_that_checks(app):
     newest = render.submit("doc-9", 2, supersede_key="doc-9")
     wait_for(lambda: first.status() is State.CANCELED, timeout=20, message="the running render stopped")
     assert stopped.is_set()
+    assert first.get().error == SUPERSEDED  # not a plain "canceled": why it stopped
     assert newest.result(timeout=20) == 2
 
 
@@ -164,6 +165,7 @@ def test_a_newer_submit_kills_a_running_process_task(app, tmp_path):
     pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), timeout=20, message="the child started"))
     render.submit(str(tmp_path / "pid2"), supersede_key="doc-9")
     wait_for(lambda: first.status() is State.CANCELED, timeout=20, message="the process task was canceled")
+    assert first.get().error == SUPERSEDED
     wait_for(lambda: not _pid_alive(pid), timeout=20, message="its child process was killed")
 
 

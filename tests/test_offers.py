@@ -2,7 +2,8 @@
 now hands it to an idle worker in the submit's own commit (RUNNING under the
 worker's lease, no start recorded, as a prefetch), and nothing else is ever
 handed over: not grouped, limited, delayed or batched work, not a task the
-worker cannot run, not past the slots offered, not after the wait ended. A
+worker cannot run, not past the slots offered, not after the wait ended. The
+offer stays open through its hand-overs until its slots are all taken. A
 task handed to a worker that died comes back with its attempts intact."""
 
 from __future__ import annotations
@@ -35,28 +36,33 @@ def _app_with_job(url: str):
 
 
 class _Waiter:
-    """A thread in ``store.wait_offering``; ``got`` holds what it returned."""
+    """A thread in ``store.wait_offering``; ``got`` holds the claims handed
+    to it so far, ``ended`` is set when the wait returned."""
 
     def __init__(self, app: corral.App, url: str, offer: Offer, timeout: float = 60):
-        self.got: list | None = None
+        self.got: list = []
+        self.ended = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(app.store, offer, timeout), daemon=True)
         # the first wait on a store only starts listening: wait until the offer is open
         app.store.wait_for_work(0.01)
         self._thread.start()
-        # open for this wait: an offer spent by a task that came in its
-        # notification stays in the table, with no place free, until renewed
+        # open for this wait: a spent offer stays in the table, with no slot
+        # free, until the next one
         wait_for(
             lambda: any(row[0] == offer.worker_id and row[1] > 0 for row in _offers(url)), message="the offer is open"
         )
 
     def _run(self, store, offer, timeout):
-        self.got = store.wait_offering(timeout, offer.queues, offer)
+        store.wait_offering(timeout, offer.queues, offer, self.got.extend)
+        self.ended.set()
+
+    def ids(self) -> list[int]:
+        return [t.id for c in self.got for t in c.tasks]
 
     def result(self, store) -> list:
         store.wake_waiters()
         self._thread.join(10)
         assert not self._thread.is_alive()
-        assert self.got is not None
         return self.got
 
 
@@ -69,42 +75,63 @@ def test_a_plain_task_is_handed_to_the_waiting_worker_in_its_submit(pg_url):
     rec = app.get(h.id)
     assert rec.status is State.RESERVED and rec.worker_id == "w-1"  # held, not started
     assert rec.attempt == 0 and rec.started_at is None
-    wait_for(lambda: waiter.got is not None, message="the wait ends with the task")
-    claims = waiter.got
-    assert [c.tasks[0].id for c in claims] == [h.id]
-    assert claims[0].token == rec.lease_token
-    assert [free for _, free, _ in _offers(pg_url)] == [0]  # spent: nothing more is handed over
-    assert app.get(job.submit(8).id).status is State.PENDING
+    wait_for(lambda: waiter.ids() == [h.id], message="the task is passed on as it comes")
+    assert waiter.got[0].token == rec.lease_token
     kinds = [(json.loads(e.data)["status"], e.kind) for e in app.store.events(limit=50) if e.subject == f"task:{h.id}"]
     assert sorted(kinds) == sorted([("PENDING", "submitted"), ("RUNNING", "started")])
+    app.close(5)
+
+
+def test_an_offer_stays_open_for_every_slot_it_offered(pg_url):
+    """A steady stream of single submits: the offer is not spent by one
+    task, the wait goes on and the next submit is handed over too, until
+    every slot offered is taken; then the wait ends by itself."""
+    app, job = _app_with_job(pg_url)
+
+    waiter = _Waiter(app, pg_url, Offer("w-1", ("default",), frozenset({job.name}), 3, 30.0))
+    handed = []
+    for i in range(3):
+        h = job.submit(i)
+        handed.append(h.id)
+        assert app.get(h.id).worker_id == "w-1", f"submit {i} was not handed over"
+        wait_for(lambda: waiter.ids() == handed, message=f"task {i} is passed on as it comes")
+        if i < 2:
+            assert not waiter.ended.is_set(), "the wait ended with slots still offered"
+            assert [free for _, free, _ in _offers(pg_url)] == [2 - i]
+    assert waiter.ended.wait(10), "a spent offer ends the wait"
+    assert [free for _, free, _ in _offers(pg_url)] == [0]  # spent: nothing more is handed over
+    assert app.get(job.submit(9).id).status is State.PENDING
+    assert waiter.result(app.store) and waiter.ids() == handed  # nothing read back twice
     app.close(5)
 
 
 def test_a_handed_task_rides_in_its_notification_and_a_big_one_is_read_back(pg_url, monkeypatch):
     """The worker starts a handed-over task from its notification, with no
     round trip to read it back; a row too big for a notification is read
-    back. A new offer after either does not hand the same task again."""
+    back, by the withdraw that ends the wait. A new offer after either does
+    not hand the same task again."""
     app, job = _app_with_job(pg_url)
     store = app.store
     reads = []
     real = store._withdraw
 
-    def withdraw(conn, worker_id):
-        got = real(conn, worker_id)
-        reads.append([r["id"] for r in got])
-        return got
+    def withdraw(conn, opened):
+        seen = len(opened.received)
+        real(conn, opened)
+        reads.append(len(opened.received) - seen)
 
     monkeypatch.setattr(store, "_withdraw", withdraw)
     offer = Offer("w-1", ("default",), frozenset({job.name}), 4, 30.0)
-    for args in ((1,), ("x" * 9000,)):
-        waiter = _Waiter(app, pg_url, offer)
-        h = job.submit(*args)
-        # the wait ends on the task's notification; a wake before the
-        # notification is read ends it too, and its task is then read back
-        wait_for(lambda w=waiter: w.got is not None, message="the wait ends on the task's notification")
-        got = waiter.result(store)
-        assert [c.tasks[0].id for c in got] == [h.id]
-        rec = got[0].tasks[0]
+    waiter = _Waiter(app, pg_url, offer)
+    small = job.submit(1)
+    wait_for(lambda: waiter.ids() == [small.id], message="the small task comes in its notification")
+    assert reads == [] and not waiter.ended.is_set()
+    big = job.submit("x" * 9000)
+    # its notification only names the worker: the wait ends, and the withdraw reads it back
+    assert waiter.ended.wait(20), "a task too big for its notification ends the wait"
+    assert waiter.ids() == [small.id, big.id] and reads == [1]
+    for h, args in ((small, (1,)), (big, ("x" * 9000,))):
+        rec = next(t for c in waiter.got for t in c.tasks if t.id == h.id)
         stored = app.get(h.id)
         assert (rec.status, stored.status) == (State.RUNNING, State.RESERVED)  # held, not started yet
         assert (rec.name, rec.args, rec.worker_id, rec.version, rec.lease_token) == (
@@ -115,12 +142,9 @@ def test_a_handed_task_rides_in_its_notification_and_a_big_one_is_read_back(pg_u
             stored.lease_token,
         )
         assert rec.arguments == stored.arguments and rec.arguments[0] == list(args)
-    # the small one came in its notification (the wait's end read nothing
-    # back); the big one was read back
-    assert [ids for ids in reads if ids] == [[got[0].tasks[0].id]]
-    # a new offer starts clean: one free slot, the tasks already taken off it
+    # a new offer starts clean: every slot free, nothing given yet
     waiter = _Waiter(app, pg_url, offer)
-    assert _offers(pg_url) == [("w-1", 1, [])]
+    assert _offers(pg_url) == [("w-1", 4, [])]
     assert waiter.result(store) == []
     app.close(5)
 
@@ -159,8 +183,8 @@ def test_only_plain_work_due_now_and_within_the_offer_is_handed_over(pg_url):
     waiter = _Waiter(app, pg_url, offer)
     handed = job.submit(8)
     past = job.submit(9)  # the offer had one slot
-    got = waiter.result(app.store)
-    assert [c.tasks[0].id for c in got] == [handed.id]
+    assert waiter.ended.wait(10), "a spent offer ends the wait"
+    assert waiter.ids() == [handed.id]
     assert app.get(handed.id).status is State.RESERVED
     assert app.get(past.id).status is State.PENDING and app.get(past.id).worker_id is None
     after = job.submit(10)  # the wait ended: nothing is handed over
@@ -184,7 +208,6 @@ def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url
                 "free": 1,
                 "lease": 0.2,
                 "ttl": 60.0,
-                "taken": [],
             },
         )
     h = job.submit(1)
@@ -221,17 +244,50 @@ def test_an_idle_worker_runs_a_task_handed_over_in_its_submit(pg_url):
     app.close(5)
 
 
+def test_an_idle_worker_takes_a_stream_of_submits_without_claiming_between(pg_url):
+    """One task after another into an idle worker: each is handed over in
+    its submit and the offer stays open, so the worker makes no claim (and
+    opens no new offer) between them; with the offer closing after each
+    task, a claim came between every two and the next submit could find no
+    offer open and wait for a claim's commit too."""
+    app = corral.App(pg_url)
+
+    @app.task()
+    def job(i):
+        return i
+
+    worker = app.worker(4, poll_interval=60)
+    claims = []
+    inner = worker.store.claim
+    worker.store.claim = lambda *args, **kwargs: claims.append(1) or inner(*args, **kwargs)
+    worker.start()
+    try:
+        wait_for(lambda: [r[0] for r in _offers(pg_url)] == [worker.id], message="the idle worker offers its slots")
+        before = len(claims)
+        for i in range(3):
+            h = job.submit(i)
+            assert app.get(h.id).worker_id == worker.id, f"submit {i} was not handed over"
+            wait_for(lambda h=h: app.get(h.id).status is State.SUCCESS, timeout=20)
+        assert len(claims) == before, "the worker claimed between hand-overs"
+        assert [free for _, free, _ in _offers(pg_url)] == [1]  # one slot of the four still offered
+    finally:
+        worker.stop(10)
+    assert _offers(pg_url) == []
+    app.close(5)
+
+
 def test_a_stopping_worker_gives_back_what_was_handed_to_it(pg_url):
     app, job = _app_with_job(pg_url)
 
     worker = app.worker(2, poll_interval=60)
     inner = worker.store.wait_offering
 
-    def wait_offering(*args, **kwargs):
-        got = inner(*args, **kwargs)
-        if got:
+    def wait_offering(timeout, queues, offer, take):
+        def stop_and_take(claims):
             worker._stop_claiming.set()  # the stop comes as the hand-over arrives
-        return got
+            take(claims)
+
+        inner(timeout, queues, offer, stop_and_take)
 
     worker.store.wait_offering = wait_offering
     worker.start()
@@ -250,7 +306,9 @@ def test_a_stopping_worker_gives_back_what_was_handed_to_it(pg_url):
 
 def test_stores_without_offers_just_wait(fake_clock_url):
     app = corral.App(fake_clock_url)
-    assert app.store.wait_offering(0.01, ("default",), Offer("w", ("default",), None, 4)) == []
+    got = []
+    app.store.wait_offering(0.01, ("default",), Offer("w", ("default",), None, 4), got.extend)
+    assert got == []
     app.close(1)
 
 
@@ -290,3 +348,13 @@ def test_racing_submits_and_waits_lose_nothing_and_run_nothing_twice(pg_url):
             w.stop(10)
         for app in apps:
             app.close(10)
+
+
+def test_a_task_of_a_paused_queue_is_never_handed_over(pg_url):
+    app, job = _app_with_job(pg_url)
+    app.pause(queue="default")
+    waiter = _Waiter(app, pg_url, Offer("w-1", ("default",), frozenset({job.name}), 2, 30.0))
+    h = job.submit(7)
+    assert app.get(h.id).status is State.PENDING  # it waits for the resume, not in the worker
+    assert waiter.result(app.store) == []
+    app.close(5)

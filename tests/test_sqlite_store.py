@@ -725,6 +725,22 @@ def test_a_wait_for_queues_sleeps_through_commits_that_leave_nothing_due_there(s
     assert _wait_while(store, sqlite_url, monkeypatch, 0.5, writes, queues=["default"]) >= 0.5
 
 
+def test_a_wait_for_a_paused_queue_sleeps_through_its_backlog_and_wakes_on_the_resume(store, sqlite_url, monkeypatch):
+    """Work due in a paused queue is not work for its worker: commits
+    elsewhere do not send it to claim for nothing; the resume's commit wakes it."""
+    store.submit([new()])
+    store.pause("queue", "default")
+
+    def busy(other):
+        other.submit([new(queue="other")])
+        (c,) = other.claim("w", ClaimRequest(["other"], 1))
+        other.complete([Outcome(c.tasks[0].id, c.token, c.tasks[0].version, State.SUCCESS)])
+
+    assert _wait_while(store, sqlite_url, monkeypatch, 0.5, busy, queues=["default"]) >= 0.5
+    resume = lambda other: other.resume("queue", "default")  # noqa: E731
+    assert _wait_while(store, sqlite_url, monkeypatch, 30.0, resume, queues=["default"]) < 5.0
+
+
 def test_a_wait_for_queues_wakes_when_work_is_due_there(store, sqlite_url, monkeypatch):
     def writes(other):
         other.submit([new(queue="other")])

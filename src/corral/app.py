@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import os
@@ -20,8 +21,10 @@ from corral.core.cron import Schedule, check_expression
 from corral.core.dag import UPSTREAM_POLICIES
 from corral.core.gates import keyed_name
 from corral.core.levels import CALM_PERIOD, Level
+from corral.core.limits import UNCHANGED, describe_settings
 from corral.core.model import (
     BreakerEvent,
+    LimitSettings,
     LimitSpec,
     NewTask,
     SubmitResult,
@@ -30,6 +33,7 @@ from corral.core.model import (
     dumps,
     new_holder_id,
 )
+from corral.core.pauses import Pause, check_target, who
 from corral.core.rates import parse_rate
 from corral.core.retention import DEFAULT_PRUNE_STATES, final_states
 from corral.core.retention import age as retention_age
@@ -89,6 +93,23 @@ def _debounce_of(debounce: Any, debounce_max: Any) -> tuple[float | None, float 
     return window, bound
 
 
+def _expires_of(value: Any, err: type[CorralError] = ConfigError) -> float | datetime.datetime:
+    """A deadline for a task's first start: seconds after its submit (a
+    number, or ``"30s"``, ``"5m"``, ``"1h"``), more than 0 and finite; or,
+    at submit only, a timezone-aware datetime (that moment)."""
+    if isinstance(value, datetime.datetime):
+        if err is ConfigError:
+            raise ConfigError("@app.task(expires=) takes seconds or a duration like '30s': a datetime is per submit")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise err(f"expires must be a timezone-aware datetime, not the naive {value.isoformat()}")
+        return value
+    try:
+        seconds = _duration(value, "expires")
+    except ValueError as exc:
+        raise err(str(exc)) from None
+    return check.seconds(seconds, "expires", err)
+
+
 def _needs_no_arguments(fn: Callable) -> None:
     """A periodic task is called with no arguments (``ctx`` aside): refuse one that needs some."""
     if not callable(fn):
@@ -130,6 +151,7 @@ _SUBMIT_OPTIONS = frozenset(
         "debounce_key",
         "supersede_key",
         "limit_key",
+        "expires",
     }
 )
 #: How long a submitter trusts "this batch has no limit" before it asks the store again.
@@ -232,6 +254,9 @@ class TaskDef:
     #: its place among the positional arguments (ctx not counted), and its default
     limit_key_at: int | None = None
     limit_key_default: Any = None
+    #: seconds after its submit by which a run must have started, or it ends
+    #: CANCELED "expired" (docs/keys.md); a submit's ``expires=`` overrides it
+    expires: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Calling the task runs the plain function here and now."""
@@ -380,6 +405,7 @@ class App:
         debounce: float | str | None = None,
         debounce_max: float | str | None = None,
         limit_key: str | None = None,
+        expires: float | str | None = None,
     ) -> Any:
         """Register a function as a task. Usable bare (``@app.task``) or with options.
 
@@ -406,9 +432,14 @@ class App:
         and never later than ``debounce_max`` after the first (docs/keys.md).
         ``limit_key="merchant"`` names the argument whose value is the key of
         the task's keyed limits (``app.limit(..., per_key=True)``); a submit's
-        ``limit_key=`` overrides it.
+        ``limit_key=`` overrides it. ``expires=30`` (or ``"5m"``): a run not
+        started within that long after its submit never runs and ends
+        CANCELED with the error "expired"; the deadline binds the first
+        start only (a retry runs whenever it is due). A submit's
+        ``expires=`` overrides it.
         """
         debounce_s, debounce_max_s = _debounce_of(debounce, debounce_max)
+        expires_s = None if expires is None else _expires_of(expires)
         if cron is not None:
             check.text(cron, "cron")
             schedule_expr = check_expression(cron)  # a bad expression registers nothing
@@ -460,6 +491,7 @@ class App:
                 limit_key=limit_key,
                 limit_key_at=key_at,
                 limit_key_default=key_default,
+                expires=expires_s,  # type: ignore[arg-type]
             )
             if cron is not None:
                 _needs_no_arguments(f)
@@ -627,12 +659,56 @@ class App:
                 parse_rate(rate, burst)
             except ValueError as exc:
                 raise ConfigError(f"limit {name!r}: {exc}") from None
-        self.store.set_limit(LimitSpec(name, concurrency, rate, burst))
+        now = self.store.set_limit(LimitSpec(name, concurrency, rate, burst, per_key=per_key))
+        if now is not None and now.set_by is not None and now.settings() != LimitSettings(concurrency, rate, burst):
+            # an operator's change stays in force over the declaration (core.limits)
+            log.warning(
+                "limit %r: %s set by %s stays in force, not the declared %s; `corral limit reset %s` hands it back",
+                name,
+                describe_settings(now.settings()),
+                now.set_by,
+                describe_settings(LimitSettings(concurrency, rate, burst)),
+                name,
+            )
         self._known_limits.add(name)
         if per_key:
             self._per_key.add(name)
         else:
             self._per_key.discard(name)
+
+    def set_limit(
+        self,
+        name: str,
+        *,
+        concurrency: int | None | object = UNCHANGED,
+        rate: str | None | object = UNCHANGED,
+        burst: int | None | object = UNCHANGED,
+    ) -> LimitSpec:
+        """Change a declared limit while the fleet runs: every worker obeys
+        at its next claim (within a second), without a restart.
+
+        Only the settings named change (``set_limit("api", concurrency=3)``
+        keeps the rate); None clears one (``rate=None``: no rate, and no
+        burst). Raising a concurrency wakes waiting workers at once; lowering
+        it below the places held lets running work finish and starts nothing
+        new until under it. A keyed limit's keys all follow.
+
+        The change stays in force over ``app.limit``'s declared settings,
+        across restarts and new declarations, until :meth:`reset_limit`
+        (docs/flow-control.md, "Changing a limit while running"). Recorded
+        as a ``limit`` event. Returns the limit as it is now; ConfigError
+        for a name no app declared or settings ``app.limit`` refuses."""
+        changes = {
+            f: v for f, v in (("concurrency", concurrency), ("rate", rate), ("burst", burst)) if v is not UNCHANGED
+        }
+        spec = self.store.change_limit(check.text(name, "limit name"), changes, by="app")
+        self._known_limits.add(spec.name)
+        return spec
+
+    def reset_limit(self, name: str) -> LimitSpec:
+        """Hand a limit back to its declared settings (undo :meth:`set_limit`'s
+        changes, fleet-wide). Returns the limit as it is now."""
+        return self.store.change_limit(check.text(name, "limit name"), {}, by="app", reset=True)
 
     def _adaptive_limit(
         self,
@@ -798,6 +874,37 @@ class App:
         target = BreakerState.OPEN if wanted == "OPEN" else BreakerState.CLOSED
         return self.store.force_breaker(name, target, check.text(reason, "reason"))
 
+    # ---- pauses by hand -------------------------------------------------------------
+    def pause(
+        self, *, queue: str | None = None, group: str | None = None, limit: str | None = None, by: str | None = None
+    ) -> bool:
+        """Pause a queue, a group or a limit (exactly one) for the whole fleet.
+
+        Stored, so it holds across restarts and every worker process: from
+        its commit on no claim takes the paused work; a group's head waits and
+        nothing after it starts; no attempt is burned. Tasks running finish
+        normally; tasks a worker holds but has not started go back to the
+        queue, attempts intact. A paused limit pauses every key of a keyed
+        one. Something with no tasks may be paused before work arrives.
+        ``by`` (default: user@host) is shown with the pause. True when it was
+        not paused before."""
+        kind, name = check_target(queue, group, limit)
+        return self.store.pause(kind, name, who(by))
+
+    def resume(
+        self, *, queue: str | None = None, group: str | None = None, limit: str | None = None, by: str | None = None
+    ) -> bool:
+        """End a pause by hand (exactly one of ``queue``, ``group``,
+        ``limit``); waiting workers look again at once. False when it was
+        not paused (nothing changes). A limit's pause by a 429's
+        ``Retry-After`` is its own and is not ended here."""
+        kind, name = check_target(queue, group, limit)
+        return self.store.resume(kind, name, who(by))
+
+    def pauses(self) -> list[Pause]:
+        """Every pause by hand in force: kind, name, since when, by whom."""
+        return self.store.pauses()
+
     @property
     def task_names(self) -> frozenset[str]:
         return frozenset(self.registry)
@@ -906,6 +1013,11 @@ class App:
         supersede_key = item.get("supersede_key")
         if supersede_key is not None:
             supersede_key = check.text(supersede_key, "supersede_key", bad)
+        expires: float | datetime.datetime | None = tdef.expires
+        if item.get("expires") is not None:
+            expires = _expires_of(item["expires"], bad)
+        if isinstance(expires, float) and run_at is not None and expires <= run_at:
+            raise bad(f"expires ({expires:g}s) must be later than delay ({run_at:g}s): the task could never start")
         limits = tdef.limits
         if self._per_key and limits and not self._per_key.isdisjoint(limits):
             limit_key = self._limit_key(tdef, item, args, kwargs)
@@ -933,6 +1045,9 @@ class App:
             debounce=tdef.debounce if debounce_key is not None else None,
             debounce_max=tdef.debounce_max if debounce_key is not None else None,
             supersede_key=supersede_key,
+            # relative until submit_many adds the store's now, as for run_at
+            expires_at=expires.timestamp() if isinstance(expires, datetime.datetime) else expires,
+            expires_absolute=isinstance(expires, datetime.datetime),
         )
 
     def _limit_key(self, tdef: TaskDef, item: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -1013,12 +1128,16 @@ class App:
         parent = _submitter_traceparent()
         new = [self._new_task(t, item, parent) for t, item in pairs]
         order = self._wire(new, [item for _, item in pairs])
-        if any(nt.run_at is not None for nt in new):
-            # the store's clock, asked only when something is delayed (a round trip on PostgreSQL)
+        if any(nt.run_at is not None or nt.expires_at is not None for nt in new):
+            # the store's clock, asked only when something is delayed or has a
+            # deadline (a round trip on PostgreSQL)
             now = self.store.now()
             for nt in new:
                 if nt.run_at is not None:
                     nt.run_at += now
+                if nt.expires_at is not None and not nt.expires_absolute:
+                    nt.expires_at += now
+                    nt.expires_absolute = True
         for tdef in {id(t): t for t, _ in pairs if t.limits}.values():
             self._check_limits(tdef)
         if any(nt.batch is not None for nt in new):

@@ -2,8 +2,8 @@
 
 Run as a worker process: ``python tests/apps/history_app.py`` with
 CORRAL_STORE and HISTORY_LOG set (WORKER_OPTIONS: JSON keyword arguments of
-the worker). Each run of ``step``, ``slow`` and ``push`` (under the keyed
-limit ``merchant``) records its start and end
+the worker). Each run of ``step``, ``slow``, ``push`` (under the keyed
+limit ``merchant``) and ``call`` (under the limit ``live``) records its start and end
 through :class:`corral.testing.HistoryLog`; logs go to stderr.
 """
 
@@ -49,6 +49,27 @@ app.limit("merchant", concurrency=2, per_key=True)
 @app.task(limits=["merchant"], limit_key="merchant")
 def push(ctx, merchant: str, dur: float) -> int:
     """A call to a merchant's API: at most two at once per merchant."""
+    history.start(ctx.task_id, None, lease=str(ctx.attempt))
+    time.sleep(dur)
+    history.end(ctx.task_id, lease=str(ctx.attempt))
+    return os.getpid()
+
+
+app.limit("live", concurrency=4)
+
+
+@app.task(limits=["live"])
+def call(ctx, dur: float) -> int:
+    """A call under the plain limit ``live``, which tests change while it runs."""
+    history.start(ctx.task_id, None, lease=str(ctx.attempt))
+    time.sleep(dur)
+    history.end(ctx.task_id, lease=str(ctx.attempt))
+    return os.getpid()
+
+
+@app.task
+def otp(ctx, dur: float) -> int:
+    """A code sent if it is still worth sending (submitted with expires=)."""
     history.start(ctx.task_id, None, lease=str(ctx.attempt))
     time.sleep(dur)
     history.end(ctx.task_id, lease=str(ctx.attempt))

@@ -73,15 +73,21 @@ PG_SHIFT = (
     "UPDATE corral_groups SET last_claimed_at = last_claimed_at - %(s)s WHERE last_claimed_at > 0",
     "UPDATE corral_tasks SET created_at = created_at - %(s)s, run_at = run_at - %(s)s,"
     " ready_at = ready_at - %(s)s, started_at = started_at - %(s)s, finished_at = finished_at - %(s)s,"
-    " lease_expires_at = lease_expires_at - %(s)s",
+    " lease_expires_at = lease_expires_at - %(s)s, expires_at = expires_at - %(s)s",
     "UPDATE corral_leaders SET expires_at = expires_at - %(s)s",
     "UPDATE corral_fleet SET calm_since = calm_since - %(s)s, changed_at = changed_at - %(s)s",
     "UPDATE corral_events SET at = at - %(s)s",
-    "UPDATE corral_limits SET counted_at = counted_at - %(s)s, paused_until = paused_until - %(s)s",
-    # a sliding window's log: [[slice end, starts], ...]
-    "UPDATE corral_limits SET starts = (SELECT coalesce(json_agg(json_build_array((e->>0)::float8 - %(s)s, e->1)"
-    " ORDER BY n), '[]'::json) FROM json_array_elements(starts::json) WITH ORDINALITY AS x(e, n))::text"
-    " WHERE starts IS NOT NULL",
+    *(
+        stmt.replace("corral_limits", table)
+        for table in ("corral_limits", "corral_limit_keys")  # a keyed limit's keys have their own rows
+        for stmt in (
+            "UPDATE corral_limits SET counted_at = counted_at - %(s)s, paused_until = paused_until - %(s)s",
+            # a sliding window's log: [[slice end, starts], ...]
+            "UPDATE corral_limits SET starts = (SELECT coalesce(json_agg(json_build_array((e->>0)::float8 - %(s)s,"
+            " e->1) ORDER BY n), '[]'::json) FROM json_array_elements(starts::json) WITH ORDINALITY AS x(e, n))::text"
+            " WHERE starts IS NOT NULL",
+        )
+    ),
     "UPDATE corral_breakers SET state = jsonb_set(state::jsonb, '{opened_at}',"
     " to_jsonb((state::jsonb->>'opened_at')::float8 - %(s)s))::text"
     " WHERE state IS NOT NULL AND state::jsonb->>'opened_at' IS NOT NULL",

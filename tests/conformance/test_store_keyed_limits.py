@@ -81,3 +81,46 @@ def test_a_keys_rate_is_shared_by_store_instances(store, second_store, advance):
     assert second_store.claim("w2", ClaimRequest(("default",), 5)) == []
     advance(1.5)
     assert len(second_store.claim("w2", ClaimRequest(("default",), 5))) == 1
+
+
+def test_an_idle_keys_row_is_forgotten_and_its_budget_holds_across_it(store, advance):
+    store.set_limit(LimitSpec("merchant", concurrency=1, rate="1/s"))
+    keyed(store, "a", 4)
+    keyed(store, "b", 1)
+    first = claim(store, 20)
+    assert keys_of(first) == {"a": 1, "b": 1}
+    assert store.forget_keys() == 0  # the starts are in the window: the rows stay
+    advance(1.5)
+    assert store.forget_keys() == 2  # the window is empty again, running or not
+    assert store.forget_keys() == 0
+    assert claim(store, 20) == []  # a's place is still held: counted from its running task
+    assert all(finish(store, t) for c in first for t in c.tasks)
+    again = claim(store, 20)
+    assert keys_of(again) == {"a": 1}  # back on next use with its whole budget
+    assert finish(store, again[0].tasks[0])
+    assert claim(store, 20) == []  # and its rate holds across it: one start a second
+    assert store.forget_keys() == 0
+    advance(1.5)
+    assert keys_of(claim(store, 20)) == {"a": 1}
+
+
+def test_a_hot_keys_backlog_does_not_delay_the_other_keys(store):
+    # one hot key's 10 000 tasks are submitted first, then 50 keys with 2
+    # each: the others start in the first claims, beside the hot key's own
+    # budget, not after its backlog
+    store.set_limit(LimitSpec("merchant", concurrency=2))
+    submit(store, *[new(limits=(keyed_name("merchant", "hot"),)) for _ in range(10_000)])
+    for k in range(50):
+        keyed(store, f"k{k}", 2)
+    started: list[str] = []  # the keys in the order their tasks started
+    for _ in range(20):
+        got = claim(store, 20)
+        started += [split_key(t.limits[0])[1] for c in got for t in c.tasks]
+        for c in got:
+            for t in c.tasks:
+                assert finish(store, t)
+        if sum(k != "hot" for k in started) == 100:
+            break
+    others = [i for i, k in enumerate(started) if k != "hot"]
+    assert len(others) == 100
+    assert started[: others[-1]].count("hot") <= 2 * 7  # at most its budget per claim meanwhile

@@ -8,6 +8,7 @@
                 ``corral worker`` processes;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
+``limit-change`` how soon running workers obey a limit changed while they run;
 ``dashboard``   the dashboard's pages on a store of a million finished tasks;
 ``scale``       a million queued tasks: submit rate, claim time and worker
                 memory from the first slice to the last;
@@ -15,7 +16,10 @@
                 what each costs the PostgreSQL server;
 ``dag``         a 1 000-node graph against the most parallelism its slots allow;
 ``retention``   the PostgreSQL tasks table (live and dead tuples, size) over a
-                long steady run with retention on.
+                long steady run with retention on;
+``keys``        keyed limits across worker processes: each key's bounds checked
+                exactly, throughput against what the keys allow, and the
+                claim's cost with 10 000 active keys.
 
 Each measured run happens in a child process; progress goes to stderr and
 ``--json`` keeps stdout to one JSON object.
@@ -36,7 +40,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 @click.group()
 def bench() -> None:
     """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `limits`,
-    `dashboard`, `scale`, `processes`, `dag` and `retention`."""
+    `limit-change`, `dashboard`, `scale`, `processes`, `dag`, `retention` and `keys`."""
 
 
 class StoreParam(click.ParamType):
@@ -343,6 +347,85 @@ def throughput_cmd(
     _run_and_show(argv, f"throughput ({kind})", render, as_json=as_json, progress=not no_progress)
 
 
+@bench.command("limit-change")
+@click.option(
+    "--store",
+    type=StoreParam(),
+    multiple=True,
+    default=("sqlite",),
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
+)
+@pg_url_option
+@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@click.option("--slots", default=4, show_default=True, help="Slots per worker process.")
+@click.option("--high", default=4, show_default=True, help="The concurrency each raise sets (a lowering sets 1).")
+@click.option("--rounds", default=20, show_default=True, help="Lowerings and raises.")
+@click.option("--task-seconds", default=0.5, show_default=True, help="How long each task runs.")
+@json_option
+@no_progress_option
+def limit_change_cmd(
+    store: tuple[tuple[str, str | None], ...],
+    pg_url: str | None,
+    workers: int,
+    slots: int,
+    high: int,
+    rounds: int,
+    task_seconds: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """How soon running workers obey a limit changed while they run.
+
+    Each round lowers the limit's concurrency to 1 (as `corral limit set` does),
+    then raises it to --high; measured from the store's records: after a raise,
+    the first new start and the start filling the last new place; after a
+    lowering, starts beside the new cap (none allowed) and how long running
+    tasks kept more than it in flight (they finish)."""
+    from corral.bench.limit_change import run
+
+    if workers < 1 or slots < 1 or high < 2 or rounds < 1 or task_seconds <= 0 or workers * slots < high:
+        raise click.UsageError(
+            "--workers, --slots and --rounds >= 1, --high from 2 to the slots in all, --task-seconds > 0"
+        )
+    reports = []
+    for one in dict.fromkeys(store):
+        kind, url = _shared_store(one, pg_url)
+        click.echo(f"limit-change on {kind} ...", err=True)
+        try:
+            reports.append(
+                run(
+                    kind,
+                    url,
+                    workers=workers,
+                    slots=slots,
+                    high=high,
+                    rounds=rounds,
+                    task_seconds=task_seconds,
+                    progress=False,
+                )
+            )
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps({"scenario": "limit-change", "runs": reports}))
+        return
+    for r in reports:
+        click.echo(
+            f"{r['store']}: {r['workers']} workers x {r['slots']} slots, {r['rounds']} rounds of 1 <-> {r['high']},"
+            f" tasks of {r['task_seconds']:g}s"
+        )
+        click.echo(
+            f"  raise: first new start p50 {r['raise_first_start_ms']['p50']} ms, max"
+            f" {r['raise_first_start_ms']['max']} ms; every new place taken p50 {r['raise_all_places_ms']['p50']} ms,"
+            f" max {r['raise_all_places_ms']['max']} ms ({r['raises_measured']} raises)"
+        )
+        click.echo(
+            f"  lower: starts beside the new cap {r['lower_starts_over_cap']}; running tasks above it for p50"
+            f" {r['lower_running_over_cap_ms']['p50']} ms, max {r['lower_running_over_cap_ms']['max']} ms (they finish)"
+        )
+
+
 @bench.command("latency")
 @click.option(
     "--store",
@@ -365,6 +448,14 @@ def throughput_cmd(
     default=None,
     help="Slots per worker process. Default: `corral worker`'s own default.",
 )
+@click.option(
+    "--submitters",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes sharing each rate's schedule of single submits. Default: one per 150 submits/s of the rate"
+    " (1 at 100/s, 2 at 300/s, 7 at 1 000/s), so that the rate is reached: one process submits one task at"
+    " a time, and reaches only 130-300 durable commits a second on PostgreSQL on a small machine.",
+)
 @json_option
 @no_progress_option
 def latency_cmd(
@@ -375,16 +466,18 @@ def latency_cmd(
     warmup: float,
     workers: int,
     concurrency: int | None,
+    submitters: int | None,
     as_json: bool,
     no_progress: bool,
 ) -> None:
     """Submit-to-start latency at a steady rate of single submits.
 
     For each rate, on a fresh store, --workers `corral worker` processes (their
-    defaults) are started; this process submits one task at a time, task i due
-    at i / rate seconds, for --seconds (open-loop: behind schedule it submits at
-    once, and the rate it reached is reported). Each task records when it
-    started; reported per store and rate: p50, p95, p99 and max of submit to
+    defaults) are started; --submitters processes share a schedule of single
+    submits, task i due at i / rate seconds, for --seconds, each submitting one
+    task at a time (open-loop: behind schedule a process submits at once, and
+    the rate reached is reported beside the rate asked). Each task records when
+    it started; reported per store and rate: p50, p95, p99 and max of submit to
     start (the first --warmup seconds left out), the rate reached, and the
     pickup after the submit call returned."""
     from corral.bench.latency import child_argv, render
@@ -408,6 +501,7 @@ def latency_cmd(
             warmup=warmup,
             workers=workers,
             concurrency=concurrency,
+            submitters=submitters,
             progress=not no_progress,
         )
         try:
@@ -813,6 +907,161 @@ def retention_cmd(
         click.echo(common.dumps(report))
         return
     ret.render(report, click.echo)
+
+
+@bench.command("keys")
+@store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
+@pg_url_option
+@click.option("--keys", "n_keys", default=1000, show_default=True, help="Keys of the keyed limit.")
+@click.option(
+    "--tasks-per-key",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Tasks of each key. Default: enough to keep a key busy --seconds at its bound.",
+)
+@click.option("--seconds", default=10.0, show_default=True, help="Seconds each key is busy at its bound (sizes N).")
+@click.option("--duration", default=0.25, show_default=True, help="Seconds each task sleeps (d).")
+@click.option("--concurrency", default=2, show_default=True, help="Each key's concurrency (C).")
+@click.option("--rate", default=5, show_default=True, help="Each key's rate: R starts in any sliding second.")
+@click.option("--workers", default=3, show_default=True, help="`corral worker` processes.")
+@click.option(
+    "--slots",
+    type=click.IntRange(min=1, max=1000),
+    default=None,
+    help="Slots per worker process. Default: enough that every key can hold its C at once"
+    " (keys x C / workers, at most 1 000), so the keys bind, not the slots.",
+)
+@click.option("--no-plain", is_flag=True, help="Skip the same tasks run with no limit.")
+@click.option("--timeout", default=900.0, show_default=True, help="Seconds one run may take.")
+@click.option(
+    "--claim-cost",
+    is_flag=True,
+    help="Instead of the fleet run: the claim's cost with --active-keys keys holding a place, against no limit.",
+)
+@click.option("--active-keys", default=10_000, show_default=True, help="Claim cost: keys with a task running.")
+@click.option("--queued", default=5_000, show_default=True, help="Claim cost: tasks queued behind them.")
+@click.option("--claims", default=200, show_default=True, help="Claim cost: claims timed (the median is reported).")
+@click.option("--warmup", default=20, show_default=True, help="Claim cost: claims made first, not timed.")
+@click.option(
+    "--batch",
+    default=10,
+    show_default=True,
+    help="Claim cost: units a claim asks for (a worker's free slots; its default slots are 10).",
+)
+@click.option(
+    "--claim-limits",
+    default="none,limit,keyed,keyed_rate",
+    show_default=True,
+    help="Claim cost: which to time: no limit, one plain limit, a keyed limit, a keyed limit with a rate.",
+)
+@json_option
+@no_progress_option
+def keys_cmd(
+    store: tuple[str, str | None],
+    pg_url: str | None,
+    n_keys: int,
+    tasks_per_key: int | None,
+    seconds: float,
+    duration: float,
+    concurrency: int,
+    rate: int,
+    workers: int,
+    slots: int | None,
+    no_plain: bool,
+    timeout: float,
+    claim_cost: bool,
+    active_keys: int,
+    queued: int,
+    claims: int,
+    warmup: int,
+    batch: int,
+    claim_limits: str,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Keyed limits held by a fleet: each key's bounds checked exactly, and throughput against what they allow.
+
+    --keys keys, N tasks each of d seconds, under one keyed limit (C at once,
+    R starts in any sliding second, per key), queued in one submit into
+    --workers `corral worker` processes; then the same tasks with no limit.
+    Each task records its body's start and end; the store gives the start it
+    charged. The worst key's most in flight (bodies) must be <= C and its most
+    starts in any sliding second (store starts) <= R: the command exits 1 if
+    either is broken.
+
+    What the keys allow: a key's starts s_0 <= s_1 <= ... obey s_i >= s_(i-R) + 1 s
+    (R + 1 starts never fit in a second) and s_i >= s_(i-C) + d (one of the C
+    started before must have ended). Starting each task as early as both allow
+    is feasible and meets both, so the ideal time of a key is that schedule's
+    last start + d, about max(N / R, N x d / C) seconds for large N (defaults:
+    d = 0.25, C = 2, R = 5: the rate binds, N / 5). Keys run side by side, so
+    throughput / allowed = ideal / (last end - first start), target >= 0.9.
+
+    --claim-cost: the median time of a worker's claim (--batch units) with
+    --active-keys keys each holding a running task and --queued tasks queued
+    under them, a keyed limit that never binds (concurrency only, and with a
+    rate too), against the same tasks under no limit; target <= 1.2 x."""
+    from corral.bench.keys import CLAIM_VARIANTS, child_argv, render, tasks_for
+
+    kind, pg_url = _store(store, pg_url)
+    if claim_cost:
+        chosen = [v.strip() for v in claim_limits.split(",") if v.strip()]
+        bad = [v for v in chosen if v not in CLAIM_VARIANTS]
+        if bad or not chosen:
+            raise click.BadParameter(
+                f"unknown {', '.join(bad) or '(none)'}; choose from {', '.join(CLAIM_VARIANTS)}",
+                param_hint="--claim-limits",
+            )
+        if min(active_keys, queued, claims, batch) < 1 or warmup < 0:
+            raise click.UsageError("--active-keys, --queued, --claims and --batch must be >= 1, --warmup >= 0")
+        if queued < (claims + warmup) * batch:
+            raise click.UsageError("--queued must hold every claim: at least (--claims + --warmup) x --batch")
+        argv = child_argv(
+            claim_cost=True,
+            store=kind,
+            pg_url=pg_url,
+            active=active_keys,
+            queued=queued,
+            claims=claims,
+            warmup=warmup,
+            batch=batch,
+            variants=",".join(chosen),
+            progress=not no_progress,
+        )
+        _run_and_show(argv, f"keys: claim cost ({kind})", render, as_json=as_json, progress=not no_progress)
+        return
+    if kind == "memory":
+        raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
+    if min(n_keys, concurrency, rate, workers) < 1 or duration < 0 or seconds <= 0 or timeout <= 0:
+        raise click.UsageError(
+            "--keys, --concurrency, --rate and --workers must be >= 1, --duration >= 0, --seconds and --timeout > 0"
+        )
+    n = tasks_per_key or tasks_for(seconds, duration, concurrency, rate)
+    slots = slots or max(1, min(1000, -(-n_keys * concurrency // workers)))
+    argv = child_argv(
+        store=kind,
+        pg_url=pg_url,
+        keys=n_keys,
+        tasks_per_key=n,
+        duration=duration,
+        concurrency=concurrency,
+        rate=rate,
+        workers=workers,
+        slots=slots,
+        no_plain=no_plain,
+        timeout=timeout,
+        progress=not no_progress,
+    )
+    try:
+        report = common.run_child(argv, f"keys ({kind})", show_progress=not no_progress)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+    else:
+        render(report)
+    if report["broken"]:
+        raise click.ClickException("a key broke its bounds: " + "; ".join(report["broken"]))
 
 
 def main() -> None:  # pragma: no cover - `python -m corral.bench`

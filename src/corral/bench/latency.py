@@ -2,11 +2,15 @@
 
 For each rate of ``--rates``, on a fresh store, ``--workers`` ``corral
 worker corral.bench.latency:app`` processes (the command's defaults) are
-started and warmed up; then this process, which runs no worker, submits one
-task at a time (``app.submit``) on a steady schedule, task i due at
-``t0 + i / rate``, for ``--seconds``. The schedule is open-loop: a submit
-never waits for a task to run, and a submitter that falls behind submits at
-once until it is back on time; the rate it reached is reported as it was.
+started and warmed up; then ``--submitters`` processes, which run no worker,
+share a steady schedule of single submits (``app.submit``), task i due at
+``t0 + i / rate`` and submitted by process ``i mod submitters``, for
+``--seconds``. Each process submits one task at a time: one process reaches
+only so many durable commits a second (on PostgreSQL about 130-300 on a
+small machine), so by default there is one per :data:`RATE_PER_SUBMITTER`
+submits a second of the rate. The schedule is open-loop: a submit never
+waits for a task to run, and a submitter that falls behind submits at once
+until it is back on time; the rate reached is reported as it was.
 
 Every task's first act is to append ``(i, time.time())`` to a file of marks
 (one ``os.write`` of 16 bytes, ``O_APPEND``, the file named by
@@ -19,13 +23,14 @@ slot). Tasks submitted in the first ``--warmup`` seconds (2) are left out; a
 task that never started counts as slower than every one that did.
 
 One child process per store (``python -m corral.bench.latency``) prints one
-JSON object.
+JSON object; it starts the submitting processes of each rate.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing as mp
 import os
 import struct
 import tempfile
@@ -54,6 +59,17 @@ PROBE_BASE = 1 << 40
 #: seconds the tasks submitted last may take to start before the run is cut
 DRAIN_S = 30.0
 PERCENTILES = (0.50, 0.95, 0.99)
+#: submits a second one submitting process is given by default (``--submitters``)
+RATE_PER_SUBMITTER = 150.0
+#: how long the submitting processes have to start before the schedule does
+START_LEAD_S = 0.5
+
+
+def submitters_for(rate: float) -> int:
+    """The default number of submitting processes at ``rate``: one per
+    :data:`RATE_PER_SUBMITTER` a second (1 at 100/s, 2 at 300/s, 7 at 1 000/s)."""
+    return max(1, math.ceil(rate / RATE_PER_SUBMITTER - 1e-9))
+
 
 # ---- the task (in the worker processes) --------------------------------------------------------
 _fd: int | None = None
@@ -110,10 +126,12 @@ def read_marks(path: str) -> tuple[dict[int, float], int]:
 
 # ---- the schedule ------------------------------------------------------------------------------
 class Submits:
-    """What the submitter noted: per task, how late its submit began against
-    the schedule (s), and the wall-clock time just before and after the call."""
+    """What the submitters noted, per submit: the task's index, how late the
+    submit began against the schedule (s), and the wall-clock time just
+    before and after the call."""
 
     def __init__(self) -> None:
+        self.ids = array("q")
         self.late = array("d")
         self.before = array("d")
         self.after = array("d")
@@ -122,24 +140,47 @@ class Submits:
     def __len__(self) -> int:
         return len(self.before)
 
+    @classmethod
+    def merged(cls, parts: Sequence[Submits]) -> Submits:
+        """The notes of several submitters in one, in the schedule's order;
+        the elapsed time is the longest (they share one start)."""
+        out = cls()
+        rows = sorted((p.ids[k], p.late[k], p.before[k], p.after[k]) for p in parts for k in range(len(p)))
+        for i, late, before, after in rows:
+            out.ids.append(i)
+            out.late.append(late)
+            out.before.append(before)
+            out.after.append(after)
+        out.elapsed = max((p.elapsed for p in parts), default=0.0)
+        return out
+
 
 def submit_steady(
     submit: Callable[[int], Any],
     rate: float,
     seconds: float,
     *,
+    first: int = 0,
+    step: int = 1,
+    start: float | None = None,
     progress: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     wall: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Submits:
-    """Call ``submit(i)`` for task i at ``t0 + i / rate`` until ``seconds``
-    have passed, one call at a time; behind schedule, at once."""
+    """Call ``submit(i)`` for task i at ``start + i / rate`` until ``seconds``
+    have passed, one call at a time; behind schedule, at once. One of
+    ``step`` submitters sharing the schedule takes the tasks ``first``,
+    ``first + step``, ... (``start``: the schedule's start on ``clock``,
+    which they share; default now)."""
     out = Submits()
-    t0 = clock()
+    t0 = clock() if start is None else start
     end = t0 + seconds
+    now = clock()
+    if now < t0:
+        sleep(t0 - now)
     next_report = t0
-    i = 0
+    i = first
     while True:
         due = t0 + i / rate
         if due >= end:
@@ -150,13 +191,14 @@ def submit_steady(
         if due > now:
             sleep(due - now)
             now = clock()
+        out.ids.append(i)
         out.late.append(max(0.0, now - due))
         out.before.append(wall())
         submit(i)
         out.after.append(wall())
-        i += 1
+        i += step
         if progress is not None and now >= next_report:
-            progress(i)
+            progress(len(out))
             next_report = now + 0.5
     out.elapsed = clock() - t0
     return out
@@ -171,24 +213,25 @@ def _pct_ms(sorted_values: Sequence[float], q: float) -> float | None:
 def figures(sub: Submits, starts: dict[int, float], rate: float, warmup: float = WARMUP_S) -> dict[str, Any]:
     """The report of one rate from the submitter's notes and the marks."""
     n = len(sub)
-    first = sub.before[0] if n else 0.0
-    measured = [i for i in range(n) if sub.before[i] - first >= warmup]
+    first = min(sub.before) if n else 0.0
+    measured = [k for k in range(n) if sub.before[k] - first >= warmup]
     total, call, pickup = [], [], []
-    for i in measured:
-        t = starts.get(i)
+    for k in measured:
+        t = starts.get(sub.ids[k])
         if t is None:
             total.append(math.inf)
             pickup.append(math.inf)
         else:
-            total.append(t - sub.before[i])
-            pickup.append(t - sub.after[i])
-        call.append(sub.after[i] - sub.before[i])
+            total.append(t - sub.before[k])
+            pickup.append(t - sub.after[k])
+        call.append(sub.after[k] - sub.before[k])
     total.sort()
     pickup.sort()
     call.sort()
-    started = [starts[i] for i in measured if i in starts]
-    late = sorted(sub.late[i] for i in measured)
-    window = (sub.before[measured[-1]] - sub.before[measured[0]]) if len(measured) > 1 else 0.0
+    started = [starts[sub.ids[k]] for k in measured if sub.ids[k] in starts]
+    late = sorted(sub.late[k] for k in measured)
+    begun = [sub.before[k] for k in measured]
+    window = (max(begun) - min(begun)) if len(measured) > 1 else 0.0
     out: dict[str, Any] = {
         "rate": rate,
         "submitted": n,
@@ -198,9 +241,7 @@ def figures(sub: Submits, starts: dict[int, float], rate: float, warmup: float =
         "started": len(started),
         "missing": len(measured) - len(started),
         "start_rate": (
-            round(len(started) / (max(started) - sub.before[measured[0]]), 1)
-            if started and max(started) > sub.before[measured[0]]
-            else None
+            round(len(started) / (max(started) - min(begun)), 1) if started and max(started) > min(begun) else None
         ),
     }
     for q in PERCENTILES:
@@ -226,8 +267,62 @@ def _wait_marks(path: str, n: int, fleet: WorkerFleet, timeout: float) -> int:
         time.sleep(0.01)
 
 
+def _submitter(url: str, rate: float, seconds: float, first: int, step: int, conn: Any) -> None:
+    """One submitting process: its store open, it says so, takes the
+    schedule's start (wall-clock time) and sends back its notes."""
+    app = build_app(url)
+    try:
+        app.store.counts()  # connected before the schedule starts
+        conn.send("ready")
+        start_wall = conn.recv()
+        start = time.perf_counter() + (start_wall - time.time())
+        conn.send(
+            submit_steady(lambda i: app.submit(TASK, args=(i,)), rate, seconds, first=first, step=step, start=start)
+        )
+    finally:
+        app.close()
+
+
+def submit_from(
+    url: str, rate: float, seconds: float, submitters: int, progress: Callable[[int], None] | None = None
+) -> Submits:
+    """The schedule submitted by ``submitters`` processes sharing it, their
+    notes merged."""
+    ctx = mp.get_context("spawn")
+    pipes, procs = [], []
+    try:
+        for k in range(submitters):
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_submitter, args=(url, rate, seconds, k, submitters, there), daemon=True)
+            proc.start()
+            there.close()
+            pipes.append(here)
+            procs.append(proc)
+        for here in pipes:
+            if not here.poll(60.0) or here.recv() != "ready":
+                raise RuntimeError("a submitting process did not start within 60 s")
+        start = time.time() + START_LEAD_S
+        for here in pipes:
+            here.send(start)
+        parts: list[Submits] = []
+        for here in pipes:
+            while not here.poll(0.5):
+                if progress is not None:
+                    progress(int(max(0.0, min(seconds, time.time() - start)) * rate))
+                if not all(p.is_alive() for p in procs) and not here.poll(0):
+                    raise RuntimeError("a submitting process died")
+            parts.append(here.recv())
+        return Submits.merged(parts)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+
+
 def run_rate(args, rate: float, progress: Callable[[int], None] | None) -> dict[str, Any]:
     """One rate on a fresh store: workers up and warmed, the schedule, the marks."""
+    submitters = args.submitters or submitters_for(rate)
     with common.temp_store_url(args.store, args.pg_url) as url, tempfile.TemporaryDirectory() as d:
         marks = os.path.join(d, "marks")
         open(marks, "wb").close()
@@ -239,12 +334,13 @@ def run_rate(args, rate: float, progress: Callable[[int], None] | None) -> dict[
                     app.submit(TASK, args=(PROBE_BASE + k,))
                 if _wait_marks(marks, PROBES, fleet, 60.0) < PROBES:
                     raise RuntimeError("the workers did not run the warm-up tasks within 60 s")
-                sub = submit_steady(lambda i: app.submit(TASK, args=(i,)), rate, args.seconds, progress=progress)
+                sub = submit_from(url, rate, args.seconds, submitters, progress)
                 _wait_marks(marks, PROBES + len(sub), fleet, DRAIN_S)
             starts, duplicates = read_marks(marks)
         finally:
             app.close()
     out = figures(sub, starts, rate, args.warmup)
+    out["submitters"] = submitters
     out["seconds"] = args.seconds
     out["duplicates"] = duplicates
     return out
@@ -267,6 +363,7 @@ def run(args) -> dict[str, Any]:
         "store": args.store,
         "workers": args.workers,
         "concurrency": args.concurrency,
+        "submitters": args.submitters,
         "seconds": args.seconds,
         "warmup_s": args.warmup,
         "results": results,
@@ -282,6 +379,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--warmup", type=float, default=WARMUP_S)
     p.add_argument("--concurrency", type=int, default=None)
+    p.add_argument("--submitters", type=int, default=None)
     p.add_argument("--progress", action="store_true")
     return p
 
@@ -306,6 +404,7 @@ def render(reports: list[dict[str, Any]]) -> None:
     for col in (
         "store",
         "rate/s",
+        "submitters",
         "reached/s",
         "p50 ms",
         "p95 ms",
@@ -321,6 +420,7 @@ def render(reports: list[dict[str, Any]]) -> None:
             t.add_row(
                 rep["store"],
                 f"{r['rate']:,.0f}",
+                str(r["submitters"]),
                 f(r["submit_rate"], 0),
                 f(r["p50_ms"]),
                 f(r["p95_ms"]),

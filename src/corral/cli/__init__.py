@@ -11,10 +11,12 @@ and error handling every command shares are in :mod:`corral.cli.common`. The com
 - :mod:`corral.cli.worker`: ``worker APP`` and ``sweep`` (long-running processes);
 - :mod:`corral.cli.tasks`: ``submit``, ``status``, ``tasks``, ``show ID``,
   ``cancel ID``, ``retry ID|--batch B``;
+- :mod:`corral.cli.limit`: ``limit [show|set NAME|reset NAME]`` (named limits while running);
 - :mod:`corral.cli.prune`: ``prune --older-than AGE`` (old finished tasks);
 - :mod:`corral.cli.events`: ``events`` (the event stream, ``--follow``);
 - :mod:`corral.cli.batch`: ``batch show B`` (a live progress bar);
 - :mod:`corral.cli.workers`: ``workers`` (worker processes, what they hold, dead ones);
+- :mod:`corral.cli.why`: ``why ID`` (what holds a queued or held task);
 - :mod:`corral.cli.plan`: ``plan`` (the numbers come from :mod:`corral.core.planning`);
 - :mod:`corral.cli.demo`: ``demo`` (runs :mod:`corral.edges.demo`) and ``dashboard``;
 - ``bench``: the :mod:`corral.bench` package, added when it can be imported.
@@ -63,7 +65,21 @@ def cli(store_url: str | None) -> None:
 
 def _add_commands() -> None:
     # Imported here, after the group exists.
-    from corral.cli import batch, controls, demo, events, periodic, plan, prune, tasks, worker, workers
+    from corral.cli import (
+        batch,
+        controls,
+        demo,
+        events,
+        limit,
+        pauses,
+        periodic,
+        plan,
+        prune,
+        tasks,
+        why,
+        worker,
+        workers,
+    )
 
     for command in (
         worker.worker,
@@ -72,13 +88,17 @@ def _add_commands() -> None:
         tasks.status,
         tasks.tasks,
         tasks.show,
+        why.why,
         tasks.cancel,
         tasks.retry,
         worker.sweep,
         prune.prune,
         controls.breaker,
         controls.level,
+        limit.limit,
         controls.dead,
+        pauses.pause,
+        pauses.resume,
         events.events,
         periodic.periodic,
         demo.dashboard,

@@ -18,7 +18,7 @@ import click
 
 from corral.cli.common import one_line
 from corral.core import planning
-from corral.core.model import TaskRecord, loads
+from corral.core.model import EXPIRED, TaskRecord, loads
 from corral.core.states import FINAL, SHOWN_ORDER, State
 
 #: The order states are listed in (queued, running, then how a task ended).
@@ -376,6 +376,7 @@ def print_task(rec: TaskRecord) -> None:
         ("ref", rec.ref or ""),
         ("created", when(rec.created_at)),
         ("run_at", when(rec.run_at)),
+        ("expires", _deadline(rec)),
         ("started", when(rec.started_at)),
         ("finished", when(rec.finished_at)),
         ("duration", secs(took(rec))),
@@ -396,6 +397,15 @@ def print_task(rec: TaskRecord) -> None:
     if rec.traceback:  # whole (it is bounded when stored), below the table: its lines stay lines
         con.print("traceback of the failed attempt:", style="bold")
         con.print(escape(rec.traceback), soft_wrap=True, highlight=False)
+
+
+def _deadline(rec: TaskRecord) -> str:
+    """The deadline of a task's first start (``expires=``), and whether it still binds."""
+    if rec.expires_at is None:
+        return ""
+    if rec.attempt or rec.snoozes:
+        return f"{when(rec.expires_at)} (it started: the deadline binds the first start only)"
+    return when(rec.expires_at) + (" (not started by then: expired)" if rec.error == EXPIRED else "")
 
 
 # ---- workers ----------------------------------------------------------------------------------

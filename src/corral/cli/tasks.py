@@ -19,8 +19,10 @@ from corral.cli.common import (
     store_option,
     store_url_of,
 )
+from corral.cli.pauses import pauses_of, print_pauses
 from corral.core.model import TaskFilter, TaskRecord
 from corral.core.states import FINAL, State
+from corral.edges.workers import worker_health
 from corral.errors import TaskNotFound
 from corral.maintenance.recovery import STALE_PENDING_PREFIX
 
@@ -147,43 +149,14 @@ def status(store_url, queue, batch, as_json):
         raise _no_batch(batch)
     url = store_url_of(store_url)
     health = worker_health(store)
+    paused = pauses_of(store)
     if as_json:
-        render.print_json(dict(render.status_dict(url, full, specs, usage, summary, keys), workers=health))
+        data = render.status_dict(url, full, specs, usage, summary, keys)
+        render.print_json(dict(data, workers=health, paused=[p.as_dict() for p in paused]))
     else:
         render.print_status(url, queue, full, specs, usage, summary, keys)
+        print_pauses(paused)
         render.print_health(health)
-
-
-#: Worker reports older than this are not shown: that worker is gone.
-HEALTH_FRESH_S = 600.0
-
-
-def worker_health(store) -> dict:
-    """What workers reported in the last minutes and cannot fix themselves:
-    pending tasks of names no worker registers (by ``queue:name``, the most
-    any worker saw) and timed-out threads still running (summed)."""
-    import json
-
-    from corral.engine.heartbeat import HEALTH_EVENT
-
-    try:
-        events = store.events(HEALTH_EVENT, limit=500)
-    except NotImplementedError:
-        events = []
-    now = store.now()
-    latest: dict[str, dict] = {}
-    for e in events:  # newest first: keep each worker's newest report
-        if e.subject not in latest and e.at >= now - HEALTH_FRESH_S:
-            latest[e.subject] = json.loads(e.data)
-    unregistered: dict[str, int] = {}
-    for rep in latest.values():
-        for key, n in rep.get("unregistered", {}).items():
-            unregistered[key] = max(unregistered.get(key, 0), int(n))
-    return {
-        "reporting": len(latest),
-        "unregistered": dict(sorted(unregistered.items())),
-        "abandoned_threads": sum(int(r.get("abandoned_threads", 0)) for r in latest.values()),
-    }
 
 
 # ---- tasks -------------------------------------------------------------------------------

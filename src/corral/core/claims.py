@@ -23,6 +23,7 @@ from typing import NamedTuple
 from corral.core.gates import Gates
 from corral.core.model import DEFAULT_LEASE_SECONDS
 from corral.core.pacing import chunk_reach, line_chunk
+from corral.core.pauses import Paused
 from corral.core.validation import retry_bounds
 
 
@@ -106,7 +107,9 @@ class ClaimPlanner:
     is CLOSED; ``relay`` (a relay's successor: the limits whose places its
     running predecessor passes on) admits only work naming no other limit
     and no breaker. ``dry`` plans without chunks (a look that only asks
-    whether anything can be claimed).
+    whether anything can be claimed). ``paused`` (the pauses by hand the
+    store read in the claim's transaction) shuts out every task of a paused
+    queue or group, or naming a paused limit.
 
     A store reads candidates in claim order, drops those :meth:`shut_out`
     says no to, and offers each head it may take (its own checks done) to
@@ -121,8 +124,10 @@ class ClaimPlanner:
         *,
         relay: frozenset[str] | None = None,
         dry: bool = False,
+        paused: Paused | None = None,
     ):
         self.request = request
+        self.paused = paused if paused else None
         self._make_gates = gates
         self._breakers = breakers
         self.relay = relay
@@ -154,6 +159,8 @@ class ClaimPlanner:
         the order."""
         req = self.request
         if (req.names is not None and c.name not in req.names) or (req.only_retries and not c.retrying):
+            return True
+        if self.paused is not None and self.paused.holds(c.queue, c.group, c.limits):
             return True
         limits, breakers = c.limits, self._breakers
         if self.relay is not None and (c.name in breakers or not limits <= self.relay):
@@ -207,7 +214,7 @@ class ClaimPlanner:
         """The unit headed by ``head``: with the tasks of ``line`` that go
         with it (its group's following tasks still in the line, in order,
         read as far as :meth:`reach`, when it is not 0). Chunk members are due, queued tasks
-        of the head's queue, of known names, under no breaker and no limit
+        of the head's queue, of known names, under no pause, no breaker and no limit
         the head's gates do not let through (none under prefetch; under a
         relay, only its limits); a group whose whole line fits in a chunk's
         reach goes in one chunk."""
@@ -224,6 +231,8 @@ class ClaimPlanner:
             if not req.knows(f.name) or f.name in self._breakers or (req.prefetch and f.limits):
                 break
             if req.only_retries and not f.retrying:
+                break
+            if self.paused is not None and self.paused.holds(f.queue, f.group, f.limits):
                 break
             more = f.limits - lims
             if self.relay is not None and not more <= self.relay:

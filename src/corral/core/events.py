@@ -31,10 +31,14 @@ BREAKER = "breaker"
 LEVEL = "level"
 #: An adaptive limit's controller changed its effective values (data: the decision's explanation).
 LIMIT_ADAPTED = "limit_adapted"
+#: A queue, group or limit paused or resumed by hand (subject ``<kind>:<name>``).
+PAUSE = "pause"
+#: A limit's settings changed: declared, set while running, handed back (core.limits).
+LIMIT = "limit"
 #: Every kind a task's life writes.
 TASK_KINDS = frozenset({SUBMITTED, PROGRESS, *STATE_KINDS.values()})
 #: Kinds the stores write; other kinds (a worker's health, say) may be added by ``add_event``.
-KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL, LIMIT_ADAPTED})
+KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL, PAUSE, LIMIT, LIMIT_ADAPTED})
 #: Errors in event data are cut to this many characters (the task row keeps it whole).
 ERROR_CHARS = 500
 

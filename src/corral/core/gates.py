@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from corral.core import breaker as brk
@@ -147,6 +147,27 @@ class LimitState:
         return at
 
 
+def key_at_rest(base: LimitSpec | None, own: LimitState, now: float) -> bool:
+    """May the row of a key's budget (``own``, of the keyed limit ``base``)
+    be forgotten at ``now``? Yes when it holds nothing a missing row would
+    not: no pause in force, its bucket full again and its window empty. Its
+    places need no row (they are counted from the running tasks), so a key
+    forgotten and used again starts with the very budget it had."""
+    if own.spec.paused_until is not None and own.spec.paused_until > now:
+        return False
+    if base is None or not base.rate:
+        return True
+    state = LimitState(
+        LimitSpec(own.spec.name, rate=base.rate, burst=base.burst), own.tokens, own.counted_at, own.starts
+    )
+    rate = state.rate()
+    if rate is None:
+        return True
+    if state.bucket(rate, now).level(rate, now) < rate.bucket_size - 1e-9:
+        return False
+    return rate.window is None or state.window().used(rate, now) == 0
+
+
 @dataclass(frozen=True, slots=True)
 class Charge:
     """What a claim writes back to a rated limit's row."""
@@ -177,6 +198,11 @@ class Gates:
     _keyed: dict[str, LimitState | None] = field(default_factory=dict)
     #: seconds until a skipped candidate's gate may open (a token, a pause's end, a cooldown)
     wait: float | None = None
+    #: reads the row of a key's budget when ``limits`` does not hold it (None: no
+    #: row). A store passes its declared limits only and reads a key's row when a
+    #: candidate of that key comes up: the claim touches the keys it looks at,
+    #: however many keys the store holds.
+    load_key: Callable[[str], LimitState | None] | None = None
 
     def _note_wait(self, seconds: float) -> None:
         if seconds > 0 and (self.wait is None or seconds < self.wait):
@@ -194,7 +220,11 @@ class Gates:
         base = self.limits.get(split_key(name)[0])
         got = None
         if base is not None:
-            own = self.limits.get(name) or LimitState(LimitSpec(name))
+            own = self.limits.get(name)
+            if own is None and self.load_key is not None:
+                own = self.load_key(name)
+            if own is None:  # no row: a key idle or never seen has its whole budget
+                own = LimitState(LimitSpec(name))
             spec = LimitSpec(name, base.spec.concurrency, base.spec.rate, base.spec.burst, own.spec.paused_until)
             got = LimitState(spec, own.tokens, own.counted_at, own.starts)
         self._keyed[name] = got

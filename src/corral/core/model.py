@@ -58,10 +58,25 @@ class NewTask:
     #: a newer submit of one task name with one supersede key cancels the
     #: queued ones ("superseded") and asks a running one to stop
     supersede_key: str | None = None
+    #: the deadline of its first start, epoch seconds on the store's clock:
+    #: not started by then, it ends CANCELED with the error :data:`EXPIRED`
+    expires_at: float | None = None
+    #: False while ``expires_at`` is still seconds from now (the app adds the
+    #: store's clock before the store is given the task)
+    expires_absolute: bool = True
 
 
 #: The error of a task canceled by a newer submit with its supersede key.
 SUPERSEDED = "superseded"
+#: The error of a task not started by its deadline (``expires=``).
+EXPIRED = "expired"
+
+
+def expired(expires_at: float | None, attempt: int, snoozes: int, now: float) -> bool:
+    """Is a queued or held task past the deadline of its first start at
+    ``now``? A task that started once (an attempt counted, or a snooze
+    given back) is never expired: the deadline binds its first start only."""
+    return expires_at is not None and expires_at <= now and attempt == 0 and snoozes == 0
 
 
 @dataclass(slots=True)
@@ -104,6 +119,10 @@ class TaskRecord:
     on_upstream_failure: str = "cancel"
     #: the traceback of the failed attempt its error is from (bounded; see corral.core.texts)
     traceback: str | None = None
+    #: the deadline of its first start (store clock), if submitted with ``expires=``
+    expires_at: float | None = None
+    #: the debounce key it was submitted with: its ``run_at`` is the end of the window
+    debounce_key: str | None = None
 
     @property
     def result_value(self) -> Any:
@@ -183,6 +202,15 @@ class SubmitResult:
     created: bool  # False when an idempotency key matched an existing task
 
 
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    """What an operator may change of a limit while it runs (see :mod:`corral.core.limits`)."""
+
+    concurrency: int | None = None
+    rate: str | None = None
+    burst: int | None = None
+
+
 @dataclass(slots=True)
 class LimitSpec:
     name: str
@@ -190,6 +218,16 @@ class LimitSpec:
     rate: str | None = None  # "100/s", "6000/m", "20/h": at most N starts in any sliding period, fleet-wide
     burst: int | None = None  # set: a token bucket of this many tokens instead (opt-in bursts)
     paused_until: float | None = None  # read only: set by a 429 with Retry-After
+    per_key: bool = False  # a keyed limit: these settings are each key's own budget
+    #: read only: who changed the settings in force while it ran ("cli",
+    #: "dashboard", "app"); None: they are the ones ``app.limit`` declared
+    set_by: str | None = None
+    #: read only: the declared settings, kept aside while ``set_by``'s are in force
+    declared: LimitSettings | None = None
+    changed_at: float | None = None  # read only: when the settings in force last changed (store time)
+
+    def settings(self) -> LimitSettings:
+        return LimitSettings(self.concurrency, self.rate, self.burst)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +301,8 @@ class SweepReport:
     overdue_failed: list[int] = field(default_factory=list)
     stale_pending_canceled: list[int] = field(default_factory=list)
     exhausted_failed: list[int] = field(default_factory=list)
+    #: queued tasks past the deadline of their first start, ended CANCELED "expired"
+    expired_canceled: list[int] = field(default_factory=list)
 
     @property
     def total(self) -> int:

@@ -70,6 +70,13 @@ class WorkerView:
         }
 
 
+def worker_silence(row: WorkerInfo, now: float) -> float | None:
+    """Seconds a worker's row has been silent, once that is past
+    :data:`DEAD_AFTER_BEATS` beats (its process is gone or stuck); None while it reports."""
+    quiet = now - row.heartbeat_at
+    return quiet if quiet > DEAD_AFTER_BEATS * row.beat_every else None
+
+
 def _host_pid(worker_id: str) -> tuple[str, int | None]:
     """``host:pid:random`` (:func:`corral.core.model.new_holder_id`) split; a name of another shape is its own host."""
     parts = worker_id.rsplit(":", 2)
@@ -108,4 +115,4 @@ def views(rows: Iterable[WorkerInfo], held: Iterable[TaskRecord], now: float) ->
     return sorted(out.values(), key=lambda v: (v.alive, v.started_at or 0.0, v.id))
 
 
-__all__ = ["DEAD_AFTER_BEATS", "HeldTask", "WorkerView", "views"]
+__all__ = ["DEAD_AFTER_BEATS", "HeldTask", "WorkerView", "views", "worker_silence"]

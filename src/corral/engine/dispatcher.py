@@ -179,44 +179,53 @@ class Dispatcher:
                     with cond:
                         cond.wait(min(self.idle_wait(), 0.05))
                     continue
-                asked = self.clock.monotonic()
-                claims = self._wait_for_work(policy, want, names)
-                if not claims:
-                    continue
-                ahead = True  # handed over in a submit: no start recorded, as for a prefetch
-            self.hooks.on_claims(claimer.id, claims)
-            units = [Unit(c, prefetched=ahead, lease_until=asked + claimer.lease_seconds) for c in claims]
-            ledger.hold(units)
-            if ahead and self.stop_claiming.is_set():
-                # stopped or halted while this prefetch was under way: its
-                # units would wait for a slot in vain, give them back now
-                ledger.handed_back += self.completer.hand_back_prefetched()
-            elif self.stop_claiming.is_set():
-                # stopped or halted while this claim was under way: what it
-                # took (a place an outcome freed meanwhile, say) would start
-                # after the stop, give it back instead
-                ledger.handed_back += self.completer.hand_back_unstarted(units)
-            for unit in units:
-                ledger.inbox.put(unit)  # a unit handed back is skipped by its slot
+                self._wait_for_work(policy, want, names)
+                continue
+            self._hold(claims, asked, ahead)
             time.sleep(0)  # let the woken slots take the GIL before the next claim
 
-    def _wait_for_work(self, policy: DispatchPolicy, free: int, names: frozenset[str]) -> list[Claim]:
+    def _hold(self, claims: list[Claim], asked: float, ahead: bool) -> None:
+        """Hold what a claim (or a submit's hand-over) brought, in the slots
+        reserved for it, and pass it to the slots. ``asked``: when the claim
+        began, the leases stand until ``lease_seconds`` after it."""
+        self.hooks.on_claims(self.claimer.id, claims)
+        units = [Unit(c, prefetched=ahead, lease_until=asked + self.claimer.lease_seconds) for c in claims]
+        ledger = self.ledger
+        ledger.hold(units)
+        if ahead and self.stop_claiming.is_set():
+            # stopped or halted while this prefetch was under way: its
+            # units would wait for a slot in vain, give them back now
+            ledger.handed_back += self.completer.hand_back_prefetched()
+        elif self.stop_claiming.is_set():
+            # stopped or halted while this claim was under way: what it
+            # took (a place an outcome freed meanwhile, say) would start
+            # after the stop, give it back instead
+            ledger.handed_back += self.completer.hand_back_unstarted(units)
+        for unit in units:
+            ledger.inbox.put(unit)  # a unit handed back is skipped by its slot
+
+    def _wait_for_work(self, policy: DispatchPolicy, free: int, names: frozenset[str]) -> None:
         """Wait for work. With nothing restricting what this worker takes,
         its ``free`` slots are offered meanwhile: a store that can hands a
         new plain task over in the submit's own commit (one commit, not a
-        submit's and a claim's), and those tasks come back here, counted in
-        flight."""
+        submit's and a claim's), and each such task goes to a slot at once
+        while the wait goes on (the offer stays open for the next submit)."""
         timeout = self.idle_wait()
         claimer = self.claimer
         if policy.lanes is not None or policy.only_retries or claimer.queue_slots is not None or self.draining:
             self.store.wait_for_work(timeout, claimer.queues)
-            return []
+            return
         offer = Offer(claimer.id, claimer.queues, names, free, claimer.lease_seconds)
-        claims = self.store.wait_offering(timeout, claimer.queues, offer)
-        if claims:
+        # the leases of tasks handed over stand until lease_seconds after
+        # their submit, which came after the offer was opened
+        asked = self.clock.monotonic()
+
+        def take(claims: list[Claim]) -> None:
             with self.ledger.cond:
-                self.ledger.inflight += len(claims)
-        return claims
+                self.ledger.inflight += len(claims)  # in the slots offered, free until now
+            self._hold(claims, asked, True)  # no start recorded, as for a prefetch
+
+        self.store.wait_offering(timeout, claimer.queues, offer, take)
 
     def _may_prefetch(self, policy: DispatchPolicy) -> bool:
         """Claim ahead of a free slot now? Only with nothing restricting the

@@ -26,7 +26,7 @@ from typing import Any
 
 from corral.core import texts, validation
 from corral.core.clock import Clock
-from corral.core.model import Outcome, TaskRecord, dumps
+from corral.core.model import EXPIRED, Outcome, TaskRecord, dumps, expired
 from corral.core.pacing import relay_due, relay_lead
 from corral.core.states import State
 from corral.engine import outcomes, tracing
@@ -36,6 +36,7 @@ from corral.engine.executors import ProcessRun, run_async
 from corral.engine.hooks import Guarded
 from corral.engine.limit_reporter import LimitReporter
 from corral.engine.logs import set_running, task_fields
+from corral.engine.pause_watch import PauseWatch
 from corral.engine.registry import Registry
 from corral.engine.units import RELAY_ASKED, RELAY_NONE, Ledger, Pace, Relay, TaskRun, Unit
 from corral.errors import Canceled, PermanentError, StoreError
@@ -49,6 +50,10 @@ _CANCELED = (Canceled, asyncio.CancelledError, concurrent.futures.CancelledError
 #: (as last renewed); with less, the lease is renewed first, and if that
 #: fails the unit's tasks not yet started go back to the queue.
 LEASE_MARGIN = 0.25
+#: A held task whose deadline (``expires=``) is nearer than this on the
+#: worker's reading of the store's clock is checked against the store's own
+#: clock before it starts (one read); one further off starts without a look.
+DEADLINE_MARGIN = 1.0
 
 
 class Runner:
@@ -68,6 +73,7 @@ class Runner:
         lease_seconds: float,
         max_payload_bytes: int,
         stop_claiming: threading.Event,
+        pauses: PauseWatch | None = None,
         limit_reports: LimitReporter | None = None,
     ):
         self.store = store
@@ -81,10 +87,14 @@ class Runner:
         self.lease_seconds = lease_seconds
         self.max_payload_bytes = max_payload_bytes
         self.stop_claiming = stop_claiming
+        self.pauses = pauses if pauses is not None else PauseWatch(store)
         #: counts what tasks under adaptive limits did (None: nothing counted)
         self.limit_reports = limit_reports
         #: slot threads started (the watchdog adds one per abandoned thread)
         self.slots = 0
+        #: how far the store's clock was ahead of the worker's when last read
+        #: (None: not read yet; read at the first held task with a deadline)
+        self._store_ahead: float | None = None
 
     def spawn_slot(self) -> None:
         """Start one more slot thread."""
@@ -122,6 +132,12 @@ class Runner:
             if not (unit.lost or unit.done) and not self._lease_stands(unit):
                 if self._lease_gone(unit, i):
                     break
+            late = self._past_deadline(unit, i, rec)
+            if (i > 0 or unit.prefetched) and not (unit.lost or unit.done) and self.pauses.holds(rec, unit.claimed):
+                # held, not started, and paused since its claim: back to the
+                # queue, attempts intact (the store recorded no start for it)
+                if self._paused_back(unit, i):
+                    break
             # Commit to the next task under the unit's lock, so a shutdown
             # handing the unit back sees exactly which task is under way.
             with unit.lock:
@@ -132,6 +148,12 @@ class Runner:
                         return True  # not ours to free: in flight until the hand-back is written
                     break  # the sweeper (or a shutdown) owns the rest
                 unit.begun = i
+                if late:  # never started, past its deadline: ended "expired", fenced by the lease
+                    self.completer.put(
+                        Outcome(rec.id, token, rec.version, State.CANCELED, error=EXPIRED, attempt=rec.attempt)
+                    )
+                    log.info("task %s (%s) not started by its deadline: expired", rec.id, rec.name)
+                    continue
                 if i > 0 or unit.prefetched:  # the store recorded no start: the outcome does
                     rec.attempt += 1
                     unit.uncounted.add(rec.id)
@@ -153,6 +175,23 @@ class Runner:
         self.completer.release(unit)
         return True
 
+    def _paused_back(self, unit: Unit, i: int) -> bool:
+        """Give the unit's tasks from ``i`` on back: a pause by hand holds
+        task ``i`` (none of them started). False when the unit was let go
+        meanwhile (a stop, the heartbeat): that path ends it."""
+        tasks = unit.claim.tasks
+        with unit.lock:
+            if unit.lost or unit.done:
+                return False
+            unit.lost = True  # nothing more starts; a stop gives back nothing twice
+        self.completer.hand_back(tasks[i:], unit.claim.token)
+        log.info(
+            "worker %s: task(s) %s held here are paused; giving them back to the queue",
+            self.id,
+            ", ".join(str(t.id) for t in tasks[i:]),
+        )
+        return True
+
     def _lease_stands(self, unit: Unit) -> bool:
         """May the unit's next task start? Only under a lease that surely
         still stands: one renewed lately enough (no round trip), or renewed
@@ -172,6 +211,28 @@ class Runner:
             return False
         unit.lease_until = max(unit.lease_until, asked + self.lease_seconds)
         return True
+
+    def _past_deadline(self, unit: Unit, i: int, rec: TaskRecord) -> bool:
+        """Is the held task ``rec`` (a chunk member, a prefetched or relayed
+        task: no claim started it) past the deadline of its first start? Read
+        on the store's clock, which the claim and the sweeper judge by too:
+        asked of the store when the deadline is near on the worker's reading
+        of it, so no held task starts after its deadline however the clocks
+        differ."""
+        if rec.expires_at is None or not (i > 0 or unit.prefetched) or unit.lost or unit.done:
+            return False
+        if rec.attempt or rec.snoozes:  # started once: the deadline is spent
+            return False
+        ahead = self._store_ahead
+        if ahead is not None and rec.expires_at - (self.clock.time() + ahead) > DEADLINE_MARGIN:
+            return False
+        try:
+            now = self.store.now()
+            self._store_ahead = now - self.clock.time()
+        except StoreError as exc:
+            log.warning("reading the store's clock before a held task's start failed: %s", exc)
+            now = self.clock.time() + (ahead or 0.0)
+        return expired(rec.expires_at, rec.attempt, rec.snoozes, now)
 
     def _lease_gone(self, unit: Unit, i: int) -> bool:
         """The unit's lease may be gone before its task ``i`` started: give

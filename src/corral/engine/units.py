@@ -55,6 +55,8 @@ class Unit:
     #: time: the lease's length after the claim or the last renewal was *asked*
     #: (the store counts it from a later moment)
     lease_until: float = float("-inf")
+    #: when it was claimed (``time.monotonic``): the claim obeyed the pauses then
+    claimed: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: where its relay stands (RELAY_*), and the successor waiting in its place
     relay: int = RELAY_NONE

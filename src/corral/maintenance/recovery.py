@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corral.core.model import SweepReport
+from corral.core.model import EXPIRED, SweepReport
 from corral.core.states import State
 from corral.stores.base import Rescue, Store, SweepRow
 
@@ -135,6 +135,15 @@ def sweep_once(
     report = _apply(store, decide(stuck, stale, now, stale_pending_age or 0.0))
     store.repair(max_rows)
     return report
+
+
+def expire_queued(store: Store, *, max_rows: int = DEFAULT_MAX_ROWS) -> SweepReport:
+    """End queued tasks past the deadline of their first start that no claim
+    met (their queue has no worker, or none claims now): CANCELED "expired",
+    one bounded read and guarded writes (a claim since the read wins). A claim
+    never starts such a task whoever ends it."""
+    rows = store.find_expired(store.now(), max_rows)
+    return _apply(store, [("expired_canceled", Rescue(r.id, r.version, State.CANCELED, EXPIRED)) for r in rows])
 
 
 def recover_lost_leases(store: Store, *, expired_for: float = 0.0, max_rows: int = DEFAULT_MAX_ROWS) -> SweepReport:

@@ -3,7 +3,8 @@
 One skeleton, like every maintenance loop: options, a timer, a leader check,
 and bounded store calls per tick. Each tick the sweeper asks the store to
 lead (``store.try_lead("sweeper", holder, ttl)``). The holder recovers lost
-leases every tick and, at most every ``chores_every`` seconds (30 by
+leases and ends the queued tasks past their deadline (``expires=``) that no
+claim met every tick and, at most every ``chores_every`` seconds (30 by
 default), does the chores that must run once across the fleet and are not
 urgent: stale pending tasks, dependents a crash left unsettled, batch
 callbacks, (with ``levels``) the fleet's level and the event log's trim, and
@@ -45,6 +46,7 @@ from corral.maintenance.minute_recorder import MinuteRecorder
 from corral.maintenance.recovery import (
     DEFAULT_MAX_ROWS,
     DEFAULT_STALE_PENDING_AGE,
+    expire_queued,
     recover_lost_leases,
     sweep_once,
 )
@@ -191,6 +193,8 @@ class Sweeper(Loop):
             )
         else:  # between the chores, only the rule that blocks groups
             report = recover_lost_leases(self.store, max_rows=self.max_rows) if due else SweepReport()
+        # every tick: a task past its deadline holds its group's line until it is ended
+        report.expired_canceled = expire_queued(self.store, max_rows=self.max_rows).expired_canceled
         if report.total:
             log.warning("sweeper recovered %d task(s): %s", report.total, describe(report))
         if due:
@@ -204,6 +208,7 @@ class Sweeper(Loop):
                 settled = []
             if settled:
                 log.info("sweeper submitted %d batch callback(s)", len(settled))
+            self._forget_keys()
         if self.on_report is not None:
             self.on_report(report)
         if chores:
@@ -221,6 +226,19 @@ class Sweeper(Loop):
             return
         if gone:
             log.info("sweeper forgot %d dead worker(s) that held nothing any more", gone)
+
+    def _forget_keys(self) -> None:
+        """Delete a bounded batch of keyed limits' key rows that are at rest
+        (bucket full, window empty, no pause): no row per key kept for ever."""
+        try:
+            gone = self.store.forget_keys(self.max_rows)
+        except NotImplementedError:
+            return
+        except Exception as exc:  # noqa: BLE001 - tried again at the next pass
+            log.warning("forgetting idle keys failed, will try again: %s", exc)
+            return
+        if gone:
+            log.debug("sweeper forgot %d idle key(s) of keyed limits", gone)
 
     def after_sweep(self) -> None:
         """The leader's housekeeping after its sweep: the minutes' figures,
@@ -245,6 +263,7 @@ _LABELS = {
     "overdue_failed": "overdue failed",
     "stale_pending_canceled": "stale pending canceled",
     "exhausted_failed": "retries exhausted failed",
+    "expired_canceled": "expired canceled",
 }
 
 

@@ -35,8 +35,10 @@ claim's options are one :class:`corral.core.claims.ClaimRequest`):
    the claim's own transaction; a unit
    under a rate is one task), a limit paused by a 429's Retry-After, and a
    circuit breaker on one of the task's limits or on its name (OPEN: nothing
-   passes; HALF_OPEN: exactly ``probes`` claims across the fleet). A skipped
-   task keeps its attempts and holds its group's place.
+   passes; HALF_OPEN: exactly ``probes`` claims across the fleet), and a
+   pause by hand (:meth:`Store.pause`) of the task's queue, its group or one
+   of its limits, read in the claim's own transaction. A skipped task keeps
+   its attempts and holds its group's place.
 6. Never more than ``max_units`` claims. Claimed tasks become RUNNING with a
    new lease token, ``lease_expires_at = now + lease_seconds``, version + 1.
    The first task of each claim gets ``started_at = now`` and ``attempt + 1``;
@@ -63,7 +65,7 @@ clock.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,7 @@ from corral.core.adaptive import AdaptiveRow, AdaptiveSpec
 from corral.core.breaker import Breaker, BreakerConfig, BreakerState
 from corral.core.claims import ClaimRequest
 from corral.core.cron import Schedule, ScheduleState, TickRecord, TickResult
+from corral.core.gates import Gates
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     DEFAULT_LEASE_SECONDS,
@@ -85,6 +88,7 @@ from corral.core.model import (
     TaskRecord,
     WorkerInfo,
 )
+from corral.core.pauses import Pause
 from corral.core.planning import HistoryRow
 from corral.core.states import ACTIVE, State
 from corral.errors import QueueFull
@@ -549,16 +553,19 @@ class Store(abc.ABC):
 
         time.sleep(timeout)
 
-    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
-        """:meth:`wait_for_work`, with ``offer`` open meanwhile: returns the
-        tasks a submit handed to the worker during the wait, claimed for it
-        like a prefetch (RUNNING under a new lease, no start recorded), or []
-        when the wait ended otherwise. Withdrawn (or spent) before this
-        returns, so nothing is handed to a worker that is not waiting. A
-        store may hand over fewer tasks than the slots offered (PostgreSQL
-        hands one). This default offers nothing."""
+    def wait_offering(
+        self, timeout: float, queues: Collection[str], offer: Offer, take: Callable[[list[Claim]], None]
+    ) -> None:
+        """:meth:`wait_for_work`, with ``offer`` open meanwhile: each task a
+        submit hands to the worker during the wait, claimed for it like a
+        prefetch (RUNNING under a new lease, no start recorded), is passed to
+        ``take`` as it comes (on this thread), and the wait goes on while the
+        offer has a slot left: a steady stream of submits is handed over
+        without the offer closing between two of them. Withdrawn (or spent)
+        before this returns, so nothing is handed to a worker that is not
+        waiting; ``take`` may run once more just before, with what was handed
+        over in the wait's last moment. This default offers nothing."""
         self.wait_for_work(timeout, queues)
-        return []
 
     def wake_waiters(self) -> None:
         """End this store's waits in :meth:`wait_for_work` now (each caller
@@ -631,6 +638,14 @@ class Store(abc.ABC):
 
         Read from the index of live group lines: the cost follows live groups,
         never finished history."""
+        raise NotImplementedError
+
+    def line_head(self, group: str) -> TaskRecord | None:
+        """The head of ``group``'s line, shown as :meth:`get` shows it: its
+        smallest id still ACTIVE or FAILED halting the group (what every task
+        behind it waits for); None when the line is empty.
+
+        One seek of the index of live group lines, whatever the group's history."""
         raise NotImplementedError
 
     def batch_list(self, after: str | None = None, limit: int = 20) -> list[tuple[str, dict[str, int]]]:
@@ -729,6 +744,14 @@ class Store(abc.ABC):
         """Delete the rows of workers silent since before ``before`` that hold
         no RUNNING task any more (the sweeper took their leases back); returns
         how many. A dead worker that still holds tasks stays listed with them."""
+        raise NotImplementedError
+
+    def forget_keys(self, limit: int = 1000) -> int:
+        """Delete up to ``limit`` rows of keyed limits' keys that hold nothing
+        a missing row would not (:func:`corral.core.gates.key_at_rest`: no
+        pause, bucket full, window empty); returns how many. A key with no
+        row has its whole budget, so none is kept for ever: the leader calls
+        this in bounded batches."""
         raise NotImplementedError
 
     # ---- fleet control ----------------------------------------------------
@@ -830,8 +853,21 @@ class Store(abc.ABC):
 
     # ---- limits -----------------------------------------------------------
     @abc.abstractmethod
-    def set_limit(self, spec: LimitSpec) -> None:
-        """Create or change a named limit, visible to every worker of the store."""
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
+        """Declare a named limit (``app.limit``), visible to every worker of
+        the store: its settings, unless an operator's change is in force,
+        which stays (:func:`corral.core.limits.declare`). Returns the limit
+        as it is now. A change of what is declared records a ``limit`` event."""
+
+    @abc.abstractmethod
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        """An operator's change of a declared limit while it runs, in one
+        transaction (:func:`corral.core.limits.change`: the fields named
+        change, the others stay; ``reset`` puts the declared settings back).
+        A keyed limit's keys follow at once; waiting workers are woken; a
+        ``limit`` event records it (``by``: cli, dashboard or app). Returns
+        the limit as it is now. ConfigError (one line) for a name that is no
+        limit, or settings ``app.limit`` would refuse; nothing is written then."""
 
     @abc.abstractmethod
     def limits(self) -> dict[str, LimitSpec]: ...
@@ -850,6 +886,28 @@ class Store(abc.ABC):
     def limit_usage(self) -> dict[str, int]:
         """Claims currently RUNNING per limit name (a keyed limit's keys
         summed under its name); limits with none are absent."""
+
+    def gate_rows(self, names: Collection[str]) -> Gates:
+        """The gates a claim would read now for these gate names (limits, a
+        keyed limit's keys as :func:`~corral.core.gates.keyed_name`, task
+        names under a breaker): the rows of those limits and of their keyed
+        limits, the places held, and every breaker. A read: nothing is
+        charged, so :meth:`Gates.room` answers what a claim would find.
+
+        This default composes the public reads (a key's own bucket is not
+        among them: it counts full); the stores here read the rows a claim reads."""
+        from corral.core.gates import BreakerRow, LimitState, keyed_name, split_key
+
+        now = self.now()
+        specs = self.limits()
+        wanted = {n for name in names for n in (name, split_key(name)[0])}
+        limits = {n: LimitState(specs[n]) for n in wanted if n in specs}
+        usage = dict(self.limit_usage())
+        for limit, keys in self.busiest_keys(top=1 << 30).items():
+            for key, used in keys:
+                usage[keyed_name(limit, key)] = used
+        breakers = {n: BreakerRow(n, cfg, st) for n, (cfg, st) in self.breakers().items()}
+        return Gates(now, limits, usage, breakers)
 
     # ---- adaptive limits (corral.core.adaptive) --------------------------------
     def declare_adaptive(self, limit: LimitSpec, spec: AdaptiveSpec) -> None:
@@ -932,6 +990,26 @@ class Store(abc.ABC):
                 out[name] = at
         return out
 
+    # ---- pauses by hand ---------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        """Pause the queue, group or limit ``name`` (``kind`` one of
+        :data:`corral.core.pauses.KINDS`) for every worker of the store: from
+        this commit on no claim takes its work (claim rule 5). True when it
+        was not paused before; a ``pause`` event is added in the same
+        transaction then. Pausing what has no tasks is allowed."""
+        raise NotImplementedError
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        """End a pause by hand (a limit's pause by a 429 is not touched);
+        True when it was paused (a ``pause`` event with ``paused: false`` is
+        added in the same transaction), False when it was not. Waiting
+        workers are woken."""
+        raise NotImplementedError
+
+    def pauses(self) -> list[Pause]:
+        """Every pause by hand in force, by kind (queue, group, limit), then name."""
+        raise NotImplementedError
+
     # ---- circuit breakers -------------------------------------------------
     @abc.abstractmethod
     def set_breaker(self, name: str, config: BreakerConfig) -> None:
@@ -961,6 +1039,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         """Up to ``limit`` PENDING tasks, by id, whose ``run_at`` is before ``before``."""
+
+    @abc.abstractmethod
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        """Up to ``limit`` PENDING tasks, by id, never started, whose deadline
+        (``expires=``) is at or before ``now`` (see :func:`corral.core.model.expired`):
+        those no claim met, ended by the sweeper's leader."""
 
     @abc.abstractmethod
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:

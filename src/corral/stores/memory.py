@@ -22,6 +22,7 @@ from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
 from corral.core import events as ev
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest
@@ -38,9 +39,20 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, busiest_keys, fold_keys, record_outcomes
+from corral.core.gates import (
+    KEY_SEP,
+    BreakerRow,
+    Gates,
+    LimitState,
+    busiest_keys,
+    fold_keys,
+    key_at_rest,
+    record_outcomes,
+    split_key,
+)
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
+    EXPIRED,
     SUPERSEDED,
     BreakerEvent,
     Claim,
@@ -53,8 +65,11 @@ from corral.core.model import (
     TaskRecord,
     WorkerInfo,
     dumps,
+    expired,
     loads,
 )
+from corral.core.pauses import Pause, Paused, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.priorities import claim_rank
 from corral.core.states import ACTIVE, FINAL, QUEUED, RESERVED, State, check_transition, shown
@@ -127,6 +142,10 @@ class MemoryStore(Store):
         self._debounced: dict[tuple[str, str], int] = {}
         #: (task name, supersede key) -> the tasks submitted with it, not yet seen final
         self._superseding: dict[tuple[str, str], set[int]] = {}
+        #: running tasks asked to stop for a reason other than a cancel ("superseded")
+        self._cancel_reasons: dict[int, str] = {}
+        #: tasks submitted with a deadline, not yet seen started or final (the sweeper's read)
+        self._deadlines: dict[int, float] = {}
         self._stamps = itertools.count(1)
         self._delayed: list = []  # heap of (run_at, id, stamp)
         self._groups: dict[str, _Group] = {}
@@ -143,6 +162,9 @@ class MemoryStore(Store):
         self._limit_reports: list[tuple[str, float, str]] = []
         self._usage: dict[str, int] = {}
         self._breakers: dict[str, BreakerRow] = {}
+        #: pauses by hand, (kind, name) -> Pause, and the sets a claim obeys
+        self._pauses: dict[tuple[str, str], Pause] = {}
+        self._paused = Paused()
         self._breaker_events: list[BreakerEvent] = []
         self._leaders: dict[str, tuple[str, float]] = {}
         self._level = FleetLevel()
@@ -340,6 +362,8 @@ class MemoryStore(Store):
                 finished_at=now if status in FINAL else None,
                 ref=nt.ref,
                 on_upstream_failure=nt.on_upstream_failure,
+                expires_at=nt.expires_at,
+                debounce_key=nt.debounce_key,
             )
             if nt.debounce is not None:
                 t.run_at = now + nt.debounce
@@ -355,6 +379,8 @@ class MemoryStore(Store):
             self._count[status] += 1
             if t.key is not None:
                 self._keys[t.key] = tid
+            if t.expires_at is not None:
+                self._deadlines[tid] = t.expires_at
             if status is State.WAITING:
                 self._waiting_on[tid] = waiting
                 for dep in waiting:
@@ -398,6 +424,7 @@ class MemoryStore(Store):
                 older.discard(tid)
             elif t.status is State.RUNNING:
                 t.cancel_requested = True
+                self._cancel_reasons[tid] = SUPERSEDED
             elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
                 self._stamp.pop(t.id, None)
                 self._waiting_on.pop(t.id, None)
@@ -415,7 +442,11 @@ class MemoryStore(Store):
             now = self.now()
             self._promote_due(now)
             breakers = {n: b.state.state is brk.BreakerState.CLOSED for n, b in self._breakers.items()}
-            plan = ClaimPlanner(request, lambda: Gates(now, self._limits, self._usage, self._breakers), breakers)
+            paused = self._paused
+            plan = ClaimPlanner(
+                request, lambda: Gates(now, self._limits, self._usage, self._breakers), breakers, paused=paused
+            )
+            queues = [q for q in request.queues if q not in paused.queues]
             # entries read from the heaps that still stand: put back unless taken
             read: list[tuple[list, tuple]] = []
             ranks: dict[int, tuple] = {}
@@ -436,6 +467,9 @@ class MemoryStore(Store):
                     g = self._groups.get(t.group) if t.group is not None else None
                     if g is not None and (g.running or g.ids[0] != tid):
                         continue  # not its group's head: queued again when it is
+                    if t.expires_at is not None and expired(t.expires_at, t.attempt, t.snoozes, now):
+                        self._expire(t, now)  # never started: ended here, in the claim
+                        continue
                     read.append((heap, entry))
                     c = _candidate(t, now)
                     if not plan.shut_out(c):
@@ -458,8 +492,8 @@ class MemoryStore(Store):
             def try_take(c: Candidate) -> bool:
                 return plan.try_head(c, read_line)
 
-            retry = [self._retry_ready[q] for q in request.queues if self._retry_ready.get(q)]
-            fresh = [] if request.only_retries else [self._ready[q] for q in request.queues if self._ready.get(q)]
+            retry = [self._retry_ready[q] for q in queues if self._retry_ready.get(q)]
+            fresh = [] if request.only_retries else [self._ready[q] for q in queues if self._ready.get(q)]
             if plan.retry_cap is None:
                 plan.run(ordered(fresh + retry), None, try_take, lambda c: ranks[c.id])
             else:
@@ -485,6 +519,13 @@ class MemoryStore(Store):
             if claims:
                 self._changes += 1
         return claims
+
+    def _expire(self, t: TaskRecord, now: float) -> None:
+        """End the queued ``t``, past the deadline of its first start: CANCELED "expired"."""
+        self._stamp.pop(t.id, None)
+        self._deadlines.pop(t.id, None)
+        self._set(t, State.CANCELED, finished_at=now, error=EXPIRED)
+        self._finish_effects(t, now)
 
     def _take(self, worker_id: str, request: ClaimRequest, unit: list[Candidate], now: float) -> Claim:
         """Claim the tasks of ``unit`` (its head first) under one new lease."""
@@ -573,6 +614,9 @@ class MemoryStore(Store):
                 if o.error is not None or o.status is State.SUCCESS:
                     fields["error"] = o.error
                     fields["traceback"] = o.traceback
+                reason = self._cancel_reasons.pop(t.id, None)
+                if reason is not None and o.status is State.CANCELED and t.cancel_requested:
+                    fields["error"] = reason  # why it was asked to stop (a newer submit)
                 if o.attempt is not None:
                     fields["attempt"] = o.attempt
                 elif not o.burn_attempt or o.snooze:
@@ -687,6 +731,14 @@ class MemoryStore(Store):
         with self._lock:
             return sorted((r for r in self._minutes.values() if r.minute >= since), key=lambda r: r.minute)
 
+    def line_head(self, group: str) -> TaskRecord | None:
+        with self._lock:
+            for tid in self._groups[group].ids if group in self._groups else ():
+                t = self._tasks[tid]
+                if t.status in ACTIVE or (t.status is State.FAILED and t.halt_group_on_failure):
+                    return _shown(t)
+            return None
+
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
     ) -> list[TaskRecord]:
@@ -772,6 +824,7 @@ class MemoryStore(Store):
                 return None
             if t.status is State.RUNNING:
                 t.cancel_requested = True
+                self._cancel_reasons.pop(t.id, None)  # an operator's cancel says "canceled"
             elif t.status in (State.PENDING, State.RETRYING, State.WAITING):
                 self._stamp.pop(t.id, None)
                 self._waiting_on.pop(t.id, None)
@@ -1098,18 +1151,54 @@ class MemoryStore(Store):
             rows = sorted(self._ticks.get(schedule, {}).values(), key=lambda r: -r.tick)
             return rows[: max(0, limit)]
 
-    def set_limit(self, spec: LimitSpec) -> None:
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
         with self._lock:
             old = self._limits.get(spec.name)
-            new = LimitState(replace(spec, paused_until=old.spec.paused_until if old else None))
-            if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
-                new.tokens, new.counted_at = old.tokens, old.counted_at
-            if old is not None:  # starts made are starts made, whatever the new rate
-                new.starts = old.starts
-            self._limits[spec.name] = new
-            self._adaptive.pop(spec.name, None)  # fixed values: no controller sets it any more
-            self._changes += 1
-            self._wake.notify_all()
+            before = None if old is None else old.spec
+            return self._write_limit(old, limit_rules.declare(before, spec), "declare", "app")
+
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        with self._lock:
+            old = self._limits.get(name) if KEY_SEP not in name else None
+            if old is None:
+                raise limit_rules.unknown(name, (k for k in self._limits if KEY_SEP not in k))
+            after = limit_rules.change(old.spec, changes, by, reset=reset)
+            return self._write_limit(old, after, "reset" if reset else "set", by)
+
+    def _write_limit(self, old: LimitState | None, spec: LimitSpec, action: str, by: str) -> LimitSpec:
+        """Write a limit's row (lock held): a changed rate starts a full
+        bucket; the log of starts is kept; an event if anything changed."""
+        now = self.now()
+        data = limit_rules.event_data(action, by, None if old is None else old.spec, spec)
+        if old is None or old.spec.settings() != spec.settings():
+            spec = replace(spec, changed_at=now)
+        new = LimitState(spec)
+        if old is not None and old.spec.rate == spec.rate:  # the bucket is kept
+            new.tokens, new.counted_at = old.tokens, old.counted_at
+        if old is not None:  # starts made are starts made, whatever the new rate
+            new.starts = old.starts
+        self._limits[spec.name] = new
+        self._adaptive.pop(spec.name, None)  # fixed values: no controller sets it any more
+        if data is not None:
+            self._add_event(now, ev.LIMIT, limit_rules.subject(spec.name), data)
+        self._changes += 1
+        self._wake.notify_all()
+        return replace(spec)
+
+    def forget_keys(self, limit: int = 1000) -> int:
+        with self._lock:
+            now = self.now()
+            gone: list[str] = []
+            for name, lim in self._limits.items():
+                if len(gone) >= limit:
+                    break
+                if KEY_SEP in name:
+                    base = self._limits.get(name.partition(KEY_SEP)[0])
+                    if key_at_rest(base.spec if base else None, lim, now):
+                        gone.append(name)
+            for name in gone:
+                del self._limits[name]
+            return len(gone)
 
     def _set_effective(self, name: str, concurrency: int | None, rate: str | None, burst: int | None) -> None:
         """A limit's values as set_limit writes them, its bucket kept while its rate is (lock held)."""
@@ -1209,6 +1298,31 @@ class MemoryStore(Store):
             at = {k: v.frees_at(now) for k, v in self._limits.items()}
         return {k: t for k, t in at.items() if t is not None}
 
+    # ---- pauses by hand -----------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        with self._lock:
+            if (kind, name) in self._pauses:
+                return False
+            now = self.now()
+            self._pauses[(kind, name)] = Pause(kind, name, now, by)
+            self._paused = Paused.of(self._pauses)
+            self._add_event(now, *pause_event(kind, name, True, by))
+            return True
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        with self._lock:
+            if self._pauses.pop((kind, name), None) is None:
+                return False
+            self._paused = Paused.of(self._pauses)
+            self._add_event(self.now(), *pause_event(kind, name, False, by))
+            self._changes += 1
+            self._wake.notify_all()
+            return True
+
+    def pauses(self) -> list[Pause]:
+        with self._lock:
+            return sorted(self._pauses.values(), key=pause_order)
+
     # ---- circuit breakers -------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:
         with self._lock:
@@ -1237,6 +1351,13 @@ class MemoryStore(Store):
         with self._lock:
             evs = [e for e in self._breaker_events if name is None or e.name == name]
         return evs[::-1][: max(0, limit)]
+
+    def gate_rows(self, names: Collection[str]) -> Gates:
+        with self._lock:
+            wanted = {n for name in names for n in (name, split_key(name)[0])}
+            limits = {n: replace(lim) for n in wanted if (lim := self._limits.get(n)) is not None}
+            breakers = {n: replace(b) for n, b in self._breakers.items()}
+            return Gates(self.now(), limits, dict(self._usage), breakers)
 
     def limit_usage(self) -> dict[str, int]:
         with self._lock:
@@ -1270,6 +1391,19 @@ class MemoryStore(Store):
                 if t.status is State.PENDING and t.run_at < before and self._idle_head(t, before)
             )
             return [self._sweep_row(t) for t in itertools.islice(stale, max(0, limit))]
+
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        with self._lock:
+            out: list[SweepRow] = []
+            for tid in sorted(self._deadlines):
+                t = self._tasks.get(tid)
+                if t is None or t.status in FINAL or t.attempt or t.snoozes:
+                    del self._deadlines[tid]  # ended, or started once: its deadline is spent
+                elif t.status is State.PENDING and expired(t.expires_at, t.attempt, t.snoozes, now):
+                    out.append(self._sweep_row(t))
+                    if len(out) >= limit:
+                        break
+            return out
 
     def _idle_head(self, t: TaskRecord, before: float) -> bool:
         """Ungrouped, or its group's head with nothing of the group running

@@ -46,16 +46,16 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import ClaimRequest
@@ -71,8 +71,9 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.events import LIMIT_ADAPTED
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -88,6 +89,8 @@ from corral.core.model import (
     dumps,
 )
 from corral.core.pacing import chunk_reach
+from corral.core.pauses import Pause, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import (
     ConfigError,
@@ -114,7 +117,7 @@ from corral.stores.base import (
     schedule_params,
     schedule_state,
 )
-from corral.stores.gates import breaker_row, limit_state
+from corral.stores.gates import LIMIT_COLUMNS, breaker_row, limit_params, limit_state
 from corral.stores.sqlbase import (
     Read,
     SqlStore,
@@ -197,6 +200,9 @@ OFFER_GRACE = 1.0
 #: most this many bytes (PostgreSQL takes payloads under 8000); a bigger one
 #: is read back by the worker, one round trip more.
 MAX_NOTE_ROW = 7900
+#: Ids of tasks read back by withdraws kept, so their notifications, which
+#: come after, are not taken again.
+READ_BACK_KEPT = 1024
 
 log = logging.getLogger("corral.store")
 #: Where statements that add events notify followers of the stream.
@@ -223,6 +229,13 @@ SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=of
 #: completer thread, so more connections would only idle (and fill the
 #: server's ``max_connections`` as workers are added).
 POOL_MAX_SIZE = 2
+#: A claim reads and locks the keys (keyed limits' budgets) of at most this
+#: many ready candidates per path for each unit it asks for, and at least
+#: KEY_PROBE_MIN: the keys it looks at, never every key with work queued.
+KEY_PROBE_EACH = 4
+KEY_PROBE_MIN = 32
+#: looks for distinct keys a claim makes at most (each passes over the keys found)
+KEY_PROBE_LOOKS = 3
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
@@ -245,6 +258,10 @@ MIGRATE_LOCK_KEY = 7429000
 #: 34: worker processes' rows (corral_workers); 35: an index of held rows by
 #: worker, dropped again (a write per claim); 36: each minute's figures (corral_minute_stats);
 #: 37: debounce and supersede keys (debounce_key, supersede_key and their indexes);
+#: 38: a deadline for a task's first start (expires_at, its partial index) and
+#: why a running task was asked to stop (cancel_reason); 39: pauses by hand (corral_pauses);
+#: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
+#: 41: limits changed while running (corral_limits.per_key, set_by, declared, changed_at).
 #: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
 SCHEMA_VERSION = 43
 #: A group's tasks, as the two indexes that hold them say: in its line, or
@@ -420,6 +437,8 @@ class PostgresStore(SqlStore):
         self._outage_at: float | None = None  # see last_outage
         self._pool_failures = 0
         self._limited_hint = True  # probe for capped limits before claiming
+        #: limits seen keyed (their tasks name their keys): the probe passes over them
+        self._keyed_limits: set[str] = set()
         self._breaker_names: frozenset[str] = frozenset()
         self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
@@ -432,9 +451,9 @@ class PostgresStore(SqlStore):
         self._local = threading.local()
         # where a submit tells this store's waiting worker it handed it a task
         self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
-        # ids of tasks handed over lately (their notifications may still be
-        # queued, and their offer row may still list them)
-        self._taken: deque[int] = deque(maxlen=64)
+        # ids of tasks read back by a withdraw lately (their notifications may
+        # still be queued), oldest first
+        self._read_back: dict[int, None] = {}
         self._events_lock = threading.Lock()  # held by the thread following the event stream
         self._events_conn: Any = None
 
@@ -575,9 +594,6 @@ class PostgresStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
-        keys = _limit_keys(tasks)
-        if keys:
-            self._run(lambda conn: conn.execute(self._q["limit_keys"], {"names": keys}))
         if any(t.debounce_key is not None or t.supersede_key is not None for t in tasks):
 
             def keyed(conn):
@@ -609,6 +625,7 @@ class PostgresStore(SqlStore):
         """Grouped or limited work submitted here ends this store's plain fast
         path at once, once it is stored (other stores learn of it from the
         ":g" notification); returns ``out``."""
+        self._keyed_limits.update(n.partition(KEY_SEP)[0] for t in tasks for n in t.limits if KEY_SEP in n)
         if any(t.group is not None or t.limits for t in tasks):
             self._plain_until = 0.0
         return out
@@ -732,9 +749,6 @@ class PostgresStore(SqlStore):
             )
         if not tasks:
             return []
-        keys = _limit_keys(tasks)
-        if keys:
-            connection.execute(self._q["limit_keys"], {"names": keys})
         plan = _SubmitPlan(tasks)
         try:
             cur = connection.cursor(row_factory=tuple_row)
@@ -813,39 +827,66 @@ class PostgresStore(SqlStore):
                 rows = cur.fetchall()
                 if rows:
                     return rows
-            limited = conn.execute(self._q["claim_probe"], {"queues": base["queues"]}).fetchone()[0]
-            self._limited_hint = bool(limited)
-            if not limited:
+            keys = self._probe_keys(conn, base["queues"], max_units)
+            self._keyed_limits.update(k.partition(KEY_SEP)[0] for k in keys)
+            probe = {"queues": base["queues"], "keyed": sorted(self._keyed_limits)}
+            limited = conn.execute(self._q["claim_probe"], probe).fetchone()[0]
+            self._limited_hint = bool(limited or keys)
+            if not limited and not keys:
                 self._note_gate_wait(None)
                 if tried:
                     return []  # that claim was this one (work since then notifies)
                 cur.execute(self._q["claim"], {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
-            return self._claim_limited(conn, cur, base, max_units, limited)
+            return self._claim_limited(conn, cur, base, max_units, limited, keys)
 
         return _as_claims(self._run_listening(go))
 
-    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str]) -> list[dict]:
+    def _probe_keys(self, conn, queues: Any, max_units: int) -> list[str]:
+        """The keys of the first ready candidates, in claim order: distinct
+        keys, so one hot key's backlog in front does not hide the keys behind
+        it (each further look passes over the keys found so far)."""
+        m = max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)
+        keys: list[str] = []
+        for _ in range(KEY_PROBE_LOOKS):
+            more = conn.execute(self._q["key_probe"], {"queues": queues, "m": m, "skip": keys}).fetchone()[0]
+            keys += more
+            if not more or len(keys) >= max_units:
+                break
+        return sorted(keys)
+
+    def _claim_limited(self, conn, cur, base: dict, max_units: int, names: list[str], keys: list[str]) -> list[dict]:
         """Claim while holding the advisory locks of the gates (limits and
-        breakers) that have ready work. A claim uses at most one place of each
-        gate (a unit under a rate or a probing breaker is one task), so taking
-        at most ``min(room)`` claims per statement never overfills one; the
-        tokens and probes taken are written back in the same transaction."""
+        breakers) that have ready work, and of the keys of the first
+        candidates (``keys``: a keyed limit's budgets, read and locked for
+        those keys only, however many the store holds). A claim uses at most
+        one place of each gate (a unit under a rate or a probing breaker is
+        one task), so taking at most ``min(room)`` claims per statement never
+        overfills one; a key's room is kept inside the statement (a candidate
+        past its key's room is left). The tokens and probes taken are written
+        back in the same transaction."""
         out: list[dict] = []
         with conn.transaction():
-            conn.execute(self._q["limit_lock"], {"names": names})
+            conn.execute(self._q["limit_lock"], {"names": sorted({*names, *keys})})
             rows = cur.execute(self._q["limits"]).fetchall()  # by column name
             now = rows[0]["now"] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
             limits = {r["name"]: limit_state(r) for r in rows}
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
+            if keys:
+                for name, used, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
+                    usage[name] = used
+                    if paused is not None or at is not None or starts is not None:  # the key has a row
+                        limits[name] = LimitState(LimitSpec(name, paused_until=paused), tokens, at, starts)
             breakers = self._breaker_rows(conn)
             gates = Gates(now, limits, usage, breakers)
             free = {n: gates.room(n) for n in names}
-            solo = [n for n in names if gates.solo((n,), "")] + [n for n in names if gates.solo((), n)]
+            room = {k: gates.room(k) for k in keys}
+            solo = [n for n in (*names, *keys) if gates.solo((n,), "")] + [n for n in names if gates.solo((), n)]
             self._note_gate_wait(gates.wait)
             if (
                 all(f <= 0 for f in free.values())
+                and all(f <= 0 for f in room.values())
                 and not conn.execute(self._q["unlimited_ready"], {"queues": base["queues"]}).fetchone()[0]
             ):
                 self._save_gates(conn, gates)
@@ -854,7 +895,10 @@ class PostgresStore(SqlStore):
             k = remaining
             while remaining > 0 and k > 0:
                 allowed = [n for n, f in free.items() if f >= k]
-                cur.execute(self._q["claim"], {**base, "n": k, "allowed": allowed, "solo": solo})
+                open_keys = [n for n, f in room.items() if f > 0]
+                params = {**base, "n": k, "allowed": allowed, "solo": solo}
+                params.update(keys=open_keys, rooms=[room[n] for n in open_keys])
+                cur.execute(self._q["claim"], params)
                 rows = cur.fetchall()
                 out.extend(rows)
                 got = len({r["lease_token"] for r in rows})
@@ -863,26 +907,64 @@ class PostgresStore(SqlStore):
                 heads: dict[str, dict] = {}
                 for r in rows:
                     for n in (*(r["limits"] or ()), r["name"]):
-                        if n in free:
+                        if n in free or n in room:
                             used.setdefault(n, set()).add(r["lease_token"])
                     heads.setdefault(r["lease_token"], r)
+                key_filled = False
                 for n, toks in used.items():
-                    free[n] -= len(toks)
+                    if n in free:
+                        free[n] -= len(toks)
+                    else:
+                        room[n] -= len(toks)
+                        key_filled = key_filled or room[n] <= 0
                 for r in heads.values():
                     gates.take(r["limits"] or (), r["name"])
                 small = [f for f in free.values() if 0 < f < k]
-                if got < k and not small:
-                    break  # nothing more this allowed set can take
+                if got < k and not small and not (key_filled and got and any(f > 0 for f in room.values())):
+                    break  # nothing more this allowed set can take (a key filled: the next keys may)
                 open_slots = [f for f in free.values() if f > 0]
-                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k else 0)
+                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k or key_filled else 0)
             self._save_gates(conn, gates)
         return out
 
+    def forget_keys(self, limit: int = 1000) -> int:
+        """Under the keys' own locks (a claim charging a key holds its lock),
+        so a row is never deleted under a claim that read it."""
+        after = getattr(self, "_keys_after", "")
+        n = max(1, limit)
+
+        def go(conn):
+            with conn.transaction():
+                names = [r[0] for r in conn.execute(self._q["key_names_after"], {"after": after, "n": n})]
+                if not names:
+                    return names, 0
+                conn.execute(self._q["limit_lock"], {"names": names})
+                rows = conn.execute(self._q["limits"]).fetchall()
+                now = rows[0][-1] if rows else conn.execute(self._q["tx_now"]).fetchone()[0]
+                declared = {r[0]: limit_state(r).spec for r in rows}
+                keys = [limit_state(r) for r in conn.execute(self._q["limit_key_rows"], {"names": names})]
+                gone = [
+                    k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)
+                ]
+                if gone:
+                    conn.execute(self._q["forget_key_rows"], {"names": gone})
+                return names, len(gone)
+
+        names, gone = self._run(go)
+        self._keys_after = names[-1] if len(names) >= n else ""
+        return gone
+
     def _save_gates(self, conn, gates: Gates) -> None:
+        keyed = []
         for name, c in gates.rate_writes().items():
-            conn.execute(
-                self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
-            )
+            if KEY_SEP in name:  # the keys' rows in one statement, however many
+                keyed.append([name, c.tokens, c.counted_at, c.starts])
+            else:
+                conn.execute(
+                    self._q["limit_charge"], {"tokens": c.tokens, "at": c.counted_at, "starts": c.starts, "name": name}
+                )
+        if keyed:
+            conn.execute(self._q["key_charges"], {"rows": json.dumps(keyed)})
         for name, (state, ev) in gates.breaker_writes().items():
             self._save_breaker(conn, name, state, ev)
 
@@ -1061,7 +1143,7 @@ class PostgresStore(SqlStore):
             with conn.transaction():
                 conn.execute(self._q["limit_lock"], {"names": names})
                 now = conn.execute(self._q["limits"]).fetchone()
-                at = now[8] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
+                at = now[len(LIMIT_COLUMNS)] if now else conn.execute(self._q["tx_now"]).fetchone()[0]
                 changed, events = record_outcomes(self._breaker_rows(conn), feed, at)
                 for name, state in changed.items():
                     self._save_breaker(conn, name, state, None)
@@ -1145,17 +1227,27 @@ class PostgresStore(SqlStore):
         return self._run(fn)
 
     def wait_for_work(self, timeout: float, queues: Collection[str] | None = None) -> None:
-        self._wait(timeout, None)
+        self._wait(timeout)
 
-    def wait_offering(self, timeout: float, queues: Collection[str], offer: Offer) -> list[Claim]:
-        return _as_claims(self._wait(timeout, offer))
+    def wait_offering(
+        self, timeout: float, queues: Collection[str], offer: Offer, take: Callable[[list[Claim]], None]
+    ) -> None:
+        self._wait(timeout, offer, take)
 
-    def _wait(self, timeout: float, offer: Offer | None) -> list[dict]:
+    def _wait(
+        self, timeout: float, offer: Offer | None = None, take: Callable[[list[Claim]], None] | None = None
+    ) -> None:
         """The wait for work; the thread waiting on the listening connection
-        opens ``offer`` for the wait and returns the rows of the tasks handed
-        over under it (other threads offer nothing)."""
+        opens ``offer`` for the wait and passes each task handed over under
+        it to ``take`` as it comes (other threads offer nothing).
+
+        The offer stays open through its hand-overs until its slots are all
+        taken: one that closed after each task (to be opened again after the
+        worker's next claim, two round trips later) sent the next submits
+        of a steady stream to the queue and woke every worker for them, so
+        most tasks waited for a submit's commit and a claim's, not one."""
         if self._closed:
-            return []
+            return
         timeout = self._gate_timeout(timeout)
         seen = getattr(self._local, "seen", None)
         if not self._listen_lock.acquire(blocking=False):
@@ -1169,10 +1261,9 @@ class PostgresStore(SqlStore):
                         break
                     self._cond.wait(left)
                 self._local.seen = self._gen
-            return []
+            return
         woken: bool | None = False
-        offered: str | None = None  # the worker whose offer is open
-        given: list[dict] = []
+        opened: _OpenOffer | None = None  # the offer open now, until withdrawn or spent
         try:
             if not self._listening:
                 woken = None
@@ -1192,49 +1283,43 @@ class PostgresStore(SqlStore):
                 # slices, so wake_waiters() ends it within one
                 wakes = self._wakes
                 deadline = time.monotonic() + max(0.0, timeout)
-                if offer is not None and offer.slots > 0 and timeout > 0:
-                    offered = offer.worker_id
+                if offer is not None and take is not None and offer.slots > 0 and timeout > 0:
+                    opened = _OpenOffer(offer.worker_id, int(offer.slots), take)
                     self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout))
                 while not woken and self._wakes == wakes:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     for note in self._listen_conn.notifies(timeout=min(left, WAKE_SLICE), stop_after=1):
-                        if note.channel == CHANNEL and note.payload.endswith(":g"):
-                            self._plain_until = 0.0
-                        elif offered is not None and note.payload.startswith("{"):
-                            row = self._carried(note.payload, offered)
-                            if row is not None:
-                                # the one task this offer takes came in its
-                                # notification: the offer is spent, and nothing
-                                # is left to read back
-                                given.append(row)
-                                offered = None
-                        woken = True
-                if offered is not None:
-                    given = self._withdraw(self._listen_conn, offered)
-                    offered = None
+                        if note.channel == self._offer_channel:
+                            woken = self._handed_over(note.payload, opened)
+                        else:
+                            if note.channel == CHANNEL and note.payload.endswith(":g"):
+                                self._plain_until = 0.0
+                            woken = True
+                if opened is not None and not opened.spent:
+                    self._withdraw(self._listen_conn, opened)
+                opened = None
         except psycopg.Error:
             self._drop_listen_conn()
             woken = None
         finally:
             self._listen_lock.release()
-            if offered is not None:  # the listening connection broke meanwhile
+            if opened is not None and not opened.spent:  # the listening connection broke meanwhile
                 try:
-                    given = self._run(lambda conn: self._withdraw(conn, offered))
+                    self._run(lambda conn: self._withdraw(conn, opened))
                 except StoreError:
                     pass  # the server is away: the offer expires, its tasks' leases too
-        if woken is None and not given:
+        if woken is None:
             # not listening (poll briefly), or the server is away (poll meanwhile);
             # close() ends the wait
             with self._cond:
                 if not self._closed:
                     self._cond.wait(min(max(0.0, timeout), 0.2 if self._listening else POLL_WITHOUT_LISTEN))
-            return given
+            return
         if woken:
             self._bump()
         self._local.seen = self._gen
-        return given
 
     def _offer_params(self, offer: Offer, timeout: float) -> dict[str, Any]:
         return {
@@ -1243,15 +1328,31 @@ class PostgresStore(SqlStore):
             "queues": text_array(offer.queues),
             "all_names": offer.names is None,
             "names": text_array(offer.names or ()),
-            # one task per offer: it rides in its notification, so the
-            # worker need not read back what else was given meanwhile
-            "free": min(1, int(offer.slots)),
-            "taken": list(self._taken),
+            # every free slot: each task handed over rides in its own
+            # notification, and the offer stays open for the next one
+            "free": int(offer.slots),
             "lease": float(offer.lease_seconds),
             # a worker that died waiting is handed nothing for long (what it
             # was handed comes back when its lease ends)
             "ttl": timeout + OFFER_GRACE,
         }
+
+    def _handed_over(self, payload: str, opened: _OpenOffer | None) -> bool:
+        """A note on this store's offer channel: pass the task it carries to
+        the open offer's taker. True when the wait ends: the offer is spent
+        (no slot left to offer), or the task was too big to ride along and
+        is read back by the withdraw. A note of a task an earlier withdraw
+        read back is no news."""
+        if opened is None:
+            return False  # read back by the last withdraw; its note came after
+        if not payload.startswith("{"):
+            return True  # too big for a notification: the withdraw reads it back
+        row = self._carried(payload, opened.worker_id)
+        if row is None:
+            return False
+        opened.received.add(row["id"])
+        opened.take(_as_claims([row]))
+        return opened.spent
 
     def _carried(self, payload: str, worker_id: str) -> dict | None:
         """The task row a handing-over submit sent in its notification, or
@@ -1261,23 +1362,33 @@ class PostgresStore(SqlStore):
             row = json.loads(payload)
         except ValueError:
             return None
-        if not isinstance(row, dict) or row.get("worker_id") != worker_id or row.get("id") in self._taken:
+        if not isinstance(row, dict) or row.get("worker_id") != worker_id or row.get("id") in self._read_back:
             return None
-        self._taken.append(row["id"])
         return row
 
-    def _withdraw(self, conn, worker_id: str) -> list[dict]:
+    def _withdraw(self, conn, opened: _OpenOffer) -> None:
+        """End the offer; what was handed over under it and not received in
+        a notification yet is read back and passed to its taker."""
         cur = conn.cursor(row_factory=dict_row)
-        rows = cur.execute(self._q["offer_withdraw"], {"worker": worker_id}).fetchall()
+        rows = cur.execute(
+            self._q["offer_withdraw"], {"worker": opened.worker_id, "taken": sorted(opened.received)}
+        ).fetchall()
         given = set(rows[0]["offer_given"]) if rows else set()
         for r in rows:
             del r["offer_given"]
         found = [r for r in rows if r["id"] is not None]  # (one row of NULLs when none was found)
-        missing = given - {r["id"] for r in found}
+        missing = given - opened.received - {r["id"] for r in found}
         if missing:
-            found += cur.execute(self._q["offer_given"], {"ids": sorted(missing), "worker": worker_id}).fetchall()
-        self._taken.extend(given)
-        return found
+            found += cur.execute(
+                self._q["offer_given"], {"ids": sorted(missing), "worker": opened.worker_id}
+            ).fetchall()
+        for task_id in given - opened.received:
+            self._read_back[task_id] = None
+        while len(self._read_back) > READ_BACK_KEPT:
+            del self._read_back[next(iter(self._read_back))]
+        opened.received.update(given)
+        if found:
+            opened.take(_as_claims(found))
 
     def _start_listening(self, conn) -> str | None:
         """LISTEN on ``conn`` and check that a notification sent from another
@@ -1316,6 +1427,13 @@ class PostgresStore(SqlStore):
     def get(self, task_id: int) -> TaskRecord | None:
         rows = self._fetchall("get", {"id": task_id}, dicts=True)
         return shown_record(_record(rows[0])) if rows else None
+
+    def line_head(self, group: str) -> TaskRecord | None:
+        rows = self._fetchall("line_head", {"group": group}, dicts=True)
+        return shown_record(_record(rows[0])) if rows else None
+
+    def _names_param(self, names: Sequence[str]) -> Any:
+        return list(names)
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
         where, params = [], {}
@@ -1644,12 +1762,78 @@ class PostgresStore(SqlStore):
                 submitted.append(tid)
         return submitted
 
-    def set_limit(self, spec: LimitSpec) -> None:
-        at = {"name": spec.name, "concurrency": spec.concurrency, "rate": spec.rate, "burst": spec.burst}
-        self._rowcount("set_limit", at)
-        self._rowcount("set_limit_keys", at)  # the keys' budgets, if it is keyed
-        # a raised limit may free slots for waiting work
-        self._rowcount("notify", {"queue": ""})
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [spec.name]})
+                old = self._limit_row(conn, spec.name)
+                return self._write_limit(conn, old, limit_rules.declare(old, spec), "declare", "app")
+
+        return self._run(go)
+
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["limit_lock"], {"names": [name]})
+                old = self._limit_row(conn, name) if KEY_SEP not in name else None
+                if old is None:
+                    names = (n for (n,) in conn.execute(self._q["limit_names"]).fetchall())
+                    raise limit_rules.unknown(name, names)
+                after = limit_rules.change(old, changes, by, reset=reset)
+                return self._write_limit(conn, old, after, "reset" if reset else "set", by)
+
+        return self._run(go, retry=False)
+
+    def _limit_row(self, conn, name: str) -> LimitSpec | None:
+        row = conn.execute(self._q["limit_row"], {"name": name}).fetchone()
+        return None if row is None else limit_state(row).spec
+
+    def _write_limit(self, conn, old: LimitSpec | None, spec: LimitSpec, action: str, by: str) -> LimitSpec:
+        """The row core.limits decided, its keys' rows (a keyed limit's
+        budgets carry its settings), its event if anything changed, and a
+        notification: a raised limit frees places for waiting work."""
+        (now,) = conn.execute(self._q["tx_now"]).fetchone()
+        changed = old is None or old.settings() != spec.settings()
+        params = limit_params(spec, now if changed else None)
+        if changed:  # a changed rate: the keys' buckets full again (read before the row changes)
+            conn.execute(self._q["set_limit_keys"], params)
+        conn.execute(self._q["set_limit"], params)
+        if changed:
+            conn.execute(self._q["notify"], {"queue": ""})
+        data = limit_rules.event_data(action, by, old, spec)
+        if data is not None:
+            conn.execute(
+                self._q["add_event"], {"kind": LIMIT_EVENT, "subject": limit_rules.subject(spec.name), "data": data}
+            )
+        return replace(spec, changed_at=now if changed else spec.changed_at)
+
+    # ---- pauses by hand -------------------------------------------------------------
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["pause"], {"kind": kind, "name": name, "by": by}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, True, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                return True
+
+        return self._run(go)
+
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["resume"], {"kind": kind, "name": name}).fetchone() is None:
+                    return False
+                ekind, subject, data = pause_event(kind, name, False, by)
+                conn.execute(self._q["add_event"], {"kind": ekind, "subject": subject, "data": data})
+                # every waiting worker looks again (":g": off its fast path too)
+                conn.execute(self._q["notify"], {"queue": ""})
+                return True
+
+        return self._run(go)
+
+    def pauses(self) -> list[Pause]:
+        return sorted((Pause(**r) for r in self._fetchall("pauses", dicts=True)), key=pause_order)
 
     # ---- adaptive limits ------------------------------------------------------------
     def declare_adaptive(self, limit: LimitSpec, spec: adp.AdaptiveSpec) -> None:
@@ -1760,6 +1944,10 @@ class PostgresStore(SqlStore):
 
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         rows = self._fetchall("find_stale_pending", {"before": before, "limit": limit}, dicts=True)
+        return [SweepRow(**r) for r in rows]
+
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = self._fetchall("find_expired", {"now": now, "limit": limit}, dicts=True)
         return [SweepRow(**r) for r in rows]
 
     def rescue(self, rescues: Sequence[Rescue]) -> list[bool]:
@@ -1893,11 +2081,6 @@ class _SubmitPlan:
         return out  # type: ignore[return-value]
 
 
-def _limit_keys(tasks: Sequence[NewTask]) -> list[str]:
-    """The keys' budgets (keyed limits' gate names) the tasks name."""
-    return sorted({n for t in tasks for n in t.limits if KEY_SEP in n})
-
-
 def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | None]) -> str:
     """The rows of a submit as one JSON array (the ``submit`` query reads it
     with ``json_to_recordset``): one parameter to encode instead of an array
@@ -1923,6 +2106,7 @@ def _submit_rows(rows: Sequence[NewTask], status: list[str], error: list[str | N
                 "error": err,
                 "ref": t.ref,
                 "policy": t.on_upstream_failure,
+                "expires": t.expires_at,
             }
             for t, st, err in zip(rows, status, error)
         ]
@@ -1951,7 +2135,14 @@ def _one_params(t: NewTask) -> dict[str, Any]:
 def _plain_now(t: NewTask) -> bool:
     """A task a waiting worker could be handed in its submit: queued at once,
     in no group, under no limit, with nothing to wait for."""
-    return t.group is None and not t.limits and not t.depends_on and not t.after and t.run_at is None
+    return (
+        t.group is None
+        and not t.limits
+        and not t.depends_on
+        and not t.after
+        and t.run_at is None
+        and t.expires_at is None  # submit_one writes no deadline
+    )
 
 
 class _RefusedData(StoreError):
@@ -2016,9 +2207,31 @@ def _claim_params(worker_id: str, request: ClaimRequest) -> dict[str, Any]:
         # and the most retries a claim takes even when fresh work runs short
         "most": 2**31 - 1 if plain_share or request.retry_max is None else max(0, int(request.retry_max)),
         "solo": "{}",
+        # the keys a claim may take work of (it holds their locks) and the room of each
+        "keys": "{}",
+        "rooms": "{}",
         "prefetch": bool(request.prefetch),
         "relay": None,
     }
+
+
+@dataclass(slots=True)
+class _OpenOffer:
+    """A worker's offer open on the listening connection for one wait."""
+
+    worker_id: str
+    #: the slots offered
+    places: int
+    #: given each task handed over under the offer
+    take: Callable[[list[Claim]], None]
+    #: ids of the tasks passed to ``take``
+    received: set[int] = field(default_factory=set)
+
+    @property
+    def spent(self) -> bool:
+        """Every slot offered was taken and each task came in its notification:
+        nothing is left to offer or to read back."""
+        return len(self.received) >= self.places
 
 
 def _as_claims(rows: Iterable[dict]) -> list[Claim]:

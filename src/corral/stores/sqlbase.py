@@ -12,17 +12,17 @@ connections and which translates driver errors into
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from corral.core.adaptive import AdaptiveRow, AdaptiveSpec, ControllerState
-from corral.core.gates import KEY_SEP, LimitState, busiest_keys, fold_keys
+from corral.core.gates import KEY_SEP, Gates, LimitState, busiest_keys, fold_keys, split_key
 from corral.core.model import LimitSpec, TaskRecord
 from corral.core.planning import HISTORY_SCAN, HistoryRow
 from corral.core.states import State, shown, shown_counts
 from corral.core.stats import percentile
 from corral.stores.base import BatchSummary, Store, batch_status
-from corral.stores.gates import limit_state
+from corral.stores.gates import breaker_row, limit_state
 
 #: A named query and its (named) parameters.
 Read = tuple[str, Mapping[str, Any]]
@@ -92,6 +92,8 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         ref=_optional(row, "ref"),
         on_upstream_failure=_optional(row, "on_upstream_failure") or "cancel",
         traceback=_optional(row, "traceback"),
+        expires_at=_optional(row, "expires_at"),
+        debounce_key=_optional(row, "debounce_key"),
     )
 
 
@@ -202,6 +204,20 @@ class SqlStore(Store):
     def adaptive_limits(self) -> dict[str, AdaptiveRow]:
         (rows,) = self._read_all([("adaptive_limits", {})])
         return {r[0]: adaptive_row(r) for r in rows}
+
+    @abc.abstractmethod
+    def _names_param(self, names: Sequence[str]) -> Any:
+        """A list of names as the dialect's queries take one (``limits_named``)."""
+
+    def gate_rows(self, names: Collection[str]) -> Gates:
+        wanted = sorted({n for name in names for n in (name, split_key(name)[0])})
+        now = self.now()
+        limit_rows, usage_rows, breaker_rows = self._read_all(
+            [("limits_named", {"names": self._names_param(wanted)}), ("limit_usage", {}), ("breakers", {})]
+        )
+        limits = {(lim := limit_state(r)).spec.name: lim for r in limit_rows}
+        breakers = {(b := breaker_row(r)).name: b for r in breaker_rows}
+        return Gates(now, limits, {name: used for name, used in usage_rows}, breakers)
 
     def limit_usage(self) -> dict[str, int]:
         (rows,) = self._read_all([("limit_usage", {})])

@@ -81,13 +81,14 @@ import time
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
 from corral.core.claims import NO_LIMITS, Candidate, ClaimPlanner, ClaimRequest, Relay
@@ -104,8 +105,9 @@ from corral.core.cron import (
     first_stamp,
     too_early,
 )
+from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.events import LIMIT_ADAPTED
-from corral.core.gates import BreakerRow, Gates, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -121,6 +123,8 @@ from corral.core.model import (
     dumps,
     loads,
 )
+from corral.core.pauses import Pause, Paused, pause_order
+from corral.core.pauses import event_of as pause_event
 from corral.core.priorities import claim_rank
 from corral.core.states import FINAL, State, check_transition, shown_counts
 from corral.errors import ConfigError, StoreCorrupt, StoreError, StoreUnavailable, SubmitError
@@ -140,7 +144,7 @@ from corral.stores.base import (
     schedule_state,
 )
 from corral.stores.filewatch import FileWatch, open_watch
-from corral.stores.gates import breaker_row, limit_state
+from corral.stores.gates import breaker_row, limit_params, limit_state
 from corral.stores.sql import load
 from corral.stores.sqlbase import (
     Read,
@@ -176,6 +180,12 @@ from corral.stores.sqlbase import (
 #: 35: an index of held rows by worker (dropped again: a write per claim);
 #: 36: each minute's figures (minute_stats);
 #: 37: debounce and supersede keys (tasks.debounce_key, tasks.supersede_key);
+#: 38: a deadline for a task's first start (tasks.expires_at, its partial index
+#: tasks_expires) and why a running task was asked to stop (tasks.cancel_reason);
+#: 39: pauses by hand (pauses: a queue, a group or a limit);
+#: 40: an index of the declared limits apart from keyed limits' keys (named_limits_declared).
+#: 41: limits changed while running (named_limits.per_key, set_by, declared,
+#: changed_at, and the index of changes a claim behind a full limit reads).
 #: 43: adaptive limits (named_limits.adaptive, .controller) and the workers' reports (limit_reports).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
@@ -184,6 +194,9 @@ SCHEMA_VERSION = 43
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
+#: At most this many expired tasks a claim met are ended in its transaction
+#: (the sweeper's leader ends the rest).
+EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
@@ -353,6 +366,7 @@ def _row_fields(nt: NewTask, status: State, error: str | None, now: float) -> tu
         nt.on_upstream_failure,
         nt.debounce_key,
         nt.supersede_key,
+        nt.expires_at,
     )
 
 
@@ -385,6 +399,8 @@ class _CandidateRow(NamedTuple):
     status: str
     #: its place in the claim index (see :meth:`index_key`)
     ord: float | None = None
+    #: past the deadline of its first start: the claim ends it, never starts it
+    expired: int = 0
 
     def index_key(self) -> tuple:
         """Where it sits in its claim index: (ord, id); a head with no place
@@ -1069,16 +1085,22 @@ class SQLiteStore(SqlStore):
         naming no other limit."""
         last_claimed: dict[str, float] = {}
         breakers = self._breaker_rows(con)
+        paused = Paused.of((k, n) for k, n, _, _ in con.execute(Q["pauses"]))
 
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
             usage = dict(con.execute(Q["limit_usage"]).fetchall())
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
-            return Gates(now, limits, usage, breakers)
+            return Gates(now, limits, usage, breakers, load_key=load_key)
+
+        def load_key(name: str) -> LimitState | None:
+            row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
+            return None if row is None else limit_state(row)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
-        plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry)
+        plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry, paused=paused)
+        queues = [q for q in request.queues if q not in paused.queues]
         ranks: dict[int, tuple] = {}
 
         def rank(c: Candidate) -> tuple:
@@ -1094,6 +1116,9 @@ class SQLiteStore(SqlStore):
             return (claim_rank(row.priority, max(row.run_at, lca)), row.id)
 
         cursors: list[sqlite3.Cursor] = []
+        #: queued tasks read past the deadline of their first start: never
+        #: candidates, and ended below (unless ``dry``), in this transaction
+        met_expired: list[int] = []
 
         def ordered(*queries: str, fresh_only: bool = False) -> Iterator[Candidate]:
             """Candidates of ``queries`` in claim order: rank (priority with
@@ -1107,13 +1132,16 @@ class SQLiteStore(SqlStore):
             A row the planner shuts out has its place in the order not worked
             out (that reads its group's last claim): behind a full limit,
             every head is passed over this way."""
-            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in request.queues]
+            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in queues]
             cursors.extend(mine)
             stream: Iterable[_CandidateRow] = (
                 mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_CandidateRow.index_key)
             )
             heap: list = []
             for row in stream:
+                if row.expired:
+                    met_expired.append(row.id)
+                    continue
                 c = row.candidate(now)
                 if (fresh_only and c.retrying) or plan.shut_out(c):
                     continue
@@ -1146,6 +1174,8 @@ class SQLiteStore(SqlStore):
         finally:
             for cur in cursors:
                 cur.close()
+        if met_expired and not dry:
+            self._expire_on(con, met_expired[:EXPIRE_IN_CLAIM], now)
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
@@ -1154,6 +1184,27 @@ class SQLiteStore(SqlStore):
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return plan.units, gates is not None
+
+    @_guard
+    def forget_keys(self, limit: int = 1000) -> int:
+        after = getattr(self, "_keys_after", "")
+        with self._write() as con:
+            now = self._clock.time()
+            rows = [limit_state(r) for r in con.execute(Q["key_rows_after"], (after, max(1, limit))).fetchall()]
+            declared = {(lim := limit_state(r)).spec.name: lim.spec for r in con.execute(Q["limits"])}
+            gone = [k.spec.name for k in rows if key_at_rest(declared.get(k.spec.name.partition("\x1f")[0]), k, now)]
+            con.executemany(Q["forget_key_rows"], [(n,) for n in gone])
+        # the next call goes on from here; after the last key, from the first again
+        self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
+        return len(gone)
+
+    def _expire_on(self, con: sqlite3.Connection, ids: list[int], now: float) -> None:
+        """End the queued tasks ``ids`` a claim met past their deadline:
+        CANCELED "expired", their groups and dependents moved on."""
+        ended = con.execute(Q["expire_queued"], (now, dumps(ids))).fetchall()
+        if ended:
+            groups = {group for _, group in ended if group is not None}
+            self._after_final(con, [(tid, State.CANCELED) for tid, _ in ended], now, groups)
 
     @staticmethod
     def _gated_signature(con: sqlite3.Connection, queues: Sequence[str]) -> tuple:
@@ -1311,6 +1362,7 @@ class SQLiteStore(SqlStore):
                     (
                         status.value,
                         o.result,
+                        status is State.CANCELED,  # a supersede's reason wins
                         set_error,
                         o.error,
                         set_error,
@@ -1481,9 +1533,12 @@ class SQLiteStore(SqlStore):
             raise _translate(exc, self.path) from exc
 
     def _due_in(self, con: sqlite3.Connection, queues: Collection[str]) -> bool:
-        """Is a task in ``queues`` due now (read only, no lock)?"""
+        """Is a task in ``queues`` due now (read only, no lock)? A paused
+        queue's work is not: an idle worker of a paused queue with a backlog
+        would otherwise claim (for nothing) at every commit in the store."""
         now = self._clock.time()
-        return any(due for q in queues for (due,) in con.execute(Q["due_probe"], (q, now)))
+        paused = {name for (name,) in con.execute(Q["paused_queues"])}
+        return any(due for q in queues if q not in paused for (due,) in con.execute(Q["due_probe"], (q, now)))
 
     @_guard
     def set_progress(self, task_id: int, token: str, fraction: float, message: str | None) -> bool:
@@ -1810,6 +1865,15 @@ class SQLiteStore(SqlStore):
                 con.execute(Q["prune_deps"], (json.dumps(ids),))
         return len(ids)
 
+    def _names_param(self, names: Sequence[str]) -> Any:
+        return dumps(list(names))
+
+    @_guard
+    def line_head(self, group: str) -> TaskRecord | None:
+        with self._read() as con:
+            row = _task_cursor(con).execute(Q["line_head"], (group,)).fetchone()
+            return None if row is None else self._records(con, [row])[0]
+
     @_guard
     def _read_all(self, reads: Sequence[Read]) -> list[list[Sequence]]:
         with self._read() as con:
@@ -1845,9 +1909,70 @@ class SQLiteStore(SqlStore):
         return submitted
 
     @_guard
-    def set_limit(self, spec: LimitSpec) -> None:
+    def set_limit(self, spec: LimitSpec) -> LimitSpec:
         with self._write() as con:
-            con.execute(Q["set_limit"], (spec.name, spec.concurrency, spec.rate, spec.burst))
+            old = self._limit_row(con, spec.name)
+            return self._write_limit(con, old, limit_rules.declare(old, spec), "declare", "app")
+
+    @_guard
+    def change_limit(self, name: str, changes: Mapping[str, Any], *, by: str, reset: bool = False) -> LimitSpec:
+        with self._write() as con:
+            old = self._limit_row(con, name) if KEY_SEP not in name else None
+            if old is None:
+                raise limit_rules.unknown(name, (n for (n,) in con.execute(Q["limit_names"])))
+            after = limit_rules.change(old, changes, by, reset=reset)
+            return self._write_limit(con, old, after, "reset" if reset else "set", by)
+
+    @staticmethod
+    def _limit_row(con: sqlite3.Connection, name: str) -> LimitSpec | None:
+        row = con.execute(Q["limit_row"], (name,)).fetchone()
+        return None if row is None else limit_state(row).spec
+
+    def _write_limit(
+        self, con: sqlite3.Connection, old: LimitSpec | None, spec: LimitSpec, action: str, by: str
+    ) -> LimitSpec:
+        """The row core.limits decided, and its event if anything changed (a
+        commit: waiting workers wake, and claims behind a full limit look again)."""
+        now = self._clock.time()
+        changed = old is None or old.settings() != spec.settings()
+        if changed:
+            # later than every change before it, even on a clock that stood
+            # still: claims behind a full limit compare the newest (gated_signature)
+            (last,) = con.execute(Q["limits_changed"]).fetchone()
+            if last is not None and last >= now:
+                now = math.nextafter(last, math.inf)
+        con.execute(Q["set_limit"], limit_params(spec, now if changed else None))
+        data = limit_rules.event_data(action, by, old, spec)
+        if data is not None:
+            con.execute(Q["add_event"], (now, LIMIT_EVENT, limit_rules.subject(spec.name), data))
+        return replace(spec, changed_at=now if changed else spec.changed_at)
+
+    # ---- pauses by hand -----------------------------------------------------
+    @_guard
+    def pause(self, kind: str, name: str, by: str = "") -> bool:
+        with self._write() as con:
+            now = self._clock.time()
+            if con.execute(Q["pause"], (kind, name, now, by)).rowcount != 1:
+                return False
+            con.execute(Q["add_event"], (now, *pause_event(kind, name, True, by)))
+        if kind == "queue":
+            self._plain_until = 0.0
+        return True
+
+    @_guard
+    def resume(self, kind: str, name: str, by: str = "") -> bool:
+        with self._write() as con:
+            if con.execute(Q["resume"], (kind, name)).rowcount != 1:
+                return False
+            con.execute(Q["add_event"], (self._clock.time(), *pause_event(kind, name, False, by)))
+        self._plain_until = 0.0
+        self.wake_waiters()  # this process's own waiters; others see the commit
+        return True
+
+    @_guard
+    def pauses(self) -> list[Pause]:
+        rows = self._con().execute(Q["pauses"]).fetchall()
+        return sorted((Pause(*r) for r in rows), key=pause_order)
 
     # ---- adaptive limits ----------------------------------------------------
     @_guard
@@ -1938,6 +2063,11 @@ class SQLiteStore(SqlStore):
     @_guard
     def find_stale_pending(self, before: float, limit: int) -> list[SweepRow]:
         rows = _task_cursor(self._con()).execute(Q["find_stale_pending"], {"before": before, "limit": limit})
+        return [SweepRow(**r) for r in rows]
+
+    @_guard
+    def find_expired(self, now: float, limit: int) -> list[SweepRow]:
+        rows = _task_cursor(self._con()).execute(Q["find_expired"], {"now": now, "limit": limit})
         return [SweepRow(**r) for r in rows]
 
     @_guard

@@ -45,11 +45,13 @@ from corral.core.breaker import BreakerState
 from corral.core.events import task_subject
 from corral.core.levels import Level
 from corral.core.model import TaskFilter, TaskRecord, loads
+from corral.core.pauses import KINDS, Pause, check_target
 from corral.core.planning import format_age
-from corral.core.states import ACTIVE, State
+from corral.core.states import ACTIVE, FINAL, State
 from corral.edges.dashboard.hosts import is_loopback
 from corral.edges.dashboard.sampler import Sampler, fmt_seconds
 from corral.edges.task_lists import TaskQuery
+from corral.edges.why import explain, explain_one
 from corral.errors import CorralError
 from corral.stores.base import DEAD, Store, batch_status
 
@@ -241,12 +243,27 @@ def overview(request: Request) -> Response:
     return d.page(request, "overview.html", title="Overview", events=events, levels=list(Level))
 
 
+def _paused(store: Store) -> dict[str, dict[str, Pause]]:
+    """The pauses by hand, by kind then name (none from a store that keeps none)."""
+    try:
+        pauses = store.pauses()
+    except NotImplementedError:
+        pauses = []
+    out: dict[str, dict[str, Pause]] = {}
+    for p in pauses:
+        out.setdefault(p.kind, {})[p.name] = p
+    return out
+
+
 def queues(request: Request) -> Response:
     d = _dash(request)
+    counts = d.store.queue_counts()
+    paused = _paused(d.store)
     rows = []
-    for q, c in sorted(d.store.queue_counts().items()):
+    for q in sorted(set(counts) | set(paused.get("queue", {}))):  # a queue paused before work arrived too
+        c = counts.get(q, {})
         rows.append({"queue": q, **{s.value: c.get(s.value, 0) for s in ACTIVE}})
-    return d.page(request, "queues.html", title="Queues", rows=rows)
+    return d.page(request, "queues.html", title="Queues", rows=rows, paused=paused)
 
 
 def groups(request: Request) -> Response:
@@ -264,6 +281,7 @@ def groups(request: Request) -> Response:
         title="Groups",
         lines=lines[:PAGE],
         dead=dead,
+        paused=_paused(d.store),
         offset=offset,
         next_offset=offset + PAGE if more else None,
         prev_offset=max(0, offset - PAGE) if offset else None,
@@ -271,20 +289,23 @@ def groups(request: Request) -> Response:
 
 
 def limits(request: Request) -> Response:
+    """What ``corral limit show`` says (edges/limit_view.py), a form to change
+    a limit while running, and the breakers."""
+    from corral.edges.limit_view import limits_report
+
     d = _dash(request)
-    usage = d.store.limit_usage()
-    specs = sorted(d.store.limits().values(), key=lambda s: s.name)
+    rows = limits_report(d.store)
     breakers = sorted(d.store.breakers().items())
     events = d.store.breaker_events(limit=20)
     return d.page(
         request,
         "limits.html",
         title="Limits and breakers",
-        specs=specs,
-        usage=usage,
+        rows=rows,
         breakers=breakers,
         events=events,
         now=d.store.now(),
+        paused=_paused(d.store),
     )
 
 
@@ -563,6 +584,8 @@ def task_detail(request: Request) -> Response:
     timeline = [("submitted", rec.created_at, "")]
     if rec.run_at and rec.run_at > rec.created_at + 0.001:
         timeline.append(("due", rec.run_at, "may run from here" if rec.status.value != "RETRYING" else "retry due"))
+    if rec.expires_at is not None:
+        timeline.append(("deadline", rec.expires_at, "its first start must come before this (expires=)"))
     if rec.started_at:
         timeline.append(("started", rec.started_at, f"attempt {rec.attempt}"))
     if rec.finished_at:
@@ -575,6 +598,7 @@ def task_detail(request: Request) -> Response:
         pass
     timeline.sort(key=lambda entry: entry[1])  # (what, at, detail): by when
     duration = rec.finished_at - rec.started_at if rec.finished_at and rec.started_at else None
+    reasons = explain_one(d.store, rec) if rec.status not in FINAL else []
     return d.page(
         request,
         "task.html",
@@ -587,6 +611,7 @@ def task_detail(request: Request) -> Response:
         duration=duration,
         cancellable=rec.status in ACTIVE,
         retryable=rec.status.value in FINAL_STATES,
+        why=reasons,
     )
 
 
@@ -616,6 +641,8 @@ AGE_FILTERS = {"older": "min_age", "newer": "max_age"}
 STATE_NAMES = [s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED, State.RUNNING)] + [
     s.value for s in (State.SUCCESS, State.FAILED, State.TIMEOUT, State.CANCELED)
 ]
+#: States a task waits in: the Tasks page filtered to one of them has a "why" column.
+WAITING_STATES = frozenset(s.value for s in (State.WAITING, State.PENDING, State.RETRYING, State.RESERVED))
 #: Tasks one bulk retry or cancel may take (the newest of a larger set).
 BULK_MAX = 10_000
 #: How long a shown count may be confirmed, and how many may wait at once.
@@ -673,6 +700,8 @@ def tasks(request: Request) -> Response:
         return d.page(request, "error.html", status_code=400, title="Bad filter", error=str(exc))
     now = d.store.now()
     page = find_tasks(d.store, query, now)
+    # the Tasks page filtered to a waiting state says why each row waits (one snapshot for the page)
+    why = {k: v[0].text for k, v in explain(d.store, page.rows).items()} if query.status in WAITING_STATES else None
     filtered = any(shown.values())
     what = [f"{k} {v}" for k, v in shown.items() if v]
     heading = ("Tasks: " + ", ".join(what)) if filtered else "Newest tasks"
@@ -694,6 +723,7 @@ def tasks(request: Request) -> Response:
         first_url=request.url.path + ("?" + urlencode(params) if params else ""),
         bulk_url="/tasks/bulk?" + urlencode(params),
         live_rows=",".join(str(r.id) for r in page.rows),
+        why=why,
     )
 
 
@@ -864,6 +894,18 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
             raise ValueError("state must be open or close")
         store.force_breaker(name, target, form.get("reason") or f"{state}ed from the dashboard")
         return f"breaker {name} {'opened' if target is BreakerState.OPEN else 'closed'}"
+    if what == "limit":
+        from corral.core.limits import describe_settings, parse_changes
+
+        name = form.get("name", "")
+        if form.get("reset"):
+            spec = store.change_limit(name, {}, by="dashboard", reset=True)
+            return f"limit {name}: {describe_settings(spec.settings())}, as declared"
+        changes = parse_changes(form.get("concurrency"), form.get("rate"), form.get("burst"))
+        if not changes:
+            raise ValueError("name a concurrency, a rate or a burst to change ('none' clears one)")
+        spec = store.change_limit(name, changes, by="dashboard")
+        return f"limit {name}: {describe_settings(spec.settings())}, set from the dashboard"
     if what == "level":
         from corral.engine.level_follower import set_level
 
@@ -871,6 +913,19 @@ def _do_action(store: Store, what: str, form: dict[str, str]) -> str | None:
         if (form.get("level") or "").strip().lower() == "auto":
             return "level handed back to the automatic rules"
         return f"level set to L{lv.value} {lv.name} by hand"
+    if what == "pause":
+        state = form.get("state", "")
+        if state not in ("pause", "resume"):
+            raise ValueError("state must be pause or resume")
+        kind = form.get("kind", "")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+        kind, name = check_target(**{kind: form.get("name", "")})
+        if state == "pause":
+            done = store.pause(kind, name, "dashboard")
+            return f"{kind} {name} paused" if done else f"{kind} {name} was already paused"
+        done = store.resume(kind, name, "dashboard")
+        return f"{kind} {name} resumed" if done else f"{kind} {name} is not paused: nothing to resume"
     return None
 
 
@@ -887,6 +942,7 @@ def _task_live(store: Store, tid: int) -> dict[str, Any] | None:
         "progress_value": rec.progress,
         "progress_message": rec.progress_message or "",
         "error": rec.error or "",
+        "why": explain_one(store, rec)[0].text if rec.status not in FINAL else "",
     }
 
 

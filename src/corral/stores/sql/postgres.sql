@@ -607,6 +607,51 @@ CREATE INDEX IF NOT EXISTS corral_tasks_debounce ON corral_tasks (name, debounce
 CREATE INDEX IF NOT EXISTS corral_tasks_supersede ON corral_tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
 
+-- name: migration_0040
+-- Keyed limits' keys in a table of their own: a key's row holds its own
+-- bucket, log of starts and pause (its settings are its limit's), made when a
+-- rate first charges it or a 429 pauses it, and deleted when the key is idle
+-- with its budget whole. A submit makes no row; a claim reads the rows of its
+-- candidates' keys only. Rows of keys made in corral_limits before move here.
+CREATE TABLE IF NOT EXISTS corral_limit_keys (
+    name         text PRIMARY KEY,
+    tokens       double precision,
+    counted_at   double precision,
+    starts       text,
+    paused_until double precision
+);
+INSERT INTO corral_limit_keys (name, tokens, counted_at, starts, paused_until)
+SELECT name, tokens, counted_at, starts, paused_until FROM corral_limits WHERE strpos(name, chr(31)) > 0
+ON CONFLICT (name) DO NOTHING;
+DELETE FROM corral_limits WHERE strpos(name, chr(31)) > 0;
+-- name: migration_0038
+-- A deadline for a task's first start (docs/keys.md) and why a running task
+-- was asked to stop. The index holds only tasks with a deadline: a task
+-- without one writes no entry, and the column never changes (HOT updates stay).
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS expires_at float8;
+ALTER TABLE corral_tasks ADD COLUMN IF NOT EXISTS cancel_reason text;
+CREATE INDEX IF NOT EXISTS corral_tasks_expires ON corral_tasks (expires_at)
+    WHERE expires_at IS NOT NULL;
+-- name: migration_0039
+-- Pauses by hand (core/pauses.py): a queue, a group or a limit no claim takes
+-- work of while its row is here. Every claim reads them in its own snapshot
+-- (the claim statement's "paused"); apart from a limit's paused_until (a
+-- 429's pause), so neither ends the other.
+CREATE TABLE IF NOT EXISTS corral_pauses (
+    kind      text NOT NULL CHECK (kind IN ('queue', 'group', 'limit')),
+    name      text NOT NULL,
+    paused_at double precision NOT NULL,
+    paused_by text NOT NULL DEFAULT '',
+    PRIMARY KEY (kind, name)
+);
+-- name: migration_0041
+-- Limits changed while running (docs/flow-control.md): whether a limit is
+-- keyed, who changed its settings in force (NULL: as declared), the declared
+-- settings kept aside meanwhile (JSON), and when its settings last changed.
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS per_key boolean NOT NULL DEFAULT false;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS set_by text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS declared text;
+ALTER TABLE corral_limits ADD COLUMN IF NOT EXISTS changed_at double precision;
 -- name: migration_0043
 -- Adaptive limits (corral.core.adaptive): the spec (which knobs adapt, the
 -- bounds) and the controller's state in the limit's row, whose concurrency
@@ -636,31 +681,31 @@ SELECT EXISTS (SELECT 1 FROM pg_stats
 SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
 
 -- name: offer
--- Open (or renew) a waiting worker's offer; tasks given and not yet picked
--- up stay given.
+-- Open a waiting worker's offer, over its last one's row if that is still
+-- there: spent (every task given under it came to the worker in its
+-- notification), or left by a withdraw the server was away for (the tasks
+-- given under it come back when their leases end).
 INSERT INTO corral_offers AS o (worker_id, channel, queues, all_names, names, free, lease, made_at, expires_at)
 SELECT %(worker)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
        %(lease)s, c.now, c.now + %(ttl)s::float8
 FROM (SELECT extract(epoch FROM now())::float8 AS now) c
 ON CONFLICT (worker_id) DO UPDATE
 SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.all_names,
-    names = excluded.names, lease = excluded.lease,
-    made_at = excluded.made_at, expires_at = excluded.expires_at,
-    -- tasks the worker already has (from their notification) are off the list
-    given = ARRAY(SELECT g FROM unnest(o.given) g WHERE g <> ALL(%(taken)s::bigint[])),
-    free = excluded.free - cardinality(ARRAY(SELECT g FROM unnest(o.given) g
-                                             WHERE g <> ALL(%(taken)s::bigint[])));
+    names = excluded.names, free = excluded.free, lease = excluded.lease,
+    made_at = excluded.made_at, expires_at = excluded.expires_at, given = '{}';
 
 -- name: offer_withdraw
 -- End the offer (waiting for a submit that is handing a task over under it
--- right now) and read the tasks given under it: the ids given, with one row
--- per task found. A task canceled meanwhile is not RUNNING any more and is
--- left out; one whose submit committed after this statement's snapshot
--- (the one it waited for) is read again by offer_given.
+-- right now) and read the tasks given under it that the worker has not
+-- received in their notifications: the ids given, with one row per such task
+-- found. A task canceled meanwhile is not RUNNING any more and is left out;
+-- one whose submit committed after this statement's snapshot (the one it
+-- waited for) is read again by offer_given.
 WITH gone AS (DELETE FROM corral_offers WHERE worker_id = %(worker)s RETURNING given)
 SELECT g.given AS offer_given, t.*
 FROM gone g LEFT JOIN corral_tasks t
-  ON t.id = ANY(g.given) AND t.worker_id = %(worker)s AND (t.status || '') = 'RUNNING'
+  ON t.id = ANY(g.given) AND t.id <> ALL(%(taken)s::bigint[])
+ AND t.worker_id = %(worker)s AND (t.status || '') = 'RUNNING'
 ORDER BY t.id;
 
 -- name: offer_given
@@ -691,15 +736,15 @@ src AS (
     SELECT * FROM ROWS FROM (json_to_recordset(%(rows)s::json)
         AS (name text, args text, status text, queue text, priority int, max_retries int,
             timeout float8, grp text, batch text, key text, trace_id text, run_at float8,
-            limits json, deps json, halt bool, error text, ref text, policy text))
+            limits json, deps json, halt bool, error text, ref text, policy text, expires float8))
     WITH ORDINALITY AS s(name, args, status, queue, priority, max_retries, timeout,
-                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, ord)
+                         grp, batch, key, trace_id, run_at, limits, deps, halt, error, ref, policy, expires, ord)
 ),
 ins AS (
     INSERT INTO corral_tasks (name, args, status, queue, priority, max_retries, timeout,
                               group_key, batch, idem_key, trace_id, limits, depends_on,
                               halt_group_on_failure, created_at, run_at, error, finished_at,
-                              ref, on_upstream_failure)
+                              ref, on_upstream_failure, expires_at)
     SELECT s.name, s.args, s.status, s.queue, s.priority, s.max_retries, s.timeout,
            s.grp, s.batch, s.key, s.trace_id,
            CASE WHEN s.limits IS NULL THEN '{}'::text[]
@@ -708,7 +753,7 @@ ins AS (
                 ELSE ARRAY(SELECT json_array_elements_text(s.deps)::bigint) END,
            s.halt, clk.now, coalesce(s.run_at, clk.now), s.error,
            CASE WHEN s.status IN ('FAILED', 'CANCELED') THEN clk.now END,
-           s.ref, coalesce(s.policy, 'cancel')
+           s.ref, coalesce(s.policy, 'cancel'), s.expires
     FROM src s, clk
     ORDER BY s.ord
     ON CONFLICT (idem_key) WHERE idem_key IS NOT NULL DO NOTHING
@@ -748,6 +793,7 @@ offer AS MATERIALIZED (
       AND (o.all_names OR %(name)s::text = ANY(o.names))
       AND NOT EXISTS (SELECT 1 FROM corral_breakers b
                       WHERE b.name = %(name)s::text AND b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM corral_pauses p WHERE p.kind = 'queue' AND p.name = %(queue)s::text)
     ORDER BY o.made_at, o.worker_id
     LIMIT 1
     FOR UPDATE OF o SKIP LOCKED
@@ -806,7 +852,9 @@ WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = A
 -- the queued rows' index; the OR made it a scan per gate, 10x slower.)
 SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
     SELECT g.name FROM ({{gates}}) g
-    WHERE EXISTS (
+    -- a keyed limit (%(keyed)s) gates its keys, never a task by its own name:
+    -- looking for one would read every queued limited task
+    WHERE NOT (g.name = ANY(%(keyed)s::text[])) AND EXISTS (
         SELECT 1 FROM corral_tasks t
         WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
           AND g.name = ANY(t.limits)
@@ -820,6 +868,57 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
           AND t.run_at <= extract(epoch FROM now())::float8
           AND t.queue = ANY(%(queues)s::text[]))
 ) w;
+
+-- name: key_probe
+-- The keys (keyed limits' budgets, "<limit>\x1f<key>") of the first
+-- %(m)s ready candidates of each path, in claim order, passing over keys
+-- whose places are all held and the keys %(skip)s (found by a look before
+-- this one: a hot key's backlog is passed over to find the keys after it):
+-- the only keys a claim locks and reads. A key
+-- with no row and no running task has its whole budget. Each part walks its
+-- own path's claim-order index: the heads' and the retries' name no limit
+-- count (any form of it let the planner read the index of every queued
+-- limited task whole and sort it, 20 ms at 30 000), and the fresh part says
+-- "cardinality >= 1", not the "> 0" of that index.)
+WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+held AS MATERIALIZED (
+    SELECT coalesce(array_agg(u.n), '{}')::text[] AS names FROM (
+        SELECT n, count(DISTINCT t.lease_token) AS used
+        FROM corral_tasks t, unnest(t.limits) AS n
+        WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND strpos(n, chr(31)) > 0
+        GROUP BY n) u
+    JOIN corral_limits l ON l.name = split_part(u.n, chr(31), 1)
+    WHERE l.concurrency IS NOT NULL AND u.used >= l.concurrency
+)
+SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status = 'PENDING' AND t.group_key IS NULL
+       AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.run_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+    UNION ALL
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
+       AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.ready_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+    UNION ALL
+    (SELECT t.limits FROM corral_tasks t
+     WHERE t.status = 'RETRYING' AND t.group_key IS NULL
+       AND t.run_at <= (SELECT now FROM clk)
+       AND t.queue = ANY(%(queues)s::text[])
+       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT (t.limits && %(skip)s::text[])
+     ORDER BY (t.run_at - t.priority * 60::float8), t.id
+     LIMIT %(m)s)
+) c, unnest(c.limits) AS n
+WHERE strpos(n, chr(31)) > 0;
 
 -- name: unlimited_ready
 -- Is there queued, due work under no limit? When every capped limit is full
@@ -876,6 +975,14 @@ WITH RECURSIVE
 -- database forgot in a crash would make its task claimable again while its
 -- first run still goes on (two in flight, in a group too).
 clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
+-- pauses by hand: no task of a paused queue or group, or naming a paused
+-- limit (any key of a keyed one), is a candidate or a chunk member
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'queue'), '{}')::text[] AS queues,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'group'), '{}')::text[] AS groups,
+           coalesce(array_agg(p.name) FILTER (WHERE p.kind = 'limit'), '{}')::text[] AS limits
+    FROM corral_pauses p
+),
 -- the gates in force (the fragment "gates") this claim may not pass unless
 -- the caller, holding their locks, allows them
 barred AS MATERIALIZED (
@@ -899,6 +1006,15 @@ free_locked AS MATERIALIZED (
       -- sorted on each claim (9 -> 45 ms at 20 000 queued)
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name OFFSET 0)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -920,6 +1036,16 @@ heads_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND NOT EXISTS (
             SELECT 1 FROM corral_tasks x
             WHERE x.group_key = t.group_key AND x.id < t.id
@@ -949,6 +1075,14 @@ retry_locked AS MATERIALIZED (
       AND NOT (t.limits && (SELECT names FROM barred))
       AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name)
       AND NOT (%(prefetch)s::bool AND cardinality(t.limits) > 0)
+      -- a key (a keyed limit's budget) only when the caller, holding its lock, allows it
+      AND NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+                      WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(%(keys)s::text[])))
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+           OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
+                          WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND (t.group_key IS NULL OR NOT (t.group_key = ANY((SELECT groups FROM paused)::text[])))
       AND (t.group_key IS NULL OR (
             %(share)s::float8 IS NOT NULL AND t.is_head AND t.ready_at <= (SELECT now FROM clk)
             AND NOT EXISTS (
@@ -975,6 +1109,15 @@ lanes AS MATERIALIZED (
           UNION ALL SELECT *, 0 FROM heads_locked
           UNION ALL SELECT *, 1 FROM retry_locked) u
 ),
+-- each candidate's place among the candidates of each of its keys: past its
+-- key's room (%(rooms)s, beside %(keys)s) it is left for a later claim
+key_places AS MATERIALIZED (
+    SELECT u.id,
+           row_number() OVER (PARTITION BY kn ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rn,
+           k.room
+    FROM lanes u CROSS JOIN LATERAL unnest(u.limits) AS kn
+    JOIN unnest(%(keys)s::text[], %(rooms)s::int[]) AS k(name, room) ON k.name = kn
+),
 -- claim order, but retries past their share of n are left for a later claim
 -- (unless fresh work runs short)
 picked AS MATERIALIZED (
@@ -984,7 +1127,8 @@ picked AS MATERIALIZED (
            coalesce(%(relay)s::text, replace(gen_random_uuid()::text, '-', '')) AS token,
            row_number() OVER (ORDER BY (u.elig - u.priority * 60::float8), u.id) AS rk
     FROM lanes u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
-    WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
+    WHERE (%(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf)))
+      AND NOT EXISTS (SELECT 1 FROM key_places kp WHERE kp.id = u.id AND kp.rn > kp.room)
     ORDER BY (u.elig - u.priority * 60::float8), u.id
     LIMIT %(n)s
 ),
@@ -1005,7 +1149,14 @@ followers AS MATERIALIZED (
                     AND NOT (x.name = ANY((SELECT names FROM barred)::text[]))
                     AND NOT (x.limits && %(solo)s::text[])
                     AND NOT (x.name = ANY(%(solo)s::text[]))
-                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)) AS ok
+                    AND NOT (%(prefetch)s::bool AND cardinality(x.limits) > 0)
+                    -- a key not the head's would need a place of its own
+                    AND NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS kn
+                                    WHERE strpos(kn, chr(31)) > 0 AND NOT (kn = ANY(p.limits)))
+                    AND NOT (x.group_key = ANY((SELECT groups FROM paused)::text[]))
+                    AND (cardinality(x.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
+                         OR NOT EXISTS (SELECT 1 FROM unnest(x.limits) AS y
+                                        WHERE split_part(y, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))) AS ok
             FROM corral_tasks x
             WHERE x.group_key = p.group_key AND x.id > p.id
               AND (x.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
@@ -1070,6 +1221,10 @@ clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
 -- task name the planner takes "name <> ALL(array)" for "no row" and sorts the
 -- whole queue instead of walking its index in claim order
 barred AS MATERIALIZED (SELECT name FROM corral_breakers WHERE state_name <> 'CLOSED'),
+-- queues paused by hand (plain work has no group and no limit to pause)
+paused AS MATERIALIZED (
+    SELECT coalesce(array_agg(p.name), '{}')::text[] AS queues FROM corral_pauses p WHERE p.kind = 'queue'
+),
 fresh AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
     WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool
@@ -1081,6 +1236,9 @@ fresh AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1094,6 +1252,7 @@ retry AS MATERIALIZED (
       AND t.queue = ANY(%(queues)s::text[])
       AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))
       AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
@@ -1166,7 +1325,9 @@ upd AS (
     UPDATE corral_tasks t
     SET status = o.status,
         result = o.result,
-        error = o.error,
+        -- a running task a newer submit asked to stop says why it ended
+        error = CASE WHEN o.status = 'CANCELED' AND t.cancel_requested AND t.cancel_reason IS NOT NULL
+                     THEN t.cancel_reason ELSE o.error END,
         traceback = o.traceback,
         run_at = CASE WHEN o.status = 'RETRYING' THEN coalesce(o.run_at, clk.now)
                       WHEN o.status = 'PENDING' THEN coalesce(o.run_at, clk.now)
@@ -1191,6 +1352,13 @@ paused AS (
     FROM (SELECT n, max((SELECT now FROM clk) + u.pause) AS until
           FROM upd u, unnest(u.limits) AS n WHERE u.pause IS NOT NULL GROUP BY n) p
     WHERE l.name = p.n
+),
+paused_keys AS (
+    -- and a keyed limit's key, in its own row (made if the key has none)
+    INSERT INTO corral_limit_keys AS k (name, paused_until)
+    SELECT n, max((SELECT now FROM clk) + u.pause)
+    FROM upd u, unnest(u.limits) AS n WHERE u.pause IS NOT NULL AND strpos(n, chr(31)) > 0 GROUP BY n
+    ON CONFLICT (name) DO UPDATE SET paused_until = greatest(coalesce(k.paused_until, 0), excluded.paused_until)
 ),
 note AS (
     -- Wake workers only when something became claimable: a task queued again
@@ -1296,6 +1464,15 @@ WHERE id = %(id)s AND status = 'RUNNING' AND lease_token = %(token)s;
 
 -- name: get
 SELECT * FROM corral_tasks WHERE id = %(id)s;
+
+-- The head of a group's line: its smallest id still ACTIVE or halting-FAILED
+-- (one seek of the group-block index; `corral why`).
+-- name: line_head
+SELECT * FROM corral_tasks
+WHERE id = (SELECT min(id) FROM corral_tasks
+            WHERE group_key = %(group)s AND group_key IS NOT NULL
+              AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure)));
 
 -- The starts of held tasks whose bodies run now ([id, token, attempt,
 -- started_at] rows as JSON): applied only while RUNNING under the token with
@@ -1415,12 +1592,13 @@ WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s
 RETURNING id, queue, group_key;
 
 -- name: supersede_running
--- ... and asks a running one to stop, as a cancel does.
-UPDATE corral_tasks SET cancel_requested = true
+-- ... and asks a running one to stop, as a cancel does; if it ends CANCELED,
+-- its error says why (complete).
+UPDATE corral_tasks SET cancel_requested = true, cancel_reason = 'superseded'
 WHERE name = %(name)s AND supersede_key = %(key)s AND id < %(id)s AND status = 'RUNNING';
 
 -- name: cancel_running
-UPDATE corral_tasks SET cancel_requested = true
+UPDATE corral_tasks SET cancel_requested = true, cancel_reason = NULL
 WHERE id = %(id)s AND (status || '') = 'RUNNING';
 
 -- name: retry
@@ -1494,11 +1672,27 @@ ORDER BY d;
 
 -- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
 -- The log of recent starts (a sliding window's) is kept either way.
+-- name: pauses
+SELECT kind, name, paused_at, paused_by AS by FROM corral_pauses;
+
+-- name: pause
+INSERT INTO corral_pauses (kind, name, paused_at, paused_by)
+VALUES (%(kind)s, %(name)s, extract(epoch FROM now())::float8, %(by)s)
+ON CONFLICT DO NOTHING
+RETURNING paused_at;
+
+-- name: resume
+DELETE FROM corral_pauses WHERE kind = %(kind)s AND name = %(name)s RETURNING kind;
+
+-- A limit's settings as core.limits decided them (declared, or changed while
+-- running). A changed rate starts with a full bucket; an unchanged one keeps
+-- its tokens.
 -- name: set_limit
-INSERT INTO corral_limits AS l (name, concurrency, rate, burst)
-VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s)
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(per_key)s, %(set_by)s, %(declared)s, %(changed_at)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst,
+    burst = excluded.burst, per_key = excluded.per_key, set_by = excluded.set_by,
+    declared = excluded.declared, changed_at = coalesce(excluded.changed_at, l.changed_at),
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END,
     adaptive = NULL, controller = NULL;
@@ -1522,6 +1716,16 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     burst = excluded.burst, adaptive = excluded.adaptive,
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
+
+-- One limit's row, read in the transaction that changes it (its limit_lock held).
+-- name: limit_row
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM corral_limits WHERE name = %(name)s;
+
+-- The names of the limits (not their keys' rows), for an error naming them.
+-- name: limit_names
+SELECT name FROM corral_limits WHERE strpos(name, chr(31)) = 0 ORDER BY name;
 
 -- The controller's decision, written only while its holder leads the role.
 -- name: save_adaptive
@@ -1552,31 +1756,65 @@ WHERE EXISTS (SELECT 1 FROM corral_tasks t
               WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
                 AND n = ANY(t.limits) AND t.run_at <= extract(epoch FROM now())::float8);
 
--- name: limit_keys
--- Each key's budget of a keyed limit (the names %(names)s, "<limit>\x1f<key>")
--- gets its row on first use, with its limit's settings: the claim, its gate
--- check and the counts of places held then gate it as any limit.
-INSERT INTO corral_limits (name, concurrency, rate, burst)
-SELECT k.name, l.concurrency, l.rate, l.burst
-FROM unnest(%(names)s::text[]) AS k(name)
-JOIN corral_limits l ON l.name = split_part(k.name, chr(31), 1)
-ON CONFLICT (name) DO NOTHING;
 
 -- name: set_limit_keys
--- A keyed limit's new settings reach the rows of its keys (a changed rate
--- starts each key with a full bucket).
-UPDATE corral_limits AS l SET concurrency = %(concurrency)s, rate = %(rate)s, burst = %(burst)s,
-    tokens = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.tokens END,
-    counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM %(rate)s THEN l.counted_at END
-WHERE starts_with(l.name, %(name)s || chr(31));
+-- A keyed limit's changed rate starts each of its keys with a full bucket
+-- (run before set_limit, which the old rate is read from).
+DELETE FROM corral_limit_keys k
+WHERE starts_with(k.name, %(name)s || chr(31))
+  AND EXISTS (SELECT 1 FROM corral_limits l
+              WHERE l.name = %(name)s AND l.rate IS DISTINCT FROM %(rate)s::text);
+
+-- name: limit_key_rows
+-- The rows of the keys %(names)s (keys with no row have their whole budget),
+-- each looked up by its key: "name = ANY(...)" was planned as a scan of every
+-- key's row while the table had no statistics (8 ms at 10 000 keys).
+SELECT k.name, NULL::int AS concurrency, NULL::text AS rate, NULL::int AS burst, k.paused_until, k.tokens,
+       k.counted_at, k.starts
+FROM unnest(%(names)s::text[]) AS n(name)
+CROSS JOIN LATERAL (SELECT * FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k;
+
+-- name: key_names_after
+-- The next keys' rows after %(after)s in name order, at most %(n)s (forget_keys).
+SELECT name FROM corral_limit_keys WHERE name > %(after)s ORDER BY name LIMIT %(n)s;
+
+-- name: forget_key_rows
+DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
+
+-- name: key_usage
+-- The places held under each of the keys %(names)s (one per claim, lease
+-- token, running under it; from the running rows only, bounded by the fleet's
+-- slots), with each key's row in the same round trip (the columns of
+-- limit_key_rows, NULL for a key with none).
+SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
+FROM unnest(%(names)s::text[]) AS n(name)
+LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
+LEFT JOIN (
+    SELECT kn, count(DISTINCT t.lease_token) AS used
+    FROM corral_tasks t, unnest(t.limits) AS kn
+    WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND kn = ANY(%(names)s::text[])
+    GROUP BY kn) u ON u.kn = n.name;
+
+-- name: key_charges
+-- The keys a claim took tokens from or logged starts under (one JSON array of
+-- [name, tokens, counted_at, starts] rows): each key's row, made on first use.
+INSERT INTO corral_limit_keys AS k (name, tokens, counted_at, starts)
+SELECT r->>0, (r->>1)::float8, (r->>2)::float8, r->>3 FROM json_array_elements(%(rows)s::json) AS r
+ON CONFLICT (name) DO UPDATE SET tokens = excluded.tokens, counted_at = excluded.counted_at,
+    starts = excluded.starts;
 
 -- name: limits
 -- (the last column: the transaction's now, the time a claim charges tokens
 -- and logs starts at: the start time the claim writes, so the starts a
 -- window logs are the tasks' own)
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
-       extract(epoch FROM now())::float8 AS now
+       per_key, set_by, declared, changed_at, extract(epoch FROM now())::float8 AS now
 FROM corral_limits ORDER BY name;
+
+-- The rows of these limits (keys' budgets by their gate name).
+-- name: limits_named
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts
+FROM corral_limits WHERE name = ANY(%(names)s) ORDER BY name;
 
 -- A claim took tokens or logged starts: the bucket as counted now, the window's log.
 -- name: limit_charge
@@ -1655,6 +1893,16 @@ WHERE t.status = 'PENDING' AND t.run_at < %(before)s::float8
            AND coalesce((SELECT g.last_claimed_at FROM corral_groups g WHERE g.group_key = t.group_key), 0)
                < %(before)s::float8))
 ORDER BY t.id
+LIMIT %(limit)s;
+
+-- name: find_expired
+-- PENDING tasks never started whose deadline is at or before %(now)s, from the
+-- index of tasks with a deadline (empty unless some have one).
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at, t.crashes
+FROM corral_tasks t
+WHERE t.expires_at IS NOT NULL AND t.expires_at <= %(now)s
+  AND t.status = 'PENDING' AND t.attempt = 0 AND t.snoozes = 0
+ORDER BY t.expires_at, t.id
 LIMIT %(limit)s;
 
 -- name: rescue

@@ -171,6 +171,13 @@ CREATE TABLE IF NOT EXISTS named_limits (
     rate        TEXT
 ) WITHOUT ROWID;
 
+-- The declared limits apart from the rows of keyed limits' keys (schema 40):
+-- a claim reads these whole and a key's row only when a task of that key is a
+-- candidate, however many keys the store holds. A key's name holds U+001F.
+CREATE INDEX IF NOT EXISTS named_limits_declared
+    ON named_limits (name)
+    WHERE instr(name, char(31)) = 0;
+
 -- Circuit breakers on a limit or a task name: config and state as JSON,
 -- the state's name apart (the plain claim path reads it).
 CREATE TABLE IF NOT EXISTS breakers (
@@ -338,6 +345,17 @@ CREATE INDEX IF NOT EXISTS tasks_batch_status
     ON tasks (batch, status)
     WHERE batch IS NOT NULL;
 
+-- Pauses by hand (schema 39): a queue, a group or a limit no claim takes
+-- work of while its row is here (core/pauses.py). Every claim reads them in
+-- its own transaction; apart from a limit's paused_until (a 429's pause).
+CREATE TABLE IF NOT EXISTS pauses (
+    kind      TEXT NOT NULL CHECK (kind IN ('queue', 'group', 'limit')),
+    name      TEXT NOT NULL,
+    paused_at REAL NOT NULL,
+    paused_by TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (kind, name)
+) WITHOUT ROWID;
+
 -- Columns of schema version 4 (flow control) and later; each is added only
 -- when missing.
 -- name: columns_v4
@@ -358,6 +376,12 @@ ALTER TABLE tasks ADD COLUMN traceback TEXT;
 ALTER TABLE tasks ADD COLUMN crashes INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE tasks ADD COLUMN debounce_key TEXT;
 ALTER TABLE tasks ADD COLUMN supersede_key TEXT;
+ALTER TABLE tasks ADD COLUMN expires_at REAL;
+ALTER TABLE tasks ADD COLUMN cancel_reason TEXT;
+ALTER TABLE named_limits ADD COLUMN per_key INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE named_limits ADD COLUMN set_by TEXT;
+ALTER TABLE named_limits ADD COLUMN declared TEXT;
+ALTER TABLE named_limits ADD COLUMN changed_at REAL;
 ALTER TABLE named_limits ADD COLUMN adaptive TEXT;
 ALTER TABLE named_limits ADD COLUMN controller TEXT;
 
@@ -427,6 +451,11 @@ FROM events e LEFT JOIN tasks t ON t.id = e.task_id;
 -- eligible: at 10 000 groups, 10 000 rows per claim once every group had been
 -- claimed once. The index of every candidate it replaces goes.
 -- name: schema_v17
+-- When a limit's settings last changed (schema 41): a claim that found its
+-- work behind a full limit reads the newest, so a raised limit is seen at
+-- once (gated_signature); key rows never set it.
+CREATE INDEX IF NOT EXISTS named_limits_changed ON named_limits (changed_at)
+    WHERE changed_at IS NOT NULL;
 DROP INDEX IF EXISTS tasks_ready_heads;
 CREATE INDEX IF NOT EXISTS tasks_ready_heads_rank
     ON tasks (queue, (ready_at - priority * 60.0), id)
@@ -447,6 +476,11 @@ CREATE INDEX IF NOT EXISTS tasks_debounce
 CREATE INDEX IF NOT EXISTS tasks_supersede
     ON tasks (name, supersede_key)
     WHERE supersede_key IS NOT NULL AND status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING');
+-- Tasks with a deadline for their first start (schema 38), for the sweeper's
+-- read of those past it: empty while no task has one, and never written for
+-- a task without (the column stays NULL and never changes).
+CREATE INDEX IF NOT EXISTS tasks_expires
+    ON tasks (expires_at) WHERE expires_at IS NOT NULL;
 
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
@@ -474,8 +508,8 @@ SELECT id, status FROM tasks WHERE id IN (SELECT value FROM json_each(?))
 INSERT INTO tasks (
     id, name, args, status, queue, priority, max_retries, timeout, group_key,
     batch, idem_key, trace_id, limits, halt_group_on_failure, created_at,
-    run_at, finished_at, error, ref, on_upstream_failure, debounce_key, supersede_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    run_at, finished_at, error, ref, on_upstream_failure, debounce_key, supersede_key, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
 -- name: debounce_merge
 -- A submit with a debounce key into the PENDING task of its name and key: the
@@ -495,8 +529,9 @@ WHERE name = ?2 AND supersede_key = ?3 AND id < ?4 AND status IN ('WAITING', 'PE
 RETURNING id, group_key
 
 -- name: supersede_running
--- ... and asks a running one to stop, as a cancel does.
-UPDATE tasks SET cancel_requested = 1
+-- ... and asks a running one to stop, as a cancel does; if it ends CANCELED,
+-- its error says why (complete).
+UPDATE tasks SET cancel_requested = 1, cancel_reason = 'superseded'
 WHERE name = ?1 AND supersede_key = ?2 AND id < ?3 AND status = 'RUNNING'
 
 -- name: insert_dep
@@ -509,7 +544,7 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at, debounce_key
 FROM tasks
 
 -- name: get
@@ -517,8 +552,23 @@ SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, expires_at, debounce_key
 FROM tasks WHERE id = ?
+
+-- The head of a group's line: its smallest id still ACTIVE or halting-FAILED
+-- (one seek of the line index; `corral why`).
+-- name: line_head
+SELECT id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested, snoozes, ref, on_upstream_failure, traceback, crashes, debounce_key
+FROM tasks
+WHERE id = (SELECT min(id) FROM tasks INDEXED BY tasks_group_line
+            WHERE group_key = ?
+              AND group_key IS NOT NULL
+              AND (status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING')
+                   OR (status = 'FAILED' AND halt_group_on_failure = 1)))
 
 -- The tasks one task depends on, in its depends_on order (ctx.upstream).
 -- name: upstream
@@ -576,21 +626,23 @@ WHERE status = 'RUNNING' AND started_at IS NULL AND queue = ?1
 -- rank (priority with ageing): free tasks by run_at, and group heads by their
 -- place in the round robin (ready_at).
 -- name: claim_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status, (run_at - priority * 60.0) AS ord
+SELECT id, priority, run_at, group_key, name, limits, queue, status, (run_at - priority * 60.0) AS ord,
+       (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
 FROM tasks INDEXED BY tasks_ready_plain_rank
 WHERE status IN ('PENDING', 'RETRYING')
   AND group_key IS NULL
-  AND queue = ?
-  AND run_at <= ?
+  AND queue = ?1
+  AND run_at <= ?2
 ORDER BY (run_at - priority * 60.0), id
 
 -- name: claim_head_candidates
-SELECT id, priority, run_at, group_key, name, limits, queue, status, (ready_at - priority * 60.0) AS ord
+SELECT id, priority, run_at, group_key, name, limits, queue, status, (ready_at - priority * 60.0) AS ord,
+       (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
 FROM tasks INDEXED BY tasks_ready_heads_rank
 WHERE status IN ('PENDING', 'RETRYING')
   AND is_head = 1 AND group_key IS NOT NULL
-  AND queue = ?
-  AND run_at <= ?
+  AND queue = ?1
+  AND run_at <= ?2
 ORDER BY (ready_at - priority * 60.0), id
 
 -- The retry path's claim candidates (a claim with a retry share).
@@ -677,7 +729,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- The fast path for plain work (no group, no limit) while nothing else is
 -- queued: one statement. Parameters: expires, worker, start (NULL for a
@@ -690,16 +742,19 @@ WHERE id IN (
     SELECT id FROM tasks INDEXED BY tasks_ready_plain_rank
     WHERE status IN ('PENDING', 'RETRYING')
       AND group_key IS NULL AND limits IS NULL
-      AND queue = ? AND run_at <= ?
+      AND queue = ? AND run_at <= ?5
       AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
+      -- never a task past the deadline of its first start (the sweeper ends it)
+      AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
       AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+      AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
     ORDER BY (run_at - priority * 60.0), id
     LIMIT ?7)
 RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- claim_plain with a retry share: up to n fresh and up to n retry candidates,
 -- taken in claim order, but retries past ?8 (the share of n) are left for a
@@ -722,6 +777,7 @@ WHERE id IN (
                   AND queue = ?4 AND run_at <= ?5
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+                  AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
                 ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)
             UNION ALL
@@ -731,8 +787,10 @@ WHERE id IN (
                   AND status = 'PENDING'
                   AND group_key IS NULL AND limits IS NULL
                   AND queue = ?4 AND run_at <= ?5
+                  AND (expires_at IS NULL OR expires_at > ?5 OR attempt > 0 OR snoozes > 0)
                   AND (?6 IS NULL OR name IN (SELECT value FROM json_each(?6)))
                   AND name NOT IN (SELECT b.name FROM breakers AS b WHERE b.state_name <> 'CLOSED')
+                  AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?4)
                 ORDER BY (run_at - priority * 60.0), id
                 LIMIT ?7)))
     WHERE lane = 0 OR rn <= min(?9, max(?8, ?7 - nf))
@@ -742,7 +800,7 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- name: due_probe
 -- Is anything in queue ?1 due at ?2: a queued ungrouped task or a group's
@@ -760,6 +818,15 @@ SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                WHERE status IN ('PENDING', 'RETRYING')
                  AND (group_key IS NOT NULL OR limits IS NOT NULL))
 
+-- name: expire_queued
+-- Queued tasks a claim met past the deadline of their first start (a JSON
+-- array of ids): ended CANCELED "expired" in the claim's transaction, so the
+-- next claim does not read them again.
+UPDATE tasks SET status = 'CANCELED', finished_at = ?1, error = 'expired', version = version + 1
+WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'PENDING'
+  AND expires_at <= ?1 AND attempt = 0 AND snoozes = 0
+RETURNING id, group_key
+
 -- name: claim_members
 -- A chunk's members (after its head) in one statement: one per member cost
 -- the claim, holding the write lock, a trip through the interpreter's lock
@@ -773,19 +840,70 @@ RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout
        group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
        created_at, run_at, started_at, finished_at, result, error, version,
        lease_token, lease_expires_at, worker_id, progress, progress_message,
-       checkpoint, cancel_requested, snoozes
+       checkpoint, cancel_requested, snoozes, expires_at
 
 -- ---- limits --------------------------------------------------------------------
 
--- name: limits
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits ORDER BY name
+-- name: pauses
+SELECT kind, name, paused_at, paused_by FROM pauses
 
--- A changed rate starts with a full bucket; an unchanged one keeps its tokens.
--- The log of recent starts (a sliding window's) is kept either way.
+-- name: paused_queues
+SELECT name FROM pauses WHERE kind = 'queue'
+
+-- name: pause
+INSERT INTO pauses (kind, name, paused_at, paused_by) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING
+
+-- name: resume
+DELETE FROM pauses WHERE kind = ? AND name = ?
+
+-- The declared limits, without the rows of keys (named_limits_declared).
+-- name: limits
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM named_limits INDEXED BY named_limits_declared
+WHERE instr(name, char(31)) = 0
+ORDER BY name
+
+-- The row of one key's budget, if it has one (a rate charged it).
+-- name: limit_key_rows
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
+
+-- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
+-- name: key_rows_after
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE name > ?1 AND instr(name, char(31)) > 0 ORDER BY name LIMIT ?2
+
+-- name: forget_key_rows
+DELETE FROM named_limits WHERE name = ? AND instr(name, char(31)) > 0
+
+-- One limit's row, read in the write transaction that changes it.
+-- name: limit_row
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts,
+       per_key, set_by, declared, changed_at
+FROM named_limits WHERE name = ?
+
+-- The last change of any limit's settings (from its index).
+-- name: limits_changed
+SELECT max(changed_at) FROM named_limits
+
+-- The names of the limits (not their keys' rows), for an error naming them.
+-- name: limit_names
+SELECT name FROM named_limits WHERE instr(name, char(31)) = 0 ORDER BY name
+
+-- A limit's settings as core.limits decided them (declared, or changed while
+-- running). A changed rate starts with a full bucket; an unchanged one keeps
+-- its tokens. The log of recent starts (a sliding window's) is kept either way.
+-- The rows of these limits (a JSON array of names; keys' budgets by their gate name).
+-- name: limits_named
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE name IN (SELECT value FROM json_each(:names)) ORDER BY name
+
 -- name: set_limit
-INSERT INTO named_limits (name, concurrency, rate, burst) VALUES (?, ?, ?, ?)
+INSERT INTO named_limits (name, concurrency, rate, burst, per_key, set_by, declared, changed_at)
+VALUES (:name, :concurrency, :rate, :burst, :per_key, :set_by, :declared, :changed_at)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst,
+    burst = excluded.burst, per_key = excluded.per_key, set_by = excluded.set_by,
+    declared = excluded.declared, changed_at = coalesce(excluded.changed_at, named_limits.changed_at),
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END,
     adaptive = NULL, controller = NULL
@@ -885,8 +1003,9 @@ WHERE heartbeat_at < :before
   AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.status = 'RUNNING' AND t.worker_id = workers.id)
 
 -- What a claim that found its work only behind a full limit depends on,
--- besides the limits' usage: the newest task, and the ready heads of its
--- queues (their number and the sum of their ids).
+-- besides the limits' usage: the newest task, the ready heads of its
+-- queues (their number and the sum of their ids), and the last change of a
+-- limit's settings (a raised limit frees places no count shows).
 -- name: gated_signature
 -- (The ids of the tasks holding limits' places: a place freed and taken
 -- again at once, by another worker of the limit, leaves every count as it
@@ -894,7 +1013,8 @@ WHERE heartbeat_at < :before
 -- for the next place, a run of 45 places in a row going to the other.)
 SELECT (SELECT max(id) FROM tasks), count(*), total(id),
        (SELECT total(id) FROM tasks INDEXED BY tasks_running_limits
-        WHERE status = 'RUNNING' AND limits IS NOT NULL)
+        WHERE status = 'RUNNING' AND limits IS NOT NULL),
+       (SELECT max(changed_at) FROM named_limits)
 FROM tasks INDEXED BY tasks_ready_heads_rank
 WHERE queue IN (SELECT value FROM json_each(?))
   AND status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL
@@ -949,7 +1069,8 @@ WHERE id = ? AND status = 'RUNNING' AND lease_token = ?
 -- name: complete_final
 UPDATE tasks
 SET status = ?, result = coalesce(?, result),
-    error = CASE WHEN ? THEN ? ELSE error END,
+    error = CASE WHEN ? AND cancel_requested = 1 AND cancel_reason IS NOT NULL THEN cancel_reason
+                 WHEN ? THEN ? ELSE error END,
     traceback = CASE WHEN ? THEN ? ELSE traceback END,
     finished_at = ?, started_at = coalesce(started_at, ?),
     attempt = coalesce(?, max(0, attempt - ?)),
@@ -964,7 +1085,9 @@ RETURNING group_key, name, limits
 -- name: complete_final_many
 UPDATE tasks
 SET status = o.status, result = coalesce(o.result, tasks.result),
-    error = CASE WHEN o.set_error THEN o.error ELSE tasks.error END,
+    error = CASE WHEN o.status = 'CANCELED' AND tasks.cancel_requested = 1 AND tasks.cancel_reason IS NOT NULL
+                 THEN tasks.cancel_reason
+                 WHEN o.set_error THEN o.error ELSE tasks.error END,
     traceback = CASE WHEN o.set_error THEN o.traceback ELSE tasks.traceback END,
     finished_at = o.finished_at, started_at = coalesce(tasks.started_at, o.started_at),
     attempt = coalesce(o.attempt, max(0, tasks.attempt - o.give_back)),
@@ -1030,7 +1153,7 @@ UPDATE tasks SET status = 'CANCELED', finished_at = ?, error = 'canceled', versi
 WHERE id = ? AND status IN ('WAITING', 'PENDING', 'RETRYING')
 
 -- name: cancel_running
-UPDATE tasks SET cancel_requested = 1 WHERE id = ? AND status = 'RUNNING'
+UPDATE tasks SET cancel_requested = 1, cancel_reason = NULL WHERE id = ? AND status = 'RUNNING'
 
 -- name: retry
 UPDATE tasks
@@ -1117,6 +1240,16 @@ WHERE t.status IN ('PENDING', 'RETRYING') AND t.status = 'PENDING' AND t.run_at 
            AND coalesce((SELECT g.last_claimed_at FROM task_groups AS g WHERE g.group_key = t.group_key), 0)
                < :before))
 ORDER BY t.id
+LIMIT :limit
+
+-- name: find_expired
+-- PENDING tasks never started whose deadline is at or before :now, from the
+-- index of tasks with a deadline (empty unless some have one).
+SELECT t.id, t.version, t.attempt, t.max_retries, t.started_at, t.timeout, t.lease_expires_at
+FROM tasks AS t INDEXED BY tasks_expires
+WHERE t.expires_at IS NOT NULL AND t.expires_at <= :now
+  AND t.status = 'PENDING' AND t.attempt = 0 AND t.snoozes = 0
+ORDER BY t.expires_at, t.id
 LIMIT :limit
 
 -- name: rescue
