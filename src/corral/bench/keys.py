@@ -274,9 +274,9 @@ def fleet_run(args, keyed: bool, base: int, total: int) -> dict[str, Any]:
                     page = app.store.list_tasks(TaskFilter(name=task, limit=10_000, newest_first=False, after_id=after))
                     if not page:
                         break
-                    for r in page:
-                        key = next((split_key(x)[1] for x in r.limits if split_key(x)[1] is not None), None)
-                        claimed[index[r.id]] = (key, r.started_at)
+                    for rec in page:
+                        key = next((split_key(x)[1] for x in rec.limits if split_key(x)[1] is not None), None)
+                        claimed[index[rec.id]] = (key, rec.started_at)
                     after = page[-1].id
         finally:
             app.close()

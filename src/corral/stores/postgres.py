@@ -874,8 +874,8 @@ class PostgresStore(SqlStore):
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             if keys:
-                for name, used, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
-                    usage[name] = used
+                for name, held, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
+                    usage[name] = held
                     if paused is not None or at is not None or starts is not None:  # the key has a row
                         limits[name] = LimitState(LimitSpec(name, paused_until=paused), tokens, at, starts)
             breakers = self._breaker_rows(conn)
