@@ -638,7 +638,7 @@ class App:
                 name, concurrency, rate, burst, per_key, max_concurrency, min_concurrency, max_rate, min_rate
             )
             return
-        given = {"max_concurrency": max_concurrency, "min_concurrency": min_concurrency}
+        given: dict[str, object] = {"max_concurrency": max_concurrency, "min_concurrency": min_concurrency}
         given.update(max_rate=max_rate, min_rate=min_rate)
         bound = next((k for k, v in given.items() if v is not None), None)
         if bound is not None:
