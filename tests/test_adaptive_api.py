@@ -47,7 +47,7 @@ def test_one_knob_auto_the_other_fixed():
         ({"concurrency": 3, "rate": "auto", "max_rate": "9/s", "max_concurrency": 9}, "need concurrency='auto'"),
         ({"rate": "auto", "max_rate": "9/s", "burst": 5}, "an adaptive rate takes no burst"),
         ({"rate": "auto", "max_rate": "9/s", "per_key": True}, "cannot be per_key yet"),
-        ({"concurrency": "many"}, "whole number or 'auto'"),
+        ({"concurrency": "many"}, "an integer from 1 to 2147483647 or 'auto'"),
     ],
 )
 def test_bad_declarations_are_one_line_errors_and_store_nothing(kwargs, message):

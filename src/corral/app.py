@@ -645,7 +645,10 @@ class App:
             knob = "concurrency" if bound.endswith("concurrency") else "rate"
             raise ConfigError(f"limit {name!r}: {bound} bounds an adaptive limit; it needs {knob}='auto'")
         if isinstance(concurrency, str):
-            raise ConfigError(f"a limit's concurrency is a whole number or 'auto', not {check.shown(concurrency)}")
+            raise ConfigError(
+                f"a limit's concurrency must be an integer from 1 to {check.LIMIT_CONCURRENCY_RANGE[1]}"
+                f" or 'auto', not {check.shown(concurrency)}"
+            )
         if not isinstance(per_key, bool):
             raise ConfigError(f"per_key must be True or False, not {check.shown(per_key)}")
         if concurrency is not None:
@@ -749,7 +752,10 @@ class App:
             raise ConfigError(f"limit {name!r}: an adaptive rate takes no burst")
         fixed_c = None if auto_c else concurrency
         if isinstance(fixed_c, str):
-            raise ConfigError(f"a limit's concurrency is a whole number or 'auto', not {check.shown(fixed_c)}")
+            raise ConfigError(
+                f"a limit's concurrency must be an integer from 1 to {check.LIMIT_CONCURRENCY_RANGE[1]}"
+                f" or 'auto', not {check.shown(fixed_c)}"
+            )
         if fixed_c is not None:
             check.integer(fixed_c, "a limit's concurrency", check.LIMIT_CONCURRENCY_RANGE)
         fixed_r = None if auto_r else rate
