@@ -172,6 +172,9 @@ def test_a_worker_process_obeys_a_lower_then_a_higher_concurrency_without_a_rest
         raised = time.monotonic()
         wait_for(lambda: running() == 3, timeout=10, message="3 in flight after the raise")
         seen3 = time.monotonic() - raised
+        # the runs are recorded as they end: let the three under the raised cap end first
+        done = app.counts().get(State.SUCCESS.value, 0)
+        wait_for(lambda: app.counts().get(State.SUCCESS.value, 0) >= done + 3, timeout=30, message="the three end")
     finally:
         worker.close()
         app.close(5)
