@@ -67,6 +67,15 @@ def store_option(default: str, help: str):
     return click.option("--store", type=StoreParam(), default=default, show_default=True, help=help)
 
 
+#: ``--store``, repeatable: each store a scenario runs on, SQLite by default
+stores_option = click.option(
+    "--store",
+    type=StoreParam(),
+    multiple=True,
+    default=("sqlite",),
+    show_default=True,
+    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
+)
 pg_url_option = click.option("--pg-url", default=None, help="Admin URL of a PostgreSQL server (see `bench groups`).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table(s).")
 no_progress_option = click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
@@ -348,14 +357,7 @@ def throughput_cmd(
 
 
 @bench.command("limit-change")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    multiple=True,
-    default=("sqlite",),
-    show_default=True,
-    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
-)
+@stores_option
 @pg_url_option
 @click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
 @click.option("--slots", default=4, show_default=True, help="Slots per worker process.")
@@ -427,14 +429,7 @@ def limit_change_cmd(
 
 
 @bench.command("latency")
-@click.option(
-    "--store",
-    type=StoreParam(),
-    multiple=True,
-    default=("sqlite",),
-    show_default=True,
-    help="sqlite, postgres, or a store URL (a fresh store is used either way); repeat it for both.",
-)
+@stores_option
 @pg_url_option
 @click.option("--rates", default="100,300,1000", show_default=True, help="Submits per second, comma-separated.")
 @click.option("--seconds", default=60.0, show_default=True, help="Seconds of submits at each rate.")
