@@ -15,6 +15,7 @@ tracer provider configured (no SDK set up), no span is made either.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from corral.core import texts
@@ -43,6 +44,8 @@ class AttemptSpan:
 
 
 _tracer: Any = None
+#: No provider named by the environment (read once: the API would load one from it).
+_NO_PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
 
 
 def _configured_tracer() -> Any:
@@ -50,6 +53,10 @@ def _configured_tracer() -> Any:
     up: the API alone would make spans nobody records, at a cost per task."""
     global _tracer
     if _tracer is None and otel_trace is not None:
+        # the API's own check reads os.environ on every call (a few % of a
+        # no-op task's Python time): its module global says "none set" first
+        if getattr(otel_trace, "_TRACER_PROVIDER", False) is None and _NO_PROVIDER_FROM_ENV:
+            return None
         provider = otel_trace.get_tracer_provider()
         if isinstance(provider, otel_trace.ProxyTracerProvider | otel_trace.NoOpTracerProvider):
             return None

@@ -54,6 +54,7 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
     stored: listing tasks never fails on one bad row, and nothing claims it."""
     status = _STATES.get(row["status"])
     error = row["error"]
+    crashes, ref, on_upstream_failure, traceback, expires_at, debounce_key = _optionals(row)
     if status is None:
         status, error = State.FAILED, unknown_status_error(row["status"])
     return TaskRecord(
@@ -88,12 +89,12 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         checkpoint=row["checkpoint"],
         cancel_requested=bool(row["cancel_requested"]),
         snoozes=row["snoozes"] or 0,
-        crashes=_optional(row, "crashes") or 0,
-        ref=_optional(row, "ref"),
-        on_upstream_failure=_optional(row, "on_upstream_failure") or "cancel",
-        traceback=_optional(row, "traceback"),
-        expires_at=_optional(row, "expires_at"),
-        debounce_key=_optional(row, "debounce_key"),
+        crashes=crashes or 0,
+        ref=ref,
+        on_upstream_failure=on_upstream_failure or "cancel",
+        traceback=traceback,
+        expires_at=expires_at,
+        debounce_key=debounce_key,
     )
 
 
@@ -112,12 +113,21 @@ def status_filter(status: State) -> str:
     return f"status = '{status.value}'"
 
 
-def _optional(row: Mapping[str, Any], column: str) -> Any:
-    """A column that hot reads (claims) leave out of their row."""
-    try:
-        return row[column]
-    except (LookupError, IndexError):
-        return None
+#: Columns that hot reads (claims) may leave out of their row.
+_OPTIONAL = ("crashes", "ref", "on_upstream_failure", "traceback", "expires_at", "debounce_key")
+
+
+def _optionals(row: Any) -> tuple[Any, ...]:
+    """The :data:`_OPTIONAL` columns of ``row`` (None where left out). One
+    look at the row's keys: a missing column raising per read cost a claim's
+    records about 5 % of a worker's Python time."""
+    if isinstance(row, dict):
+        get = row.get
+        return get("crashes"), get("ref"), get("on_upstream_failure"), get("traceback"), get("expires_at"), get(
+            "debounce_key"
+        )
+    keys = row.keys()
+    return tuple([row[c] if c in keys else None for c in _OPTIONAL])
 
 
 def first_line(exc: BaseException) -> str:
