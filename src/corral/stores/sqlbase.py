@@ -123,8 +123,13 @@ def _optionals(row: Any) -> tuple[Any, ...]:
     records about 5 % of a worker's Python time."""
     if isinstance(row, dict):
         get = row.get
-        return get("crashes"), get("ref"), get("on_upstream_failure"), get("traceback"), get("expires_at"), get(
-            "debounce_key"
+        return (
+            get("crashes"),
+            get("ref"),
+            get("on_upstream_failure"),
+            get("traceback"),
+            get("expires_at"),
+            get("debounce_key"),
         )
     keys = row.keys()
     return tuple([row[c] if c in keys else None for c in _OPTIONAL])
