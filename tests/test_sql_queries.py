@@ -130,6 +130,7 @@ POSTGRES_ONLY = {
     "migration_0041": "numbered migrations (SQLite: `columns_v4`)",
     "migration_0038": "numbered migrations (SQLite: `columns_v4` and `schema`)",
     "migration_0043": "numbered migrations (SQLite: `schema` and `columns_v4`)",
+    "migration_0045": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",

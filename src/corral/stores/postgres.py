@@ -263,7 +263,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
 #: 41: limits changed while running (corral_limits.per_key, set_by, declared, changed_at).
 #: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
-SCHEMA_VERSION = 43
+SCHEMA_VERSION = 45
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).

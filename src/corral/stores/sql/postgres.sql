@@ -667,6 +667,74 @@ CREATE TABLE IF NOT EXISTS corral_limit_reports (
 );
 CREATE INDEX IF NOT EXISTS corral_limit_reports_worker ON corral_limit_reports (worker, at);
 
+-- name: migration_0045
+-- Task events kept narrow: the task's id, the state it reached, the one it
+-- left and the attempt, with the JSON made when the event is read (the view
+-- corral_events_read joins the task's row for its name, queue, group, batch,
+-- trace id and error), as the SQLite store does. Building a JSON text per
+-- event inside every claim's and completion's statement cost their commits
+-- time and made each event row several times wider. Events written before
+-- keep their JSON in data (task_id NULL). Safe to run again.
+ALTER TABLE corral_events ADD COLUMN IF NOT EXISTS task_id bigint;
+ALTER TABLE corral_events ADD COLUMN IF NOT EXISTS status text;
+ALTER TABLE corral_events ADD COLUMN IF NOT EXISTS prior text;
+ALTER TABLE corral_events ADD COLUMN IF NOT EXISTS attempt integer;
+CREATE OR REPLACE VIEW corral_events_read AS
+SELECT e.id, e.at, e.kind,
+       CASE WHEN e.task_id IS NULL THEN e.subject ELSE 'task:' || e.task_id END AS subject,
+       CASE WHEN e.task_id IS NULL THEN e.data ELSE json_build_object(
+           'id', e.task_id, 'name', t.name, 'queue', t.queue, 'status', e.status, 'from', e.prior,
+           'attempt', e.attempt, 'group', t.group_key, 'batch', t.batch, 'trace_id', t.trace_id,
+           'error', CASE WHEN e.status IN ('FAILED', 'RETRYING', 'TIMEOUT', 'CANCELED')
+                         THEN left(t.error, 500) END)::text END AS data
+FROM corral_events e LEFT JOIN corral_tasks t ON t.id = e.task_id;
+
+CREATE OR REPLACE FUNCTION corral_task_events() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_trigger_depth() > 1 THEN
+        RETURN NULL;  -- the group-head refresh's own updates change no state
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        -- a task handed to a waiting worker in its submit is inserted RUNNING:
+        -- it was queued and started, as a claimed one is
+        INSERT INTO corral_events (at, kind, subject, data, task_id, status, prior, attempt)
+        SELECT extract(epoch FROM now())::float8, e.kind, '', '', e.id, e.status, e.prior, e.attempt FROM (
+            SELECT n.id, 0 AS step, 'submitted' AS kind,
+                   CASE WHEN n.status = 'RUNNING' THEN 'PENDING' ELSE n.status END AS status,
+                   NULL::text AS prior, n.attempt
+            FROM new_rows n WHERE n.status <> 'SUCCESS'
+            UNION ALL
+            SELECT n.id, 1, 'started', n.status, 'PENDING', n.attempt
+            FROM new_rows n WHERE n.status = 'RUNNING'
+        ) e ORDER BY e.id, e.step;
+    ELSE
+        INSERT INTO corral_events (at, kind, subject, data, task_id, status, prior, attempt)
+        SELECT extract(epoch FROM now())::float8, x.kind, x.subject, x.data, x.task_id, x.status, x.prior, x.attempt
+        FROM (
+            SELECT n.id AS tid,
+                   CASE WHEN n.status = 'RUNNING' THEN 'started' WHEN n.status = 'SUCCESS' THEN 'succeeded'
+                        WHEN n.status = 'FAILED' THEN 'failed' WHEN n.status = 'RETRYING' THEN 'retrying'
+                        WHEN n.status = 'PENDING' THEN 'queued' WHEN n.status = 'TIMEOUT' THEN 'timed_out'
+                        WHEN n.status = 'CANCELED' THEN 'canceled' WHEN n.status = 'WAITING' THEN 'waiting'
+                        ELSE lower(n.status) END AS kind,
+                   '' AS subject, '' AS data, n.id AS task_id, n.status, o.status AS prior, n.attempt
+            FROM new_rows n JOIN old_rows o ON o.id = n.id
+            WHERE n.status IS DISTINCT FROM o.status
+            UNION ALL
+            -- progress keeps its JSON: it says what the task reported then
+            SELECT n.id, 'progress', 'task:' || n.id,
+                   json_build_object('id', n.id, 'name', n.name, 'fraction', n.progress,
+                                     'message', n.progress_message)::text,
+                   NULL, NULL, NULL, NULL
+            FROM new_rows n JOIN old_rows o ON o.id = n.id
+            WHERE n.status = 'RUNNING' AND n.status IS NOT DISTINCT FROM o.status
+              AND (n.progress IS DISTINCT FROM o.progress OR n.progress_message IS DISTINCT FROM o.progress_message)
+        ) x ORDER BY x.tid;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -2033,7 +2101,7 @@ ins AS (
 SELECT id, pg_notify('corral_events', '') FROM ins;
 
 -- name: events
-SELECT id, at, kind, subject, data FROM corral_events
+SELECT id, at, kind, subject, data FROM corral_events_read
 WHERE (%(kind)s::text IS NULL OR kind = %(kind)s::text)
 ORDER BY id DESC LIMIT %(limit)s;
 
@@ -2045,7 +2113,7 @@ SELECT e.id, e.at, e.kind, e.subject, e.data,
        pg_snapshot_xmin(s.snap)::text::bigint, pg_snapshot_xmax(s.snap)::text::bigint
 FROM (SELECT pg_current_snapshot() AS snap) s
 LEFT JOIN LATERAL (
-    SELECT * FROM corral_events
+    SELECT id, at, kind, subject, data FROM corral_events_read
     WHERE id > %(hi)s::bigint OR id = ANY(%(gaps)s::bigint[])
     ORDER BY id LIMIT %(limit)s
 ) e ON true
