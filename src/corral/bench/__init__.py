@@ -1144,7 +1144,8 @@ def _live_cost(kind: str, pg_url: str | None, tasks: int, processes: int, rounds
     click.echo(
         f"W1 on {kind} ({tasks:,} no-op tasks, {processes} worker processes), {rounds} rounds in turns: "
         f"median {report['median_off']:,.0f} tasks/s without a dashboard, {report['median_on']:,.0f} with "
-        f"one streaming live; with / without {report['ratio']:.3f} (cost {report['cost_pct']:.1f} %)"
+        f"one streaming live; with / without {report['ratio']:.3f} (cost {report['cost_pct']:.1f} %); "
+        f"the dashboard process used {100 * (report['dashboard_core_share'] or 0):.1f} % of one core meanwhile"
     )
 
 

@@ -7,13 +7,15 @@ Tasks page opens it: the snapshot every second, the new events, the changing
 cells of a page of rows) has a client reading it. The turns alternate their
 order each round (off/on, on/off, ...) on one fresh store, so a drift of the
 machine falls on both sides; reported: each turn's tasks/s, the medians, and
-with / without.
+with / without; and the CPU the dashboard process spent during its turns,
+as a share of one core (a figure the machine's noise moves less).
 """
 
 from __future__ import annotations
 
 import statistics
 import threading
+import time
 import urllib.request
 from typing import Any
 
@@ -24,15 +26,19 @@ from corral.bench.common import Recorder
 PAGE = 50
 
 
-def dashboard_process(url: str, out: Any, stop: Any) -> None:  # pragma: no cover - a child process
-    """Serve the dashboard of ``url`` until ``stop`` is set; puts its address on ``out``."""
+def dashboard_process(url: str, out: Any, go: Any, stop: Any) -> None:  # pragma: no cover - a child process
+    """Serve the dashboard of ``url`` until ``stop`` is set; puts its address
+    on ``out``, then the CPU seconds it spent from ``go`` to ``stop``."""
     from corral.edges.dashboard import serve_background
     from corral.stores import open_store
 
     store = open_store(url)
     dash = serve_background(store)
     out.put(dash.url)
+    go.wait()
+    cpu = time.process_time()
     stop.wait()
+    out.put(time.process_time() - cpu)
     dash.stop()
     store.close()
 
@@ -85,18 +91,23 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
                     rec = Recorder(tasks, 1 << 30, shared=True)
                     _submit(app, "bench.noop", 0, tasks)
                     rows = [t.id for t in app.store.list_tasks(_newest(PAGE))]
-                    stop, out = ctx.Event(), ctx.Queue()
+                    stop, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
                     dash = None
                     client: StreamClient | None = None
                     if live:
-                        dash = ctx.Process(target=dashboard_process, args=(url, out, stop), name="bench-dashboard")
+                        dash = ctx.Process(target=dashboard_process, args=(url, out, go, stop), name="bench-dashboard")
                         dash.start()
                         client = StreamClient(out.get(timeout=60), rows).__enter__()
+                    dash_cpu = None
                     try:
                         with _Workers(app, url, rec, processes, opts, layout="cli") as w:
+                            go.set()
                             w.go_now()
                             if not rec.wait_done(tasks, timeout=1800):
                                 raise RuntimeError(f"W1 turn timed out: {rec.done}/{tasks}")
+                            stop.set()
+                        if dash is not None:
+                            dash_cpu = out.get(timeout=30)
                     finally:
                         if client is not None:
                             client.__exit__(None, None, None)
@@ -110,6 +121,9 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
                     turn: dict[str, Any] = {"round": r + 1, "live": live, "rate": round(tasks / (last - first), 1)}
                     if client is not None:
                         turn["stream_events"] = dict(client.events)
+                    if dash_cpu is not None:  # the dashboard's CPU over the turn, as a share of one core
+                        turn["dashboard_cpu_s"] = round(dash_cpu, 3)
+                        turn["dashboard_core_share"] = round(dash_cpu / (last - first), 4)
                     turns.append(turn)
                     if progress is not None:
                         progress(turn)
@@ -118,6 +132,7 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
     off = [t["rate"] for t in turns if not t["live"]]
     on = [t["rate"] for t in turns if t["live"]]
     med_off, med_on = statistics.median(off), statistics.median(on)
+    shares = [t["dashboard_core_share"] for t in turns if "dashboard_core_share" in t]
     return {
         "store": kind,
         "tasks": tasks,
@@ -128,6 +143,7 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
         "median_on": med_on,
         "ratio": round(med_on / med_off, 4),
         "cost_pct": round(100 * (1 - med_on / med_off), 2),
+        "dashboard_core_share": round(statistics.median(shares), 4) if shares else None,
     }
 
 
