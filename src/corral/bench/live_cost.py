@@ -26,9 +26,9 @@ from corral.bench.common import Recorder
 PAGE = 50
 
 
-def dashboard_process(url: str, out: Any, go: Any, stop: Any) -> None:  # pragma: no cover - a child process
+def dashboard_process(url: str, out: Any, go: Any, done: Any, stop: Any) -> None:  # pragma: no cover - a child
     """Serve the dashboard of ``url`` until ``stop`` is set; puts its address
-    on ``out``, then the CPU seconds it spent from ``go`` to ``stop``."""
+    on ``out``, then the CPU seconds it spent from ``go`` to ``done``."""
     from corral.edges.dashboard import serve_background
     from corral.stores import open_store
 
@@ -37,8 +37,9 @@ def dashboard_process(url: str, out: Any, go: Any, stop: Any) -> None:  # pragma
     out.put(dash.url)
     go.wait()
     cpu = time.process_time()
-    stop.wait()
+    done.wait()
     out.put(time.process_time() - cpu)
+    stop.wait()
     dash.stop()
     store.close()
 
@@ -91,11 +92,13 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
                     rec = Recorder(tasks, 1 << 30, shared=True)
                     _submit(app, "bench.noop", 0, tasks)
                     rows = [t.id for t in app.store.list_tasks(_newest(PAGE))]
-                    stop, go, out = ctx.Event(), ctx.Event(), ctx.Queue()
+                    stop, go, done, out = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
                     dash = None
                     client: StreamClient | None = None
                     if live:
-                        dash = ctx.Process(target=dashboard_process, args=(url, out, go, stop), name="bench-dashboard")
+                        dash = ctx.Process(
+                            target=dashboard_process, args=(url, out, go, done, stop), name="bench-dashboard"
+                        )
                         dash.start()
                         client = StreamClient(out.get(timeout=60), rows).__enter__()
                     dash_cpu = None
@@ -105,13 +108,14 @@ def run(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, 
                             w.go_now()
                             if not rec.wait_done(tasks, timeout=1800):
                                 raise RuntimeError(f"W1 turn timed out: {rec.done}/{tasks}")
-                            stop.set()
+                            done.set()
                         if dash is not None:
                             dash_cpu = out.get(timeout=30)
                     finally:
-                        if client is not None:
+                        if client is not None:  # closed first: the dashboard then stops at once
                             client.__exit__(None, None, None)
                         if dash is not None:
+                            done.set()
                             stop.set()
                             dash.join(30)
                             if dash.is_alive():
