@@ -318,3 +318,11 @@ def test_latency_submitters_share_one_schedule():
     assert list(merged.before) == pytest.approx([i / 100.0 for i in range(20)])
     assert merged.elapsed == max(p.elapsed for p in parts)
     assert [submitters_for(r) for r in (50, 100, 150, 151, 300, 1000)] == [1, 1, 1, 2, 2, 7]
+
+
+def test_dashboard_live_cost_runs_both_sides_and_the_stream_is_read():
+    report = _run("dashboard", "--live-cost", "--rounds", "1", "--w1-tasks", "300", "--processes", "1", "--json")
+    assert [t["live"] for t in report["turns"]] == [False, True]
+    live = report["turns"][1]
+    assert live["stream_events"]["snapshot"] >= 1 and live["dashboard_cpu_s"] >= 0
+    assert {"median_off", "median_on", "ratio", "dashboard_core_share"} <= set(report)

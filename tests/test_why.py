@@ -6,7 +6,8 @@ from __future__ import annotations
 from corral.core import breaker as brk
 from corral.core.gates import BreakerRow, Gates, LimitState, keyed_name
 from corral.core.levels import Level
-from corral.core.model import LimitSpec, TaskRecord, WorkerInfo
+from corral.core.model import EXPIRED, LimitSpec, TaskRecord, WorkerInfo
+from corral.core.pauses import Pause
 from corral.core.states import State
 from corral.core.why import CHECKS, Reason, Snapshot, span, why
 
@@ -150,10 +151,40 @@ def test_no_live_worker_serves_its_queue():
 def test_reasons_in_order_the_main_one_first():
     lim = LimitState(LimitSpec("partner", concurrency=1))
     head = task(7, status=State.PENDING, group="g")
-    t = task(group="g", limits=("partner",), run_at=NOW + 60, queue="q")
-    got = why(t, snap(gates=gates([lim], {"partner": 1}), heads={"g": head}, level=int(Level.EMERGENCY)))
-    assert kinds(got) == ["delay", "group", "no_worker", "level", "limit"]
-    assert CHECKS[-1].__name__ == "gates"
+    t = task(group="g", limits=("partner",), run_at=NOW + 60, queue="q", expires_at=NOW + 90)
+    pauses = [Pause("queue", "q", NOW - 30)]
+    got = why(t, snap(gates=gates([lim], {"partner": 1}), heads={"g": head}, level=int(Level.EMERGENCY), pauses=pauses))
+    assert kinds(got) == ["delay", "group", "no_worker", "level", "paused", "limit", "deadline"]
+    assert CHECKS[-1].__name__ == "deadline"
+
+
+def test_a_pause_by_hand_of_its_queue_group_or_limit_any_key_included():
+    lim = LimitState(LimitSpec("partner", concurrency=1))
+    full = gates([lim], {"partner": 1})
+    t = task(queue="default", group="acct", limits=("partner", keyed_name("merchant", "k")))
+    assert kinds(why(t, snap(gates=full))) == ["limit"]
+    for kind, name in (("queue", "default"), ("group", "acct"), ("limit", "merchant")):
+        got = why(t, snap(gates=full, pauses=[Pause(kind, name, NOW - 300, "ops@vm")]))
+        assert kinds(got) == ["paused", "limit"]  # the claim skips paused work before any gate
+        says = f"{kind} {name!r} paused by hand by ops@vm 5 min ago: nothing of it is claimed until resumed"
+        assert got[0].text == says
+        assert (got[0].fields["pause"], got[0].fields["name"]) == (kind, name)
+    others = [Pause("queue", "other", NOW), Pause("group", "acct-2", NOW), Pause("limit", "partner2", NOW)]
+    assert kinds(why(t, snap(gates=gates(), pauses=others))) == ["ready"]
+
+
+def test_a_deadline_is_a_note_of_a_first_start_and_the_end_of_an_expired_task():
+    got = why(task(expires_at=NOW + 12), snap(gates=gates()))
+    assert kinds(got) == ["ready", "deadline"] and got[1].text.startswith("expires in 12 s")
+    late = why(task(expires_at=NOW - 3), snap(gates=gates()))
+    assert late[1].text.startswith("past its deadline by 3.0 s")
+    assert kinds(why(task(expires_at=NOW + 12, attempt=1), snap())) == ["ready"]  # binds the first start only
+    assert kinds(why(task(expires_at=NOW + 12, snoozes=1), snap())) == ["ready"]
+    ended = task(status=State.CANCELED, error=EXPIRED, expires_at=NOW - 10, finished_at=NOW - 8)
+    (r,) = why(ended, snap())
+    assert r.text == "not waiting: it ended CANCELED, expired: not started by its deadline, 2.0 s after it"
+    assert r.fields["expired"] is True
+    assert why(task(status=State.CANCELED, error="by hand"), snap())[0].text == "not waiting: it ended CANCELED"
 
 
 def test_held_tasks_name_their_worker_and_what_they_wait_for():

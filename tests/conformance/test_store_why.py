@@ -118,6 +118,10 @@ def test_the_claim_takes_what_why_calls_ready_and_leaves_what_it_explains(store,
     store.set_limit(LimitSpec("api", rate="1/m", burst=1))
     store.set_breaker("flaky", brk.BreakerConfig(cooldown=30))
     store.force_breaker("flaky", brk.BreakerState.OPEN, "down")
+    store.set_limit(LimitSpec("partner", concurrency=5))
+    store.pause("queue", "other", "ops")
+    store.pause("group", "g3", "ops")
+    store.pause("limit", "partner", "ops")
     submit(
         store,
         new("holder", limits=("full",)),
@@ -140,7 +144,13 @@ def test_the_claim_takes_what_why_calls_ready_and_leaves_what_it_explains(store,
         submit_one(store, "later", run_at=store.now() + 60): "delay",
         submit_one(store, "down", depends_on=(up,)): "dependency",
         submit_one(store, "nobody_serves", queue="nowhere"): "no_worker",
-        submit_one(store, "plain", queue="other"): "ready",
+        submit_one(store, "plain"): "ready",
+        submit_one(store, "queue_paused", queue="other"): "paused",
+        submit_one(store, "queue_paused_and_full", queue="other", limits=("full",)): "paused",
+        submit_one(store, "group_paused", "g3"): "paused",
+        submit_one(store, "limit_paused", limits=("partner",)): "paused",
+        submit_one(store, "limit_paused_key", limits=(keyed_name("partner", "x"),)): "paused",
+        submit_one(store, "deadline_ready", expires_at=store.now() + 600): "ready",
         up: "ready",
     }
     queued = [store.get(tid) for tid in expect]
@@ -162,3 +172,40 @@ def test_a_name_no_live_worker_of_its_queue_registers(store):
     store.add_event(HEALTH_EVENT, "w2", dumps({"unregistered": {"default:ghost": 1}}))
     r = main_reason(store, tid)
     assert (r.kind, r.fields["name"]) == ("no_worker", "ghost")
+
+
+def test_a_pause_by_hand_outranks_a_full_limit_and_ends_with_the_resume(store):
+    alive(store)
+    store.set_limit(LimitSpec("full", concurrency=1))
+    submit_one(store, "holder", limits=("full",))
+    assert len(claim(store, 1)) == 1
+    tid = submit_one(store, "waits", limits=("full",))
+    assert main_reason(store, tid).kind == "limit"
+    store.pause("queue", "default", "alice@ops")
+    reasons = explain_one(store, store.get(tid))
+    assert [r.kind for r in reasons] == ["paused", "limit"]
+    assert (reasons[0].fields["pause"], reasons[0].fields["name"], reasons[0].fields["by"]) == (
+        "queue",
+        "default",
+        "alice@ops",
+    )
+    assert reasons[0].text.startswith("queue 'default' paused by hand by alice@ops")
+    store.resume("queue", "default", "alice@ops")
+    assert main_reason(store, tid).kind == "limit"
+
+
+def test_a_deadline_is_a_note_while_it_waits_and_the_end_when_it_expired(store, advance):
+    from corral.maintenance.recovery import expire_queued
+
+    alive(store)
+    tid = submit_one(store, "send", expires_at=store.now() + 12)
+    ready, note = explain_one(store, store.get(tid))
+    assert (ready.kind, note.kind, note.fields["expires_at"]) == ("ready", "deadline", store.get(tid).expires_at)
+    assert note.text.startswith("expires in 12 s")
+    later = submit_one(store, "send", run_at=store.now() + 5, expires_at=store.now() + 12)
+    assert [r.kind for r in explain_one(store, store.get(later))] == ["delay", "deadline"]
+    advance(20)
+    assert expire_queued(store).expired_canceled == [tid, later]
+    (r,) = explain_one(store, store.get(tid))
+    assert (r.kind, r.fields["expired"]) == ("final", True)
+    assert r.text.startswith("not waiting: it ended CANCELED, expired: not started by its deadline")

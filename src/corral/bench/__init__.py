@@ -1074,16 +1074,40 @@ if __name__ == "__main__":  # pragma: no cover
 @pg_url_option
 @click.option("--tasks", default=1_000_000, show_default=True, help="Finished tasks seeded before timing.")
 @click.option("--repeat", default=20, show_default=True, help="Fetches of each page.")
+@click.option(
+    "--live-cost",
+    is_flag=True,
+    help="Instead: W1 in turns without and with a dashboard process whose live stream a client reads.",
+)
+@click.option("--rounds", default=3, show_default=True, help="--live-cost: rounds of two turns (order alternates).")
+@click.option("--w1-tasks", default=20_000, show_default=True, help="--live-cost: no-op tasks a turn.")
+@click.option("--processes", default=2, show_default=True, help="--live-cost: worker processes.")
 @json_option
-def dashboard_cmd(store: tuple[str, str | None], pg_url: str | None, tasks: int, repeat: int, as_json: bool) -> None:
-    """Dashboard pages on a store of N finished tasks: p50 and max per page."""
+def dashboard_cmd(
+    store: tuple[str, str | None],
+    pg_url: str | None,
+    tasks: int,
+    repeat: int,
+    live_cost: bool,
+    rounds: int,
+    w1_tasks: int,
+    processes: int,
+    as_json: bool,
+) -> None:
+    """Dashboard pages on a store of N finished tasks: p50 and max per page.
+
+    With --live-cost: what an open dashboard costs the claim/complete path
+    (W1 with and without it, side by side)."""
     from corral.bench import dashboard as dash_bench
 
     kind, pg_url = _store(store, pg_url)
     if kind == "memory":
         raise click.UsageError("the dashboard bench seeds a durable store: sqlite or postgres")
-    if tasks < 1 or repeat < 1:
-        raise click.UsageError("--tasks and --repeat must be at least 1")
+    if tasks < 1 or repeat < 1 or rounds < 1 or w1_tasks < 1 or processes < 1:
+        raise click.UsageError("--tasks, --repeat, --rounds, --w1-tasks and --processes must be at least 1")
+    if live_cost:
+        _live_cost(kind, pg_url, w1_tasks, processes, rounds, as_json)
+        return
 
     def progress(done: int, total: int) -> None:
         if not as_json:
@@ -1103,6 +1127,26 @@ def dashboard_cmd(store: tuple[str, str | None], pg_url: str | None, tasks: int,
     click.echo(f"{'page':<{width}}  {'p50 ms':>8}  {'max ms':>8}")
     for p in report["pages"]:
         click.echo(f"{p['page']:<{width}}  {p['p50_ms']:>8.1f}  {p['max_ms']:>8.1f}")
+
+
+def _live_cost(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, as_json: bool) -> None:
+    from corral.bench import live_cost
+
+    def progress(turn: dict[str, Any]) -> None:
+        if not as_json:
+            side = "with the live stream" if turn["live"] else "without a dashboard"
+            click.echo(f"round {turn['round']}, {side}: {turn['rate']:,.0f} tasks/s", err=True)
+
+    report = live_cost.run(kind, pg_url, tasks, processes, rounds, progress)
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    click.echo(
+        f"W1 on {kind} ({tasks:,} no-op tasks, {processes} worker processes), {rounds} rounds in turns: "
+        f"median {report['median_off']:,.0f} tasks/s without a dashboard, {report['median_on']:,.0f} with "
+        f"one streaming live; with / without {report['ratio']:.3f} (cost {report['cost_pct']:.1f} %); "
+        f"the dashboard process used {100 * (report['dashboard_core_share'] or 0):.1f} % of one core meanwhile"
+    )
 
 
 def _run_and_show(argv: list[str], label: str, render: Any, *, as_json: bool, progress: bool) -> None:

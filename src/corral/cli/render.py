@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -285,9 +286,17 @@ def record_dict(rec: TaskRecord, limit: int = JSON_FIELD_CHARS) -> dict:
 
 
 def print_tasks(
-    rows: list[TaskRecord], *, group_filtered: bool, batch_filtered: bool, now: float | None = None
+    rows: list[TaskRecord],
+    *,
+    group_filtered: bool,
+    batch_filtered: bool,
+    now: float | None = None,
+    why: Mapping[int, str] | None = None,
 ) -> None:
-    """A table of tasks; ``now`` (the store's time) counts their ages."""
+    """A table of tasks; ``now`` (the store's time) counts their ages. With
+    ``why`` (a list of waiting tasks), a Why column, wrapped in its cell, takes
+    the room of the columns a waiting task leaves empty or says otherwise
+    (Created: its age says it; Took, Progress; Error: a retry's reason quotes it)."""
     from rich.table import Table
 
     now = time.time() if now is None else now
@@ -308,14 +317,22 @@ def print_tasks(
         ("Age", "right"),
         ("Took", "right"),
         ("Error", "left"),
+        ("Why", "left"),
     ]
     # Leave out a column that says nothing: every row empty, or fixed by a filter.
     skip = {"Group"} if group_filtered or not any(r.group for r in rows) else set()
     if batch_filtered or not any(r.batch for r in rows):
         skip.add("Batch")
+    if why is None:
+        skip.add("Why")
+    else:
+        skip.update({"Created", "Took", "Error"})
+        if not any(r.progress is not None for r in rows):
+            skip.add("Progress")
     for col, just in cols:
         if col not in skip:
-            t.add_column(col, justify=just, no_wrap=col != "Error", overflow="fold" if col == "Error" else "ellipsis")  # type: ignore[arg-type]
+            wraps = col in ("Error", "Why")
+            t.add_column(col, justify=just, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")  # type: ignore[arg-type]
     for r in rows:
         progress = "" if r.progress is None else f"{r.progress * 100:.0f}%"
         cells = {
@@ -330,6 +347,7 @@ def print_tasks(
             "Age": ago(now - r.created_at),
             "Took": secs(took(r)),
             "Error": escape(one_line(r.error[:TABLE_FIELD_CHARS])[:80] if r.error else ""),
+            "Why": escape((why or {}).get(r.id, "")),
         }
         t.add_row(*(cells[c] for c, _ in cols if c not in skip))
     con.print(t)

@@ -32,6 +32,34 @@ RETRYABLE_BY_HAND = (State.FAILED, State.TIMEOUT, State.CANCELED)
 _PAGE = 500
 
 
+#: States a task waits in: a list of them (``--status``) says why each waits, as the dashboard's does.
+WAITING_STATES = frozenset({State.WAITING, State.PENDING, State.RETRYING, State.RESERVED})
+
+
+def _reasons(store, rows: list[TaskRecord], status: str | None) -> dict[int, list] | None:
+    """Why each row of a list of waiting tasks waits, from one snapshot for
+    the page (None for a list not filtered to a waiting state)."""
+    if not status or State(status.upper()) not in WAITING_STATES or not rows:
+        return None
+    from corral.edges.why import explain
+
+    return explain(store, rows)
+
+
+def _print_rows(store, rows: list[TaskRecord], status: str | None, as_json: bool, **shown: Any) -> None:
+    reasons = _reasons(store, rows, status)
+    if as_json:
+        out = [render.record_dict(r) for r in rows]
+        if reasons is not None:
+            for d, r in zip(out, rows):
+                d["why"] = reasons[r.id][0].text
+                d["reasons"] = [x.as_dict() for x in reasons[r.id]]
+        render.print_json(out)
+        return
+    why = {k: v[0].text for k, v in reasons.items()} if reasons is not None else None
+    render.print_tasks(rows, why=why, **shown)
+
+
 def _task(store, task_id: int) -> TaskRecord:
     rec = store.get(task_id)
     if rec is None:
@@ -213,7 +241,8 @@ def tasks(
     after,
     as_json,
 ):
-    """List tasks, newest first.
+    """List tasks, newest first. Filtered to a waiting state (WAITING,
+    PENDING, RETRYING, RESERVED), each row says why it waits (see `corral why`).
 
     With --worker, --older, --newer, --sort or --after, pages go by position
     (a deep page costs what the first does), as on the dashboard's Tasks page."""
@@ -239,10 +268,7 @@ def tasks(
         newest_first=not oldest_first,
     )
     rows = store.list_tasks(flt)
-    if as_json:
-        render.print_json([render.record_dict(r) for r in rows])
-    else:
-        render.print_tasks(rows, group_filtered=bool(group), batch_filtered=bool(batch), now=store.now())
+    _print_rows(store, rows, state, as_json, group_filtered=bool(group), batch_filtered=bool(batch), now=store.now())
 
 
 def _find(store_url, filters, worker, older, newer, sort, after, limit, as_json) -> None:
@@ -264,10 +290,10 @@ def _find(store_url, filters, worker, older, newer, sort, after, limit, as_json)
     store = open_given_store(store_url, create=False)
     now = store.now()
     page = find_tasks(store, query, now)
+    shown = {"group_filtered": bool(query.group), "batch_filtered": bool(query.batch), "now": now}
+    _print_rows(store, page.rows, query.status, as_json, **shown)
     if as_json:
-        render.print_json([render.record_dict(r) for r in page.rows])
         return
-    render.print_tasks(page.rows, group_filtered=bool(query.group), batch_filtered=bool(query.batch), now=now)
     if page.next is not None:
         click.echo(f"more: --after {page.next}", err=True)
 

@@ -17,9 +17,10 @@ from corral.errors import TaskNotFound
 def why(task_id: int, store_url: str | None, as_json: bool) -> None:
     """Why task ID is not running yet: behind its group's head (on which
     worker, alive or not), a limit or a key's budget full, a rate, a breaker,
-    the fleet's level, a delay, a debounce window, a retry's backoff, a
-    dependency, no live worker serving its queue; or ready. The first line is
-    the main reason, the others hold it too."""
+    the fleet's level, a queue, group or limit paused by hand, a delay, a
+    debounce window, a retry's backoff, a dependency, no live worker serving
+    its queue; or ready. The first line is the main reason, the others hold
+    it too; a deadline (expires=) is shown last, as a note."""
     from corral.edges.why import explain_one
 
     store = open_given_store(store_url, create=False)

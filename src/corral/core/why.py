@@ -9,8 +9,9 @@ claim's own, so a limit, rate or breaker named here is one the claim planner
 stops at too.
 
 Each rule is a small check, ``(task, snapshot) -> reasons``; :data:`CHECKS`
-lists them in the order their reasons are shown, so one more kind of hold (a
-paused queue, a deadline) is one more function in that list.
+lists them in the order their reasons are shown, so one more kind of hold is
+one more function in that list. A note (a deadline) is shown after the holds
+and never hides ``ready``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from corral.core import breaker as brk
 from corral.core.gates import Gates, split_key
 from corral.core.levels import Level
-from corral.core.model import TaskRecord, WorkerInfo
+from corral.core.model import EXPIRED, TaskRecord, WorkerInfo
+from corral.core.pauses import Pause
 from corral.core.states import FINAL, QUEUED, State
 from corral.core.workers import worker_silence
 
@@ -33,7 +35,8 @@ class Reason:
 
     ``kind`` names the rule (``ready``, ``dependency``, ``delay``,
     ``debounce``, ``retry``, ``group``, ``no_worker``, ``level``, ``paused``,
-    ``limit``, ``rate``, ``breaker``, ``held``, ``running``, ``final``);
+    ``limit``, ``rate``, ``breaker``, ``held``, ``running``, ``final``, and
+    the note ``deadline``);
     ``text`` is the line an operator reads; ``fields`` the same facts as
     values (ids, names, counts, times in the store's epoch seconds)."""
 
@@ -56,7 +59,8 @@ class Snapshot:
     ``upstream``: a WAITING task's upstream tasks, by its id.
     ``unregistered``: by worker id, the ``queue:name`` pairs of queued tasks
     its newest health report says it does not register (a worker with no
-    report is taken to run them)."""
+    report is taken to run them). ``pauses``: the pauses by hand in force.
+    """
 
     now: float
     gates: Gates | None = None
@@ -65,6 +69,7 @@ class Snapshot:
     heads: Mapping[str, TaskRecord | None] = field(default_factory=dict)
     upstream: Mapping[int, Sequence[TaskRecord]] = field(default_factory=dict)
     unregistered: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    pauses: Sequence[Pause] = ()
 
 
 # ---- words --------------------------------------------------------------------------------
@@ -215,6 +220,24 @@ def level(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
         yield Reason("level", text, facts)
 
 
+def paused(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
+    """Its queue, its group or a limit it names, paused by hand: the claim
+    skips such work before it looks at any gate (a paused limit pauses
+    every key of a keyed one)."""
+    if not s.pauses or t.status in FINAL:
+        return
+    bases = {split_key(n)[0] for n in t.limits}
+    for p in s.pauses:
+        if (p.kind, p.name) not in (("queue", t.queue), ("group", t.group)) and not (
+            p.kind == "limit" and p.name in bases
+        ):
+            continue
+        by = f" by {p.by}" if p.by else ""
+        ago = span(s.now - p.paused_at)
+        text = f"{p.kind} {p.name!r} paused by hand{by} {ago} ago: nothing of it is claimed until resumed"
+        yield Reason("paused", text, {"pause": p.kind, "name": p.name, "paused_at": p.paused_at, "by": p.by})
+
+
 def gates(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
     """Its limits, their rates and pauses, and breakers: every gate the claim finds shut."""
     g = s.gates
@@ -267,9 +290,28 @@ def _shut(g: Gates, name: str) -> Iterator[Reason]:
         yield Reason("breaker", text, facts)
 
 
+def deadline(t: TaskRecord, s: Snapshot) -> Iterator[Reason]:
+    """A note, not a hold: the deadline of its first start (``expires=``),
+    which binds only while it has never started nor asked to run later."""
+    if t.expires_at is None or t.attempt or t.snoozes or t.status in FINAL:
+        return
+    facts = {"expires_at": t.expires_at}
+    if t.expires_at > s.now:
+        text = f"expires in {span(t.expires_at - s.now)}: ends CANCELED ({EXPIRED}) unless it starts by then"
+    else:
+        late = span(s.now - t.expires_at)
+        text = f"past its deadline by {late}: ends CANCELED ({EXPIRED}) at the next claim or sweep"
+    yield Reason("deadline", text, facts)
+
+
 #: The checks of a task still to run, in the order their reasons are shown:
-#: what the task itself waits for, then its group, then the fleet, then the gates.
-CHECKS: tuple[Check, ...] = (dependency, due, group, no_worker, level, gates)
+#: what the task itself waits for, then its group, then the fleet, then a
+#: pause by hand and the gates (the claim skips paused work before it reads
+#: a gate), then the notes.
+CHECKS: tuple[Check, ...] = (dependency, due, group, no_worker, level, paused, gates, deadline)
+
+#: Kinds of reasons that inform but do not hold a task: with only these, it is ready.
+NOTES = frozenset({"deadline"})
 
 
 def held(t: TaskRecord, s: Snapshot) -> Reason:
@@ -287,11 +329,26 @@ def held(t: TaskRecord, s: Snapshot) -> Reason:
 def why(t: TaskRecord, s: Snapshot, checks: Sequence[Check] = CHECKS) -> list[Reason]:
     """What holds ``t``, the main reason first; ``[ready]`` when nothing does."""
     if t.status in FINAL:
-        return [Reason("final", f"not waiting: it ended {t.status.value}", {"status": t.status.value})]
+        return [ended(t)]
     if t.status in (State.RUNNING, State.RESERVED):
         return [held(t, s)]
     out = [r for check in checks for r in check(t, s)]
-    return out or [Reason("ready", "ready: next to be claimed", {})]
+    if all(r.kind in NOTES for r in out):
+        out.insert(0, Reason("ready", "ready: next to be claimed", {}))
+    return out
 
 
-__all__ = ["CHECKS", "Check", "Reason", "Snapshot", "holder", "span", "why"]
+def ended(t: TaskRecord) -> Reason:
+    """A task that ended: its state, and for one ended by its deadline, that."""
+    facts: dict[str, Any] = {"status": t.status.value}
+    if t.status is State.CANCELED and t.error == EXPIRED:
+        facts.update(expired=True, expires_at=t.expires_at)
+        late = ""
+        if t.expires_at is not None and t.finished_at is not None and t.finished_at >= t.expires_at:
+            late = f", {span(t.finished_at - t.expires_at)} after it"
+        text = f"not waiting: it ended {t.status.value}, expired: not started by its deadline{late}"
+        return Reason("final", text, facts)
+    return Reason("final", f"not waiting: it ended {t.status.value}", facts)
+
+
+__all__ = ["CHECKS", "NOTES", "Check", "Reason", "Snapshot", "holder", "span", "why"]

@@ -3,7 +3,7 @@ judges, read once for a task or a page of them (``corral why``, the task's
 page and the lists of waiting tasks on the dashboard).
 
 Bounded: the limits the tasks name (and their keyed limits), the places held
-(one read of the running rows), the breakers, the level, the workers' rows
+(one read of the running rows), the breakers, the level, the pauses by hand, the workers' rows
 and their newest health reports (the last 500 events of that kind), one seek
 per group for its head and one read per WAITING task for its upstream tasks;
 never a scan of the history."""
@@ -43,7 +43,11 @@ def snapshot(store: Store, tasks: Sequence[TaskRecord]) -> Snapshot:
         wid: frozenset((rep.get("unregistered") or {}).keys()) for wid, rep in health_reports(store).items()
     }
     level = store.fleet_level().level if live else 0
-    return Snapshot(now, gates, level, workers, heads, upstream, unregistered)
+    try:
+        pauses = store.pauses() if live else []
+    except NotImplementedError:  # a store that keeps no pauses: none holds
+        pauses = []
+    return Snapshot(now, gates, level, workers, heads, upstream, unregistered, pauses)
 
 
 def explain(store: Store, tasks: Sequence[TaskRecord]) -> dict[int, list[Reason]]:
