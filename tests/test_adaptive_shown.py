@@ -100,7 +100,7 @@ def test_the_limits_page_draws_the_effective_rate_against_what_succeeded(adapted
         dash.stop()
     assert status == 200
     (section,) = re.findall(r'<section class="adaptive" data-adaptive="api">.*?</section>', body, re.S)
-    assert "rate 37/s (auto 1/s..200/s)" in section and "last cut at 41.0/s" in section
+    assert "rate 37/s (auto 1/s..200/s)" in section and "last cut at 41/s" in section
     assert "5 changes, 10 throttled calls" in section
     (effective,) = re.findall(r'class="line effective" d="([^"]+)"', section)
     assert effective.count("M") == 1 and effective.count("L") >= 9  # a step line through the 5 changes

@@ -314,7 +314,7 @@ def limits(request: Request) -> Response:
 
 
 #: The adaptive charts' size (the SVG's viewBox) and inner margin.
-CHART_W, CHART_H, CHART_PAD = 300.0, 80.0, 4.0
+CHART_W, CHART_H, CHART_PAD = 600.0, 100.0, 4.0
 
 
 def _adaptive_chart(row: dict[str, Any], points: list[dict[str, Any]], now: float) -> dict[str, Any]:
@@ -324,11 +324,14 @@ def _adaptive_chart(row: dict[str, Any], points: list[dict[str, Any]], now: floa
     each interval that saw throttles."""
     from corral.edges.limit_view import HISTORY_SECONDS
 
-    start = now - HISTORY_SECONDS
+    # the window: the last HISTORY_SECONDS, or from the first change (at least 20 s) when newer
+    first = points[0]["at"] if points else now
+    start = max(now - HISTORY_SECONDS, min(first, now - 20.0))
+    span = max(1.0, now - start)
     a = row["adaptive"]
 
     def x(at: float) -> float:
-        return max(0.0, min(CHART_W, (at - start) / HISTORY_SECONDS * CHART_W))
+        return max(0.0, min(CHART_W, (at - start) / span * CHART_W))
 
     def y(v: float, top: float) -> float:
         return CHART_H - CHART_PAD - (v / top) * (CHART_H - 2 * CHART_PAD)
@@ -384,6 +387,7 @@ def _adaptive_chart(row: dict[str, Any], points: list[dict[str, Any]], now: floa
         )
     return {
         "name": row["name"],
+        "since": start,
         "charts": charts,
         "decisions": len(points),
         "throttled": sum(p["throttles"] for p in points),
