@@ -608,35 +608,35 @@ def _leader(fleet: WorkerFleet) -> int | None:
     """The worker (index) whose sweeper took the lead last, from the workers'
     logs (``sweeper HOST:PID:ID took the lead``): the one that runs the
     adaptive controller."""
-    best: tuple[int, int] | None = None
     pids = {p.pid: k for k, p in enumerate(fleet.procs) if k not in fleet.killed}
     for k in pids.values():
-        for i, line in enumerate(fleet.log_text(k).splitlines()):
-            m = re.search(r"sweeper \S+?:(\d+):\w+ (took|lost) the lead", line)
-            if m and pids.get(int(m.group(1))) == k:
-                best = (i, k) if m.group(2) == "took" else (best if best and best[1] != k else None)
-    return None if best is None else best[1]
+        said = re.findall(r"sweeper \S+?:(\d+):\w+ (took|lost) the lead", fleet.log_text(k))
+        if said and said[-1][1] == "took" and pids.get(int(said[-1][0])) == k:
+            return k  # its last word on the lead: it holds it
+    return None
 
 
 def handover(effective: list[tuple[float, float]], events: list[tuple[float, float]], killed_at: float) -> dict:
     """The effective rate across a change of leader: the rate the old leader
-    left (the last written before ``killed_at``), the seconds without a
+    left (its last decision before ``killed_at``), the seconds without a
     decision, and the furthest the rate strayed from it from the kill to the
-    new leader's third decision (``effective``: (seconds, rate/s) sampled;
-    ``events``: (seconds, rate/s) of each decision; seconds from the submit)."""
+    new leader's first decision, that one included (``effective``: (seconds,
+    rate/s) sampled; ``events``: (seconds, rate/s) of each decision, which is
+    written only when the rate changes; seconds from the submit)."""
     before = [r for t, r in events if t < killed_at]
-    after = [t for t, _ in events if t >= killed_at]
+    after = [(t, r) for t, r in events if t >= killed_at]
     if not before or not after:
         return {"killed_at_s": round(killed_at, 2), "rate_left": before[-1] if before else None, "decided_again": None}
     left = before[-1]
-    until = after[min(2, len(after) - 1)]
-    seen = [r for t, r in effective if killed_at <= t <= until] + [r for t, r in events if killed_at <= t <= until]
-    worst = max(seen, key=lambda r: abs(r - left)) if seen else left
+    until, first = after[0]
+    seen = [r for t, r in effective if killed_at <= t <= until] + [first]
+    worst = max(seen, key=lambda r: abs(r - left))
     return {
         "killed_at_s": round(killed_at, 2),
         "rate_left": left,
-        "seconds_without_a_decision": round(after[0] - max(t for t, _ in events if t < killed_at), 2),
-        "first_decision_after_kill_s": round(after[0] - killed_at, 2),
+        "seconds_without_a_decision": round(until - max(t for t, _ in events if t < killed_at), 2),
+        "first_decision_after_kill_s": round(until - killed_at, 2),
+        "new_leaders_first_rate": first,
         "furthest_rate": worst,
         "furthest_pct": round(100.0 * (worst - left) / left, 1),
     }
