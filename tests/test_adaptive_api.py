@@ -59,8 +59,9 @@ def test_bad_declarations_are_one_line_errors_and_store_nothing(kwargs, message)
 
 
 def test_an_adaptive_limit_shown_effective_beside_bounds():
-    from corral.cli.render import adaptive_dict, adaptive_line
+    from corral.cli.render import adaptive_line
     from corral.core.adaptive import ControllerState
+    from corral.edges.limit_view import adaptive_dict
 
     app = corral.App("memory://")
     app.limit("partner_api", concurrency="auto", rate="auto", max_concurrency=40, max_rate="200/s")

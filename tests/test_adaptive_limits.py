@@ -250,6 +250,34 @@ def test_growth_needs_the_limit_to_be_the_bottleneck():
     assert decide(decision.state, few, BOUNDS, 3.0).rate <= max(decision.rate, 2 * 10)
 
 
+def test_the_slow_start_waits_for_its_last_raise_to_show_before_raising_again():
+    """The reports lag the rate by a second or two: a slow start that raised
+    on every bottleneck interval would overshoot a cap by the growth of the lag."""
+    state = ControllerState(100.0, 10.0)
+    lagging = LimitReport(1.0, calls=85, successes=70, peak_in_flight=5, held_by_rate=5)
+    decision = decide(state, lagging, BOUNDS, 1.0)
+    assert decision.rate == 100 and decision.rate_rule.endswith("the last raise not seen yet")
+    shown = LimitReport(1.0, calls=100, successes=95, peak_in_flight=5, held_by_rate=5)
+    assert decide(state, shown, BOUNDS, 1.0).rate == 150
+    # long past the last cut, the slow start again waits the same way
+    stale = ControllerState(50.0, 10.0, w_max=40.0, since_cut=60.0, last_cut_at=0.0)
+    behind = LimitReport(1.0, calls=42, successes=35, peak_in_flight=5, held_by_rate=5)
+    assert decide(stale, behind, BOUNDS, 61.0).rate == 50
+    assert decide(stale, shown, BOUNDS, 61.0).rate == 75
+
+
+def test_a_re_cut_right_after_a_cut_is_shallow_and_keeps_the_capacity_measured():
+    """The interval right after a cut still carries calls sent at the old rate:
+    its successes understate the partner, so a re-cut takes at most a quarter off."""
+    cut = ControllerState(45.0, 10.0, w_max=50.0, since_cut=0.0, last_cut_at=10.0)
+    report = LimitReport(1.0, calls=49, successes=29, throttles=20, peak_in_flight=5, held_by_rate=5)
+    decision = decide(cut, report, BOUNDS, 11.0)
+    assert decision.rate_rule == "throttled again: re-cut"
+    assert decision.rate == pytest.approx(0.75 * 45) and decision.state.w_max == 50.0
+    # later, the same throttles are a cut of their own: to 0.9 of what succeeded
+    assert decide(cut, report, BOUNDS, 20.0).rate == pytest.approx(0.9 * 29)
+
+
 def test_reports_accumulate_in_memory_and_merge_across_workers():
     a, b = ReportAccumulator(0.0), ReportAccumulator(0.0)
     for in_flight in (1, 2, 3):

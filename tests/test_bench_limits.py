@@ -172,3 +172,42 @@ def test_adaptive_figures_from_the_partners_log():
     met = {t["name"]: t["met"] for t in adaptive_targets(fig, 100, burned=0)}
     assert met["seconds to 90 % of 100/s (5 s average)"] and met["attempts burned"]
     assert met["calls throttled 10 s after the halving on (%)"] is None  # no seconds that late: not measured
+
+
+def test_handover_measures_the_rate_the_old_leader_left_against_the_new_leaders_first_decisions():
+    from corral.bench.limits import handover
+
+    events = [(18.2, 95.0), (19.2, 97.0), (23.4, 99.0), (24.4, 88.0), (25.4, 90.0), (30.0, 50.0)]
+    sampled = [(19.0, 95.0), (20.0, 97.0), (22.0, 97.0), (23.5, 99.0), (24.5, 88.0), (29.0, 90.0)]
+    h = handover(sampled, events, 20.0)
+    assert h["rate_left"] == 97.0 and h["first_decision_after_kill_s"] == 3.4
+    assert h["seconds_without_a_decision"] == 4.2
+    assert h["new_leaders_first_rate"] == 99.0 and h["furthest_pct"] == 2.1  # to its first decision, not beyond
+    sampled[2] = (22.0, 86.0)  # a sag while no one led
+    assert handover(sampled, events, 20.0)["furthest_pct"] == -11.3
+    assert handover(sampled, events[:2], 20.0)["decided_again"] is None  # no new leader: no figure
+
+
+def test_the_leader_is_read_from_the_workers_logs(tmp_path):
+    from corral.bench.limits import _leader
+
+    class Proc:
+        def __init__(self, pid):
+            self.pid = pid
+
+    class Fleet:
+        procs = [Proc(11), Proc(22)]
+        killed: set[int] = set()
+        logs = {
+            0: "sweeper h:11:aa took the lead\nsweeper h:11:aa lost the lead\n",
+            1: "x\nsweeper h:22:bb took the lead\n",
+        }
+
+        def log_text(self, k):
+            return self.logs[k]
+
+    assert _leader(Fleet()) == 1
+    Fleet.logs = {0: "sweeper h:11:aa took the lead\n", 1: "nothing\n"}
+    assert _leader(Fleet()) == 0
+    Fleet.killed = {0}
+    assert _leader(Fleet()) is None

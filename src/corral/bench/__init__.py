@@ -563,6 +563,12 @@ def latency_cmd(
     show_default=True,
     help="Also run the first part under the fixed rate of the cap, the best fixed limit in hindsight (adaptive).",
 )
+@click.option(
+    "--kill-leader",
+    is_flag=True,
+    help="SIGKILL the worker that leads (runs the controller) halfway through the first part, "
+    "and measure the effective rate across the change of leader (adaptive).",
+)
 @click.option("--timeout", default=600.0, show_default=True, help="Seconds one run may take before it is abandoned.")
 @json_option
 @no_progress_option
@@ -587,6 +593,7 @@ def limits_cmd(
     adaptive_phases: str,
     adaptive_latency_ms: float,
     adaptive_compare: bool,
+    kill_leader: bool,
     timeout: float,
     as_json: bool,
     no_progress: bool,
@@ -650,6 +657,7 @@ def limits_cmd(
             adaptive_phases=adaptive_phases,
             adaptive_latency_ms=adaptive_latency_ms,
             adaptive_compare=adaptive_compare,
+            kill_leader=kill_leader or None,
             timeout=timeout,
             progress=not no_progress,
         )

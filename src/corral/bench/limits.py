@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -603,10 +604,49 @@ def adaptive_targets(fig: dict[str, Any], cap: int, burned: int) -> list[dict[st
     ]
 
 
-def adaptive_run(args, limit: dict[str, Any], first: int, second: int) -> dict[str, Any]:
+def _leader(fleet: WorkerFleet) -> int | None:
+    """The worker (index) whose sweeper took the lead last, from the workers'
+    logs (``sweeper HOST:PID:ID took the lead``): the one that runs the
+    adaptive controller."""
+    pids = {p.pid: k for k, p in enumerate(fleet.procs) if k not in fleet.killed}
+    for k in pids.values():
+        said = re.findall(r"sweeper \S+?:(\d+):\w+ (took|lost) the lead", fleet.log_text(k))
+        if said and said[-1][1] == "took" and pids.get(int(said[-1][0])) == k:
+            return k  # its last word on the lead: it holds it
+    return None
+
+
+def handover(effective: list[tuple[float, float]], events: list[tuple[float, float]], killed_at: float) -> dict:
+    """The effective rate across a change of leader: the rate the old leader
+    left (its last decision before ``killed_at``), the seconds without a
+    decision, and the furthest the rate strayed from it from the kill to the
+    new leader's first decision, that one included (``effective``: (seconds,
+    rate/s) sampled; ``events``: (seconds, rate/s) of each decision, which is
+    written only when the rate changes; seconds from the submit)."""
+    before = [r for t, r in events if t < killed_at]
+    after = [(t, r) for t, r in events if t >= killed_at]
+    if not before or not after:
+        return {"killed_at_s": round(killed_at, 2), "rate_left": before[-1] if before else None, "decided_again": None}
+    left = before[-1]
+    until, first = after[0]
+    seen = [r for t, r in effective if killed_at <= t <= until] + [first]
+    worst = max(seen, key=lambda r: abs(r - left))
+    return {
+        "killed_at_s": round(killed_at, 2),
+        "rate_left": left,
+        "seconds_without_a_decision": round(until - max(t for t, _ in events if t < killed_at), 2),
+        "first_decision_after_kill_s": round(until - killed_at, 2),
+        "new_leaders_first_rate": first,
+        "furthest_rate": worst,
+        "furthest_pct": round(100.0 * (worst - left) / left, 1),
+    }
+
+
+def adaptive_run(args, limit: dict[str, Any], first: int, second: int, kill_at: float | None = None) -> dict[str, Any]:
     """One run of the adaptive scenario's load under ``limit``: work always
     waiting, the partner's cap for ``first`` seconds, then half of it for
-    ``second`` (none: 0). The partner's log, the effective rate each second."""
+    ``second`` (none: 0). The partner's log, the effective rate each second.
+    With ``kill_at``, the worker that leads is SIGKILLed that many seconds in."""
     from corral.bench.limits_app import LIMIT, build_app
     from corral.core.model import TaskFilter
     from corral.edges.partner import PartnerServer
@@ -624,11 +664,20 @@ def adaptive_run(args, limit: dict[str, Any], first: int, second: int) -> dict[s
                     _submit(app, task, n)
                     t0, m0 = time.time(), time.monotonic()
                     effective: list[str | None] = []
+                    sampled: list[tuple[float, float | None]] = []  # (seconds in, rate/s), ten a second
+                    killed_at: float | None = None
                     halved = False
                     while time.monotonic() - m0 < first + second:
                         k = len(effective)
+                        rate = app.store.limits()[LIMIT].rate
+                        sampled.append((time.monotonic() - m0, _per_s(rate)))
                         if time.monotonic() - m0 >= k:
-                            effective.append(app.store.limits()[LIMIT].rate)
+                            effective.append(rate)
+                        if kill_at is not None and killed_at is None and time.monotonic() - m0 >= kill_at:
+                            lead = _leader(fleet)
+                            if lead is not None:
+                                fleet.kill(lead)
+                                killed_at = time.time() - t0
                         if not halved and time.monotonic() - m0 >= first:
                             with partner.state.lock:
                                 partner.state.cap = cap // 2
@@ -666,14 +715,30 @@ def adaptive_run(args, limit: dict[str, Any], first: int, second: int) -> dict[s
         "burned": burned,
         "events": len(events),
         "decisions": decisions,
+        "handover": None
+        if kill_at is None
+        else (
+            {"killed_at_s": None, "why": "no leader found in the workers' logs"}
+            if killed_at is None
+            else handover(
+                [(t, r) for t, r in sampled if r is not None],
+                [(d[0], float(d[1])) for d in decisions],
+                killed_at,
+            )
+        ),
     }
+
+
+def _per_s(rate: str | None) -> float | None:
+    return None if rate is None else parse_rate(rate).per_second
 
 
 def scenario_adaptive(args) -> dict[str, Any]:
     first, second = (int(x) for x in str(args.adaptive_phases).split(","))
     cap = args.cap
     limit = {"rate": "auto", "max_rate": f"{2 * cap}/s"}
-    run = adaptive_run(args, limit, first, second)
+    kill_at = first / 2 if getattr(args, "kill_leader", False) else None
+    run = adaptive_run(args, limit, first, second, kill_at=kill_at)
     fig = adaptive_figures(run["log"], run["t0"], first, second, cap)
     out = {
         "scenario": "adaptive",
@@ -688,6 +753,11 @@ def scenario_adaptive(args) -> dict[str, Any]:
         **fig,
         "targets": adaptive_targets(fig, cap, run["burned"]),
     }
+    if kill_at is not None:
+        h = out["handover"] = run["handover"]
+        pct = h.get("furthest_pct")
+        met = None if pct is None else abs(pct) <= 10
+        out["targets"].append(target("effective rate across the change of leader (%)", pct, "within +/-10", met))
     if args.adaptive_compare:
         # the best fixed limit in hindsight for the first part: the cap itself
         fixed = adaptive_run(args, {"rate": f"{cap}/s"}, first, 0)
@@ -739,6 +809,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adaptive-phases", default="40,30")
     p.add_argument("--adaptive-latency-ms", type=float, default=50.0)
     p.add_argument("--adaptive-compare", action="store_true")
+    p.add_argument("--kill-leader", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--progress", action="store_true")
     return p

@@ -2,8 +2,9 @@
 
 ``show`` (the default, read-only: never creates a store) lists each limit's
 settings in force and who set them, the places held now, the starts its rate
-allows now, whether it is paused, and for a keyed limit its active keys and
-busiest keys. ``set NAME`` changes some settings fleet-wide (every worker
+allows now, whether it is paused, for a keyed limit its active keys and
+busiest keys, and for an adaptive limit what its controller set within the
+bounds. ``set NAME`` changes some settings fleet-wide (every worker
 obeys at its next claim, within a second); ``reset NAME`` hands the declared
 settings back (:mod:`corral.core.limits` says who wins)."""
 
@@ -46,20 +47,26 @@ def limit(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
 @click.pass_context
 def limit_show(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
     """Each limit: settings in force and who set them, places held, starts its
-    rate allows now, paused or not, and a keyed limit's active and busiest keys."""
+    rate allows now, paused or not, and a keyed limit's active and busiest keys.
+    An adaptive limit adds the effective values beside its bounds, the latency
+    baseline and the rate of the last cut."""
     _show(_url(ctx, store_url), as_json)
 
 
 def _show(store_url: str | None, as_json: bool) -> None:
-    rows = limits_report(open_given_store(store_url, create=False))
+    store = open_given_store(store_url, create=False)
+    rows = limits_report(store)
     if as_json:
         render.print_json({"limits": rows})
         return
     if not rows:
         click.echo("no limits declared (app.limit(name, concurrency=..., rate=...))")
         return
+    adaptive = store.adaptive_limits() if any(r["adaptive"] for r in rows) else {}
     for r in rows:
         click.echo(_line(r))
+        if r["name"] in adaptive:  # the effective values the controller set, beside the user's bounds
+            click.echo("    adaptive: " + render.adaptive_line(adaptive[r["name"]]))
         if r["per_key"]:
             busiest = ", ".join(f"{k['key']} {k['in_use']}" for k in r["busiest_keys"]) or "-"
             click.echo(f"    keys holding places: {r['active_keys']}; busiest: {busiest}")

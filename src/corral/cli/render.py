@@ -742,26 +742,12 @@ def print_history_plan(hp, limit_name: str, batch: str | None = None) -> None:
             con.print(f'  app.batch("{batch}", concurrency={c.limit})  # or cap the batch alone', markup=False)
 
 
-def adaptive_dict(row) -> dict:
-    """An adaptive limit (:class:`corral.core.adaptive.AdaptiveRow`) for ``--json``:
-    the effective values the claims obey beside the user's bounds, and what
-    the controller remembers."""
-    spec, b, st = row.spec, row.spec.bounds, row.state
-    out: dict[str, Any] = {"name": row.name, "concurrency": row.concurrency, "rate": row.rate}
-    if spec.concurrency:
-        out["concurrency_bounds"] = [b.min_concurrency, b.max_concurrency]
-    if spec.rate:
-        out["rate_bounds"] = [rate_text(b.min_rate), rate_text(b.max_rate)]
-    if st is not None:
-        out["baseline_ms"] = None if st.baseline_ms is None else round(st.baseline_ms, 2)
-        out["last_cut_rate"] = None if st.w_max is None else round(st.w_max, 3)
-    return out
-
-
 def adaptive_line(row) -> str:
     """One line for ``corral limit show``: an adaptive limit's effective values
     against its bounds, e.g. ``partner_api  concurrency 12 (auto 1..40)  rate
     87/s (auto 1/s..200/s)  baseline 41.0 ms  last cut at 95.2/s``."""
+    from corral.edges.limit_view import adaptive_dict
+
     d = adaptive_dict(row)
     parts = [row.name]
     for knob in ("concurrency", "rate"):

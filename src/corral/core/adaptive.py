@@ -72,8 +72,10 @@ RATE_BETA = 0.9
 #: the cubic's scale, relative to the rate at the last cut: the rate is
 #: ``w_max * (1 + RATE_CUBIC_C * (t - K) ** 3)`` after ``t`` bottleneck seconds
 RATE_CUBIC_C = 0.004
-#: before the first throttle the rate grows by this factor an interval
+#: before the first throttle the rate grows by this factor an interval ...
 RATE_START_GROWTH = 1.5
+#: ... once this share of the rate succeeded in the interval (the last raise has shown)
+RATE_START_CONFIRM = 0.8
 #: the rate never grows above this multiple of the rate measured to succeed
 RATE_SUCCESS_CAP = 2.0
 #: past the rate of the last cut, the rate grows by at most this fraction of it an interval
@@ -82,8 +84,10 @@ RATE_PROBE_STEP = 0.02
 RATE_STALE_AFTER = 8.0
 #: an interval says the partner's capacity only if the limit sent at least this share of its rate
 RATE_BUSY_SHARE = 0.8
-#: throttles in the interval right after a cut cut again only above this share of the calls
+#: throttles in the interval right after a cut cut again only above this share of the calls ...
 RATE_RECUT_SHARE = 0.25
+#: ... and by at most this fraction of the rate
+RATE_RECUT_DEPTH = 0.25
 
 #: median latency above this multiple of the baseline cuts the concurrency
 LATENCY_CUT = 1.3
@@ -372,6 +376,12 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
         share = report.throttles / max(1, report.calls)
         if just_cut and share <= RATE_RECUT_SHARE:
             return state, "throttled just after a cut: hold"
+        if just_cut:
+            # the interval right after a cut still carried calls sent at the old rate (and the
+            # partner's window still held them): what succeeded in it understates the capacity,
+            # so a re-cut takes at most RATE_RECUT_DEPTH off and keeps the capacity of the cut
+            rate = bounds.rate(max(RATE_BETA * ok_rate, (1 - RATE_RECUT_DEPTH) * state.rate))
+            return replace(state, rate=min(state.rate, rate), since_cut=0.0, last_cut_at=now), "throttled again: re-cut"
         # what succeeded says the partner's capacity only if the limit was the bottleneck;
         # otherwise the app sent less than it may, and the rate is cut from where it is
         throughout = report.held_by_rate > 0 and report.calls >= RATE_BUSY_SHARE * state.rate * seconds
@@ -386,6 +396,10 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
     cap = RATE_SUCCESS_CAP * ok_rate
     if state.w_max is None:
         grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, never throttled: slow start"
+        if ok_rate < RATE_START_CONFIRM * state.rate:
+            # the last raise has not shown in what succeeded yet (the reports lag a second or
+            # two): raising again would overshoot a partner's cap by the lag's growth
+            grown, rule = state.rate, "bottleneck, never throttled: slow start, the last raise not seen yet"
     else:
         since = state.since_cut + seconds
         grown, rule = max(state.rate, _cubic(state.w_max, since)), "bottleneck: cubic recovery"
@@ -393,6 +407,8 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
             past = max(1.0, since - _cubic_k())  # the probe's step grows by one every interval past the cut
             if past > RATE_STALE_AFTER:  # long past the last cut without a throttle: it says nothing any more
                 grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, long past the last cut: slow start"
+                if ok_rate < RATE_START_CONFIRM * state.rate:
+                    grown, rule = state.rate, rule + ", the last raise not seen yet"
             else:
                 step = max(state.rate, state.w_max) + RATE_PROBE_STEP * state.w_max * past
                 grown, rule = min(grown, step), "bottleneck: probing past the last cut"

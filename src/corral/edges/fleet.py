@@ -41,6 +41,8 @@ class WorkerFleet:
         self.env = dict(env or {})
         self.procs: list[subprocess.Popen] = []
         self.logs: list[Any] = []
+        #: the workers killed on purpose (:meth:`kill`): their exit is not a failure
+        self.killed: set[int] = set()
 
     def __enter__(self) -> WorkerFleet:
         env = {**os.environ, **self.env}
@@ -60,10 +62,20 @@ class WorkerFleet:
         log.seek(0)
         return log.read()
 
+    def log_text(self, k: int) -> str:
+        """What worker ``k`` (from 0) has logged so far."""
+        return self._text(k)
+
+    def kill(self, k: int) -> None:
+        """SIGKILL worker ``k``: a crash, no drain (its leases expire, its leadership lapses)."""
+        self.killed.add(k)
+        self.procs[k].kill()
+        self.procs[k].wait()
+
     def check(self) -> None:
-        """Raise if a worker has exited (with the end of its log)."""
+        """Raise if a worker has exited (with the end of its log), unless killed on purpose."""
         for k, p in enumerate(self.procs):
-            if p.poll() is not None:
+            if k not in self.killed and p.poll() is not None:
                 tail = " | ".join(self._text(k).strip().splitlines()[-3:])
                 raise RuntimeError(f"worker process {k + 1} exited with status {p.returncode}: {tail}")
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from corral.core.adaptive import AdaptiveRow, rate_text
+from corral.core.events import LIMIT_ADAPTED
 from corral.stores.base import Store
 
 #: Busiest keys shown per keyed limit.
@@ -23,6 +25,7 @@ def limits_report(store: Store, top: int = TOP_KEYS) -> list[dict[str, Any]]:
     usage = store.limit_usage()
     tokens = store.limit_tokens()
     keys = store.busiest_keys(top=2**31) if any(s.per_key for s in specs.values()) else {}
+    adaptive = store.adaptive_limits()
     out = []
     for name, s in sorted(specs.items()):
         held = keys.get(name, [])
@@ -40,7 +43,10 @@ def limits_report(store: Store, top: int = TOP_KEYS) -> list[dict[str, Any]]:
             "set_by": s.set_by,
             "declared": None if s.declared is None else asdict(s.declared),
             "changed_at": s.changed_at,
+            "adaptive": None,
         }
+        if name in adaptive:
+            row["adaptive"] = adaptive_dict(adaptive[name])
         if s.per_key:
             row["active_keys"] = len(held)
             row["busiest_keys"] = [{"key": k, "in_use": n} for k, n in held[:top]]
@@ -48,4 +54,60 @@ def limits_report(store: Store, top: int = TOP_KEYS) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["TOP_KEYS", "limits_report"]
+def adaptive_dict(row: AdaptiveRow) -> dict[str, Any]:
+    """An adaptive limit (:class:`corral.core.adaptive.AdaptiveRow`) for ``--json``:
+    the effective values the claims obey beside the user's bounds, and what
+    the controller remembers."""
+    spec, b, st = row.spec, row.spec.bounds, row.state
+    out: dict[str, Any] = {"name": row.name, "concurrency": row.concurrency, "rate": row.rate}
+    if spec.concurrency:
+        out["concurrency_bounds"] = [b.min_concurrency, b.max_concurrency]
+    if spec.rate:
+        out["rate_bounds"] = [rate_text(b.min_rate), rate_text(b.max_rate)]
+    if st is not None:
+        out["baseline_ms"] = None if st.baseline_ms is None else round(st.baseline_ms, 2)
+        out["last_cut_rate"] = None if st.w_max is None else round(st.w_max, 3)
+    return out
+
+
+#: The adaptive chart's window, seconds, and the newest events read for it.
+HISTORY_SECONDS = 300.0
+HISTORY_EVENTS = 5_000
+
+
+def adaptive_history(
+    store: Store, names: list[str], seconds: float = HISTORY_SECONDS
+) -> dict[str, list[dict[str, Any]]]:
+    """Each adaptive limit's decisions over the last ``seconds``, oldest first,
+    from its ``limit_adapted`` events: when, the effective rate (per second)
+    and concurrency it set, and what the fleet reported in the interval before
+    (calls, successes, throttles). The dashboard draws these."""
+    since = store.now() - seconds
+    out: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for e in store.events(LIMIT_ADAPTED, limit=HISTORY_EVENTS):
+        if e.at < since:
+            break  # newest first
+        name = e.subject.removeprefix("limit:")
+        if name not in out:
+            continue
+        d = e.details
+        i = d.get("inputs") or {}
+        out[name].append(
+            {
+                "at": e.at,
+                "rate": d.get("rate"),
+                "concurrency": d.get("concurrency"),
+                "rate_rule": d.get("rate_rule"),
+                "concurrency_rule": d.get("concurrency_rule"),
+                "calls": i.get("calls", 0),
+                "successes": i.get("successes", 0),
+                "throttles": i.get("throttles", 0),
+                "seconds": i.get("seconds") or 1.0,
+            }
+        )
+    for points in out.values():
+        points.reverse()
+    return out
+
+
+__all__ = ["HISTORY_SECONDS", "TOP_KEYS", "adaptive_dict", "adaptive_history", "limits_report"]

@@ -291,10 +291,13 @@ def groups(request: Request) -> Response:
 def limits(request: Request) -> Response:
     """What ``corral limit show`` says (edges/limit_view.py), a form to change
     a limit while running, and the breakers."""
-    from corral.edges.limit_view import limits_report
+    from corral.edges.limit_view import adaptive_history, limits_report
 
     d = _dash(request)
     rows = limits_report(d.store)
+    now = d.store.now()
+    history = adaptive_history(d.store, [r["name"] for r in rows if r["adaptive"]])
+    adaptive = [_adaptive_chart(r, history[r["name"]], now) for r in rows if r["adaptive"]]
     breakers = sorted(d.store.breakers().items())
     events = d.store.breaker_events(limit=20)
     return d.page(
@@ -302,11 +305,102 @@ def limits(request: Request) -> Response:
         "limits.html",
         title="Limits and breakers",
         rows=rows,
+        adaptive=adaptive,
         breakers=breakers,
         events=events,
-        now=d.store.now(),
+        now=now,
         paused=_paused(d.store),
     )
+
+
+#: The adaptive charts' size (the SVG's viewBox) and inner margin.
+CHART_W, CHART_H, CHART_PAD = 600.0, 100.0, 4.0
+
+
+def _adaptive_chart(row: dict[str, Any], points: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """An adaptive limit's last minutes as SVG paths: for each adaptive knob,
+    the effective value the controller set (a step line) against what
+    happened (the calls that succeeded a second, for the rate), with a mark at
+    each interval that saw throttles."""
+    from corral.edges.limit_view import HISTORY_SECONDS
+
+    # the window: the last HISTORY_SECONDS, or from the first change (at least 20 s) when newer
+    first = points[0]["at"] if points else now
+    start = max(now - HISTORY_SECONDS, min(first, now - 20.0))
+    span = max(1.0, now - start)
+    a = row["adaptive"]
+
+    def x(at: float) -> float:
+        return max(0.0, min(CHART_W, (at - start) / span * CHART_W))
+
+    def y(v: float, top: float) -> float:
+        return CHART_H - CHART_PAD - (v / top) * (CHART_H - 2 * CHART_PAD)
+
+    def steps(values: list[tuple[float, float]], top: float, now_value: float | None) -> str:
+        d: list[str] = []
+        last: float | None = None
+        for at, v in values:
+            if last is not None:
+                d.append(f"L{x(at):.1f} {y(last, top):.1f}")
+            d.append(f"{'L' if d else 'M'}{x(at):.1f} {y(v, top):.1f}")
+            last = v
+        if last is not None:
+            d.append(f"L{CHART_W:.1f} {y(now_value if now_value is not None else last, top):.1f}")
+        return " ".join(d)
+
+    def line(values: list[tuple[float, float]], top: float) -> str:
+        return " ".join(f"{'L' if i else 'M'}{x(at):.1f} {y(v, top):.1f}" for i, (at, v) in enumerate(values))
+
+    charts = []
+    if "rate_bounds" in a:
+        effective = [(p["at"], float(p["rate"])) for p in points if p["rate"] is not None]
+        succeeded = [(p["at"], p["successes"] / p["seconds"]) for p in points]
+        now_rate = _rate_per_second(a["rate"])
+        top = max([v for _, v in effective + succeeded] + [now_rate or 0.0, 1.0]) * 1.1
+        charts.append(
+            {
+                "knob": "rate",
+                "title": f"rate: effective (now {a['rate']}) against calls that succeeded a second",
+                "top": top,
+                "effective": steps(effective, top, now_rate),
+                "happened": line(succeeded, top),
+                "throttles": [
+                    {"x": round(x(p["at"]), 1), "n": p["throttles"], "at": p["at"]} for p in points if p["throttles"]
+                ],
+            }
+        )
+    if "concurrency_bounds" in a:
+        effective = [(p["at"], float(p["concurrency"])) for p in points if p["concurrency"] is not None]
+        now_conc = float(a["concurrency"]) if a["concurrency"] is not None else None
+        top = max([v for _, v in effective] + [now_conc or 0.0, 1.0]) * 1.1
+        charts.append(
+            {
+                "knob": "concurrency",
+                "title": f"concurrency: effective (now {a['concurrency']})",
+                "top": top,
+                "effective": steps(effective, top, now_conc),
+                "happened": "",
+                "throttles": [
+                    {"x": round(x(p["at"]), 1), "n": p["throttles"], "at": p["at"]} for p in points if p["throttles"]
+                ],
+            }
+        )
+    return {
+        "name": row["name"],
+        "since": start,
+        "charts": charts,
+        "decisions": len(points),
+        "throttled": sum(p["throttles"] for p in points),
+    }
+
+
+def _rate_per_second(rate: str | None) -> float | None:
+    from corral.core.rates import parse_rate
+
+    try:
+        return parse_rate(rate).per_second if rate else None
+    except ValueError:
+        return None
 
 
 def workers(request: Request) -> Response:
