@@ -6,6 +6,9 @@
                 submit-to-start latency of one store;
 ``latency``     submit-to-start at a steady rate of single submits, into
                 ``corral worker`` processes;
+``overload``    1.5x the fleet's capacity offered for two minutes: throughput,
+                backlog, pickup and the degradation level per 10 s, then the
+                drain against the capacity;
 ``limits``      rate limits, circuit breakers and the retry path against a
                 simulated partner API, with ``corral worker`` processes;
 ``limit-change`` how soon running workers obey a limit changed while they run;
@@ -39,8 +42,8 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `limits`,
-    `limit-change`, `dashboard`, `scale`, `processes`, `dag`, `retention` and `keys`."""
+    """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `overload`,
+    `limits`, `limit-change`, `dashboard`, `scale`, `processes`, `dag`, `retention` and `keys`."""
 
 
 class StoreParam(click.ParamType):
@@ -505,6 +508,104 @@ def latency_cmd(
             raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(common.dumps({"scenario": "latency", "runs": reports}))
+        return
+    render(reports)
+
+
+@bench.command("overload")
+@stores_option
+@pg_url_option
+@click.option("--seconds", default=120.0, show_default=True, help="Seconds of offered load above capacity.")
+@click.option("--factor", default=1.5, show_default=True, help="Offered load as a multiple of the capacity measured.")
+@click.option(
+    "--task-ms",
+    default=100.0,
+    show_default=True,
+    help="How long each task runs (a sleep), ms: 1.5x the capacity must be within what single submits reach.",
+)
+@click.option(
+    "--capacity-tasks", default=4_000, show_default=True, help="Tasks run in bulk first to measure the capacity."
+)
+@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Slots per worker process. Default: `corral worker`'s own default.",
+)
+@click.option(
+    "--submitters",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes sharing the schedule of single submits. Default: one per 150 submits/s (as `bench latency`).",
+)
+@click.option(
+    "--max-queued",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The app's queue bound (App(max_queued=)), the degradation level's backlog signal; 0: none."
+    " Default: --bound-seconds of the capacity.",
+)
+@click.option("--bound-seconds", default=30.0, show_default=True, help="Seconds of capacity the default bound holds.")
+@click.option("--window", default=10.0, show_default=True, help="Seconds per reported window.")
+@json_option
+@no_progress_option
+def overload_cmd(
+    store: tuple[tuple[str, str | None], ...],
+    pg_url: str | None,
+    seconds: float,
+    factor: float,
+    task_ms: float,
+    capacity_tasks: int,
+    workers: int,
+    concurrency: int | None,
+    submitters: int | None,
+    max_queued: int | None,
+    bound_seconds: float,
+    window: float,
+    as_json: bool,
+    no_progress: bool,
+) -> None:
+    """Offered load above what the fleet can run, then the drain.
+
+    Per store, on a fresh store: the fleet's capacity for the task shape (tasks
+    of --task-ms, run in bulk by --workers `corral worker` processes); then
+    --factor times it offered for --seconds as single submits from other
+    processes (as `bench latency`), into a fleet whose app has a queue bound
+    (--max-queued), the degradation level's backlog signal; then the backlog
+    run to the end. Reported per --window: throughput against the capacity,
+    submits, backlog, p50/p95 pickup and the fleet's level; then the drain's
+    rate against the capacity and each change of level."""
+    from corral.bench.overload import child_argv, render
+
+    if seconds <= 0 or factor <= 0 or task_ms < 0 or workers < 1 or capacity_tasks < 100 or window <= 0:
+        raise click.UsageError(
+            "--seconds, --factor and --window > 0, --task-ms >= 0, --workers >= 1, --capacity-tasks >= 100"
+        )
+    reports = []
+    for one in dict.fromkeys(store):
+        kind, url = _shared_store(one, pg_url)
+        argv = child_argv(
+            store=kind,
+            pg_url=url,
+            seconds=seconds,
+            factor=factor,
+            task_ms=task_ms,
+            capacity_tasks=capacity_tasks,
+            workers=workers,
+            concurrency=concurrency,
+            submitters=submitters,
+            max_queued=max_queued,
+            bound_seconds=bound_seconds,
+            window=window,
+            progress=not no_progress,
+        )
+        try:
+            reports.append(common.run_child(argv, f"overload ({kind})", show_progress=not no_progress))
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps({"scenario": "overload", "runs": reports}))
         return
     render(reports)
 

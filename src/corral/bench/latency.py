@@ -128,13 +128,15 @@ def read_marks(path: str) -> tuple[dict[int, float], int]:
 class Submits:
     """What the submitters noted, per submit: the task's index, how late the
     submit began against the schedule (s), and the wall-clock time just
-    before and after the call."""
+    before and after the call; and the tasks the store refused (a queue
+    bound, ``QueueFull``)."""
 
     def __init__(self) -> None:
         self.ids = array("q")
         self.late = array("d")
         self.before = array("d")
         self.after = array("d")
+        self.refused = array("q")
         self.elapsed = 0.0
 
     def __len__(self) -> int:
@@ -151,6 +153,7 @@ class Submits:
             out.late.append(late)
             out.before.append(before)
             out.after.append(after)
+        out.refused = array("q", sorted(i for p in parts for i in p.refused))
         out.elapsed = max((p.elapsed for p in parts), default=0.0)
         return out
 
@@ -172,7 +175,8 @@ def submit_steady(
     have passed, one call at a time; behind schedule, at once. One of
     ``step`` submitters sharing the schedule takes the tasks ``first``,
     ``first + step``, ... (``start``: the schedule's start on ``clock``,
-    which they share; default now)."""
+    which they share; default now). A call that returns False was refused
+    by the store: it is noted in ``refused``."""
     out = Submits()
     t0 = clock() if start is None else start
     end = t0 + seconds
@@ -194,7 +198,8 @@ def submit_steady(
         out.ids.append(i)
         out.late.append(max(0.0, now - due))
         out.before.append(wall())
-        submit(i)
+        if submit(i) is False:
+            out.refused.append(i)
         out.after.append(wall())
         i += step
         if progress is not None and now >= next_report:
@@ -267,33 +272,53 @@ def _wait_marks(path: str, n: int, fleet: WorkerFleet, timeout: float) -> int:
         time.sleep(0.01)
 
 
-def _submitter(url: str, rate: float, seconds: float, first: int, step: int, conn: Any) -> None:
+def _submitter(
+    url: str, rate: float, seconds: float, first: int, step: int, conn: Any, build: Callable[[str], App], task: str
+) -> None:
     """One submitting process: its store open, it says so, takes the
     schedule's start (wall-clock time) and sends back its notes."""
-    app = build_app(url)
+    from corral import QueueFull
+
+    app = build(url)
+
+    def submit(i: int) -> bool:
+        try:
+            app.submit(task, args=(i,))
+        except QueueFull:
+            return False
+        return True
+
     try:
         app.store.counts()  # connected before the schedule starts
         conn.send("ready")
         start_wall = conn.recv()
         start = time.perf_counter() + (start_wall - time.time())
-        conn.send(
-            submit_steady(lambda i: app.submit(TASK, args=(i,)), rate, seconds, first=first, step=step, start=start)
-        )
+        conn.send(submit_steady(submit, rate, seconds, first=first, step=step, start=start))
     finally:
         app.close()
 
 
 def submit_from(
-    url: str, rate: float, seconds: float, submitters: int, progress: Callable[[int], None] | None = None
+    url: str,
+    rate: float,
+    seconds: float,
+    submitters: int,
+    progress: Callable[[int], None] | None = None,
+    *,
+    build: Callable[[str], App] = build_app,
+    task: str = TASK,
 ) -> Submits:
     """The schedule submitted by ``submitters`` processes sharing it, their
-    notes merged."""
+    notes merged. Each process submits ``task(i)`` on the app ``build(url)``
+    (a module-level function: it is sent to the spawned process)."""
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     try:
         for k in range(submitters):
             here, there = ctx.Pipe()
-            proc = ctx.Process(target=_submitter, args=(url, rate, seconds, k, submitters, there), daemon=True)
+            proc = ctx.Process(
+                target=_submitter, args=(url, rate, seconds, k, submitters, there, build, task), daemon=True
+            )
             proc.start()
             there.close()
             pipes.append(here)
