@@ -1087,14 +1087,6 @@ SELECT name, count(*) FROM held_places GROUP BY name
 -- name: limit_held
 SELECT count(*) FROM held_places WHERE name = ?
 
--- The same, counted from the running rows (what held_places must agree with).
--- name: limit_usage_counted
-SELECT j.value, count(DISTINCT t.lease_token)
-FROM (SELECT DISTINCT lease_token, limits FROM tasks INDEXED BY tasks_running_limits
-      WHERE status = 'RUNNING' AND limits IS NOT NULL) AS t,
-     json_each(t.limits) AS j
-GROUP BY j.value
-
 -- ---- workers -------------------------------------------------------------------
 
 -- name: heartbeat_extend
