@@ -961,6 +961,16 @@ WHERE l.concurrency IS NOT NULL OR l.rate IS NOT NULL OR l.paused_until > extrac
 UNION ALL
 SELECT b.name, true, false FROM corral_breakers b WHERE b.state_name <> 'CLOSED'
 
+-- fragment: key_full
+-- Is a key the task ``t`` names full (all its places held)? Asked of the
+-- candidates read only: the places of the keys they name, from
+-- corral_held_places (finding every full key first read every running
+-- keyed task's place).
+EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+        JOIN corral_limits kl ON kl.name = split_part(kn, chr(31), 1)
+        WHERE strpos(kn, chr(31)) > 0 AND kl.concurrency IS NOT NULL
+          AND (SELECT count(DISTINCT h.lease_token) FROM corral_held_places h WHERE h.name = kn) >= kl.concurrency)
+
 -- fragment: places_held
 -- The places held under the limit ``l``: one per claim (lease token) running
 -- under it, whatever its tasks, but those of the tokens %(own)s.
@@ -1002,22 +1012,13 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
 -- count (any form of it let the planner read the index of every queued
 -- limited task whole and sort it, 20 ms at 30 000), and the fresh part says
 -- "cardinality >= 1", not the "> 0" of that index.)
-WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
-held AS MATERIALIZED (
-    SELECT coalesce(array_agg(u.n), '{}')::text[] AS names FROM (
-        SELECT h.name AS n, count(DISTINCT h.lease_token) AS used
-        FROM corral_held_places h
-        WHERE strpos(h.name, chr(31)) > 0
-        GROUP BY h.name) u
-    JOIN corral_limits l ON l.name = split_part(u.n, chr(31), 1)
-    WHERE l.concurrency IS NOT NULL AND u.used >= l.concurrency
-)
+WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now)
 SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
     (SELECT t.limits FROM corral_tasks t
      WHERE t.status = 'PENDING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND cardinality(t.limits) >= 1 AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -1026,7 +1027,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
        AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.ready_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -1035,7 +1036,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status = 'RETRYING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -1911,11 +1912,9 @@ DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
 SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
 FROM unnest(%(names)s::text[]) AS n(name)
 LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
-LEFT JOIN (
-    SELECT h.name AS kn, count(DISTINCT h.lease_token) AS used
-    FROM corral_held_places h
-    WHERE h.name = ANY(%(names)s::text[])
-    GROUP BY h.name) u ON u.kn = n.name;
+LEFT JOIN LATERAL (
+    SELECT count(DISTINCT h.lease_token) AS used
+    FROM corral_held_places h WHERE h.name = n.name) u ON true;
 
 -- name: key_charges
 -- The keys a claim took tokens from or logged starts under (one JSON array of
