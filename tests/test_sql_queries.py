@@ -10,6 +10,8 @@ from corral.stores.sql import load
 #: SQLite only: one statement per step where PostgreSQL does it in one, or
 #: bookkeeping that PostgreSQL's triggers keep.
 SQLITE_ONLY = {
+    "held_places": "the table of places held and its triggers (PostgreSQL: `migration_0044`)",
+    "limit_held": "one limit's places, as the Python pick asks (PostgreSQL: the `places_held` fragment)",
     "relay_fits": "which limits may pass a place to a relay (PostgreSQL: inside `handoff_allowed`)",
     "first_waiter": "whose work waits first under a limit (PostgreSQL: inside `handoff_allowed`)",
     "gated_signature": "a claim behind a full limit skips a look when nothing changed (PostgreSQL: no Python pick)",
@@ -131,6 +133,7 @@ POSTGRES_ONLY = {
     "migration_0038": "numbered migrations (SQLite: `columns_v4` and `schema`)",
     "migration_0043": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0045": "numbered migrations (SQLite: `schema` and `columns_v4`)",
+    "migration_0046": "numbered migrations (SQLite: `held_places`)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",
@@ -151,7 +154,7 @@ def test_fragments_are_put_into_the_queries_that_use_them():
     # one gate check: the claim, its probe and the hand-over read the same gates
     gates = "SELECT b.name, true, false FROM corral_breakers b WHERE b.state_name <> 'CLOSED'"
     assert all(gates in q[name] for name in ("claim", "claim_probe", "handoff_allowed"))
-    held = "SELECT count(DISTINCT t.lease_token) FROM corral_tasks t"
+    held = "SELECT count(DISTINCT h.lease_token) FROM corral_held_places h"
     assert all(held in q[name] for name in ("limit_free", "handoff_allowed"))
     assert "fragment" not in " ".join(q)  # a fragment is no query of its own
 

@@ -184,6 +184,21 @@ class BreakerRow:
     state: brk.Breaker
 
 
+class LazyUsage(dict[str, int]):
+    """Places held per limit, each read when first asked for: a claim asks
+    for the limits of the candidates it meets, not every limit and key the
+    store holds places under (``count`` reads one limit's places)."""
+
+    def __init__(self, count: Callable[[str], int]) -> None:
+        super().__init__()
+        self._count = count
+
+    def get(self, name: str, default: int = 0) -> int:  # type: ignore[override]
+        if name not in self:
+            self[name] = self._count(name)
+        return dict.get(self, name, default)
+
+
 @dataclass(slots=True)
 class Gates:
     """Room left under each limit and breaker during one claim at ``now``."""

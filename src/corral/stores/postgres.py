@@ -263,7 +263,9 @@ MIGRATE_LOCK_KEY = 7429000
 #: 40: keyed limits' keys in a table of their own (corral_limit_keys), rows made by a rate or a pause only.
 #: 41: limits changed while running (corral_limits.per_key, set_by, declared, changed_at).
 #: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
-SCHEMA_VERSION = 45
+#: 45: task events stored narrow (see migration_0045).
+#: 46: the places held under each limit (corral_held_places, kept by triggers).
+SCHEMA_VERSION = 46
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).

@@ -107,7 +107,7 @@ from corral.core.cron import (
 )
 from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.events import LIMIT_ADAPTED
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LazyUsage, LimitState, key_at_rest, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -187,10 +187,11 @@ from corral.stores.sqlbase import (
 #: 41: limits changed while running (named_limits.per_key, set_by, declared,
 #: changed_at, and the index of changes a claim behind a full limit reads).
 #: 43: adaptive limits (named_limits.adaptive, .controller) and the workers' reports (limit_reports).
+#: 44: the places held under each limit (held_places, kept by triggers).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 43
+SCHEMA_VERSION = 44
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -734,6 +735,8 @@ class SQLiteStore(SqlStore):
                 con.execute(stmt)
             for stmt in _split_script(Q["event_stream"]):
                 con.execute(stmt)
+            for stmt in _split_script(Q["held_places"]):
+                con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def _claim_clock(self) -> None:
@@ -1089,7 +1092,7 @@ class SQLiteStore(SqlStore):
 
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
-            usage = dict(con.execute(Q["limit_usage"]).fetchall())
+            usage = LazyUsage(lambda name: con.execute(Q["limit_held"], (name,)).fetchone()[0])
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
             return Gates(now, limits, usage, breakers, load_key=load_key)

@@ -666,6 +666,59 @@ CREATE TABLE IF NOT EXISTS corral_limit_reports (
     reports text NOT NULL
 );
 CREATE INDEX IF NOT EXISTS corral_limit_reports_worker ON corral_limit_reports (worker, at);
+-- name: migration_0046
+-- The places held under each limit: a row per running task and limit it
+-- names, with its lease token (a place is a claim: the distinct tokens of a
+-- limit's rows), kept by triggers in the transaction that changed the task,
+-- so every path that starts or ends a running task (claim, completion,
+-- hand-back, sweep, cancel, retention) keeps it exact. A claim counts a
+-- limit's places from this table's rows of that name; counting the running
+-- rows' limits read every running limited task. A row per task, not a count
+-- per token: a task's trigger writes its own rows only, so two transactions
+-- ending tasks of one token never wait on each other's row.
+CREATE TABLE IF NOT EXISTS corral_held_places (
+    task_id     bigint NOT NULL,
+    name        text NOT NULL,
+    lease_token text NOT NULL,
+    PRIMARY KEY (task_id, name)
+);
+CREATE INDEX IF NOT EXISTS corral_held_places_name ON corral_held_places (name, lease_token);
+CREATE OR REPLACE FUNCTION corral_held_places() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' AND OLD.status = 'RUNNING' AND cardinality(OLD.limits) > 0 THEN
+        IF TG_OP = 'UPDATE' AND NEW.status = 'RUNNING' AND NEW.lease_token IS NOT DISTINCT FROM OLD.lease_token
+           AND NEW.limits IS NOT DISTINCT FROM OLD.limits THEN
+            RETURN NULL;  -- held on as it was
+        END IF;
+        DELETE FROM corral_held_places WHERE task_id = OLD.id;
+    END IF;
+    IF TG_OP <> 'DELETE' AND NEW.status = 'RUNNING' AND cardinality(NEW.limits) > 0 THEN
+        INSERT INTO corral_held_places (task_id, name, lease_token)
+        SELECT DISTINCT NEW.id, n, coalesce(NEW.lease_token, '') FROM unnest(NEW.limits) AS n
+        ON CONFLICT DO NOTHING;
+    END IF;
+    RETURN NULL;
+END $$;
+-- The triggers first: they lock the table against writes until the rows
+-- below are in and this commits.
+DROP TRIGGER IF EXISTS corral_held_places_insert ON corral_tasks;
+CREATE TRIGGER corral_held_places_insert AFTER INSERT ON corral_tasks
+    FOR EACH ROW WHEN (NEW.status = 'RUNNING' AND cardinality(NEW.limits) > 0)
+    EXECUTE FUNCTION corral_held_places();
+DROP TRIGGER IF EXISTS corral_held_places_update ON corral_tasks;
+CREATE TRIGGER corral_held_places_update AFTER UPDATE OF status, lease_token, limits ON corral_tasks
+    FOR EACH ROW WHEN ((OLD.status = 'RUNNING' AND cardinality(OLD.limits) > 0)
+                       OR (NEW.status = 'RUNNING' AND cardinality(NEW.limits) > 0))
+    EXECUTE FUNCTION corral_held_places();
+DROP TRIGGER IF EXISTS corral_held_places_delete ON corral_tasks;
+CREATE TRIGGER corral_held_places_delete AFTER DELETE ON corral_tasks
+    FOR EACH ROW WHEN (OLD.status = 'RUNNING' AND cardinality(OLD.limits) > 0)
+    EXECUTE FUNCTION corral_held_places();
+DELETE FROM corral_held_places;
+INSERT INTO corral_held_places (task_id, name, lease_token)
+SELECT DISTINCT t.id, n, coalesce(t.lease_token, '')
+FROM corral_tasks t, unnest(t.limits) AS n
+WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0;
 
 -- name: migration_0045
 -- Task events kept narrow: the task's id, the state it reached, the one it
@@ -908,11 +961,22 @@ WHERE l.concurrency IS NOT NULL OR l.rate IS NOT NULL OR l.paused_until > extrac
 UNION ALL
 SELECT b.name, true, false FROM corral_breakers b WHERE b.state_name <> 'CLOSED'
 
+-- fragment: key_full
+-- Is a key the task ``t`` names full (all its places held)? Asked of the
+-- candidates read only: the places of the keys they name, from
+-- corral_held_places (finding every full key first read every running
+-- keyed task's place).
+EXISTS (SELECT 1 FROM unnest(t.limits) AS kn
+        JOIN corral_limits kl ON kl.name = split_part(kn, chr(31), 1)
+        WHERE strpos(kn, chr(31)) > 0 AND kl.concurrency IS NOT NULL
+          AND (SELECT count(DISTINCT h.lease_token) FROM corral_held_places h WHERE h.name = kn) >= kl.concurrency)
+
 -- fragment: places_held
 -- The places held under the limit ``l``: one per claim (lease token) running
 -- under it, whatever its tasks, but those of the tokens %(own)s.
-SELECT count(DISTINCT t.lease_token) FROM corral_tasks t
-WHERE t.status = 'RUNNING' AND l.name = ANY(t.limits) AND NOT (t.lease_token = ANY(%(own)s::text[]))
+-- (corral_held_places: the rows of that name only)
+SELECT count(DISTINCT h.lease_token) FROM corral_held_places h
+WHERE h.name = l.name AND NOT (h.lease_token = ANY(%(own)s::text[]))
 
 -- name: claim_probe
 -- Which gates have a ready task waiting? Empty for ungated work. (Two
@@ -948,22 +1012,13 @@ SELECT coalesce(array_agg(DISTINCT w.name ORDER BY w.name), '{}') FROM (
 -- count (any form of it let the planner read the index of every queued
 -- limited task whole and sort it, 20 ms at 30 000), and the fresh part says
 -- "cardinality >= 1", not the "> 0" of that index.)
-WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now),
-held AS MATERIALIZED (
-    SELECT coalesce(array_agg(u.n), '{}')::text[] AS names FROM (
-        SELECT n, count(DISTINCT t.lease_token) AS used
-        FROM corral_tasks t, unnest(t.limits) AS n
-        WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND strpos(n, chr(31)) > 0
-        GROUP BY n) u
-    JOIN corral_limits l ON l.name = split_part(u.n, chr(31), 1)
-    WHERE l.concurrency IS NOT NULL AND u.used >= l.concurrency
-)
+WITH clk AS MATERIALIZED (SELECT extract(epoch FROM now())::float8 AS now)
 SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
     (SELECT t.limits FROM corral_tasks t
      WHERE t.status = 'PENDING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND cardinality(t.limits) >= 1 AND NOT (t.limits && (SELECT names FROM held))
+       AND cardinality(t.limits) >= 1 AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -972,7 +1027,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status IN ('PENDING', 'RETRYING') AND t.is_head
        AND t.ready_at <= (SELECT now FROM clk) AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.ready_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -981,7 +1036,7 @@ SELECT coalesce(array_agg(DISTINCT n ORDER BY n), '{}') FROM (
      WHERE t.status = 'RETRYING' AND t.group_key IS NULL
        AND t.run_at <= (SELECT now FROM clk)
        AND t.queue = ANY(%(queues)s::text[])
-       AND NOT (t.limits && (SELECT names FROM held))
+       AND NOT ({{key_full}})
        AND NOT (t.limits && %(skip)s::text[])
      ORDER BY (t.run_at - t.priority * 60::float8), t.id
      LIMIT %(m)s)
@@ -1857,11 +1912,9 @@ DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
 SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
 FROM unnest(%(names)s::text[]) AS n(name)
 LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
-LEFT JOIN (
-    SELECT kn, count(DISTINCT t.lease_token) AS used
-    FROM corral_tasks t, unnest(t.limits) AS kn
-    WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0 AND kn = ANY(%(names)s::text[])
-    GROUP BY kn) u ON u.kn = n.name;
+LEFT JOIN LATERAL (
+    SELECT count(DISTINCT h.lease_token) AS used
+    FROM corral_held_places h WHERE h.name = n.name) u ON true;
 
 -- name: key_charges
 -- The keys a claim took tokens from or logged starts under (one JSON array of
@@ -1931,10 +1984,10 @@ WHERE w.heartbeat_at < %(before)s
   AND NOT EXISTS (SELECT 1 FROM corral_tasks t WHERE t.status = 'RUNNING' AND t.worker_id = w.id);
 
 -- name: limit_usage
-SELECT n AS name, count(DISTINCT t.lease_token) AS used
-FROM corral_tasks t, unnest(t.limits) AS n
-WHERE t.status = 'RUNNING' AND cardinality(t.limits) > 0
-GROUP BY n;
+-- (corral_held_places: the rows of running limited tasks only)
+SELECT name, count(DISTINCT lease_token) AS used
+FROM corral_held_places
+GROUP BY name;
 
 -- name: find_stuck
 -- RUNNING tasks whose lease was lost (see corral.maintenance.recovery).

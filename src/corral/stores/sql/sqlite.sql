@@ -482,6 +482,66 @@ CREATE INDEX IF NOT EXISTS tasks_supersede
 CREATE INDEX IF NOT EXISTS tasks_expires
     ON tasks (expires_at) WHERE expires_at IS NOT NULL;
 
+-- The places held under each limit (schema 44): one row per limit and lease
+-- token running under it (a place is a claim, however many tasks it holds),
+-- kept by triggers in the transaction that changed the task, so every path
+-- that starts or ends a running task (claim, completion, hand-back, sweep,
+-- cancel, retention) keeps it exact. A claim counts a limit's places from
+-- this table's rows of that name alone; counting the running rows' limits
+-- read every running limited task per claim (20 ms at 10 000 running).
+-- Rebuilt from the running rows whenever the schema script runs.
+-- name: held_places
+CREATE TABLE IF NOT EXISTS held_places (
+    name TEXT NOT NULL,
+    lease_token TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (name, lease_token)
+) WITHOUT ROWID;
+
+DELETE FROM held_places;
+
+INSERT INTO held_places (name, lease_token, n)
+SELECT j.value, coalesce(t.lease_token, ''), count(DISTINCT t.id)
+FROM tasks AS t, json_each(t.limits) AS j
+WHERE t.status = 'RUNNING' AND t.limits IS NOT NULL
+GROUP BY j.value, coalesce(t.lease_token, '');
+
+CREATE TRIGGER IF NOT EXISTS held_places_leave AFTER UPDATE OF status, lease_token, limits ON tasks
+WHEN OLD.status = 'RUNNING' AND OLD.limits IS NOT NULL
+BEGIN
+    UPDATE held_places SET n = n - 1
+    WHERE lease_token = coalesce(OLD.lease_token, '') AND name IN (SELECT value FROM json_each(OLD.limits));
+    DELETE FROM held_places
+    WHERE lease_token = coalesce(OLD.lease_token, '') AND n <= 0
+      AND name IN (SELECT value FROM json_each(OLD.limits));
+END;
+
+CREATE TRIGGER IF NOT EXISTS held_places_enter AFTER UPDATE OF status, lease_token, limits ON tasks
+WHEN NEW.status = 'RUNNING' AND NEW.limits IS NOT NULL
+BEGIN
+    INSERT INTO held_places (name, lease_token, n)
+    SELECT DISTINCT value, coalesce(NEW.lease_token, ''), 1 FROM json_each(NEW.limits) WHERE true
+    ON CONFLICT (name, lease_token) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS held_places_insert AFTER INSERT ON tasks
+WHEN NEW.status = 'RUNNING' AND NEW.limits IS NOT NULL
+BEGIN
+    INSERT INTO held_places (name, lease_token, n)
+    SELECT DISTINCT value, coalesce(NEW.lease_token, ''), 1 FROM json_each(NEW.limits) WHERE true
+    ON CONFLICT (name, lease_token) DO UPDATE SET n = n + 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS held_places_delete AFTER DELETE ON tasks
+WHEN OLD.status = 'RUNNING' AND OLD.limits IS NOT NULL
+BEGIN
+    UPDATE held_places SET n = n - 1
+    WHERE lease_token = coalesce(OLD.lease_token, '') AND name IN (SELECT value FROM json_each(OLD.limits));
+    DELETE FROM held_places
+    WHERE lease_token = coalesce(OLD.lease_token, '') AND n <= 0
+      AND name IN (SELECT value FROM json_each(OLD.limits));
+END;
+
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
 
@@ -1019,13 +1079,13 @@ FROM tasks INDEXED BY tasks_ready_heads_rank
 WHERE queue IN (SELECT value FROM json_each(?))
   AND status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL
 
--- Distinct lease tokens among RUNNING tasks, per limit name.
+-- Distinct lease tokens among RUNNING tasks, per limit name (held_places).
 -- name: limit_usage
-SELECT j.value, count(DISTINCT t.lease_token)
-FROM (SELECT DISTINCT lease_token, limits FROM tasks INDEXED BY tasks_running_limits
-      WHERE status = 'RUNNING' AND limits IS NOT NULL) AS t,
-     json_each(t.limits) AS j
-GROUP BY j.value
+SELECT name, count(*) FROM held_places GROUP BY name
+
+-- The places held under one limit (a claim asks for the limits it meets).
+-- name: limit_held
+SELECT count(*) FROM held_places WHERE name = ?
 
 -- ---- workers -------------------------------------------------------------------
 
