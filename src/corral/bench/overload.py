@@ -360,10 +360,12 @@ def render(reports: list[dict[str, Any]]) -> None:
         console.print(
             f"  under overload: throughput min {f(rep['throughput_min_of_capacity'], 2)}, mean"
             f" {f(rep['throughput_mean_of_capacity'], 2)} of capacity; submitted {rep['submitted']:,} at"
-            f" {f(rep['submit_rate'], 0)}/s (a submit call p50 {f(rep['submit_call_p50_ms'], 2)} ms), refused by the bound {rep['refused']:,}; peak backlog"
+            f" {f(rep['submit_rate'], 0)}/s (a submit call p50 {f(rep['submit_call_p50_ms'], 2)} ms),"
+            f" refused by the bound {rep['refused']:,}; peak backlog"
             f" {f(rep['peak_backlog'])}\n  drain: {rep['drain_tasks']:,} tasks in {rep['drain_s']:g} s ="
             f" {f(rep['drain_rate'], 0)}/s, {f(rep['drain_of_capacity'], 2)} of capacity; missing"
-            f" {rep['missing']:,}, duplicates {rep['duplicates']:,}; targets (>= {TARGET:g}) {'met' if ok else 'NOT met'}"
+            f" {rep['missing']:,}, duplicates {rep['duplicates']:,};"
+            f" targets (>= {TARGET:g}) {'met' if ok else 'NOT met'}"
         )
         for c in rep["levels"]:
             console.print(f"  level {c['level']} at {c['at_s']:g} s (backlog {c['backlog']:,}): {c['reason'] or '—'}")
