@@ -401,7 +401,7 @@ def test_a_listed_row_changes_live_and_a_filtered_set_is_retried_after_its_count
     no_script_ran(page)
 
 
-def test_an_adaptive_limit_is_drawn_against_what_happened_with_its_throttles(tmp_path):
+def test_an_adaptive_limit_is_drawn_against_what_happened_with_its_throttles(env, tmp_path):
     """A real run: workers call a partner that refuses past 20 calls a second;
     the leader's controller moves the rate, and the Limits page draws the
     effective rate against the calls that succeeded, with the throttles marked."""
@@ -438,30 +438,28 @@ def test_an_adaptive_limit_is_drawn_against_what_happened_with_its_throttles(tmp
             return False
 
         wait_for(cut_after_throttles, 60, message="the controller cut the rate after throttles")
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1200, "height": 900})
-                page.set_default_timeout(15_000)
-                page.goto(dash.url + "/limits")
-                assert "(adaptive)" in page.locator("table").first.inner_text()
-                section = page.locator("section[data-adaptive='partner_api']")
-                line = section.locator(".adaptive-line").inner_text()
-                assert re.search(r"rate \d+/s \(auto 1/s\.\.200/s\)", line), line
-                assert "last cut at" in line
-                chart = section.locator("figure[data-adaptive-chart='rate'] svg")
-                for drawn in ("path.effective", "path.happened"):
-                    box = chart.locator(drawn).bounding_box()
-                    assert box is not None and box["width"] > 5, drawn  # a line over the seconds, drawn
-                marks = chart.locator("line.throttle")
-                assert marks.count() >= 1 and marks.first.bounding_box() is not None
-                assert "throttled at" in (marks.first.locator("title").text_content() or "")
-                section.scroll_into_view_if_needed()
-                shot(page, "limits-adaptive")
-            finally:
-                browser.close()
+        browser = env[2].context.browser  # the module's Chromium: one Playwright per thread
+        context = browser.new_context(viewport={"width": 1200, "height": 900})
+        try:
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(dash.url + "/limits")
+            assert "(adaptive)" in page.locator("table").first.inner_text()
+            section = page.locator("section[data-adaptive='partner_api']")
+            line = section.locator(".adaptive-line").inner_text()
+            assert re.search(r"rate \d+/s \(auto 1/s\.\.200/s\)", line), line
+            assert "last cut at" in line
+            chart = section.locator("figure[data-adaptive-chart='rate'] svg")
+            for drawn in ("path.effective", "path.happened"):
+                box = chart.locator(drawn).bounding_box()
+                assert box is not None and box["width"] > 5, drawn  # a line over the seconds, drawn
+            marks = chart.locator("line.throttle")
+            assert marks.count() >= 1 and marks.first.bounding_box() is not None
+            assert "throttled at" in (marks.first.locator("title").text_content() or "")
+            section.scroll_into_view_if_needed()
+            shot(page, "limits-adaptive")
+        finally:
+            context.close()
     finally:
         dash.stop()
         app.close(timeout=5)  # the work left is not the point: hand it back
