@@ -697,6 +697,33 @@ def test_a_file_watch_wakes_on_writes_to_its_files_and_no_others(tmp_path):
         watch.close()
 
 
+def test_a_file_watch_numbered_past_1024_still_wakes(tmp_path):
+    """A process with many files open (a long-lived worker, a test run) gets
+    descriptors numbered past 1024, which select() refuses: the watch broke
+    and its waits polled every millisecond. It waits with poll()."""
+    import resource
+
+    from corral.stores.filewatch import FileWatch
+
+    high = 1500
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] <= high:
+        pytest.skip("the descriptor limit is too low here to number one past 1024")
+    watch = open_watch(str(tmp_path), ["corral.db"])
+    if watch is None:
+        pytest.skip("no inotify here")
+    fd = os.dup2(watch._fd, high)
+    watch.close()
+    far = FileWatch(fd, frozenset([b"corral.db"]))
+    try:
+        assert far.wait(0.01) is False
+        assert not far.broken
+        (tmp_path / "corral.db").write_text("x")
+        assert far.wait(5.0) is True
+        assert not far.broken
+    finally:
+        far.close()
+
+
 def test_a_broken_file_watch_sleeps_a_polling_slice_instead_of_spinning(tmp_path, monkeypatch):
     """A watch whose descriptor failed says "look anyway" but still sleeps,
     so a waiting loop polls rather than spinning a core until its deadline."""
@@ -705,7 +732,7 @@ def test_a_broken_file_watch_sleeps_a_polling_slice_instead_of_spinning(tmp_path
         pytest.skip("no inotify here")
     slept = []
     monkeypatch.setattr("corral.stores.filewatch.time.sleep", slept.append)
-    watch.close()  # select() on the closed descriptor now fails
+    watch.close()  # waiting on the closed descriptor now fails
     assert watch.wait(1.0) is True
     assert watch.wait(1.0) is True
     assert watch.broken

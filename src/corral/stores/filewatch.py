@@ -58,6 +58,8 @@ class FileWatch:
         self._fd = fd
         self._names = names
         self.broken = False
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
     def wait(self, timeout: float) -> bool:
         """Sleep until one of the files is written or ``timeout`` passes;
@@ -68,7 +70,9 @@ class FileWatch:
         a core until its deadline."""
         if not self.broken:
             try:
-                ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+                # poll, not select: select refuses a descriptor numbered 1024
+                # or more, which a process with many files open hands out
+                ready = self._poll.poll(max(0.0, timeout) * 1000.0)
             except (OSError, ValueError):
                 self.broken = True
             else:
