@@ -107,6 +107,16 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+#: `corral worker` processes a benchmark starts, and their slots.
+workers_option = click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+concurrency_option = click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Slots per worker process. Default: `corral worker`'s own default.",
+)
+
+
 @bench.command("groups")
 @click.option("--tasks", default=100_000, show_default=True, help="Number of tasks.")
 @click.option("--groups", "n_groups", default=200, show_default=True, help="Number of groups.")
@@ -362,7 +372,7 @@ def throughput_cmd(
 @bench.command("limit-change")
 @stores_option
 @pg_url_option
-@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@workers_option
 @click.option("--slots", default=4, show_default=True, help="Slots per worker process.")
 @click.option("--high", default=4, show_default=True, help="The concurrency each raise sets (a lowering sets 1).")
 @click.option("--rounds", default=20, show_default=True, help="Lowerings and raises.")
@@ -439,13 +449,8 @@ def limit_change_cmd(
 @click.option(
     "--warmup", default=2.0, show_default=True, help="Seconds of submits at the start of each rate not measured."
 )
-@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Slots per worker process. Default: `corral worker`'s own default.",
-)
+@workers_option
+@concurrency_option
 @click.option(
     "--submitters",
     type=click.IntRange(min=1),
@@ -526,13 +531,8 @@ def latency_cmd(
 @click.option(
     "--capacity-tasks", default=4_000, show_default=True, help="Tasks run in bulk first to measure the capacity."
 )
-@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Slots per worker process. Default: `corral worker`'s own default.",
-)
+@workers_option
+@concurrency_option
 @click.option(
     "--submitters",
     type=click.IntRange(min=1),
@@ -613,7 +613,7 @@ def overload_cmd(
 @bench.command("limits")
 @store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
 @pg_url_option
-@click.option("--workers", default=2, show_default=True, help="`corral worker` processes.")
+@workers_option
 @click.option("--concurrency", default=20, show_default=True, help="Slots per worker process.")
 @click.option("--tasks", default=3000, show_default=True, help="SKU syncs of the rate scenario (advised limit).")
 @click.option(
