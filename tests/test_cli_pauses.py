@@ -53,8 +53,14 @@ def test_resuming_what_is_not_paused_says_so_and_succeeds(url):
 
 @pytest.mark.parametrize(
     "args",
-    [("pause",), ("pause", "--queue", "a", "--group", "b"), ("resume", "--limit", ""), ("resume",)],
-    ids=["none", "two", "empty", "resume-none"],
+    [
+        ("pause",),
+        ("pause", "--queue", "a", "--group", "b"),
+        ("resume", "--limit", ""),
+        ("resume",),
+        ("pause", "--limit", "merchant\x1fm-1"),
+    ],
+    ids=["none", "two", "empty", "resume-none", "one-key"],
 )
 def test_bad_targets_are_one_line_errors(url, args):
     assert run(url, "pause", "--queue", "kept").exit_code == 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from corral.core import validation as check
 from corral.core.events import PAUSE as PAUSE_EVENT
-from corral.core.gates import split_key
+from corral.core.gates import KEY_SEP, split_key
 from corral.errors import ConfigError
 
 #: What may be paused, in the order they are shown.
@@ -55,7 +55,12 @@ def check_target(queue: str | None = None, group: str | None = None, limit: str 
     if len(given) != 1:
         raise ConfigError("name exactly one of a queue, a group or a limit to pause or resume")
     kind, name = given[0]
-    return kind, check.text(name, f"the {kind} to pause or resume")
+    name = check.text(name, f"the {kind} to pause or resume")
+    if kind == "limit" and KEY_SEP in name:
+        # a claim compares a pause with the limit's own name: one key's pause
+        # would be stored and hold nothing
+        raise ConfigError(f"one key of a limit cannot be paused apart: pause the limit {split_key(name)[0]!r}")
+    return kind, name
 
 
 def who(by: str | None = None) -> str:
