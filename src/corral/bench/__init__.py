@@ -294,6 +294,13 @@ def groups_cmd(
     help="memory only: repeat the I/O run with this simulated round trip added to every claim "
     "(the efficiency ceiling against a store of that claim latency).",
 )
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="With the process part (--layout cli): where a task's CPU goes, in microseconds a task, "
+    "by part of the worker (the store's claim and complete calls, the dispatcher, the completer, "
+    "the slots, ...) and, on PostgreSQL, the server's processes for the run's database.",
+)
 @pg_url_option
 @json_option
 @no_progress_option
@@ -314,6 +321,7 @@ def throughput_cmd(
     only: str,
     poll_interval: float,
     claim_delay_ms: str,
+    profile: bool,
     pg_url: str | None,
     as_json: bool,
     no_progress: bool,
@@ -365,6 +373,7 @@ def throughput_cmd(
         claim_delay_ms=",".join(f"{d:g}" for d in delays),
         pg_url=pg_url,
         progress=not no_progress,
+        profile=profile,
     )
     _run_and_show(argv, f"throughput ({kind})", render, as_json=as_json, progress=not no_progress)
 

@@ -98,20 +98,41 @@ def worker_process(
 
 
 def cli_worker_process(
-    url: str, rec: Recorder | None, n: int, groups: int, seed: int, worker_opts: dict[str, Any], ready, go
+    url: str,
+    rec: Recorder | None,
+    n: int,
+    groups: int,
+    seed: int,
+    worker_opts: dict[str, Any],
+    ready,
+    go,
+    stop=None,
+    profile_to: str | None = None,
 ) -> None:
     """Body of a worker process run as ``corral worker APP --store URL -c C``
     runs one: :meth:`App.run` in the main thread, with the sweeper beside it
-    and the fleet level followed, until SIGTERM (sent by the benchmark)."""
+    and the fleet level followed, until SIGTERM (sent by the benchmark).
+    ``profile_to``: write the process's CPU by part (from the go until
+    ``stop`` is set) there, as JSON (:mod:`corral.bench.profile`)."""
     set_recorder(rec, n, groups, seed)
     app = build_app(url, limit=None)
     if rec is not None:
         rec.time_claims(app.store)
+    prof = None
+    if profile_to is not None:
+        from corral.bench.profile import WorkerProfile
+
+        prof = WorkerProfile(app.store)
     opts = dict(worker_opts)
     concurrency = opts.pop("concurrency")
     ready.set()
     go.wait()
+    if prof is not None and profile_to is not None:
+        prof.begin()
+        prof.end_when(stop, profile_to)
     app.run(concurrency, grace=30.0, sweep_interval=30.0, **opts)
+    if prof is not None and profile_to is not None:
+        prof.write(profile_to)  # the reading taken at the stop, if it came
 
 
 _app: App | None = None

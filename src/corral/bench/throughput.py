@@ -33,11 +33,16 @@ with history.
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import tempfile
 import time
 from typing import Any
 
 from corral.bench import common
 from corral.bench.common import Recorder, emit_progress
+from corral.bench.profile import backend_cpu, summarize
 from corral.core.claims import ClaimRequest
 from corral.core.stats import percentile
 
@@ -57,8 +62,10 @@ class _Workers:
         opts: dict[str, Any],
         claim_delay: float = 0.0,
         layout: str = "engine",
+        profile_dir: str | None = None,
     ):
         self.app, self.url, self.rec, self.processes, self.opts = app, url, rec, processes, opts
+        self.profile_dir = profile_dir
         self.claim_delay = claim_delay
         self.layout = layout
         self.memory = common.store_kind(url) == "memory"
@@ -77,7 +84,8 @@ class _Workers:
                 ctx.Process(
                     target=tasks.cli_worker_process,
                     name=f"corral-bench-worker-{k}",
-                    args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.go),
+                    args=(self.url, self.rec, self.rec.n, 1, 0, self.opts, readies[k], self.go, self.stop),
+                    kwargs={"profile_to": self.profile_path(k)},
                 )
                 for k in range(self.processes)
             ]
@@ -96,6 +104,19 @@ class _Workers:
             if not ev.wait(120):
                 raise RuntimeError("a worker process did not start")
         return self
+
+    def profile_path(self, k: int) -> str | None:
+        return None if self.profile_dir is None else os.path.join(self.profile_dir, f"worker-{k}.json")
+
+    def profiles(self) -> list[dict[str, Any]]:
+        """The worker processes' profiles (after the exit)."""
+        out = []
+        for k in range(self.processes):
+            path = self.profile_path(k)
+            if path is not None and os.path.exists(path):
+                with open(path) as f:
+                    out.append(json.load(f))
+        return out
 
     def go_now(self) -> None:
         if self.memory:
@@ -282,13 +303,28 @@ def run(args) -> dict[str, Any]:
                     queued = run_away(queued)
                     rec = Recorder(n, 1 << 30, shared=not memory)
                     _submit(app, "bench.noop", 0, n, groups=args.groups)
-                    with _Workers(app, url, rec, p, opts(args.concurrency), layout=args.layout) as w:
+                    profiling = args.profile and not memory and args.layout == "cli"
+                    pdir = tempfile.mkdtemp(prefix="corral-profile-") if profiling else None
+                    server0 = None
+                    with _Workers(app, url, rec, p, opts(args.concurrency), layout=args.layout, profile_dir=pdir) as w:
+                        if profiling and args.store == "postgres":
+                            server0 = backend_cpu(url)
                         w.go_now()
                         if not rec.wait_done(n, timeout=args.timeout, progress=prog if args.progress else None):
                             raise RuntimeError(f"process run timed out: {rec.done}/{n}")
+                        server1 = backend_cpu(url) if server0 is not None else None
                     first, last = _span(rec)
+                    profile = None
+                    if pdir is not None:
+                        server = None
+                        if server0 is not None and server1 is not None:
+                            server = sum(cpu - server0.get(pid, 0.0) for pid, cpu in server1.items())
+                        profile = summarize(w.profiles(), n, server)
+                        profile["wall_us_per_task"] = round((last - first) * 1e6 / n, 1)
+                        shutil.rmtree(pdir, ignore_errors=True)
                     out["process"].append(
                         {
+                            **({"profile": profile} if profile is not None else {}),
                             "processes": p if not memory else 1,
                             "in_process": memory,
                             "layout": "in process" if memory else args.layout,
@@ -395,6 +431,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pg-url", default=None)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--progress", action="store_true")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="process part, --layout cli: CPU microseconds a task by part of the worker "
+        "(claim, complete, dispatch, the slots, ...) and of the PostgreSQL server",
+    )
     return p
 
 
@@ -428,6 +470,15 @@ def render(report: dict[str, Any]) -> None:
                 who = f"{p['processes']} x `corral worker`"
             grouped = f", {p['groups']:,} groups" if p.get("groups") else ""
             t.add_row(f"no-op processing, {who} x{p['concurrency']} slots{grouped}", f"{p['rate']:,.0f} tasks/s")
+            prof = p.get("profile")
+            if prof:
+                t.add_row(
+                    f"  CPU a task (wall {prof['wall_us_per_task']:.0f} us x 2 cores; "
+                    f"{prof['tasks_per_claim'] or 0:.0f} tasks a claim)",
+                    f"{prof['total_us_per_task']:.0f} us",
+                )
+                for part, us in prof["us_per_task"].items():
+                    t.add_row(f"    {part}", f"{us:.1f} us")
     for io in report.get("io", []):
         added = f" +{io['claim_delay_ms']:g} ms/claim" if io["claim_delay_ms"] else ""
         t.add_row(
