@@ -138,6 +138,20 @@ def test_throughput_with_groups():
     assert run["groups"] == 7 and run["rate"] > 0 and run["duplicates"] == 0
 
 
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="reads /proc (Linux)")
+def test_throughput_profile_says_where_the_workers_cpu_went():
+    report = _run(
+        "throughput", "--store", "sqlite", "--only", "process", "--processes", "2", "--tasks", "300",
+        "--profile", "--json", "--no-progress",
+    )  # fmt: skip
+    prof = report["process"][0]["profile"]
+    us = prof["us_per_task"]
+    # every task was claimed, run in a slot and completed by a worker process that wrote its profile
+    assert us["store.claim"] > 0 and us["store.complete"] > 0 and us["slots"] > 0
+    assert prof["calls"]["claim"] >= 2  # one claim at least in each of the two processes
+    assert prof["total_us_per_task"] >= sum(us.values()) - 1
+
+
 def test_claim_delay_is_for_memory_only():
     result = CliRunner().invoke(bench, ["throughput", "--store", "sqlite", "--claim-delay-ms", "0.5"])
     assert result.exit_code != 0

@@ -33,6 +33,7 @@ PARTS: tuple[tuple[str, str], ...] = (
     (r"corral-slot-\d+|corral-async|ThreadPoolExecutor.*", "slots"),
     (r"corral-(sweeper|periodic|adaptive|loop)", "maintenance"),
     (r"corral-(heartbeat|watchdog|presence|limit-reports|level.*|pause.*)", "keep-alive"),
+    (r"corral-sqlite-checkpoint", "store.checkpoint"),
     (r"MainThread", "main"),
 )
 

@@ -109,7 +109,7 @@ class _Workers:
         return None if self.profile_dir is None else os.path.join(self.profile_dir, f"worker-{k}.json")
 
     def profiles(self) -> list[dict[str, Any]]:
-        """The worker processes' profiles (after the exit)."""
+        """The worker processes' profiles written so far (all of them once each has seen the stop)."""
         out = []
         for k in range(self.processes):
             path = self.profile_path(k)
@@ -136,6 +136,10 @@ class _Workers:
                 del self.app.store.claim  # the timing wrapper: back to the store's own
             return
         self.stop.set()
+        if self.profile_dir is not None:  # each profile read before the SIGTERM stops its threads
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(self.profiles()) < self.processes:
+                time.sleep(0.01)
         if self.layout == "cli":
             for p in self.procs:
                 p.terminate()  # SIGTERM, as a supervisor stops `corral worker`
