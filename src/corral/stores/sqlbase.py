@@ -52,6 +52,11 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
     A status that names no state (a row written before the schema checked
     it, or by another program) reads as FAILED with an error saying what was
     stored: listing tasks never fails on one bad row, and nothing claims it."""
+    if not isinstance(row, dict):
+        # sqlite3.Row finds a column by name with a case-blind scan of all
+        # forty: read whole into a dict once (a claim's records took a third
+        # of its time)
+        row = dict(zip(row.keys(), row))
     status = _STATES.get(row["status"])
     error = row["error"]
     crashes, ref, on_upstream_failure, traceback, expires_at, debounce_key = _optionals(row)
