@@ -112,7 +112,9 @@ def shown_counts(counts: dict[str, int]) -> dict[str, int]:
 
 
 def can_transition(src: State | str, dst: State | str) -> bool:
-    return (State(src), State(dst)) in TRANSITIONS
+    # a State is a str equal to its value and hashed as it: the pair is looked
+    # up as given (a completion checks every outcome; State() costs more)
+    return (src, dst) in TRANSITIONS
 
 
 def check_transition(src: State | str, dst: State | str) -> None:
