@@ -9,7 +9,6 @@ hundredths of a second."""
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
@@ -25,48 +24,38 @@ from corral.core.adaptive import (
     quantile_ms,
 )
 from corral.core.clock import FakeClock
-from corral.testing.limits_sim import AdaptiveController, FixedController, Phase, Run, simulate
-
-SEEDS = range(20)
-BOUNDS = Bounds(min_concurrency=1, max_concurrency=200, min_rate=1.0, max_rate=400.0)
+from corral.testing.adaptive_targets import BOUNDS, CAPPED, SEEDS, WORLDS, capped, halved, hindsight, ramp
+from corral.testing.limits_sim import AdaptiveController, Phase, Run, simulate
 
 
 def _adaptive(phases: tuple[Phase, ...], seconds: float, seed: int, *, rate: float, concurrency: float) -> Run:
     return simulate(phases, AdaptiveController(BOUNDS, rate=rate, concurrency=concurrency), seconds=seconds, seed=seed)
 
 
+# Each target is asserted in two worlds (corral.testing.adaptive_targets): "ideal" (a token-bucket
+# partner, reports in step with the leader) and "bench" (the benchmark's sliding-second partner, and
+# reports up to 0.4 s late as on a loaded machine, merged as the keeper merges them). The figures,
+# seed by seed: python -m corral.testing.adaptive_targets
+
 # -- the rate ----------------------------------------------------------------------------------------
 
-RAMP = (Phase(0, rate=100, latency_ms=50),)
 
-
-@functools.cache
-def _ramp(seed: int) -> Run:
-    return _adaptive(RAMP, 60, seed, rate=10, concurrency=10)
-
-
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_from_10_per_s_the_rate_reaches_90_percent_of_a_hidden_100_within_30_s_with_few_throttles(seed):
-    run = _ramp(seed)
-    reached = next(s for s in range(60) if run.throughput(s, s + 5) >= 90)
-    assert reached <= 30 - 5, run.rate[:30]  # 90/s over a whole 5 s window that ends by 30 s
-    assert run.throughput(30, 60) >= 90, run.rate
-    assert run.throttled_share(0, 60) < 0.02
+def test_from_10_per_s_the_rate_reaches_90_percent_of_a_hidden_100_within_30_s_with_few_throttles(seed, world):
+    figures = ramp(seed, world)
+    assert figures["to_90_s"] <= 30, figures  # a whole 5 s window averaging 90/s ends by 30 s
+    assert figures["throughput_30_60"] >= 90, figures
+    assert figures["throttled_pct"] < 2, figures
 
 
-HALVED = (Phase(0, rate=100, latency_ms=50), Phase(40, rate=50, latency_ms=50))
-
-
-@functools.cache
-def _halved(seed: int) -> Run:
-    return _adaptive(HALVED, 80, seed, rate=10, concurrency=10)
-
-
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_when_the_hidden_rate_halves_throttles_stop_within_10_s_and_the_new_rate_is_reached_within_20_s(seed):
-    run = _halved(seed)
-    assert run.throttled_share(50, 80) < 0.02, run.rate[40:]
-    assert run.throughput(60, 80) >= 0.85 * 50, run.rate[40:]
+def test_when_the_hidden_rate_halves_throttles_stop_within_10_s_and_the_new_rate_is_reached_within_20_s(seed, world):
+    figures = halved(seed, world)
+    assert figures["throttled_pct_50_80"] < 2, figures
+    assert figures["to_42_5_s"] <= 20, figures  # a 5 s window averaging 85 % of 50/s ends by 20 s after
+    assert figures["throughput_60_80"] >= 0.85 * 50, figures
 
 
 def test_the_rate_holds_while_the_app_is_idle_and_is_used_again_at_once():
@@ -76,25 +65,19 @@ def test_the_rate_holds_while_the_app_is_idle_and_is_used_again_at_once():
         assert run.total("calls", 31, 60) == 0
         assert max(run.rate[31:60]) == min(run.rate[31:60]) >= 80  # no drift either way while idle
         assert run.throughput(61, 70) >= 80
-        assert run.throttled_share(60, 70) < 0.02
+        assert run.throttled_share(60, 66) < 0.02  # no flood on resuming
 
 
 # -- the concurrency ---------------------------------------------------------------------------------
 
-CAPPED = (Phase(0, rate=None, cap=20, latency_ms=100), Phase(40, rate=None, cap=10, latency_ms=100))
 
-
-@functools.cache
-def _capped(seed: int) -> Run:
-    return _adaptive(CAPPED, 70, seed, rate=400, concurrency=4)
-
-
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_hidden_concurrency_cap_of_20_is_found_and_its_halving_overloads_fewer_than_5_seconds(seed):
-    run = _capped(seed)
-    assert 18 <= run.mean_in_flight(10, 40) <= 30, run.concurrency[:40]
-    assert run.p50_ms(10, 40) <= 1.5 * 100  # the unloaded median is the partner's 100 ms
-    assert run.overloaded_seconds(40, 70) < 5, run.concurrency[40:]
+def test_a_hidden_concurrency_cap_of_20_is_found_and_its_halving_overloads_fewer_than_5_seconds(seed, world):
+    figures = capped(seed, world)
+    assert 18 <= figures["in_flight_10_40"] <= 30, figures
+    assert figures["p50_ratio"] <= 1.5, figures  # against the unloaded median, the partner's 100 ms
+    assert figures["overloaded_s_40_70"] < 5, figures
 
 
 def test_a_slower_partner_is_told_from_our_own_load_and_does_not_drive_the_limit_to_the_floor():
@@ -130,35 +113,16 @@ def test_the_concurrency_does_not_grow_against_a_rate_limited_partner():
 
 # -- against the best fixed limit in hindsight --------------------------------------------------------
 
-# a quota of N calls a second (a second's worth at once) moves 60 -> 40 -> 60; another client takes 10/s
-# of it; our app is idle for 10 s
-MOVING = (
-    Phase(0, rate=60, latency_ms=50, background=10, burst=1.0),
-    Phase(30, rate=40, latency_ms=50, background=10, burst=1.0),
-    Phase(60, rate=40, latency_ms=50, background=10, burst=1.0, demand=0),
-    Phase(70, rate=60, latency_ms=50, background=10, burst=1.0),
-)
-FIXED_RATES = (10, 20, 25, 30, 40, 50, 60, 80)
-
-
-@functools.cache
-def _fixed(rate: float, seed: int) -> Run:
-    return simulate(MOVING, FixedController(200, rate), seconds=100, seed=seed)
-
 
 def test_against_the_best_fixed_limit_in_hindsight_nearly_its_throughput_and_fewer_throttles():
-    ratios = []
-    for seed in SEEDS:
-        adaptive = _adaptive(MOVING, 100, seed, rate=10, concurrency=10)
-        fixed = {rate: _fixed(rate, seed) for rate in FIXED_RATES}
-        best = max(run.total("successes") for run in fixed.values())
-        ours = adaptive.total("successes")
-        ratios.append(ours / best)
+    # a quota of 60 -> 40 -> 60/s shared with another client at 10/s, the app idle 10 s of it
+    figures = [hindsight(seed) for seed in SEEDS]
+    for seed_figures in figures:
         # every fixed limit that does as well as the adaptive one is throttled more, in every run
-        reaching = [run.total("throttles") for run in fixed.values() if run.total("successes") >= ours]
-        assert reaching and adaptive.total("throttles") < min(reaching), (adaptive.total("throttles"), reaching)
+        assert seed_figures["throttles"] < seed_figures["fewest_throttles_as_good"], seed_figures
+    ratios = sorted(f["ratio_to_best"] for f in figures)
     # the slow start from 10/s costs the first seconds, which the limit chosen in hindsight does not pay
-    assert sum(ratios) / len(ratios) >= 0.9 and min(ratios) >= 0.85, sorted(ratios)
+    assert sum(ratios) / len(ratios) >= 0.9 and ratios[0] >= 0.85, ratios
 
 
 # -- the pure parts ------------------------------------------------------------------------------------
@@ -315,3 +279,22 @@ def test_bounds_refuse_nonsense():
         Bounds(min_concurrency=5, max_concurrency=2)
     with pytest.raises(ValueError):
         Bounds(min_rate=0.0)
+
+
+def test_a_report_missing_from_an_interval_neither_stalls_the_slow_start_nor_deepens_a_cut():
+    """On a loaded machine a worker's report can miss the leader's second: what
+    succeeded then reads as half. The measure is the highest of the last few
+    seconds', and a cut reads the share of the calls that succeeded."""
+    state = ControllerState(100.0, 10.0, recent_ok=(97.0,), rate_before=100.0)
+    half = LimitReport(1.0, calls=50, successes=50, peak_in_flight=5, held_by_rate=5)
+    decision = decide(state, half, BOUNDS, 1.0)
+    assert decision.rate == 150 and decision.rate_rule == "bottleneck, never throttled: slow start"
+    assert decide(ControllerState(100.0, 10.0), half, BOUNDS, 1.0).rate == 100  # one second alone: it waits
+    # a throttled second whose reports hold 89 successes of 96 calls sent at 114/s: the partner took ~106/s
+    sent = ControllerState(114.0, 10.0, recent_ok=(75.0,), rate_before=114.0)
+    throttled = LimitReport(1.0, calls=96, successes=89, throttles=7, peak_in_flight=5, held_by_rate=5)
+    cut = decide(sent, throttled, BOUNDS, 2.0)
+    assert cut.rate_rule == "throttled: cut" and cut.rate == pytest.approx(0.9 * 89 / 96 * 114)
+    assert cut.state.recent_ok == (89.0,)  # the measure starts again at the cut
+    # the state record keeps the measure
+    assert ControllerState.from_dict(json.loads(json.dumps(cut.state.to_dict()))) == cut.state

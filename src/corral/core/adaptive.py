@@ -80,14 +80,19 @@ RATE_START_CONFIRM = 0.8
 RATE_SUCCESS_CAP = 2.0
 #: past the rate of the last cut, the rate grows by at most this fraction of it an interval
 RATE_PROBE_STEP = 0.02
+#: ... growing by as much every interval, up to this many times as much
+RATE_PROBE_STEPS = 6.0
 #: this many bottleneck seconds past the last cut without a throttle, the rate grows as before the first
-RATE_STALE_AFTER = 8.0
+RATE_STALE_AFTER = 12.0
 #: an interval says the partner's capacity only if the limit sent at least this share of its rate
 RATE_BUSY_SHARE = 0.8
 #: throttles in the interval right after a cut cut again only above this share of the calls ...
 RATE_RECUT_SHARE = 0.25
 #: ... and by at most this fraction of the rate
 RATE_RECUT_DEPTH = 0.25
+
+#: the smoothed success rate is the highest of this many intervals' (the newest included)
+RATE_MEASURED_SPAN = 3
 
 #: median latency above this multiple of the baseline cuts the concurrency
 LATENCY_CUT = 1.3
@@ -308,13 +313,21 @@ class ControllerState:
     streak_p50_ms: float = 0.0
     streak_peak: int = 0
     concurrency_cut_at: float | None = None
+    #: the rates that succeeded in the last :data:`RATE_MEASURED_SPAN` intervals, newest last,
+    #: and the rate in force in the last one (the measured success rate, smoothed: see ``_measured``)
+    recent_ok: tuple[float, ...] = ()
+    rate_before: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["recent_ok"] = list(self.recent_ok)
+        return data
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> ControllerState:
-        return ControllerState(**dict(data))
+        fields = dict(data)
+        fields["recent_ok"] = tuple(float(v) for v in fields.get("recent_ok") or ())
+        return ControllerState(**fields)
 
 
 def initial_state(
@@ -368,9 +381,38 @@ def _samples_needed(state: ControllerState) -> int:
     return min(MIN_SAMPLES, math.floor(state.concurrency + 1e-9))
 
 
+def _measured(state: ControllerState, ok_rate: float) -> float:
+    """The rate measured to succeed, smoothed: the highest of the last few intervals'.
+
+    One interval's figure is noisy: the workers' reports do not arrive in step with
+    the leader (on a loaded machine one interval holds two of a worker's and the next
+    none, and a missing report reads as calls that did not succeed). What succeeded is
+    a floor of what the partner takes, so the highest of the last few is the better
+    measure (the AWS SDKs' "measured tx rate" smooths the same way)."""
+    return max((ok_rate, *state.recent_ok[-(RATE_MEASURED_SPAN - 1) :]))
+
+
+def _capacity(state: ControllerState, report: LimitReport, ok_rate: float) -> float:
+    """The partner's capacity for us, as a throttled interval measures it.
+
+    When the rate held work back, the calls went out at the rate in force, and the
+    share of them that succeeded times that rate is what the partner took: a ratio
+    of two counts of the same reports, so a report that missed the interval does
+    not lower it, as it lowers the count of successes alone."""
+    in_force = state.rate if state.rate_before is None else min(state.rate, state.rate_before)
+    share = report.successes / report.calls if report.calls else 0.0
+    return max(ok_rate, share * in_force)
+
+
 def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now: float) -> tuple[ControllerState, str]:
     seconds = max(report.seconds, 1e-6)
     ok_rate = report.successes / seconds
+    measured = _measured(state, ok_rate)
+    state = replace(
+        state,
+        recent_ok=(*state.recent_ok, round(ok_rate, 2))[-(RATE_MEASURED_SPAN - 1) :],
+        rate_before=round(state.rate, 3),
+    )
     if report.throttles:
         just_cut = state.last_cut_at is not None and now - state.last_cut_at < 1.5 * seconds
         share = report.throttles / max(1, report.calls)
@@ -380,23 +422,26 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
             # the interval right after a cut still carried calls sent at the old rate (and the
             # partner's window still held them): what succeeded in it understates the capacity,
             # so a re-cut takes at most RATE_RECUT_DEPTH off and keeps the capacity of the cut
-            rate = bounds.rate(max(RATE_BETA * ok_rate, (1 - RATE_RECUT_DEPTH) * state.rate))
-            return replace(state, rate=min(state.rate, rate), since_cut=0.0, last_cut_at=now), "throttled again: re-cut"
+            # what succeeded since the cut (``recent_ok`` starts again at each cut) is a floor
+            capacity = max(_capacity(state, report, ok_rate), measured)
+            rate = min(state.rate, bounds.rate(max(RATE_BETA * capacity, (1 - RATE_RECUT_DEPTH) * state.rate)))
+            state = replace(state, rate=rate, since_cut=0.0, last_cut_at=now, recent_ok=(round(ok_rate, 2),))
+            return state, "throttled again: re-cut"
         # what succeeded says the partner's capacity only if the limit was the bottleneck;
         # otherwise the app sent less than it may, and the rate is cut from where it is
-        throughout = report.held_by_rate > 0 and report.calls >= RATE_BUSY_SHARE * state.rate * seconds
-        measured = ok_rate if throughout else max(ok_rate, state.rate)
-        w_max = min(state.rate, measured)
-        rate = bounds.rate(min(state.rate, RATE_BETA * measured))
-        return replace(
-            state, rate=rate, w_max=max(w_max, bounds.min_rate), since_cut=0.0, last_cut_at=now
-        ), "throttled: cut"
+        capacity = _capacity(state, report, ok_rate) if report.held_by_rate > 0 else max(ok_rate, state.rate)
+        w_max = min(state.rate, capacity)
+        rate = bounds.rate(min(state.rate, RATE_BETA * capacity))
+        w_max = max(w_max, bounds.min_rate)
+        # a cut starts the measure again: what succeeded before it says what the partner took then
+        state = replace(state, rate=rate, w_max=w_max, since_cut=0.0, last_cut_at=now, recent_ok=(round(ok_rate, 2),))
+        return state, "throttled: cut"
     if report.held_by_rate <= 0:
         return state, "not the bottleneck: hold"
-    cap = RATE_SUCCESS_CAP * ok_rate
+    cap = RATE_SUCCESS_CAP * measured
     if state.w_max is None:
         grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, never throttled: slow start"
-        if ok_rate < RATE_START_CONFIRM * state.rate:
+        if measured < RATE_START_CONFIRM * state.rate:
             # the last raise has not shown in what succeeded yet (the reports lag a second or
             # two): raising again would overshoot a partner's cap by the lag's growth
             grown, rule = state.rate, "bottleneck, never throttled: slow start, the last raise not seen yet"
@@ -407,12 +452,14 @@ def _next_rate(state: ControllerState, report: LimitReport, bounds: Bounds, now:
             past = max(1.0, since - _cubic_k())  # the probe's step grows by one every interval past the cut
             if past > RATE_STALE_AFTER:  # long past the last cut without a throttle: it says nothing any more
                 grown, rule = state.rate * RATE_START_GROWTH, "bottleneck, long past the last cut: slow start"
-                if ok_rate < RATE_START_CONFIRM * state.rate:
+                if measured < RATE_START_CONFIRM * state.rate:
                     grown, rule = state.rate, rule + ", the last raise not seen yet"
             else:
-                step = max(state.rate, state.w_max) + RATE_PROBE_STEP * state.w_max * past
+                step = max(state.rate, state.w_max) + RATE_PROBE_STEP * state.w_max * min(past, RATE_PROBE_STEPS)
                 grown, rule = min(grown, step), "bottleneck: probing past the last cut"
         state = replace(state, since_cut=since)
+        if grown > state.rate * RATE_START_GROWTH:  # never faster than the slow start
+            grown, rule = state.rate * RATE_START_GROWTH, rule + ", at the slow start's pace"
     if grown > cap:
         grown, rule = max(state.rate, cap), rule + ", held to twice the measured success"
     return replace(state, rate=bounds.rate(grown)), rule

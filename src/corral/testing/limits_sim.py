@@ -31,11 +31,20 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from corral.core.adaptive import Bounds, ControllerState, LimitReport, ReportAccumulator, decide, initial_state
+from corral.core.adaptive import (
+    Bounds,
+    ControllerState,
+    LimitReport,
+    ReportAccumulator,
+    decide,
+    fleet_report,
+    initial_state,
+)
 
 #: seconds between two samples of what is in flight (the mean in flight and the partner's line)
 SAMPLE_EVERY = 0.05
@@ -58,6 +67,9 @@ class Phase:
     background: float = 0.0
     demand: float = math.inf
     burst: float = 0.1
+    #: the quota as the benchmark's partner keeps it: at most ``rate`` calls in any sliding
+    #: second (a burst of a whole second's calls at once, then none until they leave the window)
+    sliding: bool = False
 
 
 class Controller(Protocol):
@@ -195,6 +207,37 @@ class _Bucket:
         return self.at + max(0.0, 1.0 - self.tokens) / self.rate + 1e-6
 
 
+class _Window:
+    """The benchmark partner's quota: at most ``rate`` accepted calls in any sliding second."""
+
+    __slots__ = ("rate", "recent")
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.recent: deque[float] = deque()
+
+    def _drop(self, now: float) -> None:
+        while self.recent and self.recent[0] <= now - 1.0:
+            self.recent.popleft()
+
+    def take(self, now: float) -> bool:
+        self._drop(now)
+        if len(self.recent) >= self.rate:
+            return False
+        self.recent.append(now)
+        return True
+
+    def charge(self, now: float) -> None:
+        self._drop(now)
+        self.recent.append(now)
+
+
+def _quota(phase: Phase, now: float) -> _Bucket | _Window | None:
+    if phase.rate is None:
+        return None
+    return _Window(phase.rate) if phase.sliding else _Bucket(phase.rate, now, phase.burst)
+
+
 # event kinds
 _START, _DONE, _SERVED, _BACKGROUND, _ARRIVAL, _REPORT, _CONTROL, _PHASE, _SAMPLE = range(9)
 
@@ -207,9 +250,16 @@ def simulate(
     seed: int,
     workers: int = 2,
     latency_spread: float = 0.2,
+    report_lag: float = 0.0,
 ) -> Run:
-    """Run ``controller`` against the partner of ``phases`` for ``seconds`` of simulated time."""
+    """Run ``controller`` against the partner of ``phases`` for ``seconds`` of simulated time.
+
+    ``report_lag`` > 0 is a loaded machine: each worker's report is taken up to that
+    many seconds after its moment (uniformly, each time anew), so one leader's
+    interval may hold two reports of a worker and the next none, as for real; the
+    leader then merges them as the keeper does (:func:`fleet_report`)."""
     rng = random.Random(seed)
+    lag_rng = random.Random(seed + 1_000_003)  # the reports' lag does not move the other draws
     n = int(math.ceil(seconds))
     run = Run(
         phases=list(phases),
@@ -232,7 +282,7 @@ def simulate(
         heapq.heappush(events, (at, seq, kind, data))
 
     phase = phases[0]
-    partner_bucket: _Bucket | None = _Bucket(phase.rate, 0.0, phase.burst) if phase.rate else None
+    partner_bucket = _quota(phase, 0.0)
     serving = 0
     line: list[tuple[int, float]] = []  # (call id or -1 for the other client, sent at)
     line_head = 0
@@ -243,7 +293,7 @@ def simulate(
     backlog = math.inf if phase.demand == math.inf else 0.0
     wake_at = math.inf
     accumulators = [ReportAccumulator(0.0) for _ in range(workers)]
-    inbox: list[LimitReport] = []
+    inbox: list[tuple[str, LimitReport]] = []
     call_worker: dict[int, int] = {}
     call_sent: dict[int, float] = {}
     next_call = 0
@@ -327,7 +377,7 @@ def simulate(
     push(0.0, _BACKGROUND)
     push(0.0, _ARRIVAL)
     for w in range(workers):
-        push(0.8 + 0.15 * w / workers, _REPORT, w)
+        push(0.8 + 0.15 * w / workers + lag_rng.uniform(0.0, report_lag), _REPORT, (w, 0.8 + 0.15 * w / workers))
     push(1.0, _CONTROL, 0.0)
     push(0.0, _SAMPLE)
     try_start(0.0)
@@ -374,12 +424,16 @@ def simulate(
                 push(now + 0.1, _ARRIVAL)
             try_start(now)
         elif kind == _REPORT:
-            w = data
-            inbox.append(accumulators[w].take(now))
-            push(now + 1.0, _REPORT, w)
+            w, moment = data
+            inbox.append((str(w), accumulators[w].take(now)))
+            moment += 1.0
+            push(moment + lag_rng.uniform(0.0, report_lag), _REPORT, (w, moment))
         elif kind == _CONTROL:
             last = data
-            report = LimitReport.merged(inbox, seconds=now - last)
+            if report_lag > 0:
+                report = fleet_report(inbox, now - last)
+            else:
+                report = LimitReport.merged((r for _w, r in inbox), seconds=now - last)
             inbox.clear()
             concurrency, rate = controller.step(report, now)
             ours.set_rate(rate, now)
@@ -389,11 +443,13 @@ def simulate(
             phase = data
             if phase.rate is None:
                 partner_bucket = None
-            elif partner_bucket is None:
-                partner_bucket = _Bucket(phase.rate, now, phase.burst)
-            else:
+            elif isinstance(partner_bucket, _Window) and phase.sliding:
+                partner_bucket.rate = phase.rate  # the calls already in the window still count
+            elif isinstance(partner_bucket, _Bucket) and not phase.sliding:
                 partner_bucket.span = phase.burst
                 partner_bucket.set_rate(phase.rate, now)
+            else:
+                partner_bucket = _quota(phase, now)
             while phase.cap is not None and serving < phase.cap and line_head < len(line):
                 nxt, _sent = line[line_head]
                 line_head += 1
