@@ -676,3 +676,78 @@ def fleet_report(reports: Iterable[tuple[str, LimitReport]], seconds: float) -> 
         )
         peak += report.peak_in_flight
     return replace(total, seconds=seconds, peak_in_flight=peak)
+
+
+# ---- per key: a controller state for each of a keyed limit's busiest keys -----------------
+
+#: at most this many keys of one keyed limit have a controller state of their own (the busiest);
+#: the others run under the limit's own effective values
+MAX_KEY_STATES = 256
+#: a key's state is forgotten after this many seconds without a call under it
+KEY_IDLE_FORGET = 300.0
+
+
+@dataclass(frozen=True)
+class KeyState:
+    """One key's controller state and when a call last went under the key."""
+
+    state: ControllerState
+    seen: float
+
+
+def busiest_reports(reports: Mapping[str, LimitReport], top: int = MAX_KEY_STATES) -> dict[str, LimitReport]:
+    """A worker's per-key reports cut to the ``top`` keys with the most calls
+    (throttles and errors break ties, then the key): what it sends stays bounded
+    however many keys it met."""
+
+    def weight(item: tuple[str, LimitReport]) -> tuple[int, int, str]:
+        key, r = item
+        return (-r.calls, -(r.throttles + r.errors), key)
+
+    return dict(sorted(reports.items(), key=weight)[: max(0, top)])
+
+
+def decide_keys(
+    states: Mapping[str, KeyState],
+    reports: Mapping[str, LimitReport],
+    bounds: Bounds,
+    now: float,
+    *,
+    start: tuple[float, float],
+    max_keys: int = MAX_KEY_STATES,
+    idle: float = KEY_IDLE_FORGET,
+) -> tuple[dict[str, KeyState], dict[str, Decision]]:
+    """One interval of a per-key adaptive limit: each key's own controller.
+
+    A key that had calls gets a decision from its own state, created on its
+    first use from ``start`` (the limit's effective concurrency and rate, so
+    a new key begins where the limit stands). A key without calls keeps its
+    state until ``idle`` seconds after its last call, then it is forgotten
+    (it starts again from the limit's values when it comes back). At most
+    ``max_keys`` states are kept: the keys with the most calls this interval,
+    then the most recently seen; a key left out has no state and runs under
+    the limit's values. Returns the states kept and the decisions made."""
+    conc0, rate0 = start
+    active = {k: r for k, r in reports.items() if r.calls or r.successes or r.throttles or r.errors}
+    ranked = sorted(
+        set(active) | set(states),
+        key=lambda k: (
+            -(active[k].calls if k in active else -1),
+            -(states[k].seen if k in states else now),
+            k,
+        ),
+    )
+    kept: dict[str, KeyState] = {}
+    decisions: dict[str, Decision] = {}
+    for key in ranked:
+        if len(kept) >= max(0, max_keys):
+            break
+        if key in active:
+            old = states.get(key)
+            state = old.state if old is not None else initial_state(bounds, now, rate=rate0, concurrency=conc0)
+            decision = decide(state, active[key], bounds, now)
+            decisions[key] = decision
+            kept[key] = KeyState(decision.state, now)
+        elif now - states[key].seen < idle:
+            kept[key] = states[key]
+    return kept, decisions

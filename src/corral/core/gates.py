@@ -155,10 +155,11 @@ def key_at_rest(base: LimitSpec | None, own: LimitState, now: float) -> bool:
     forgotten and used again starts with the very budget it had."""
     if own.spec.paused_until is not None and own.spec.paused_until > now:
         return False
-    if base is None or not base.rate:
+    rate_text = own.spec.rate or (base.rate if base is not None else None)  # the key's own rate, if it has one
+    if base is None or not rate_text:
         return True
     state = LimitState(
-        LimitSpec(own.spec.name, rate=base.rate, burst=base.burst), own.tokens, own.counted_at, own.starts
+        LimitSpec(own.spec.name, rate=rate_text, burst=base.burst), own.tokens, own.counted_at, own.starts
     )
     rate = state.rate()
     if rate is None:
@@ -227,7 +228,9 @@ class Gates:
         """The limit gating ``name``. A key's budget (see :func:`keyed_name`)
         has its limit's settings and its own state: the row of its key when
         a rate charged one (created on first use), else a full bucket; none
-        of its places are counted but its own."""
+        of its places are counted but its own. A key's row that holds its own
+        concurrency or rate (its own controller's, per-key adaptive) overrides
+        the limit's."""
         if KEY_SEP not in name:
             return self.limits.get(name)
         if name in self._keyed:
@@ -240,7 +243,11 @@ class Gates:
                 own = self.load_key(name)
             if own is None:  # no row: a key idle or never seen has its whole budget
                 own = LimitState(LimitSpec(name))
-            spec = LimitSpec(name, base.spec.concurrency, base.spec.rate, base.spec.burst, own.spec.paused_until)
+            # a key whose own controller (a per-key adaptive limit) set its values in its row
+            # runs under them; any other key under its limit's
+            conc = own.spec.concurrency if own.spec.concurrency is not None else base.spec.concurrency
+            rate = own.spec.rate if own.spec.rate is not None else base.spec.rate
+            spec = LimitSpec(name, conc, rate, base.spec.burst, own.spec.paused_until)
             got = LimitState(spec, own.tokens, own.counted_at, own.starts)
         self._keyed[name] = got
         return got
