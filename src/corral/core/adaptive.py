@@ -17,7 +17,10 @@ Two controllers, one per knob, each reading the signal that belongs to it:
 - **Rate** (CUBIC, as the AWS SDKs' adaptive retry): a throttle (429, 503,
   ``Retry(after=)``) cuts the rate to ``RATE_BETA`` of the rate that was
   *measured to succeed* in that interval (the partner's real capacity for
-  us, not what we sent); nothing else cuts it. It grows again only in
+  us, not what we sent: the share of the calls that succeeded times the rate
+  in force, which a report missing from the interval does not lower); nothing
+  else cuts it. Where the rules read the rate that succeeded, it is the
+  highest of the last few intervals' (a smoothed "measured tx rate"). It grows again only in
   intervals where the rate held work back (the limit was the bottleneck),
   along a cubic curve that comes back to the capacity where the cut happened
   slowly and then probes past it, and never above twice the rate measured to
