@@ -124,3 +124,33 @@ def test_a_hot_keys_backlog_does_not_delay_the_other_keys(store):
     others = [i for i, k in enumerate(started) if k != "hot"]
     assert len(others) == 100
     assert started[: others[-1]].count("hot") <= 2 * 7  # at most its budget per claim meanwhile
+
+
+def test_keys_are_served_in_turn_a_hot_key_with_room_does_not_take_the_claims(store):
+    # the hot key's 1 000 tasks come first and its budget never binds; 50
+    # cold keys have one task each: a claim serves each key once before any
+    # key twice, so the cold keys all start within the first claims
+    store.set_limit(LimitSpec("merchant", concurrency=10_000))
+    keyed(store, "hot", 1000)
+    for k in range(50):
+        keyed(store, f"cold{k}", 1)
+    claims = [keys_of(claim(store, 10)) for _ in range(6)]
+    cold = Counter()
+    for got in claims:
+        assert sum(got.values()) == 10
+        assert got["hot"] >= 1  # served in its turn too, never starved
+        cold.update({k: n for k, n in got.items() if k != "hot"})
+    assert cold == {f"cold{k}": 1 for k in range(50)}
+
+
+def test_a_claim_is_not_short_when_many_keys_have_room_behind_long_backlogs(store):
+    # 30 keys of 40 tasks each, one key after another: each key has room for
+    # one; a claim of 20 takes 20 units, one per key, not only those of the
+    # keys whose tasks came first
+    store.set_limit(LimitSpec("merchant", concurrency=1))
+    for k in range(30):
+        keyed(store, f"k{k}", 40)
+    got = keys_of(claim(store, 20))
+    assert got == {f"k{k}": 1 for k in range(20)}
+    got = keys_of(claim(store, 20))
+    assert got == {f"k{k}": 1 for k in range(20, 30)}

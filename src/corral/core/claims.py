@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from corral.core.gates import Gates
+from corral.core.gates import KEY_SEP, Gates
 from corral.core.model import DEFAULT_LEASE_SECONDS
 from corral.core.pacing import chunk_reach, line_chunk
 from corral.core.pauses import Paused
@@ -98,6 +98,19 @@ class Candidate(NamedTuple):
 NO_LIMITS: frozenset[str] = frozenset()
 
 
+def turn_key(c: Candidate) -> str | None:
+    """The key ``c`` waits its turn under in a claim: its first keyed limit's
+    name (``limit + KEY_SEP + key``, the least in name order), or None (no
+    key, or a grouped task: its group serves it in turn)."""
+    if c.group is not None or not c.limits:
+        return None
+    best = None
+    for n in c.limits:
+        if KEY_SEP in n and (best is None or n < best):
+            best = n
+    return best
+
+
 class ClaimPlanner:
     """One claim's decisions over the candidates a store reads.
 
@@ -138,6 +151,10 @@ class ClaimPlanner:
         self.retry_cap = cap
         self.retry_most = most
         self._closed: set[tuple[frozenset[str], str]] = set()
+        #: keys served in this pass of the claim, and the candidates waiting for the next pass
+        self._served: set[str] = set()
+        self._later: list[tuple[Candidate, bool]] = []
+        self._waiting: dict[str, int] = {}  # key -> its candidates in _later
         self._chunk = 0 if dry else request.chunk
         if self._chunk > 1:
             far = chunk_reach(self._chunk)
@@ -262,7 +279,8 @@ class ClaimPlanner:
         try_take: Callable[[Candidate], bool],
         rank: Callable[[Candidate], tuple],
     ) -> None:
-        """Take units in claim order until the request's ``max_units``.
+        """Take units in claim order until the request's ``max_units``,
+        serving keys in turn.
 
         ``fresh`` yields candidates in claim order (retries among them when
         ``retries`` is None: no retry path apart); ``retries`` the retry
@@ -270,35 +288,97 @@ class ClaimPlanner:
         cap while fresh work is claimable and, once it runs short, the rest
         up to the most retries a claim takes. ``try_take`` tries one head
         (the store's own checks, then :meth:`try_head`) and says whether it
-        was taken."""
+        was taken.
+
+        **Keys in turn.** A key (:func:`turn_key`) heads at most one unit in
+        a pass: a candidate of a key already served waits, in claim order,
+        for the next pass, which begins once the candidates run out. A hot
+        key's backlog in front thus takes one unit of a claim, and every
+        other key with room one, before it takes a second."""
         goal = 1 if self.dry else self.request.max_units
         cap = self.retry_cap
+        taken = 0  # retries taken
+
+        def offer(c: Candidate, retry: bool) -> bool:
+            key = turn_key(c)
+            if key is not None and key in self._served:
+                # a key heads at most a unit a pass: no more of its candidates
+                # wait than the claim could still take
+                n = self._waiting.get(key, 0)
+                if n < goal - len(self.units):
+                    self._waiting[key] = n + 1
+                    self._later.append((c, retry))
+                return False
+            if not try_take(c):
+                return False
+            if key is not None:
+                self._served.add(key)
+            return True
+
         if retries is None or cap is None:
             for c in fresh:
                 if len(self.units) >= goal:
                     return
-                try_take(c)
+                offer(c, False)
+            self._next_passes(goal, offer, None)
             return
         if self.dry:
             cap = min(cap, 1)
         next_r, next_f = next(retries, None), next(fresh, None)
-        taken = 0
         while len(self.units) < goal and (next_f is not None or (next_r is not None and taken < cap)):
             if next_r is not None and taken < cap and (next_f is None or rank(next_r) <= rank(next_f)):
-                taken += try_take(next_r)
+                taken += offer(next_r, True)
                 next_r = next(retries, None)
             else:
                 assert next_f is not None
-                try_take(next_f)
+                offer(next_f, False)
                 next_f = next(fresh, None)
         room = self.retry_most - taken
-        if next_r is None or room <= 0:
-            return
-        goal = min(goal, len(self.units) + room)  # fresh work ran short: retries take the rest
-        for c in _chain(next_r, retries):
-            if len(self.units) >= goal:
+        if next_r is not None and room > 0:
+            goal2 = min(goal, len(self.units) + room)  # fresh work ran short: retries take the rest
+            for c in _chain(next_r, retries):
+                if len(self.units) >= goal2:
+                    break
+                taken += offer(c, True)
+        self._next_passes(goal, offer, None if cap is None else self.retry_most - taken)
+
+    def _next_passes(self, goal: int, offer: Callable[[Candidate, bool], bool], retry_room: int | None) -> None:
+        """The passes after the first: the candidates that waited for their
+        key's turn, in claim order, each pass serving a key once, until the
+        goal is met or a pass takes nothing (retries up to ``retry_room``
+        more; None: no bound)."""
+        while self._later and len(self.units) < goal:
+            later, self._later = self._later, []
+            self._served.clear()
+            self._waiting.clear()
+            took = False
+            for c, retry in later:
+                if len(self.units) >= goal:
+                    break
+                if retry and retry_room is not None:
+                    if retry_room <= 0:
+                        continue
+                    if offer(c, True):
+                        retry_room -= 1
+                        took = True
+                elif offer(c, retry):
+                    took = True
+            if not took:
                 return
-            try_take(c)
+
+    def passes_over(self, c: Candidate) -> bool:
+        """Will this claim take nothing more like ``c`` (the same limits and
+        name) from here on in this pass: its gates are shut, or its key
+        (:func:`turn_key`) has headed a unit and as many of its candidates
+        wait for the next pass as the claim could take? A store reading past
+        many such candidates may leave their limits out of what it reads next."""
+        if (c.limits, c.name) in self._closed:
+            return True
+        key = turn_key(c)
+        if key is None or key not in self._served:
+            return False
+        goal = 1 if self.dry else self.request.max_units
+        return self._waiting.get(key, 0) >= goal - len(self.units)
 
     @property
     def gated(self) -> bool:
