@@ -305,7 +305,7 @@ class ClaimPlanner:
                 # a key heads at most a unit a pass: no more of its candidates
                 # wait than the claim could still take
                 n = self._waiting.get(key, 0)
-                if n < goal - len(self.units):
+                if n < self._could_take(key, goal):
                     self._waiting[key] = n + 1
                     self._later.append((c, retry))
                 return False
@@ -378,7 +378,13 @@ class ClaimPlanner:
         if key is None or key not in self._served:
             return False
         goal = 1 if self.dry else self.request.max_units
-        return self._waiting.get(key, 0) >= goal - len(self.units)
+        return self._waiting.get(key, 0) >= self._could_take(key, goal)
+
+    def _could_take(self, key: str, goal: int) -> int:
+        """How many more units headed by ``key`` this claim could take: its
+        room under its gates, and the units still to take."""
+        left = goal - len(self.units)
+        return min(left, self.the_gates().room(key)) if left > 0 else 0
 
     @property
     def gated(self) -> bool:

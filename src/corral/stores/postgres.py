@@ -850,7 +850,9 @@ class PostgresStore(SqlStore):
         it (each further look passes over the keys found so far)."""
         m = max(KEY_PROBE_MIN, KEY_PROBE_EACH * max_units)
         keys: list[str] = []
-        for _ in range(KEY_PROBE_LOOKS):
+        # as many looks as it takes to find a key per unit (a key's long backlog
+        # in front is passed over by the next look), and at least KEY_PROBE_LOOKS
+        for _ in range(max(KEY_PROBE_LOOKS, max_units)):
             more = conn.execute(self._q["key_probe"], {"queues": queues, "m": m, "skip": keys}).fetchone()[0]
             keys += more
             if not more or len(keys) >= max_units:
@@ -895,11 +897,21 @@ class PostgresStore(SqlStore):
                 return out  # every gate is shut and nothing else waits: skip the claim
             remaining = max_units
             k = remaining
+            # Keys in turn (the planner's rule, corral.core.claims): a key heads at
+            # most one unit in a pass; a statement offers each key not yet served
+            # in this pass one place, and the next statement leaves out the keys
+            # it served. A pass ends when no other key has a candidate; a key
+            # alone in its pass then takes the rest of its room at once.
+            served: set[str] = set()
+            took: set[str] = set()  # the keys served in this pass
+            empty: set[str] = set()  # keys with no candidate left for this claim
+            alone = False
             while remaining > 0 and k > 0:
                 allowed = [n for n, f in free.items() if f >= k]
-                open_keys = [n for n, f in room.items() if f > 0]
+                open_keys = [n for n, f in room.items() if f > 0 and n not in served and n not in empty]
                 params = {**base, "n": k, "allowed": allowed, "solo": solo}
-                params.update(keys=open_keys, rooms=[room[n] for n in open_keys])
+                rooms = [room[n] if alone else 1 for n in open_keys]
+                params.update(keys=open_keys, rooms=rooms)
                 cur.execute(self._q["claim"], params)
                 rows = cur.fetchall()
                 out.extend(rows)
@@ -912,20 +924,32 @@ class PostgresStore(SqlStore):
                         if n in free or n in room:
                             used.setdefault(n, set()).add(r["lease_token"])
                     heads.setdefault(r["lease_token"], r)
-                key_filled = False
                 for n, toks in used.items():
                     if n in free:
                         free[n] -= len(toks)
                     else:
                         room[n] -= len(toks)
-                        key_filled = key_filled or room[n] <= 0
+                        served.add(n)
+                        took.add(n)
                 for r in heads.values():
                     gates.take(r["limits"] or (), r["name"])
                 small = [f for f in free.values() if 0 < f < k]
-                if got < k and not small and not (key_filled and got and any(f > 0 for f in room.values())):
-                    break  # nothing more this allowed set can take (a key filled: the next keys may)
                 open_slots = [f for f in free.values() if f > 0]
-                k = min(remaining, min(open_slots)) if open_slots else (remaining if got == k or key_filled else 0)
+                if got < k and not small:
+                    if not got:
+                        empty.update(open_keys)  # nothing of these keys in reach
+                    if any(room[n] > 0 for n in open_keys if n not in served and n not in empty):
+                        pass  # the keys not yet served in this pass: the next statement
+                    elif took and any(room[n] > 0 for n in took):
+                        # the next pass: the keys served in this one, once more each
+                        alone = len(took) == 1 and not any(
+                            room[n] > 0 for n in room if n not in took and n not in empty
+                        )
+                        served.clear()
+                        took = set()
+                    else:
+                        break  # nothing more this allowed set can take
+                k = min(remaining, min(open_slots)) if open_slots else remaining
             self._save_gates(conn, gates)
         return out
 

@@ -386,6 +386,14 @@ def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
 
+#: Keys a claim reads the places and row of one at a time, before it reads
+#: every key's at once.
+KEYS_ONE_BY_ONE = 64
+#: Candidates in a row a claim passes over (a shut gate, a key served in
+#: this pass) before it reads on without their limits and names.
+PASS_OVER_RUN = 8
+
+
 class _CandidateRow(NamedTuple):
     """A row of the claim's candidate queries (``claim_candidates`` and its
     kin; ``group_followers`` without ``ord``)."""
@@ -1090,16 +1098,39 @@ class SQLiteStore(SqlStore):
         breakers = self._breaker_rows(con)
         paused = Paused.of((k, n) for k, n, _, _ in con.execute(Q["pauses"]))
 
+        # A claim reads the places and the row of each key it meets, one at a
+        # time; past KEYS_ONE_BY_ONE keys it reads every key's in one go (both
+        # bounded: the running units' places, the keys a rate or pause made rows for).
+        met = {"held": 0, "rows": 0}
+        key_rows: dict[str, LimitState] | None = None
+
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
-            usage = LazyUsage(lambda name: con.execute(Q["limit_held"], (name,)).fetchone()[0])
+            usage = LazyUsage(lambda name: held(usage, name))
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
             return Gates(now, limits, usage, breakers, load_key=load_key)
 
+        def held(usage: dict[str, int], name: str) -> int:
+            if KEY_SEP in name:
+                met["held"] += 1
+                if met["held"] == KEYS_ONE_BY_ONE:
+                    for n, c in con.execute(Q["key_held_all"]):
+                        usage.setdefault(n, c)  # a relay's count stays as it was set
+                    return usage.get(name, 0) if name in usage else 0
+                if met["held"] > KEYS_ONE_BY_ONE:
+                    return 0  # every key holding a place was read
+            return con.execute(Q["limit_held"], (name,)).fetchone()[0]
+
         def load_key(name: str) -> LimitState | None:
-            row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
-            return None if row is None else limit_state(row)
+            nonlocal key_rows
+            if key_rows is None:
+                met["rows"] += 1
+                if met["rows"] < KEYS_ONE_BY_ONE:
+                    row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
+                    return None if row is None else limit_state(row)
+                key_rows = {(k := limit_state(r)).spec.name: k for r in con.execute(Q["key_rows_all"])}
+            return key_rows.get(name)
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
         plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry, paused=paused)
@@ -1135,8 +1166,12 @@ class SQLiteStore(SqlStore):
             A row the planner shuts out has its place in the order not worked
             out (that reads its group's last claim): behind a full limit,
             every head is passed over this way."""
-            mine = [_candidate_cursor(con).execute(Q[query], (q, now)) for query in queries for q in queues]
-            cursors.extend(mine)
+            passed: set[str] = set()  # limits || char(30) || name the claim passes over from here
+            mine: list[Iterable[_CandidateRow]] = [
+                free_rows(q, passed) if query == "claim_candidates" else read(Q[query], (q, now))
+                for query in queries
+                for q in queues
+            ]
             stream: Iterable[_CandidateRow] = (
                 mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_CandidateRow.index_key)
             )
@@ -1147,7 +1182,11 @@ class SQLiteStore(SqlStore):
                     continue
                 c = row.candidate(now)
                 if (fresh_only and c.retrying) or plan.shut_out(c):
+                    if row.limits is not None and plan.passes_over(c):
+                        passed.add(f"{row.limits}\x1e{row.name}")
                     continue
+                if row.limits is not None and row.group is None and plan.passes_over(c):
+                    passed.add(f"{row.limits}\x1e{row.name}")
                 key = ranks[c.id] = eligible_key(row)
                 heapq.heappush(heap, (key, c))
                 index_key = row.index_key()
@@ -1155,6 +1194,36 @@ class SQLiteStore(SqlStore):
                     yield heapq.heappop(heap)[1]
             while heap:
                 yield heapq.heappop(heap)[1]
+
+        def read(sql: str, params: tuple) -> sqlite3.Cursor:
+            cur = _candidate_cursor(con).execute(sql, params)
+            cursors.append(cur)
+            return cur
+
+        def free_rows(queue: str, passed: set[str]) -> Iterator[_CandidateRow]:
+            """Ungrouped candidates of ``queue`` in claim order. After
+            PASS_OVER_RUN rows in a row of limits and names in ``passed``
+            (shut gates, keys served in this pass: see
+            :meth:`ClaimPlanner.passes_over`) it reads on from there without
+            them: a full key's backlog costs a claim a few rows, not all."""
+            cur = read(Q["claim_candidates"], (queue, now))
+            run = 0
+            while True:
+                for row in cur:
+                    # passed over already when read: the rows a read without them would skip
+                    known = row.limits is not None and f"{row.limits}\x1e{row.name}" in passed
+                    yield row
+                    if not known:
+                        run = 0
+                        continue
+                    run += 1
+                    if run >= PASS_OVER_RUN:
+                        break
+                else:
+                    return
+                run = 0
+                cur.close()
+                cur = read(Q["claim_candidates_past"], (queue, now, row.ord, row.id, dumps(sorted(passed))))
 
         def read_line(c: Candidate, far: int) -> list[Candidate]:
             got = _candidate_cursor(con).execute(Q["group_followers"], (c.group, c.id, far))

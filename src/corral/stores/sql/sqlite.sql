@@ -695,6 +695,23 @@ WHERE status IN ('PENDING', 'RETRYING')
   AND run_at <= ?2
 ORDER BY (run_at - priority * 60.0), id
 
+-- The same candidates again from past a place in the order (?3, ?4: ord, id),
+-- leaving out the rows whose limits and name (limits || char(30) || name) are
+-- among ?5 (a JSON array): a claim that read past many candidates of full keys,
+-- or of keys already served in this pass, reads on without them.
+-- name: claim_candidates_past
+SELECT id, priority, run_at, group_key, name, limits, queue, status, (run_at - priority * 60.0) AS ord,
+       (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
+FROM tasks INDEXED BY tasks_ready_plain_rank
+WHERE status IN ('PENDING', 'RETRYING')
+  AND group_key IS NULL
+  AND queue = ?1
+  AND run_at <= ?2
+  AND (run_at - priority * 60.0) >= ?3
+  AND NOT ((run_at - priority * 60.0) = ?3 AND id <= ?4)
+  AND (limits IS NULL OR limits || char(30) || name NOT IN (SELECT value FROM json_each(?5)))
+ORDER BY (run_at - priority * 60.0), id
+
 -- name: claim_head_candidates
 SELECT id, priority, run_at, group_key, name, limits, queue, status, (ready_at - priority * 60.0) AS ord,
        (expires_at IS NOT NULL AND expires_at <= ?2 AND attempt = 0 AND snoozes = 0) AS expired
@@ -928,6 +945,11 @@ ORDER BY name
 -- name: limit_key_rows
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
 
+-- Every key's row (a claim that met many keys reads them in one go).
+-- name: key_rows_all
+SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
+WHERE instr(name, char(31)) > 0
+
 -- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
 -- name: key_rows_after
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
@@ -1082,6 +1104,11 @@ WHERE queue IN (SELECT value FROM json_each(?))
 -- Distinct lease tokens among RUNNING tasks, per limit name (held_places).
 -- name: limit_usage
 SELECT name, count(*) FROM held_places GROUP BY name
+
+-- The places held under every key that holds one (a claim that met many keys
+-- counts them in one go; bounded by the running units).
+-- name: key_held_all
+SELECT name, count(*) FROM held_places WHERE instr(name, char(31)) > 0 GROUP BY name
 
 -- The places held under one limit (a claim asks for the limits it meets).
 -- name: limit_held
