@@ -326,3 +326,41 @@ def test_retries_take_what_fresh_work_leaves_up_to_their_most():
     assert p.units == [[1], [2], [3]]
     p = Planned(req(4, retry_share=0.25, retry_cap=0, retry_max=0), fresh, retries=retries)
     assert p.units == [[2]]
+
+
+# ---- keys in turn --------------------------------------------------------------
+KEYED = {"m": LimitSpec("m", concurrency=100)}
+
+
+def key(k: str) -> tuple[str, ...]:
+    return (f"m\x1f{k}",)
+
+
+def test_the_key_a_task_waits_its_turn_under_is_its_least_keyed_limit():
+    from corral.core.claims import turn_key
+
+    assert turn_key(cand(1, limits=("p", "m\x1fb", "m\x1fa"))) == "m\x1fa"
+    assert turn_key(cand(1, limits=("p",))) is None
+    assert turn_key(cand(1, group="g", limits=key("a"))) is None  # its group serves it in turn
+
+
+def test_a_key_heads_one_unit_a_pass_then_the_next_pass_serves_it_again():
+    hot = [cand(i, limits=key("hot")) for i in range(1, 6)]
+    cold = [cand(10 + i, limits=key(f"c{i}")) for i in range(3)]
+    p = Planned(req(6), [*hot, *cold, cand(20)], limits=KEYED)
+    # the first pass: the hot key once, each cold key, the unkeyed task; then the hot key again
+    assert p.units == [[1], [10], [11], [12], [20], [2]]
+
+
+def test_a_key_alone_takes_the_claim_one_pass_at_a_time():
+    p = Planned(req(3), [cand(i, limits=key("a")) for i in range(1, 6)], limits=KEYED)
+    assert p.units == [[1], [2], [3]]
+
+
+def test_a_key_waits_no_more_candidates_than_its_room_and_then_is_passed_over():
+    spec = {"m": LimitSpec("m", concurrency=2)}
+    cs = [cand(i, limits=key("a")) for i in range(1, 6)]
+    p = Planned(req(10), cs, limits=spec)
+    assert p.units == [[1], [2]]  # its room, over two passes
+    assert p.plan.passes_over(cand(9, limits=key("a")))
+    assert not p.plan.passes_over(cand(9, limits=key("b")))

@@ -1045,6 +1045,12 @@ def retention_cmd(
     " (keys x C / workers, at most 1 000), so the keys bind, not the slots.",
 )
 @click.option("--no-plain", is_flag=True, help="Skip the same tasks run with no limit.")
+@click.option(
+    "--w1",
+    is_flag=True,
+    help="The peers' W1 with every task keyed: 1 000 keys x 20 no-op tasks into 2 workers x 8 slots,"
+    " a keyed limit that never binds (concurrency 1 000 000, no rate), against no limit.",
+)
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds one run may take.")
 @click.option(
     "--claim-cost",
@@ -1081,6 +1087,7 @@ def keys_cmd(
     workers: int,
     slots: int | None,
     no_plain: bool,
+    w1: bool,
     timeout: float,
     claim_cost: bool,
     active_keys: int,
@@ -1145,11 +1152,13 @@ def keys_cmd(
         return
     if kind == "memory":
         raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
-    if min(n_keys, concurrency, rate, workers) < 1 or duration < 0 or seconds <= 0 or timeout <= 0:
+    if w1:
+        n_keys, tasks_per_key, duration, concurrency, rate, workers, slots = 1000, 20, 0.0, 1_000_000, 0, 2, 8
+    elif min(n_keys, concurrency, rate, workers) < 1 or duration < 0 or seconds <= 0 or timeout <= 0:
         raise click.UsageError(
             "--keys, --concurrency, --rate and --workers must be >= 1, --duration >= 0, --seconds and --timeout > 0"
         )
-    n = tasks_per_key or tasks_for(seconds, duration, concurrency, rate)
+    n = tasks_per_key or tasks_for(seconds, duration, concurrency, rate)  # --w1 sets it
     slots = slots or max(1, min(1000, -(-n_keys * concurrency // workers)))
     argv = child_argv(
         store=kind,
