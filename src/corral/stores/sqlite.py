@@ -1205,9 +1205,10 @@ class SQLiteStore(SqlStore):
             PASS_OVER_RUN rows in a row of limits and names in ``passed``
             (shut gates, keys served in this pass: see
             :meth:`ClaimPlanner.passes_over`) it reads on from there without
-            them: a full key's backlog costs a claim a few rows, not all."""
+            them (twice as many before each next time): a full key's backlog
+            costs a claim a few rows, not all."""
             cur = read(Q["claim_candidates"], (queue, now))
-            run = 0
+            run, after = 0, PASS_OVER_RUN
             while True:
                 for row in cur:
                     # passed over already when read: the rows a read without them would skip
@@ -1217,11 +1218,11 @@ class SQLiteStore(SqlStore):
                         run = 0
                         continue
                     run += 1
-                    if run >= PASS_OVER_RUN:
+                    if run >= after:
                         break
                 else:
                     return
-                run = 0
+                run, after = 0, after * 2  # each read on costs more (the list grows): fewer of them
                 cur.close()
                 cur = read(Q["claim_candidates_past"], (queue, now, row.ord, row.id, dumps(sorted(passed))))
 
