@@ -1048,8 +1048,8 @@ def retention_cmd(
 @click.option(
     "--w1",
     is_flag=True,
-    help="The peers' W1 with every task keyed: 1 000 keys x 20 no-op tasks into 2 workers x 8 slots,"
-    " a keyed limit that never binds (concurrency 1 000 000, no rate), against no limit.",
+    help="The peers' W1 with every task keyed: 1 000 keys x 20 (or --tasks-per-key) no-op tasks into"
+    " 2 workers x 8 slots, a keyed limit that never binds (concurrency 1 000 000, no rate), against no limit.",
 )
 @click.option("--timeout", default=900.0, show_default=True, help="Seconds one run may take.")
 @click.option(
@@ -1153,7 +1153,8 @@ def keys_cmd(
     if kind == "memory":
         raise click.BadParameter("worker processes need a shared store: sqlite or postgres", param_hint="--store")
     if w1:
-        n_keys, tasks_per_key, duration, concurrency, rate, workers, slots = 1000, 20, 0.0, 1_000_000, 0, 2, 8
+        n_keys, duration, concurrency, rate, workers, slots = 1000, 0.0, 1_000_000, 0, 2, 8
+        tasks_per_key = tasks_per_key or 20
     elif min(n_keys, concurrency, rate, workers) < 1 or duration < 0 or seconds <= 0 or timeout <= 0:
         raise click.UsageError(
             "--keys, --concurrency, --rate and --workers must be >= 1, --duration >= 0, --seconds and --timeout > 0"
