@@ -334,6 +334,14 @@ def test_latency_submitters_share_one_schedule():
     assert [submitters_for(r) for r in (50, 100, 150, 151, 300, 1000)] == [1, 1, 1, 2, 2, 7]
 
 
+def test_dashboard_bench_fetches_every_page_of_a_store_with_queued_work():
+    report = _run("dashboard", "--tasks", "500", "--queued", "100", "--repeat", "1", "--json")
+    assert report["queued"] == 100
+    pages = {p["page"]: p for p in report["pages"]}
+    assert {"/tasks?status=PENDING", "/tasks?status=RUNNING", "/over-time?window=day", "/schedules"} <= set(pages)
+    assert [p["page"] for p in report["pages"] if p["status"] != 200] == []
+
+
 def test_dashboard_live_cost_runs_both_sides_and_the_stream_is_read():
     report = _run("dashboard", "--live-cost", "--rounds", "1", "--w1-tasks", "300", "--processes", "1", "--json")
     assert [t["live"] for t in report["turns"]] == [False, True]

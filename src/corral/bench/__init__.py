@@ -1201,6 +1201,7 @@ if __name__ == "__main__":  # pragma: no cover
 @store_option("sqlite", "sqlite, postgres, or a store URL (a fresh store is used either way).")
 @pg_url_option
 @click.option("--tasks", default=1_000_000, show_default=True, help="Finished tasks seeded before timing.")
+@click.option("--queued", default=10_000, show_default=True, help="Queued tasks seeded beside them.")
 @click.option("--repeat", default=20, show_default=True, help="Fetches of each page.")
 @click.option(
     "--live-cost",
@@ -1215,6 +1216,7 @@ def dashboard_cmd(
     store: tuple[str, str | None],
     pg_url: str | None,
     tasks: int,
+    queued: int,
     repeat: int,
     live_cost: bool,
     rounds: int,
@@ -1233,6 +1235,8 @@ def dashboard_cmd(
         raise click.UsageError("the dashboard bench seeds a durable store: sqlite or postgres")
     if tasks < 1 or repeat < 1 or rounds < 1 or w1_tasks < 1 or processes < 1:
         raise click.UsageError("--tasks, --repeat, --rounds, --w1-tasks and --processes must be at least 1")
+    if queued < 0:
+        raise click.UsageError("--queued must not be negative")
     if live_cost:
         _live_cost(kind, pg_url, w1_tasks, processes, rounds, as_json)
         return
@@ -1242,19 +1246,20 @@ def dashboard_cmd(
             click.echo(f"seeded {done:,} of {total:,} finished tasks", err=True)
 
     with common.temp_store_url(kind, pg_url) as url:
-        report = dash_bench.run(url, tasks, repeat, progress)
+        report = dash_bench.run(url, tasks, repeat, queued, progress)
     report["store"] = kind
     if as_json:
         click.echo(common.dumps(report))
         return
     click.echo(
-        f"dashboard on {kind}, {tasks:,} finished tasks (seeded in {report['seed_s']} s; "
+        f"dashboard on {kind}, {tasks:,} finished and {queued:,} queued tasks (seeded in {report['seed_s']} s; "
         f"started with its first look in {report['start_s']} s); {repeat} fetches per page"
     )
     width = max(len(p["page"]) for p in report["pages"])
     click.echo(f"{'page':<{width}}  {'p50 ms':>8}  {'max ms':>8}")
     for p in report["pages"]:
-        click.echo(f"{p['page']:<{width}}  {p['p50_ms']:>8.1f}  {p['max_ms']:>8.1f}")
+        status = "" if p["status"] == 200 else f"  (status {p['status']})"
+        click.echo(f"{p['page']:<{width}}  {p['p50_ms']:>8.1f}  {p['max_ms']:>8.1f}{status}")
 
 
 def _live_cost(kind: str, pg_url: str | None, tasks: int, processes: int, rounds: int, as_json: bool) -> None:

@@ -245,7 +245,14 @@ def _mark(sort: str, after: tuple[int, int]) -> tuple:
 
 
 def matching_ids(store: Store, q: TaskQuery, at_most: int, now: float | None = None) -> list[int]:
-    """Ids of up to ``at_most`` tasks of ``q`` (read page by page, by keyset)."""
+    """Ids of up to ``at_most`` tasks of ``q`` (one state, or any), by id in
+    its order: one read of the ids alone when only the store's filters apply
+    (no age, no worker), else page by page, by keyset."""
+    if q.worker is None and q.min_age is None and q.max_age is None and (q.status or q.sort != "status"):
+        flt = _filter(q, (None, q.max_id), max(0, at_most))
+        flt.status = State(q.status) if q.status else None
+        flt.newest_first = q.sort != "age"
+        return store.task_ids(flt)
     now = store.now() if now is None else now
     page = replace(q, after=None, limit=min(500, max(1, at_most)))
     ids: list[int] = []

@@ -377,6 +377,56 @@ def _record(row: dict[str, Any]) -> TaskRecord:
     return task_record(row, row["limits"] or (), row["depends_on"] or ())
 
 
+def _list_sql(select: str, flt: TaskFilter) -> tuple[str, dict[str, Any]]:
+    """``select`` (its columns ``FROM corral_tasks``) with the conditions, order and page of ``flt``."""
+    where: list[str] = []
+    params: dict[str, Any] = {}
+    for attr, col in (
+        ("queue", "queue"),
+        ("batch", "batch"),
+        ("group", "group_key"),
+        ("name", "name"),
+        ("trace_id", "trace_id"),
+        ("key", "idem_key"),
+    ):
+        value = getattr(flt, attr)
+        if value is not None:
+            where.append(f"{col} = %({attr})s")
+            params[attr] = value
+    if flt.status is not None:
+        where.append(status_filter(State(flt.status)))
+    if flt.error_prefix is not None:
+        where.append("substr(error, 1, %(plen)s) = %(prefix)s")
+        params["plen"] = len(flt.error_prefix)
+        params["prefix"] = flt.error_prefix
+    if flt.after_id is not None:
+        where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
+        params["after_id"] = flt.after_id
+    if flt.min_id is not None:
+        where.append("id >= %(min_id)s")
+        params["min_id"] = flt.min_id
+    if flt.max_id is not None:
+        where.append("id <= %(max_id)s")
+        params["max_id"] = flt.max_id
+    if flt.group is not None:
+        # every grouped task is in its line's index or in the finished
+        # ones': one arm each, merged in id order
+        sql = " UNION ALL ".join(select + " WHERE " + " AND ".join([*where, part]) for part in _GROUP_PARTS)
+    else:
+        sql = select
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+    # the running tasks (a few per worker slot) are read from their partial
+    # index and sorted, never found by a walk of the primary key past every
+    # finished task, which the planner picks when it takes them for many:
+    # ``id + 0`` is no order an index gives
+    order = "id + 0" if flt.status in (State.RUNNING, State.RESERVED) and flt.group is None else "id"
+    sql += f" ORDER BY {order} {'DESC' if flt.newest_first else 'ASC'} LIMIT %(limit)s OFFSET %(offset)s"
+    params["limit"] = max(0, int(flt.limit))
+    params["offset"] = max(0, int(flt.offset))
+    return sql, params
+
+
 class PostgresStore(SqlStore):
     shared = True
 
@@ -1462,53 +1512,17 @@ class PostgresStore(SqlStore):
         return list(names)
 
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
-        where, params = [], {}
-        for attr, col in (
-            ("queue", "queue"),
-            ("batch", "batch"),
-            ("group", "group_key"),
-            ("name", "name"),
-            ("trace_id", "trace_id"),
-            ("key", "idem_key"),
-        ):
-            value = getattr(flt, attr)
-            if value is not None:
-                where.append(f"{col} = %({attr})s")
-                params[attr] = value
-        if flt.status is not None:
-            where.append(status_filter(State(flt.status)))
-        if flt.error_prefix is not None:
-            where.append("substr(error, 1, %(plen)s) = %(prefix)s")
-            params["plen"] = len(flt.error_prefix)
-            params["prefix"] = flt.error_prefix
-        if flt.after_id is not None:
-            where.append("id < %(after_id)s" if flt.newest_first else "id > %(after_id)s")
-            params["after_id"] = flt.after_id
-        if flt.min_id is not None:
-            where.append("id >= %(min_id)s")
-            params["min_id"] = flt.min_id
-        if flt.max_id is not None:
-            where.append("id <= %(max_id)s")
-            params["max_id"] = flt.max_id
-        if flt.group is not None:
-            # every grouped task is in its line's index or in the finished
-            # ones': one arm each, merged in id order
-            sql = " UNION ALL ".join(
-                "SELECT * FROM corral_tasks WHERE " + " AND ".join([*where, part]) for part in _GROUP_PARTS
-            )
-        else:
-            sql = "SELECT * FROM corral_tasks"
-            if where:
-                sql += " WHERE " + " AND ".join(where)
-        sql += f" ORDER BY id {'DESC' if flt.newest_first else 'ASC'} LIMIT %(limit)s OFFSET %(offset)s"
-        params["limit"] = max(0, int(flt.limit))
-        params["offset"] = max(0, int(flt.offset))
+        sql, params = _list_sql("SELECT * FROM corral_tasks", flt)
 
         def go(conn):
             cur = conn.cursor(row_factory=dict_row)
             return [shown_record(_record(r)) for r in cur.execute(sql, params).fetchall()]
 
         return self._run(go)
+
+    def task_ids(self, flt: TaskFilter) -> list[int]:
+        sql, params = _list_sql("SELECT id FROM corral_tasks", flt)
+        return self._run(lambda conn: [tid for (tid,) in conn.execute(sql, params).fetchall()])
 
     def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
         params = {"start": start, "end": end, "limit": max(0, int(limit))}

@@ -221,6 +221,26 @@ _GROUP_PARTS = (
     "(status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OR (status = 'FAILED' AND halt_group_on_failure = 1))",
     "(status IN ('SUCCESS', 'TIMEOUT', 'CANCELED') OR (status = 'FAILED' AND halt_group_on_failure = 0))",
 )
+#: States whose rows a list reads from a partial index of its own, and the
+#: term (the index's condition) that lets SQLite use it: few rows (the running
+#: ones, bounded by the workers' slots; retries; dead letters), where a walk of
+#: the primary key would pass every finished task first.
+_STATE_INDEX = {
+    State.RUNNING: ("tasks_running_expiry", None),
+    State.RESERVED: ("tasks_running_expiry", None),
+    State.RETRYING: ("tasks_queued_run_at", "status IN ('PENDING', 'RETRYING')"),
+    State.FAILED: ("tasks_dead", "status IN ('FAILED', 'TIMEOUT')"),
+    State.TIMEOUT: ("tasks_dead", "status IN ('FAILED', 'TIMEOUT')"),
+}
+#: The same when every match is wanted: a page walks the newest queued tasks
+#: by id and stops at 50, but a bulk action's ids would walk past them to
+#: the first task (with a million finished ones 200 ms), where the index of
+#: queued tasks holds them all.
+_WHOLE_STATE_INDEX = {
+    **_STATE_INDEX,
+    State.PENDING: ("tasks_queued_run_at", "status IN ('PENDING', 'RETRYING')"),
+    State.WAITING: ("tasks_waiting", None),
+}
 #: How often the background checkpointer copies the WAL into the database
 #: (only after this store instance wrote something).
 CHECKPOINT_INTERVAL = 0.2
@@ -499,6 +519,63 @@ class _Claimed(NamedTuple):
             for token, group, rows in self.parts
             if rows
         ]
+
+
+def _list_sql(select: str, flt: TaskFilter, *, whole: bool = False) -> tuple[str, list[Any]]:
+    """``select`` (its columns, then ``FROM tasks``) with the conditions, order
+    and page of ``flt``; ``whole``: every match is wanted (a bulk action's
+    ids), so a queued state is read from its partial index too."""
+    where: list[str] = []
+    params: list[Any] = []
+    if flt.status is not None:
+        where.append(status_filter(State(flt.status)))
+    for column, value in (
+        ("queue", flt.queue),
+        ("batch", flt.batch),
+        ("group_key", flt.group),
+        ("name", flt.name),
+        ("trace_id", flt.trace_id),
+        ("idem_key", flt.key),
+    ):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    if flt.error_prefix is not None:
+        where.append("substr(error, 1, ?) = ?")
+        params += [len(flt.error_prefix), flt.error_prefix]
+    if flt.after_id is not None:
+        where.append("id < ?" if flt.newest_first else "id > ?")
+        params.append(flt.after_id)
+    if flt.min_id is not None:
+        where.append("id >= ?")
+        params.append(flt.min_id)
+    if flt.max_id is not None:
+        where.append("id <= ?")
+        params.append(flt.max_id)
+    if flt.group is not None:
+        # every grouped task is in the line's index or in the finished
+        # ones': one arm each, merged in id order
+        arms = [" AND ".join([*where, part]) for part in _GROUP_PARTS]
+        sql = " UNION ALL ".join(f"{select} WHERE {arm}" for arm in arms)
+        params = params * len(arms)
+    else:
+        sql = select
+        via = (_WHOLE_STATE_INDEX if whole else _STATE_INDEX).get(State(flt.status)) if flt.status else None
+        if via is not None and not (flt.batch or flt.trace_id or flt.key):
+            # a sparse state read from its own partial index, not by a walk
+            # of every task in id order (SQLite keeps no statistics here, and
+            # walks the primary key for the ORDER BY): a page of RUNNING
+            # tasks among a million finished read 300 ms, now under 1 ms
+            index, implied = via
+            sql = sql.replace("FROM tasks", f"FROM tasks INDEXED BY {index}", 1)
+            if implied:
+                where.append(implied)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+    sql += " ORDER BY id DESC" if flt.newest_first else " ORDER BY id"
+    sql += " LIMIT ? OFFSET ?"
+    params += [max(0, flt.limit), max(0, flt.offset)]
+    return sql, params
 
 
 class SQLiteStore(SqlStore):
@@ -1641,48 +1718,15 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def list_tasks(self, flt: TaskFilter) -> list[TaskRecord]:
-        where: list[str] = []
-        params: list[Any] = []
-        if flt.status is not None:
-            where.append(status_filter(State(flt.status)))
-        for column, value in (
-            ("queue", flt.queue),
-            ("batch", flt.batch),
-            ("group_key", flt.group),
-            ("name", flt.name),
-            ("trace_id", flt.trace_id),
-            ("idem_key", flt.key),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        if flt.error_prefix is not None:
-            where.append("substr(error, 1, ?) = ?")
-            params += [len(flt.error_prefix), flt.error_prefix]
-        if flt.after_id is not None:
-            where.append("id < ?" if flt.newest_first else "id > ?")
-            params.append(flt.after_id)
-        if flt.min_id is not None:
-            where.append("id >= ?")
-            params.append(flt.min_id)
-        if flt.max_id is not None:
-            where.append("id <= ?")
-            params.append(flt.max_id)
-        if flt.group is not None:
-            # every grouped task is in the line's index or in the finished
-            # ones': one arm each, merged in id order
-            arms = [" AND ".join([*where, part]) for part in _GROUP_PARTS]
-            sql = " UNION ALL ".join(f"{Q['select_tasks']} WHERE {arm}" for arm in arms)
-            params = params * len(arms)
-        else:
-            sql = Q["select_tasks"]
-            if where:
-                sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY id DESC" if flt.newest_first else " ORDER BY id"
-        sql += " LIMIT ? OFFSET ?"
-        params += [max(0, flt.limit), max(0, flt.offset)]
+        sql, params = _list_sql(Q["select_tasks"], flt)
         with self._read() as con:
             return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
+
+    @_guard
+    def task_ids(self, flt: TaskFilter) -> list[int]:
+        sql, params = _list_sql("SELECT id\nFROM tasks", flt, whole=True)
+        with self._read() as con:
+            return [tid for (tid,) in con.execute(sql, params)]
 
     @_guard
     def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
@@ -1705,7 +1749,18 @@ class SQLiteStore(SqlStore):
     def held_tasks(
         self, worker: str | None = None, limit: int = 1000, after: tuple[str, int] | None = None
     ) -> list[TaskRecord]:
-        sql = Q["select_tasks"] + " WHERE status = 'RUNNING'"
+        sql, params = self._held_sql(worker, after)
+        params.append(max(0, limit))
+        with self._read() as con:
+            return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
+
+    @staticmethod
+    def _held_sql(worker: str | None, after: tuple[str, int] | None) -> tuple[str, list[Any]]:
+        """The held tasks' query, its LIMIT's value left to add: read from the
+        running tasks' own index (a few per worker slot), never by a walk of
+        every task (SQLite otherwise walked them all: 500 ms among a million)."""
+        sql = Q["select_tasks"].replace("FROM tasks", "FROM tasks INDEXED BY tasks_running_expiry", 1)
+        sql += " WHERE status = 'RUNNING'"
         params: list[Any] = []
         if worker is not None:
             sql += " AND worker_id = ?"
@@ -1713,10 +1768,7 @@ class SQLiteStore(SqlStore):
         if after is not None:
             sql += " AND (worker_id, id) > (?, ?)"
             params += [after[0], after[1]]
-        sql += " ORDER BY worker_id, id LIMIT ?"
-        params.append(max(0, limit))
-        with self._read() as con:
-            return self._records(con, _task_cursor(con).execute(sql, params).fetchall())
+        return sql + " ORDER BY worker_id, id LIMIT ?", params
 
     @_guard
     def counts(self, queue: str | None = None) -> dict[str, int]:

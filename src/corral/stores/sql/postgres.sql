@@ -2243,7 +2243,9 @@ SELECT count(*) FROM gone;
 -- Unfinished tasks per queue and state, each part matching a partial index
 -- active_counts reads (live rows only): no index of its own, so no write pays for it.
 SELECT queue, status, count(*) FROM corral_tasks
-WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NULL GROUP BY queue, status
+WHERE status = 'PENDING' AND group_key IS NULL GROUP BY queue, status
+UNION ALL
+SELECT queue, status, count(*) FROM corral_tasks WHERE status = 'RETRYING' AND group_key IS NULL GROUP BY queue, status
 UNION ALL
 SELECT queue, status, count(*) FROM corral_tasks
 WHERE status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL GROUP BY queue, status
