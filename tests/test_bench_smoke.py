@@ -342,9 +342,27 @@ def test_dashboard_bench_fetches_every_page_of_a_store_with_queued_work():
     assert [p["page"] for p in report["pages"] if p["status"] != 200] == []
 
 
+def test_the_live_cost_counts_the_store_calls_of_a_dashboard_by_method():
+    from corral.bench.live_cost import CountingStore
+    from corral.edges.dashboard.sampler import Sampler
+    from corral.stores import open_store
+
+    store = CountingStore(open_store("memory://"))
+    Sampler(store).tick()  # type: ignore[arg-type]
+    Sampler(store).tick()  # type: ignore[arg-type]
+    calls = store.taken()
+    assert calls["active_counts"] == 2 and calls["limits"] == 2
+    assert store.taken() == {}  # taken: counted again from zero
+
+
 def test_dashboard_live_cost_runs_both_sides_and_the_stream_is_read():
-    report = _run("dashboard", "--live-cost", "--rounds", "1", "--w1-tasks", "300", "--processes", "1", "--json")
-    assert [t["live"] for t in report["turns"]] == [False, True]
-    live = report["turns"][1]
-    assert live["stream_events"]["snapshot"] >= 1 and live["dashboard_cpu_s"] >= 0
-    assert {"median_off", "median_on", "ratio", "dashboard_core_share"} <= set(report)
+    report = _run("dashboard", "--live-cost", "--rounds", "2", "--w1-tasks", "300", "--processes", "1", "--json")
+    # pairs of turns, their order alternating
+    assert [(t["pair"], t["live"]) for t in report["turns"]] == [(1, False), (1, True), (2, True), (2, False)]
+    for live in (t for t in report["turns"] if t["live"]):
+        assert live["stream_events"]["snapshot"] >= 1 and live["dashboard_cpu_s"] >= 0
+        assert isinstance(live["store_calls"], dict)  # by method, counted in the dashboard's process
+    assert len(report["pair_ratios"]) == 2
+    assert report["ratio"]["min"] <= report["ratio"]["median"] <= report["ratio"]["max"]
+    assert {"median_off", "median_on", "cost_pct", "dashboard_core_share", "store_calls_per_s"} <= set(report)
+    assert len(report["load_before"]) == 3

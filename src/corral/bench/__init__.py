@@ -1208,7 +1208,9 @@ if __name__ == "__main__":  # pragma: no cover
     is_flag=True,
     help="Instead: W1 in turns without and with a dashboard process whose live stream a client reads.",
 )
-@click.option("--rounds", default=3, show_default=True, help="--live-cost: rounds of two turns (order alternates).")
+@click.option(
+    "--rounds", default=10, show_default=True, help="--live-cost: pairs of turns, without and with (order alternates)."
+)
 @click.option("--w1-tasks", default=20_000, show_default=True, help="--live-cost: no-op tasks a turn.")
 @click.option("--processes", default=2, show_default=True, help="--live-cost: worker processes.")
 @json_option
@@ -1268,17 +1270,22 @@ def _live_cost(kind: str, pg_url: str | None, tasks: int, processes: int, rounds
     def progress(turn: dict[str, Any]) -> None:
         if not as_json:
             side = "with the live stream" if turn["live"] else "without a dashboard"
-            click.echo(f"round {turn['round']}, {side}: {turn['rate']:,.0f} tasks/s", err=True)
+            click.echo(f"pair {turn['pair']}, {side}: {turn['rate']:,.0f} tasks/s", err=True)
 
     report = live_cost.run(kind, pg_url, tasks, processes, rounds, progress)
     if as_json:
         click.echo(common.dumps(report))
         return
+    r = report["ratio"]
+    calls = ", ".join(f"{k} {v:g}" for k, v in report["store_calls"].items())
     click.echo(
-        f"W1 on {kind} ({tasks:,} no-op tasks, {processes} worker processes), {rounds} rounds in turns: "
-        f"median {report['median_off']:,.0f} tasks/s without a dashboard, {report['median_on']:,.0f} with "
-        f"one streaming live; with / without {report['ratio']:.3f} (cost {report['cost_pct']:.1f} %); "
-        f"the dashboard process used {100 * (report['dashboard_core_share'] or 0):.1f} % of one core meanwhile"
+        f"W1 on {kind} ({tasks:,} no-op tasks, {processes} worker processes), {rounds} pairs of turns "
+        f"without / with a dashboard streaming live: median {report['median_off']:,.0f} / {report['median_on']:,.0f} "
+        f"tasks/s; with / without per pair: median {r['median']:.3f} (quartiles {r['q1']:.3f}-{r['q3']:.3f}, "
+        f"extremes {r['min']:.3f}-{r['max']:.3f}), cost {report['cost_pct']:.1f} %\n"
+        f"the dashboard process: {report['dashboard_cpu_s']:.2f} CPU s in its turns "
+        f"({100 * report['dashboard_core_share']:.1f} % of one core), {report['store_calls_per_s']:g} store calls/s "
+        f"({calls}); load average {report['load_before'][0]:.1f} before, {report['load_after'][0]:.1f} after"
     )
 
 
