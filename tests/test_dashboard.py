@@ -233,6 +233,65 @@ def test_sampler_reads_new_finishes_once():
     assert sum(b.ok for b in sampler.series._buckets.values()) == 3
 
 
+def _finish(store, n: int) -> None:
+    from corral.core.model import Outcome
+    from corral.core.states import State
+
+    for claim in store.claim("w", ClaimRequest(["default"], n)):
+        t = claim.tasks[0]
+        store.complete([Outcome(t.id, t.lease_token, t.version, State.SUCCESS)])
+
+
+def test_sampler_counts_finishes_in_the_store_once_a_minute_keeps_no_more_durations(tmp_path, monkeypatch):
+    """Past a minute's durations the sampler reads counts, no rows: every
+    finish counted once (ties at the last row read too), over minutes."""
+    import corral.core.series as series
+
+    monkeypatch.setattr(series, "MAX_DURATIONS", 3)
+    clock = FakeClock(6_000_005.0)  # 5 s into a minute
+    store = open_store(f"sqlite:///{tmp_path / 'c.db'}", clock=clock)
+    store.migrate()
+    rows_read = []
+    recent = store.recent_finished
+    monkeypatch.setattr(store, "recent_finished", lambda *a, **k: rows_read.append(len(r := recent(*a, **k))) or r)
+    store.submit([NewTask(name="t", args=ARGS) for _ in range(12)])
+    sampler = Sampler(store)
+    sampler.tick()
+    _finish(store, 4)  # four at one instant: the look's last rows tie
+    sampler.tick()
+    assert sum(rows_read) == 4
+    clock.advance(2)
+    _finish(store, 6)
+    clock.advance(3)
+    sampler.tick()
+    sampler.tick()  # a second look at the same instant counts nothing twice
+    ok = lambda: sum(b.ok for b in sampler.series._buckets.values())  # noqa: E731
+    assert ok() == 10 and sum(rows_read) == 4  # the six counted in the store
+    assert sum(len(b.durations) for b in sampler.series._buckets.values()) == 3
+    clock.advance(60)  # the next minute keeps its durations again
+    _finish(store, 2)
+    clock.advance(2)
+    sampler.tick()
+    assert ok() == 12 and sum(rows_read) == 6
+    store.close()
+
+
+def test_finished_counts_are_the_finished_rows_by_minute_and_state(durable_url):
+    store = open_store(durable_url)
+    store.migrate()
+    try:
+        store.submit([NewTask(name="t", args=ARGS) for _ in range(5)])
+        _finish(store, 5)
+        now = store.now()
+        rows = store.recent_finished(now - 600, 100)
+        counts = store.finished_counts(now - 600, now + 1)
+        assert sum(n for _, st, n in counts if st == "SUCCESS") == len(rows) == 5
+        assert {m for m, _, _ in counts} == {r.finished_at // 60 * 60 for r in rows}
+        assert store.finished_counts(now + 1, now + 2) == []
+    finally:
+        store.close()
+
+
 def test_series_thresholds_are_those_of_the_alert_rules():
     """The overview's alerts and docs/alerts.yml must say the same numbers."""
     import re

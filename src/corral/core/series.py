@@ -108,6 +108,22 @@ class Series:
             if started is not None and len(b.durations) < MAX_DURATIONS:
                 b.durations.append(max(0.0, done - started))
 
+    def wants_durations(self, at: float) -> bool:
+        """Whether the minute of ``at`` keeps more durations (past
+        :data:`MAX_DURATIONS` it only counts)."""
+        b = self._buckets.get(int(at // STEP))
+        return b is None or len(b.durations) < MAX_DURATIONS
+
+    def counted(self, counts: Iterable[tuple[float, str, int]]) -> None:
+        """Count finished tasks without their durations: (a time in their
+        minute, state, how many) each, for a minute that keeps no more."""
+        for at, state, n in counts:
+            b = self._bucket(at)
+            if state == "SUCCESS":
+                b.ok += n
+            elif state in ("FAILED", "TIMEOUT"):
+                b.bad += n
+
     def points(self, now: float) -> list[Point]:
         """One point per minute of the last hour, oldest first (None where nothing was seen)."""
         self._forget(now)

@@ -1596,6 +1596,10 @@ class PostgresStore(SqlStore):
         q = "recent_finished_desc" if newest_first else "recent_finished"
         return [FinishedTask(**r) for r in self._fetchall(q, {"since": since, "limit": max(0, limit)}, dicts=True)]
 
+    def finished_counts(self, since: float, until: float) -> list[tuple[float, str, int]]:
+        rows = self._fetchall("finished_counts", {"since": since, "until": until})
+        return [(float(m), st, int(n)) for m, st, n in rows]
+
     def active_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for status, n in self._fetchall("active_counts"):

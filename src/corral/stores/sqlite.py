@@ -1812,6 +1812,11 @@ class SQLiteStore(SqlStore):
             return [FinishedTask(**r) for r in _task_cursor(con).execute(q, (since, max(0, limit)))]
 
     @_guard
+    def finished_counts(self, since: float, until: float) -> list[tuple[float, str, int]]:
+        with self._read() as con:
+            return [(m, st, n) for m, st, n in con.execute(Q["finished_counts"], (since, until))]
+
+    @_guard
     def cancel(self, task_id: int) -> TaskRecord | None:
         with self._write() as con:
             row = _task_cursor(con).execute(Q["status_of"], (task_id,)).fetchone()

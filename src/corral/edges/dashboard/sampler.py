@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from corral.core.levels import Level
-from corral.core.series import WINDOW, Series
+from corral.core.series import STEP, WINDOW, Series
 from corral.stores.base import Store
 
 log = logging.getLogger("corral.dashboard")
@@ -24,6 +24,9 @@ log = logging.getLogger("corral.dashboard")
 BATCH = 5000
 #: Finished tasks read at start to fill the hour (the newest ones, when more finished).
 BACKFILL = 20_000
+#: Counts of finished tasks stop this many seconds before now: a task whose
+#: transaction commits a moment after the look still falls after the count.
+LAG = 1.0
 
 
 def fmt_rate(x: float | None) -> str:
@@ -47,7 +50,8 @@ class Sampler:
         self._tick_lock = threading.Lock()  # one look at a time: the thread, or a page before its first look
         self._snapshot: dict[str, Any] = {}
         self._since: float | None = None  # finished_at of the newest finished task seen
-        self._seen_at_since: set[int] = set()  # its ids (ties on finished_at are read again)
+        self._seen_at_since: dict[int, str] = {}  # its ids and states (ties on finished_at are read again)
+        self._counts = True  # False: the store counts no finished tasks (finished_counts), rows are read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.ticks = 0
@@ -58,9 +62,40 @@ class Sampler:
         self.series.finished((r.status, r.started_at, r.finished_at) for r in fresh)
         for r in rows:
             if self._since is None or r.finished_at > self._since:
-                self._since, self._seen_at_since = r.finished_at, {r.id}
+                self._since, self._seen_at_since = r.finished_at, {r.id: r.status}
             elif r.finished_at == self._since:
-                self._seen_at_since.add(r.id)
+                self._seen_at_since[r.id] = r.status
+
+    def _read_finished(self, now: float) -> None:
+        """The tasks finished since the last look, a bounded amount: as rows
+        while their minute keeps durations (the first :data:`MAX_DURATIONS`),
+        then counted in the store by state, no row read (a worker fleet
+        finishing thousands a second costs this process what a quiet one does)."""
+        store = self.store
+        for _ in range(10):
+            since = self._since
+            assert since is not None
+            minute_end = (since // STEP + 1) * STEP
+            if self._counts and not self.series.wants_durations(since):
+                cut = min(now - LAG, minute_end)
+                if cut <= since:
+                    return
+                try:
+                    counts = store.finished_counts(since, cut)
+                except NotImplementedError:
+                    self._counts = False
+                    continue
+                # the tasks at ``since`` taken as rows already are counted again: take them out
+                counts += [(since, status, -1) for status in self._seen_at_since.values()]
+                self.series.counted(counts)
+                self._since, self._seen_at_since = cut, {}
+                if cut < minute_end:
+                    return  # up to a moment ago
+                continue  # a new minute: its durations, as rows
+            rows = store.recent_finished(since, BATCH)
+            self._take_finished(rows)
+            if len(rows) < BATCH:
+                return
 
     def tick(self) -> dict[str, Any]:
         """Look once; returns the new snapshot."""
@@ -76,11 +111,7 @@ class Sampler:
             self._since = now - WINDOW
             self._take_finished(rows)
         else:
-            for _ in range(10):  # a burst: read on, a bounded amount per look
-                rows = store.recent_finished(self._since, BATCH)
-                self._take_finished(rows)
-                if len(rows) < BATCH:
-                    break
+            self._read_finished(now)
         counts = store.active_counts()
         usage = store.limit_usage()
         specs = store.limits()

@@ -2298,6 +2298,11 @@ WHERE finished_at >= %(since)s ORDER BY finished_at, id LIMIT %(limit)s;
 SELECT id, name, queue, status, started_at, finished_at FROM corral_tasks
 WHERE finished_at >= %(since)s ORDER BY finished_at DESC, id DESC LIMIT %(limit)s;
 
+-- name: finished_counts
+-- The dashboard's sampler once a minute keeps no more durations: counts, no rows.
+SELECT floor(finished_at / 60) * 60 AS minute, status, count(*) FROM corral_tasks
+WHERE finished_at >= %(since)s AND finished_at < %(until)s GROUP BY 1, 2;
+
 -- name: finished_runs
 SELECT id, name, queue, status, run_at, started_at, finished_at FROM corral_tasks
 WHERE finished_at >= %(start)s AND finished_at < %(end)s ORDER BY finished_at, id LIMIT %(limit)s;
