@@ -197,6 +197,23 @@ def test_series_rates_and_p99_by_minute():
     assert s.success_rate(t0 + 3700) is None and all(p.success_rate is None for p in s.points(t0 + 3700))
 
 
+def test_series_sorts_durations_again_only_when_they_changed(monkeypatch):
+    import corral.core.series as series
+
+    sorts = []
+    real = series.percentile
+    monkeypatch.setattr(series, "percentile", lambda values, q: sorts.append(len(values)) or real(values, q))
+    s = Series()
+    t0 = 1_000_020.0
+    s.finished([("SUCCESS", t0 - 1.0, t0)] * 50 + [("SUCCESS", t0 - 2000.0, t0 - 1980.0)] * 50)
+    first = (s.points(t0), s.alerts(t0), s.p99(t0))
+    n = len(sorts)
+    assert (s.points(t0), s.alerts(t0), s.p99(t0)) == first and len(sorts) == n  # nothing new: nothing sorted
+    s.finished([("SUCCESS", t0 - 9.0, t0)] * 5)  # new durations: the p99 moves
+    assert s.p99(t0) == pytest.approx(9.0) and s.points(t0)[-1].p99 == pytest.approx(9.0)
+    assert len(sorts) > n
+
+
 def test_series_alerts_follow_the_rules():
     s = Series()
     t = 2_000_000.0
