@@ -115,6 +115,11 @@ def test_postgres_running_list_and_queue_counts_read_partial_indexes(pg_url):
         for status in (State.RUNNING, State.RESERVED):
             plan = explain(*_list_sql("SELECT * FROM corral_tasks", TaskFilter(status=status, limit=51)))
             assert "corral_tasks_running" in plan and "pkey" not in plan, plan
+        # every queued task of a queue (a bulk action's ids) with the term that lets the
+        # planner read the queued tasks' indexes (which it picks on a big table only)
+        assert store.task_ids(TaskFilter(status=State.PENDING, queue="bulk")) == [
+            r.id for r in store.list_tasks(TaskFilter(status=State.PENDING, queue="bulk"))
+        ]
         plan = explain(store._q["queue_counts"], None)
         assert "Seq Scan" not in plan, plan
         assert store.queue_counts()["bulk"] == {"PENDING": 6, "WAITING": 1}

@@ -377,8 +377,19 @@ def _record(row: dict[str, Any]) -> TaskRecord:
     return task_record(row, row["limits"] or (), row["depends_on"] or ())
 
 
-def _list_sql(select: str, flt: TaskFilter) -> tuple[str, dict[str, Any]]:
-    """``select`` (its columns ``FROM corral_tasks``) with the conditions, order and page of ``flt``."""
+#: Queued tasks as the partial indexes hold them (the free ones, the grouped
+#: ones): with this term the planner can read every PENDING task of a queue
+#: from the two indexes at once, where ``status = 'PENDING'`` alone matches
+#: none of them (and a bulk action's ids were a scan of the table, 400 ms).
+_PENDING_BY_INDEX = (
+    "((status = 'PENDING' AND group_key IS NULL) OR (status IN ('PENDING', 'RETRYING') AND group_key IS NOT NULL))"
+)
+
+
+def _list_sql(select: str, flt: TaskFilter, *, whole: bool = False) -> tuple[str, dict[str, Any]]:
+    """``select`` (its columns ``FROM corral_tasks``) with the conditions,
+    order and page of ``flt``; ``whole``: every match is wanted (a bulk
+    action's ids), so queued tasks are read from their partial indexes."""
     where: list[str] = []
     params: dict[str, Any] = {}
     for attr, col in (
@@ -395,6 +406,8 @@ def _list_sql(select: str, flt: TaskFilter) -> tuple[str, dict[str, Any]]:
             params[attr] = value
     if flt.status is not None:
         where.append(status_filter(State(flt.status)))
+        if whole and flt.status is State.PENDING:
+            where.append(_PENDING_BY_INDEX)
     if flt.error_prefix is not None:
         where.append("substr(error, 1, %(plen)s) = %(prefix)s")
         params["plen"] = len(flt.error_prefix)
@@ -1521,7 +1534,7 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     def task_ids(self, flt: TaskFilter) -> list[int]:
-        sql, params = _list_sql("SELECT id FROM corral_tasks", flt)
+        sql, params = _list_sql("SELECT id FROM corral_tasks", flt, whole=True)
         return self._run(lambda conn: [tid for (tid,) in conn.execute(sql, params).fetchall()])
 
     def finished_runs(self, start: float, end: float, limit: int) -> list[FinishedRun]:
