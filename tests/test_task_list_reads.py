@@ -115,8 +115,11 @@ def test_postgres_running_list_and_queue_counts_read_partial_indexes(pg_url):
         for status in (State.RUNNING, State.RESERVED):
             plan = explain(*_list_sql("SELECT * FROM corral_tasks", TaskFilter(status=status, limit=51)))
             assert "corral_tasks_running" in plan and "pkey" not in plan, plan
-        # every queued task of a queue (a bulk action's ids) with the term that lets the
-        # planner read the queued tasks' indexes (which it picks on a big table only)
+        # every queued task of a queue (a bulk action's ids): one arm per index of queued tasks
+        pending = TaskFilter(status=State.PENDING, queue="bulk", limit=10_001)
+        plan = explain(*_list_sql("SELECT id FROM corral_tasks", pending, whole=True))
+        assert "corral_tasks_ready_fresh" in plan and "corral_tasks_ready_group" in plan, plan
+        assert "pkey" not in plan, plan
         assert store.task_ids(TaskFilter(status=State.PENDING, queue="bulk")) == [
             r.id for r in store.list_tasks(TaskFilter(status=State.PENDING, queue="bulk"))
         ]
