@@ -114,6 +114,8 @@ def test_a_store_for_a_pooler_works_end_to_end(pg_url, pooler):
     assert store._listening is (pooler == "session")
     with store._pool.connection() as conn:
         assert conn.execute("SHOW enable_bitmapscan").fetchone()[0] == ("off" if pooler == "session" else "on")
+        parallel = conn.execute("SHOW max_parallel_workers_per_gather").fetchone()[0]
+        assert (parallel == "0") is (pooler == "session")
         if pooler == "transaction":
             assert conn.prepare_threshold is None
     store.migrate()  # again: idempotent, under either lock

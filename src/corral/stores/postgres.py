@@ -221,8 +221,13 @@ MAX_EVENT_GAPS = 10_000
 #: of stopping at the first few. No JIT: a generic plan's cost estimate
 #: (a table without statistics counts as hundreds of rows) can pass the
 #: server's JIT thresholds, and compiling then took 0.7 s of a 2 ms statement,
-#: on every call.
-SESSION_OPTIONS = "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c jit=off"
+#: on every call. No parallel plans: a generic plan's estimate of the count of
+#: live tasks (backpressure, the dashboard's sampler every second, /metrics)
+#: passed the threshold and launched two parallel workers on each call: 11 ms
+#: where the serial plan takes 1.7 ms (10 000 queued).
+SESSION_OPTIONS = (
+    "-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off -c jit=off -c max_parallel_workers_per_gather=0"
+)
 #: Pooled connections per store instance. With the listening connection a
 #: worker process holds at most ``POOL_MAX_SIZE + 1`` connections whatever
 #: its slots: claims and completions are batched by one dispatcher and one
