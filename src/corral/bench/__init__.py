@@ -20,6 +20,8 @@
 ``dag``         a 1 000-node graph against the most parallelism its slots allow;
 ``retention``   the PostgreSQL tasks table (live and dead tuples, size) over a
                 long steady run with retention on;
+``soak``        steady single submits on PostgreSQL with the xmin horizon
+                pinned mid-run: throughput, pickup, sizes and the claim's cost;
 ``keys``        keyed limits across worker processes: each key's bounds checked
                 exactly, throughput against what the keys allow, and the
                 claim's cost with 10 000 active keys.
@@ -43,7 +45,7 @@ SHORT = {"A": "queue + pool", "B": "group locks + pool", "C": "corral"}
 @click.group()
 def bench() -> None:
     """Benchmarks: `groups` (ordered groups under a downstream cap), `throughput`, `latency`, `overload`,
-    `limits`, `limit-change`, `dashboard`, `scale`, `processes`, `dag`, `retention` and `keys`."""
+    `limits`, `limit-change`, `dashboard`, `scale`, `processes`, `dag`, `retention`, `soak` and `keys`."""
 
 
 class StoreParam(click.ParamType):
@@ -1020,6 +1022,82 @@ def retention_cmd(
         click.echo(common.dumps(report))
         return
     ret.render(report, click.echo)
+
+
+@bench.command("soak")
+@pg_url_option
+@click.option("--rate", default=200.0, show_default=True, help="Single submits per second (e.g. 200, 1000).")
+@click.option(
+    "--duration", default="10m", show_default=True, help="Length of the run (the issue's soak: 30m; 10m by default)."
+)
+@click.option(
+    "--pin-minutes", default=3.0, show_default=True, help="Minutes the horizon is pinned, mid-run (0: never)."
+)
+@click.option(
+    "--readers", default=4, show_default=True, help="REPEATABLE READ sessions scanning the tasks table while pinned."
+)
+@click.option("--keep", default="60s", show_default=True, help="Age retention keeps in every final state.")
+@click.option("--sample", default="60s", show_default=True, help="Time between two rows.")
+@workers_option
+@concurrency_option
+@click.option(
+    "--submitters", type=click.IntRange(min=1), default=None, help="Submitting processes (as `bench latency`)."
+)
+@json_option
+def soak_cmd(
+    pg_url: str | None,
+    rate: float,
+    duration: str,
+    pin_minutes: float,
+    readers: int,
+    keep: str,
+    sample: str,
+    workers: int,
+    concurrency: int | None,
+    submitters: int | None,
+    as_json: bool,
+) -> None:
+    """Steady single submits on PostgreSQL with the xmin horizon pinned mid-run:
+    per minute, throughput against offered, pickup p50/p95, the tasks table's
+    and indexes' size, n_dead_tup and the claim's index reads."""
+    from corral.bench import soak
+    from corral.core.planning import parse_duration
+
+    try:
+        run_s, keep_s, sample_s = parse_duration(duration), parse_duration(keep), parse_duration(sample)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    pin_s = pin_minutes * 60.0
+    if rate <= 0 or workers < 1 or min(run_s, keep_s, sample_s) <= 0 or not 0 <= pin_s < run_s or readers < 0:
+        raise click.UsageError("--rate, --duration, --keep, --sample > 0; --pin-minutes from 0 to less than --duration")
+
+    def progress(row: dict[str, Any]) -> None:
+        if not as_json:
+            click.echo(soak.sample_line(row), err=True)
+
+    if not as_json:
+        click.echo(soak.HEAD, err=True)
+    with common.temp_store_url("postgres", pg_url) as url:
+        try:
+            report = soak.run(
+                url,
+                rate=rate,
+                duration=run_s,
+                pin=pin_s,
+                readers=readers,
+                keep=keep_s,
+                sample=sample_s,
+                workers=workers,
+                concurrency=concurrency,
+                submitters=submitters,
+                on_sample=progress,
+            )
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(common.dumps(report))
+        return
+    soak.render(report, click.echo)
 
 
 @bench.command("keys")
