@@ -35,7 +35,6 @@ from collections.abc import Callable
 from typing import Any
 
 from corral.app import App
-from corral.bench import common
 from corral.bench import latency as lat
 from corral.edges.fleet import WorkerFleet, lazy_app
 
@@ -253,7 +252,9 @@ def run(
         split: dict[str, list[float]] = {"clean": [], "pinned": [], "after": []}
         for j in range(len(sub)):
             s = starts.get(sub.ids[j])
-            split[_phase(sub.before[j] - first, pin_from, pin_to)].append(math.inf if s is None else s - sub.after[j])
+            split[_phase(sub.before[j] - start_wall, pin_from, pin_to)].append(
+                math.inf if s is None else s - sub.after[j]
+            )
         for name, values in split.items():
             values.sort()
             if values:
