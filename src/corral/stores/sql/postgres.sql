@@ -1138,10 +1138,27 @@ free_locked AS MATERIALIZED (
       AND (cardinality(t.limits) = 0 OR cardinality((SELECT limits FROM paused)) = 0
            OR NOT EXISTS (SELECT 1 FROM unnest(t.limits) AS x
                           WHERE split_part(x, chr(31), 1) = ANY((SELECT limits FROM paused)::text[])))
+      AND ((t.run_at - t.priority * 60::float8), t.id) >= (%(lo_rank)s::float8, %(lo_id)s::bigint)  -- marked
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
+free_new AS MATERIALIZED (  -- marked
+    SELECT t.id, t.priority, t.run_at AS elig, t.group_key, t.limits, t.name  -- marked
+    FROM corral_tasks t  -- marked
+    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool  -- marked
+      AND cardinality(t.limits) = 0  -- marked
+      AND t.queue = ANY(%(queues)s::text[])  -- marked
+      AND t.run_at > %(since)s::float8 AND t.run_at <= (SELECT now FROM clk)  -- marked
+      AND NOT (((t.run_at - t.priority * 60::float8) + 0, t.id) >= (%(lo_rank)s::float8, %(lo_id)s::bigint))  -- marked
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))  -- marked
+      AND NOT EXISTS (SELECT 1 FROM barred_names bn WHERE bn.name = t.name OFFSET 0)  -- marked
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)  -- marked
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))  -- marked
+    ORDER BY (t.run_at - t.priority * 60::float8) + 0, t.id  -- marked
+    LIMIT %(n)s  -- marked
+    FOR UPDATE OF t SKIP LOCKED  -- marked
+),  -- marked
 -- Ready group heads straight from their index, in claim order (priority, then
 -- round-robin ready_at). The flag only finds candidates: the exact rule is
 -- checked again here (no earlier task holds the group's place, nothing of the
@@ -1229,6 +1246,7 @@ lanes AS MATERIALIZED (
            row_number() OVER (PARTITION BY u.lane ORDER BY (u.elig - u.priority * 60::float8), u.id) AS ln,
            count(*) FILTER (WHERE u.lane = 0) OVER () AS nf
     FROM (SELECT *, 0 AS lane FROM free_locked
+          UNION ALL SELECT *, 0 FROM free_new  -- marked
           UNION ALL SELECT *, 0 FROM heads_locked
           UNION ALL SELECT *, 1 FROM retry_locked) u
 ),
@@ -1362,10 +1380,26 @@ fresh AS MATERIALIZED (
       -- never a task past the deadline of its first start (the sweeper ends it)
       AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)
       AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))
+      AND ((t.run_at - t.priority * 60::float8), t.id) >= (%(lo_rank)s::float8, %(lo_id)s::bigint)  -- marked
     ORDER BY (t.run_at - t.priority * 60::float8), t.id
     LIMIT %(n)s
     FOR UPDATE OF t SKIP LOCKED
 ),
+fresh_new AS MATERIALIZED (  -- marked
+    SELECT t.id, t.priority, t.run_at FROM corral_tasks t  -- marked
+    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool  -- marked
+      AND cardinality(t.limits) = 0  -- marked
+      AND t.queue = ANY(%(queues)s::text[])  -- marked
+      AND t.run_at > %(since)s::float8 AND t.run_at <= (SELECT now FROM clk)  -- marked
+      AND NOT (((t.run_at - t.priority * 60::float8) + 0, t.id) >= (%(lo_rank)s::float8, %(lo_id)s::bigint))  -- marked
+      AND (%(all_names)s::bool OR t.name = ANY(%(names)s::text[]))  -- marked
+      AND NOT EXISTS (SELECT 1 FROM barred b WHERE b.name = t.name)  -- marked
+      AND (t.expires_at IS NULL OR t.expires_at > (SELECT now FROM clk) OR t.attempt > 0 OR t.snoozes > 0)  -- marked
+      AND NOT (t.queue = ANY((SELECT queues FROM paused)::text[]))  -- marked
+    ORDER BY (t.run_at - t.priority * 60::float8) + 0, t.id  -- marked
+    LIMIT %(n)s  -- marked
+    FOR UPDATE OF t SKIP LOCKED  -- marked
+),  -- marked
 -- the retry path, read apart from its own index
 retry AS MATERIALIZED (
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t
@@ -1386,7 +1420,9 @@ picked AS (
     SELECT u.id FROM (
         SELECT l.*, row_number() OVER (PARTITION BY l.lane ORDER BY (l.run_at - l.priority * 60::float8), l.id) AS ln,
                count(*) FILTER (WHERE l.lane = 0) OVER () AS nf
-        FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r) l
+        FROM (SELECT f.*, 0 AS lane FROM fresh f UNION ALL SELECT r.*, 1 FROM retry r
+              UNION ALL SELECT b.*, 0 FROM fresh_new b  -- marked
+        ) l
     ) u, (SELECT coalesce(%(cap)s::int, greatest(1, ceil(%(n)s * %(share)s::float8 - 1e-9))::int) AS cap) c
     WHERE %(share)s::float8 IS NULL OR u.lane = 0 OR u.ln <= least(%(most)s::int, greatest(c.cap, %(n)s - u.nf))
     ORDER BY (u.run_at - u.priority * 60::float8), u.id
