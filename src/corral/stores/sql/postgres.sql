@@ -1146,7 +1146,10 @@ free_locked AS MATERIALIZED (
 free_new AS MATERIALIZED (  -- marked
     SELECT t.id, t.priority, t.run_at AS elig, t.group_key, t.limits, t.name  -- marked
     FROM corral_tasks t  -- marked
-    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool  -- marked
+    -- from the ready rows' (queue, run_at) index: "num_nulls" (not "group_key  -- marked
+    -- IS NULL") keeps the planner off the claim-order index, whose walk  -- marked
+    -- (the dead rows before the mark) this is here to avoid  -- marked
+    WHERE t.status = 'PENDING' AND num_nulls(t.group_key) = 1 AND NOT %(only_retries)s::bool  -- marked
       AND cardinality(t.limits) = 0  -- marked
       AND t.queue = ANY(%(queues)s::text[])  -- marked
       AND t.run_at > %(since)s::float8 AND t.run_at <= (SELECT now FROM clk)  -- marked
@@ -1387,7 +1390,10 @@ fresh AS MATERIALIZED (
 ),
 fresh_new AS MATERIALIZED (  -- marked
     SELECT t.id, t.priority, t.run_at FROM corral_tasks t  -- marked
-    WHERE t.status = 'PENDING' AND t.group_key IS NULL AND NOT %(only_retries)s::bool  -- marked
+    -- from the ready rows' (queue, run_at) index: "num_nulls" (not "group_key  -- marked
+    -- IS NULL") keeps the planner off the claim-order index, whose walk  -- marked
+    -- (the dead rows before the mark) this is here to avoid  -- marked
+    WHERE t.status = 'PENDING' AND num_nulls(t.group_key) = 1 AND NOT %(only_retries)s::bool  -- marked
       AND cardinality(t.limits) = 0  -- marked
       AND t.queue = ANY(%(queues)s::text[])  -- marked
       AND t.run_at > %(since)s::float8 AND t.run_at <= (SELECT now FROM clk)  -- marked
