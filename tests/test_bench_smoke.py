@@ -366,3 +366,32 @@ def test_dashboard_live_cost_runs_both_sides_and_the_stream_is_read():
     assert report["ratio"]["min"] <= report["ratio"]["median"] <= report["ratio"]["max"]
     assert {"median_off", "median_on", "cost_pct", "dashboard_core_share", "store_calls_per_s"} <= set(report)
     assert len(report["load_before"]) == 3
+
+
+SOAK_FIELDS = {
+    "t_s",
+    "phase",
+    "offered_per_s",
+    "started_per_s",
+    "pending",
+    "pickup_p50_ms",
+    "pickup_p95_ms",
+    "table_mb",
+    "indexes_mb",
+    "n_dead_tup",
+    "index_reads_per_scan",
+    "claim_shape_ms",
+}
+
+
+@pytest.mark.postgres
+def test_soak_pins_the_horizon_mid_run(pg_admin_url):
+    args = ("--rate", "50", "--duration", "9s", "--pin-minutes", "0.05", "--sample", "3s", "--readers", "1")
+    r = _run("soak", "--pg-url", pg_admin_url, *args, "--json")
+    assert r["scenario"] == "soak" and r["rate"] == 50 and r["pin_s"] == 3 and r["pin_from_s"] == 3
+    assert [s["phase"] for s in r["samples"]] == ["clean", "pinned", "after"]
+    assert all(SOAK_FIELDS <= set(s) for s in r["samples"])
+    assert set(r["phases"]) == {"clean", "pinned", "after"}
+    assert r["submitted"] > 0 and r["duplicates"] == 0
+    assert sum(p["tasks"] for p in r["phases"].values()) == r["submitted"]
+    assert all(p["missing"] == 0 for p in r["phases"].values())

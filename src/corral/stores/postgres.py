@@ -193,6 +193,8 @@ PLAIN_HINT_TTL = 0.2
 #: 150 s at 200 tasks/s). While only plain work is queued (the fast path's
 #: hint), a claimer keeps, per queues and names asked, the claim order of the
 #: first row its last claim took, and its next claim starts its walk there.
+#: Grouped or limited work queued, or a ":g" notification (a dependent
+#: released keeps its old run_at), ends the marks with the hint.
 #: What can come to be queued below the mark is read apart, from the ready
 #: rows' (queue, run_at) index: a task submitted, retried or rescued since
 #: (MARK_SLACK seconds before the mark's claim: a submit's run_at is its
@@ -751,13 +753,19 @@ class PostgresStore(SqlStore):
 
         return self._end_plain_hint(tasks, plan.results(self._run(go)))
 
+    def _end_plain(self) -> None:
+        """Grouped or limited work is queued, or a task was made ready below
+        the marks (a dependent released: ":g"): no fast path, no marks."""
+        self._plain_until = 0.0
+        self._marks.clear()
+
     def _end_plain_hint(self, tasks: Sequence[NewTask], out: T) -> T:
         """Grouped or limited work submitted here ends this store's plain fast
         path at once, once it is stored (other stores learn of it from the
         ":g" notification); returns ``out``."""
         self._keyed_limits.update(n.partition(KEY_SEP)[0] for t in tasks for n in t.limits if KEY_SEP in n)
         if any(t.group is not None or t.limits for t in tasks):
-            self._plain_until = 0.0
+            self._end_plain()
         return out
 
     def _submit_graph(self, conn, tasks: list[NewTask], max_queued: int | None) -> list[SubmitResult]:
@@ -948,9 +956,8 @@ class PostgresStore(SqlStore):
                 if rows:
                     return rows
             else:
-                # grouped or limited work may be queued (or was, a moment
-                # ago): every claim walks from the start until the hint is back
-                self._marks.clear()
+                # the hint is out of date (delayed grouped work may have come
+                # due): this claim walks from the start; the marks stay
                 marked = ""
             rows = full(conn, cur)
             # Take the fast path for a while if nothing grouped or limited waits;
@@ -959,7 +966,7 @@ class PostgresStore(SqlStore):
             if plain and not conn.execute(self._q["special_ready"]).fetchone()[0]:
                 self._plain_until = now + PLAIN_HINT_TTL
             else:
-                self._plain_until = 0.0
+                self._end_plain()
             return rows
 
         def full(conn, cur):
@@ -1488,7 +1495,7 @@ class PostgresStore(SqlStore):
                             woken = self._handed_over(note.payload, opened)
                         else:
                             if note.channel == CHANNEL and note.payload.endswith(":g"):
-                                self._plain_until = 0.0
+                                self._end_plain()
                             woken = True
                 if opened is not None and not opened.spent:
                     self._withdraw(self._listen_conn, opened)
@@ -1606,7 +1613,7 @@ class PostgresStore(SqlStore):
             for note in conn.notifies(timeout=left, stop_after=1):
                 came = came or note.channel == probe
                 if note.payload.endswith(":g"):
-                    self._plain_until = 0.0
+                    self._end_plain()
         conn.execute(f"UNLISTEN {probe}")
         if not came:
             return f"a test notification did not come back within {LISTEN_CHECK_SECONDS:g} s (a transaction pooler?)"
