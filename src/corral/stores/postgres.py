@@ -940,26 +940,29 @@ class PostgresStore(SqlStore):
             nonlocal marked
             cur = conn.cursor(row_factory=dict_row)
             now = time.monotonic()
+            # (a mark is kept only while no grouped or limited work is queued)
+            mark = self._marks.get(key)
+            marked = ""
+            if mark is not None and now - mark.full_at < self._mark_rescan * self._full_claim_s:
+                marked = "_marked"
+                base.update(lo_rank=mark.rank, lo_id=mark.id, since=mark.since)
             if self._plain_until > now:
                 # Only plain work was queued a moment ago: one light statement.
-                mark = self._marks.get(key)
-                if mark is not None and now - mark.full_at < self._mark_rescan * self._full_claim_s:
-                    marked = "_marked"
-                    base.update(lo_rank=mark.rank, lo_id=mark.id, since=mark.since)
                 cur.execute(self._q["claim_plain" + marked], {**base, "n": max_units})
                 rows = cur.fetchall()
-                if not marked:
-                    self._full_claim_s = time.monotonic() - now
-                    self._mark(key, rows, now, base["lease"])
-                elif rows:
-                    self._mark(key, rows, None, base["lease"])
-                if rows:
-                    return rows
+                self._mark(key, rows, None if marked else now, base["lease"])
+                fast = bool(rows)
+                if not fast:
+                    rows = full(conn, cur)
             else:
-                # the hint is out of date (delayed grouped work may have come
-                # due): this claim walks from the start; the marks stay
-                marked = ""
-            rows = full(conn, cur)
+                fast = False
+                rows = full(conn, cur)
+                self._mark(key, rows, None if marked else now, base["lease"])
+            if not marked:
+                # what the walks from the start cost (the claims, the probes)
+                self._full_claim_s = time.monotonic() - now
+            if fast:
+                return rows
             # Take the fast path for a while if nothing grouped or limited waits;
             # a ":g" notification, or at the latest PLAIN_HINT_TTL, ends it.
             plain = not any(r["group_key"] is not None or r["limits"] for r in rows)
@@ -970,8 +973,7 @@ class PostgresStore(SqlStore):
             return rows
 
         def full(conn, cur):
-            # right after a claim from the mark that found nothing, this one
-            # walks from it too (only plain work is queued, as the hint said)
+            # from the mark too, if that claim was (only plain work was queued)
             claim = self._q["claim" + marked]
             if prefetch:
                 # no unit naming a limit: gates stay shut, nothing to lock or charge
@@ -985,7 +987,11 @@ class PostgresStore(SqlStore):
                 rows = cur.fetchall()
                 if rows:
                     return rows
-            keys = self._probe_keys(conn, base["queues"], max_units)
+            # A mark is kept only while no limited work is queued: no look for
+            # keys (its read of fresh limited work walks the index the mark is
+            # there to spare). Limited work submitted since ends the marks with
+            # its ":g" notification, which wakes a claim.
+            keys = [] if marked else self._probe_keys(conn, base["queues"], max_units)
             self._keyed_limits.update(k.partition(KEY_SEP)[0] for k in keys)
             probe = {"queues": base["queues"], "keyed": sorted(self._keyed_limits)}
             limited = conn.execute(self._q["claim_probe"], probe).fetchone()[0]
