@@ -4,7 +4,8 @@ claim took, not from the index's start (where, under a transaction left open,
 every task claimed since lies dead). Work that comes to be queued below the
 mark must still be claimed at once: a task of a higher priority submitted
 after the mark, a delayed one of a higher priority coming due, a failed one
-retried by hand."""
+retried by hand, a dependent released by its upstream's end (its run_at older
+than the mark)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,16 @@ def test_a_failed_task_retried_by_hand_below_the_mark_is_claimed_next(pg):
     assert pg.retry(failing)
     assert claim_one(pg) == [failing]
     assert claim_one(pg) == ids[2:3]
+
+
+def test_a_dependent_released_below_the_mark_is_claimed_next(pg):
+    (upstream,) = [r.id for r in pg.submit([task(priority=3)])]
+    got = pg.claim("w", ClaimRequest(["default"], 1))
+    (up,) = got[0].tasks
+    assert up.id == upstream
+    # queued long ago (its run_at well before the mark's claim), waiting for the upstream
+    (dependent,) = [r.id for r in pg.submit([task(run_at=time.time() - 60, depends_on=(upstream,))])]
+    ids = [r.id for r in pg.submit([task() for _ in range(3)])]
+    marked(pg, ids)
+    assert pg.complete([Outcome(up.id, got[0].token, up.version, State.SUCCESS)]) == [True]
+    assert claim_one(pg) == [dependent]

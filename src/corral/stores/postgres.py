@@ -915,7 +915,11 @@ class PostgresStore(SqlStore):
 
     def _settle(self, conn, ids: list[int]) -> None:
         """Settle the dependents of ended tasks; the ones canceled on the way
-        are settled in turn, so a dependent that runs anyway sees them ended."""
+        are settled in turn, so a dependent that runs anyway sees them ended.
+        A dependent made ready keeps its run_at, below the claim marks: this
+        store's end now (others' with the ":g" notification)."""
+        if ids:
+            self._end_plain()
         while ids:
             canceled, _, _ = conn.execute(self._q["settle_dependents"], {"ids": ids}).fetchone()
             ids = canceled or []
