@@ -46,7 +46,7 @@ def test_one_knob_auto_the_other_fixed():
         ({"max_concurrency": 10}, "max_concurrency bounds an adaptive limit; it needs concurrency='auto'"),
         ({"concurrency": 3, "rate": "auto", "max_rate": "9/s", "max_concurrency": 9}, "need concurrency='auto'"),
         ({"rate": "auto", "max_rate": "9/s", "burst": 5}, "an adaptive rate takes no burst"),
-        ({"rate": "auto", "max_rate": "9/s", "per_key": True}, "cannot be per_key yet"),
+        ({"rate": "auto", "max_rate": "9/s", "per_key": "yes"}, "per_key must be True or False"),
         ({"concurrency": "many"}, "an integer from 1 to 2147483647 or 'auto'"),
     ],
 )

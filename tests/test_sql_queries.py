@@ -10,6 +10,7 @@ from corral.stores.sql import load
 #: SQLite only: one statement per step where PostgreSQL does it in one, or
 #: bookkeeping that PostgreSQL's triggers keep.
 SQLITE_ONLY = {
+    "save_adaptive_key": "a key's decision upserted per key (PostgreSQL: `save_adaptive_keys`, one JSON array)",
     "held_places": "the table of places held and its triggers (PostgreSQL: `migration_0044`)",
     "limit_held": "one limit's places, as the Python pick asks (PostgreSQL: the `places_held` fragment)",
     "relay_fits": "which limits may pass a place to a relay (PostgreSQL: inside `handoff_allowed`)",
@@ -137,6 +138,8 @@ POSTGRES_ONLY = {
     "migration_0043": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0045": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0046": "numbered migrations (SQLite: `held_places`)",
+    "migration_0047": "numbered migrations (SQLite: the key rows of `named_limits` had these columns already)",
+    "save_adaptive_keys": "keys' decisions in one JSON-array upsert (SQLite: `save_adaptive_key` per key)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",
     "supersede_lock_groups": "group row locks before a supersede cancels (SQLite: one writer at a time)",

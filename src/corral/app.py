@@ -631,7 +631,8 @@ class App:
         ``[min_concurrency, max_concurrency]`` (min 1 by default) or
         ``[min_rate, max_rate]`` ("1/s" by default); the max is required.
         A new adaptive limit starts low (a twentieth of the max); declaring
-        it again keeps what the fleet learned."""
+        it again keeps what the fleet learned. Keyed and adaptive, each of
+        its busiest keys learns its own values, starting from the limit's."""
         check.text(name, "limit name")
         if concurrency == "auto" or rate == "auto":
             self._adaptive_limit(
@@ -737,8 +738,8 @@ class App:
             except ValueError as exc:
                 raise ConfigError(f"limit {name!r}: {option}: {exc}") from None
 
-        if per_key is not False:
-            raise ConfigError(f"limit {name!r}: an adaptive limit cannot be per_key yet")
+        if not isinstance(per_key, bool):
+            raise ConfigError(f"per_key must be True or False, not {check.shown(per_key)}")
         auto_c, auto_r = concurrency == "auto", rate == "auto"
         if auto_c and max_concurrency is None:
             raise ConfigError(f"limit {name!r}: concurrency='auto' needs max_concurrency (its hard upper bound)")
@@ -775,9 +776,13 @@ class App:
             if lo_r > hi_r:
                 raise ConfigError(f"limit {name!r}: min_rate {min_rate!r} is above max_rate {max_rate!r}")
         spec = AdaptiveSpec(auto_c, auto_r, Bounds(lo_c, hi_c, lo_r, hi_r))
-        self.store.declare_adaptive(LimitSpec(name, fixed_c, fixed_r, burst), spec)
+        # keyed: each key learns its own values (the keeper's per-key controller), from the limit's
+        self.store.declare_adaptive(LimitSpec(name, fixed_c, fixed_r, burst, per_key=per_key), spec)
         self._known_limits.add(name)
-        self._per_key.discard(name)
+        if per_key:
+            self._per_key.add(name)
+        else:
+            self._per_key.discard(name)
 
     def batch(self, name: str, *, concurrency: int | None = None, on_complete: TaskDef | str | None = None) -> str:
         """Declare a batch: a per-batch limit and a callback, shared by the fleet.

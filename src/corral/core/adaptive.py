@@ -754,3 +754,31 @@ def decide_keys(
         elif now - states[key].seen < idle:
             kept[key] = states[key]
     return kept, decisions
+
+
+def key_state_json(key: KeyState) -> str:
+    """A key's :class:`KeyState` as its row's ``controller`` column holds it."""
+    import json
+
+    return json.dumps({"seen": key.seen, "state": key.state.to_dict()}, separators=(",", ":"))
+
+
+def key_state_of(text: str | None) -> KeyState | None:
+    """A key row's ``controller`` column read back (None: none, or unreadable)."""
+    import json
+
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+        return KeyState(ControllerState.from_dict(data["state"]), float(data["seen"]))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def key_live(text: str | None, now: float, idle: float = KEY_IDLE_FORGET) -> bool:
+    """Does a key row's ``controller`` say the key had a call in the last
+    ``idle`` seconds? Such a row is kept however full its bucket is: it holds
+    the key's learned values, which a missing row would not."""
+    key = key_state_of(text)
+    return key is not None and now - key.seen < idle

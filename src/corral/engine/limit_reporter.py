@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from corral.core.adaptive import ReportAccumulator
+from corral.core.adaptive import MAX_KEY_STATES, LimitReport, ReportAccumulator, busiest_reports
 from corral.core.breaker import counts_as_failure
+from corral.core.gates import KEY_SEP, split_key
 from corral.core.model import Outcome
 from corral.core.retries import http_status
 from corral.core.states import State
@@ -85,6 +86,8 @@ class LimitReporter:
         self._in_flight: dict[str, int] = {}
         self._adaptive: frozenset[str] = frozenset()
         self._read_at: float | None = None
+        #: when the last report was taken: a key's counts made after it start from it
+        self._taken_at = now()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: reports written (one write each, whatever the tasks counted)
@@ -95,7 +98,9 @@ class LimitReporter:
         """A task naming ``limits`` starts here: the adaptive ones it counts under (pass them to :meth:`ended`)."""
         if not self._adaptive:
             return ()
-        mine = tuple(n for n in limits if n in self._adaptive)
+        adaptive = self._adaptive
+        # a keyed limit's task names its key's gate (``limit + KEY_SEP + key``): counted per key
+        mine = tuple(n for n in limits if n in adaptive or (KEY_SEP in n and split_key(n)[0] in adaptive))
         if mine:
             with self._lock:
                 for name in mine:
@@ -124,7 +129,9 @@ class LimitReporter:
     def _acc(self, name: str) -> ReportAccumulator:
         acc = self._accs.get(name)
         if acc is None:
-            acc = self._accs[name] = ReportAccumulator(self._now())
+            # a key counted again after a report without it covers the interval since that report
+            since = self._taken_at if KEY_SEP in name else self._now()
+            acc = self._accs[name] = ReportAccumulator(since)
         return acc
 
     # ---- the reporter's side: one write a second --------------------------------
@@ -136,7 +143,7 @@ class LimitReporter:
             names = frozenset()
         with self._lock:
             self._adaptive = names
-            for gone in set(self._accs) - names:
+            for gone in [n for n in self._accs if split_key(n)[0] not in names]:
                 del self._accs[gone]
         self._read_at = self._now()
 
@@ -145,15 +152,19 @@ class LimitReporter:
         now = self._now()
         with self._lock:
             reports = {name: acc.take(now) for name, acc in self._accs.items()}
+            self._taken_at = now
             busy = {name: n for name, n in self._in_flight.items() if n}
+            # a key's counts are kept only while it has calls in flight: the keys met stay few in memory
+            for name in [n for n in self._accs if KEY_SEP in n and not busy.get(n)]:
+                del self._accs[name]
+                self._in_flight.pop(name, None)
         for name, n in busy.items():  # calls still in flight were in flight in this interval too
             if name in reports and reports[name].peak_in_flight < n:
                 reports[name] = replace(reports[name], peak_in_flight=n)
-        sent = {
-            n: r.to_dict()
-            for n, r in reports.items()
-            if r.calls or r.successes or r.throttles or r.errors or r.peak_in_flight
+        live = {
+            n: r for n, r in reports.items() if r.calls or r.successes or r.throttles or r.errors or r.peak_in_flight
         }
+        sent = {n: r.to_dict() for n, r in _busiest_keys(live).items()}
         if not sent:
             return False
         self.store.report_limits(self.id, json.dumps(sent, separators=(",", ":"), sort_keys=True))
@@ -201,6 +212,22 @@ class LimitReporter:
                 self.flush()
         except (StoreError, NotImplementedError):
             pass
+
+
+def _busiest_keys(reports: dict[str, LimitReport], top: int = MAX_KEY_STATES) -> dict[str, LimitReport]:
+    """``reports`` with each keyed limit's keys cut to its ``top`` busiest
+    (:func:`corral.core.adaptive.busiest_reports`): a report stays bounded
+    however many keys the worker met. Plain limits' reports are all kept."""
+    plain = {n: r for n, r in reports.items() if KEY_SEP not in n}
+    per: dict[str, dict[str, LimitReport]] = {}
+    for name, report in reports.items():
+        limit, key = split_key(name)
+        if key is not None:
+            per.setdefault(limit, {})[key] = report
+    for limit, keys in per.items():
+        for key, report in busiest_reports(keys, top).items():
+            plain[f"{limit}{KEY_SEP}{key}"] = report
+    return plain
 
 
 __all__ = ["LimitReporter", "signal", "REPORT_EVERY"]

@@ -12,6 +12,15 @@ leadership, with an event saying why when a value changed
 (:data:`corral.core.events.LIMIT_ADAPTED`). The state is the whole memory of
 the controller, so a new leader continues from the row where the old one
 stopped; its first second only takes the reports (their span is unknown).
+
+A keyed adaptive limit (``per_key=True``) learns per key: the workers report
+each key's calls under its gate name (``limit + KEY_SEP + key``, the busiest
+keys only), and the keeper runs :func:`corral.core.adaptive.decide_keys` with
+the keys' states read from their rows, writing each decided key's state and
+effective values to its row in one upsert fenced the same way
+(:meth:`corral.stores.base.Store.save_adaptive_keys`). A key the controller
+forgot (idle, or no longer among the busiest) has its own values cleared and
+runs under the limit's again.
 """
 
 from __future__ import annotations
@@ -26,12 +35,18 @@ from corral.core.adaptive import (
     RATE_BUSY_SHARE,
     AdaptiveRow,
     Decision,
+    KeyState,
     LimitReport,
     decide,
+    decide_keys,
+    effective_concurrency,
     fleet_report,
     initial_state,
+    key_state_json,
+    key_state_of,
     rate_text,
 )
+from corral.core.gates import keyed_name, split_key
 from corral.core.rates import parse_rate
 from corral.maintenance.loop import Loop
 from corral.stores.base import Store
@@ -63,6 +78,8 @@ class AdaptiveKeeper(Loop):
         #: decisions written, and those fenced out (another leader)
         self.decisions = 0
         self.fenced = 0
+        #: keys' decisions written (a keyed adaptive limit's)
+        self.key_decisions = 0
         #: per limit, its rate before the last decision: in force for the first part of the next interval
         self._before: dict[str, float] = {}
         super().__init__()
@@ -91,17 +108,24 @@ class AdaptiveKeeper(Loop):
             return []
         seconds = min(MAX_INTERVAL, max(1e-3, now - last))
         per: dict[str, list[tuple[str, LimitReport]]] = {name: [] for name in rows}
+        keyed: dict[str, dict[str, list[tuple[str, LimitReport]]]] = {}
         for worker, text in taken:
             try:
                 data = json.loads(text)
             except ValueError:
                 continue
             for name, report in data.items():
-                if name in per:
-                    try:
-                        per[name].append((worker, LimitReport.from_dict(report)))
-                    except (TypeError, ValueError):
-                        continue
+                limit, key = split_key(name)
+                if limit not in per:
+                    continue
+                try:
+                    got = (worker, LimitReport.from_dict(report))
+                except (TypeError, ValueError):
+                    continue
+                if key is None:
+                    per[name].append(got)
+                else:
+                    keyed.setdefault(limit, {}).setdefault(key, []).append(got)
         waiting = self.store.limits_waiting(list(rows))
         made = []
         for name, row in rows.items():
@@ -109,7 +133,50 @@ class AdaptiveKeeper(Loop):
             decision = self._decide(row, report, name in waiting, now)
             if decision is not None:
                 made.append(decision)
+            self._decide_keys(row, keyed.get(name, {}), seconds, now)
         return made
+
+    def _decide_keys(
+        self, row: AdaptiveRow, reports: dict[str, list[tuple[str, LimitReport]]], seconds: float, now: float
+    ) -> int:
+        """The keys of ``row`` (a keyed adaptive limit) decided and written; how many."""
+        stored = self.store.adaptive_keys(row.name)
+        if not reports and not stored:
+            return 0  # a plain limit, or a keyed one with no key learning: no write
+        spec = row.spec
+        states: dict[str, KeyState] = {}
+        for key, text in stored.items():
+            got = key_state_of(text)
+            if got is not None:
+                states[key] = got
+        fleet = {key: fleet_report(rs, seconds) for key, rs in reports.items()}
+        rate0 = _per_second(row.rate) or spec.bounds.max_rate
+        conc0 = float(row.concurrency or spec.bounds.max_concurrency)
+        waiting = self.store.limits_waiting([keyed_name(row.name, k) for k in fleet]) if fleet else set()
+        for key, report in fleet.items():  # was the key's own limit the bottleneck?
+            state = states[key].state if key in states else initial_state(spec.bounds, now, rate0, conc0)
+            if keyed_name(row.name, key) not in waiting:
+                continue
+            held_rate = int(spec.rate and report.calls >= RATE_BUSY_SHARE * state.rate * report.seconds)
+            conc = effective_concurrency(state, spec.bounds)
+            held_conc = int(spec.concurrency and report.peak_in_flight >= conc)
+            fleet[key] = replace(report, held_by_rate=held_rate, held_by_concurrency=held_conc)
+        kept, decisions = decide_keys(states, fleet, spec.bounds, now, start=(conc0, rate0))
+        writes: dict[str, tuple[str | None, int | None, str | None]] = {}
+        for key, decision in decisions.items():
+            conc = decision.concurrency if spec.concurrency else None
+            rate = rate_text(decision.rate) if spec.rate else None
+            writes[key] = (key_state_json(kept[key]), conc, rate)
+        for key in states.keys() - kept.keys():  # forgotten: the key runs under the limit's values again
+            writes[key] = (None, None, None)
+        if not writes:
+            return 0
+        if not self.store.save_adaptive_keys(row.name, self.sweeper.holder, self.role, writes):
+            self.fenced += 1
+            log.info("adaptive limit %s: keys not written, this process does not lead any more", row.name)
+            return 0
+        self.key_decisions += len(decisions)
+        return len(writes)
 
     def _decide(self, row: AdaptiveRow, report: LimitReport, waiting: bool, now: float) -> Decision | None:
         spec = row.spec

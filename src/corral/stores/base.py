@@ -958,6 +958,29 @@ class Store(abc.ABC):
         longer adaptive. A changed rate starts with a full bucket."""
         raise NotImplementedError
 
+    def adaptive_keys(self, limit: str) -> dict[str, str]:
+        """The controller states of the keys of the keyed adaptive limit
+        ``limit``: key to its row's ``controller`` JSON
+        (:func:`corral.core.adaptive.key_state_json`), for the keys that have one."""
+        raise NotImplementedError
+
+    def save_adaptive_keys(
+        self,
+        limit: str,
+        holder: str,
+        role: str,
+        keys: Mapping[str, tuple[str | None, int | None, str | None]],
+    ) -> bool:
+        """Write the controller's decisions for keys of the keyed adaptive
+        limit ``limit``: per key, its state (JSON) and its effective
+        concurrency and rate, upserted into the key's row (made if the key
+        has none), in one write fenced by the leadership ``role`` as
+        :meth:`save_adaptive` is. A key given ``(None, None, None)`` loses its
+        state and its own values (it runs under the limit's again). A changed
+        rate starts the key with a full bucket. False when fenced out or
+        ``limit`` is not adaptive."""
+        raise NotImplementedError
+
     def report_limits(self, worker_id: str, reports: str) -> None:
         """Store one worker's reports of its adaptive limits (JSON: limit name
         to :meth:`LimitReport.to_dict`), one row a call (about once a second,

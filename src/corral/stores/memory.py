@@ -47,6 +47,7 @@ from corral.core.gates import (
     busiest_keys,
     fold_keys,
     key_at_rest,
+    keyed_name,
     record_outcomes,
     split_key,
 )
@@ -158,6 +159,8 @@ class MemoryStore(Store):
         self._limits: dict[str, LimitState] = {}
         #: adaptive limits: name -> (spec as JSON, the controller's state as JSON or None)
         self._adaptive: dict[str, tuple[str, str | None]] = {}
+        #: a keyed adaptive limit's keys' controller states (JSON), by gate name: the key rows' ``controller``
+        self._key_controllers: dict[str, str] = {}
         #: the workers' reports of adaptive limits not taken yet: (worker, at, JSON)
         self._limit_reports: list[tuple[str, float, str]] = []
         self._usage: dict[str, int] = {}
@@ -1194,16 +1197,22 @@ class MemoryStore(Store):
                     break
                 if KEY_SEP in name:
                     base = self._limits.get(name.partition(KEY_SEP)[0])
-                    if key_at_rest(base.spec if base else None, lim, now):
+                    if key_at_rest(base.spec if base else None, lim, now) and not adp.key_live(
+                        self._key_controllers.get(name), now
+                    ):
                         gone.append(name)
             for name in gone:
                 del self._limits[name]
+                self._key_controllers.pop(name, None)
             return len(gone)
 
-    def _set_effective(self, name: str, concurrency: int | None, rate: str | None, burst: int | None) -> None:
+    def _set_effective(
+        self, name: str, concurrency: int | None, rate: str | None, burst: int | None, per_key: bool | None = None
+    ) -> None:
         """A limit's values as set_limit writes them, its bucket kept while its rate is (lock held)."""
         old = self._limits.get(name)
-        spec = LimitSpec(name, concurrency, rate, burst, old.spec.paused_until if old else None)
+        keyed = per_key if per_key is not None else bool(old and old.spec.per_key)
+        spec = LimitSpec(name, concurrency, rate, burst, old.spec.paused_until if old else None, per_key=keyed)
         new = LimitState(spec)
         if old is not None:
             if old.spec.rate == rate:
@@ -1225,7 +1234,7 @@ class MemoryStore(Store):
         with self._lock:
             old = self._adaptive_rows().get(limit.name)
             conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
-            self._set_effective(limit.name, conc, rate, limit.burst)
+            self._set_effective(limit.name, conc, rate, limit.burst, limit.per_key)
             self._adaptive[limit.name] = (spec.to_json(), None if old is None else self._adaptive[limit.name][1])
 
     def adaptive_limits(self) -> dict[str, adp.AdaptiveRow]:
@@ -1255,6 +1264,40 @@ class MemoryStore(Store):
             self._adaptive[name] = (self._adaptive[name][0], state)
             if event is not None:
                 self._add_event(now, ev.LIMIT_ADAPTED, f"limit:{name}", event)
+            return True
+
+    def adaptive_keys(self, limit: str) -> dict[str, str]:
+        prefix = keyed_name(limit, "")
+        with self._lock:
+            return {n[len(prefix) :]: c for n, c in self._key_controllers.items() if n.startswith(prefix)}
+
+    def save_adaptive_keys(
+        self,
+        limit: str,
+        holder: str,
+        role: str,
+        keys: Mapping[str, tuple[str | None, int | None, str | None]],
+    ) -> bool:
+        with self._lock:
+            now = self.now()
+            leader, until = self._leaders.get(role, ("", 0.0))
+            if leader != holder or until < now or limit not in self._adaptive:
+                return False
+            for key, (state, conc, rate) in keys.items():
+                name = keyed_name(limit, key)
+                old = self._limits.get(name)
+                new = LimitState(LimitSpec(name, conc, rate, paused_until=old.spec.paused_until if old else None))
+                if old is not None:
+                    if old.spec.rate == rate:
+                        new.tokens, new.counted_at = old.tokens, old.counted_at
+                    new.starts = old.starts
+                self._limits[name] = new
+                if state is None:
+                    self._key_controllers.pop(name, None)
+                else:
+                    self._key_controllers[name] = state
+            self._changes += 1
+            self._wake.notify_all()
             return True
 
     def report_limits(self, worker_id: str, reports: str) -> None:

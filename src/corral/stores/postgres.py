@@ -73,7 +73,7 @@ from corral.core.cron import (
 )
 from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.events import LIMIT_ADAPTED
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, record_outcomes
+from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, keyed_name, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -295,7 +295,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
 #: 45: task events stored narrow (see migration_0045).
 #: 46: the places held under each limit (corral_held_places, kept by triggers).
-SCHEMA_VERSION = 46
+#: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys.concurrency, rate, controller).
+SCHEMA_VERSION = 47
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1062,10 +1063,13 @@ class PostgresStore(SqlStore):
             free_cap = dict(conn.execute(self._q["limit_free"], {"names": names, "own": []}).fetchall())
             usage = {n: (limits[n].spec.concurrency or 0) - f for n, f in free_cap.items() if n in limits}
             if keys:
-                for name, held, paused, tokens, at, starts in conn.execute(self._q["key_usage"], {"names": keys}):
+                for name, held, paused, tokens, at, starts, conc, rate, has_row in conn.execute(
+                    self._q["key_usage"], {"names": keys}
+                ):
                     usage[name] = held
-                    if paused is not None or at is not None or starts is not None:  # the key has a row
-                        limits[name] = LimitState(LimitSpec(name, paused_until=paused), tokens, at, starts)
+                    if has_row:  # its own bucket, pause or values (a keyed adaptive limit's key learns its own)
+                        spec = LimitSpec(name, concurrency=conc, rate=rate, paused_until=paused)
+                        limits[name] = LimitState(spec, tokens, at, starts)
             breakers = self._breaker_rows(conn)
             gates = Gates(now, limits, usage, breakers)
             free = {n: gates.room(n) for n in names}
@@ -1156,6 +1160,10 @@ class PostgresStore(SqlStore):
                 gone = [
                     k.spec.name for k in keys if key_at_rest(declared.get(k.spec.name.partition(KEY_SEP)[0]), k, now)
                 ]
+                if gone:  # a key whose controller saw a call lately keeps what it learned
+                    live = conn.execute(self._q["key_controllers"], {"names": gone}).fetchall()
+                    kept = {n for n, c in live if adp.key_live(c, now)}
+                    gone = [n for n in gone if n not in kept]
                 if gone:
                     conn.execute(self._q["forget_key_rows"], {"names": gone})
                 return names, len(gone)
@@ -2022,7 +2030,9 @@ class PostgresStore(SqlStore):
                 old = adaptive_row(rows[0]) if rows else None
                 conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
                 params = {"name": limit.name, "concurrency": conc, "rate": rate, "burst": limit.burst}
-                conn.execute(self._q["declare_adaptive"], {**params, "adaptive": spec.to_json()})
+                conn.execute(
+                    self._q["declare_adaptive"], {**params, "adaptive": spec.to_json(), "per_key": limit.per_key}
+                )
                 conn.execute(self._q["notify"], {"queue": ""})
 
         self._run(go)
@@ -2048,6 +2058,37 @@ class PostgresStore(SqlStore):
                     conn.execute(self._q["add_event"], data)
                 # a raised limit may free places for waiting work
                 conn.execute(self._q["notify"], {"queue": ""})
+                return True
+
+        return self._run(go)
+
+    def adaptive_keys(self, limit: str) -> dict[str, str]:
+        rows = self._run(
+            lambda conn: conn.execute(self._q["adaptive_keys"], {"prefix": keyed_name(limit, "")}).fetchall()
+        )
+        return {key: controller for key, controller in rows}
+
+    def save_adaptive_keys(
+        self,
+        limit: str,
+        holder: str,
+        role: str,
+        keys: Mapping[str, tuple[str | None, int | None, str | None]],
+    ) -> bool:
+        names = {keyed_name(limit, key): v for key, v in keys.items()}
+
+        def go(conn):
+            with conn.transaction():
+                if conn.execute(self._q["leads_now"], {"role": role, "holder": holder}).fetchone() is None:
+                    return False
+                if not any(r[0] == limit for r in conn.execute(self._q["adaptive_limits"])):
+                    return False  # (no row lock: a claim holding a key's lock may write the limit's row)
+                if names:
+                    conn.execute(self._q["limit_lock"], {"names": sorted(names)})
+                    rows = [[n, state, conc, rate] for n, (state, conc, rate) in sorted(names.items())]
+                    conn.execute(self._q["save_adaptive_keys"], {"rows": json.dumps(rows)})
+                    # a raised key may free places for waiting work
+                    conn.execute(self._q["notify"], {"queue": ""})
                 return True
 
         return self._run(go)

@@ -107,7 +107,16 @@ from corral.core.cron import (
 )
 from corral.core.events import LIMIT as LIMIT_EVENT
 from corral.core.events import LIMIT_ADAPTED
-from corral.core.gates import KEY_SEP, BreakerRow, Gates, LazyUsage, LimitState, key_at_rest, record_outcomes
+from corral.core.gates import (
+    KEY_SEP,
+    BreakerRow,
+    Gates,
+    LazyUsage,
+    LimitState,
+    key_at_rest,
+    keyed_name,
+    record_outcomes,
+)
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
     BreakerEvent,
@@ -1343,6 +1352,10 @@ class SQLiteStore(SqlStore):
             rows = [limit_state(r) for r in con.execute(Q["key_rows_after"], (after, max(1, limit))).fetchall()]
             declared = {(lim := limit_state(r)).spec.name: lim.spec for r in con.execute(Q["limits"])}
             gone = [k.spec.name for k in rows if key_at_rest(declared.get(k.spec.name.partition("\x1f")[0]), k, now)]
+            if gone:  # a key whose controller saw a call lately keeps what it learned
+                live = con.execute(Q["key_controllers"], {"names": json.dumps(gone)}).fetchall()
+                kept = {n for n, c in live if adp.key_live(c, now)}
+                gone = [n for n in gone if n not in kept]
             con.executemany(Q["forget_key_rows"], [(n,) for n in gone])
         # the next call goes on from here; after the last key, from the first again
         self._keys_after = rows[-1].spec.name if len(rows) >= max(1, limit) else ""
@@ -2112,7 +2125,7 @@ class SQLiteStore(SqlStore):
             old = next((adaptive_row(r) for r in rows if r[0] == limit.name), None)
             conc, rate = adp.declared(old, spec, limit.concurrency, limit.rate)
             params = {"name": limit.name, "concurrency": conc, "rate": rate, "burst": limit.burst}
-            con.execute(Q["declare_adaptive"], {**params, "adaptive": spec.to_json()})
+            con.execute(Q["declare_adaptive"], {**params, "adaptive": spec.to_json(), "per_key": limit.per_key})
 
     @_guard
     def save_adaptive(
@@ -2134,6 +2147,34 @@ class SQLiteStore(SqlStore):
                 return False
             if event is not None:
                 con.execute(Q["add_event"], (now, LIMIT_ADAPTED, f"limit:{name}", event))
+            return True
+
+    @_guard
+    def adaptive_keys(self, limit: str) -> dict[str, str]:
+        rows = self._con().execute(Q["adaptive_keys"], {"prefix": keyed_name(limit, "")}).fetchall()
+        return {key: controller for key, controller in rows}
+
+    @_guard
+    def save_adaptive_keys(
+        self,
+        limit: str,
+        holder: str,
+        role: str,
+        keys: Mapping[str, tuple[str | None, int | None, str | None]],
+    ) -> bool:
+        with self._write() as con:
+            now = self._clock.time()
+            if con.execute(Q["leads_now"], {"role": role, "holder": holder, "now": now}).fetchone() is None:
+                return False
+            if not any(r[0] == limit for r in con.execute(Q["adaptive_limits"])):
+                return False
+            con.executemany(
+                Q["save_adaptive_key"],
+                [
+                    {"name": keyed_name(limit, key), "concurrency": conc, "rate": rate, "state": state}
+                    for key, (state, conc, rate) in keys.items()
+                ],
+            )
             return True
 
     @_guard

@@ -666,6 +666,14 @@ CREATE TABLE IF NOT EXISTS corral_limit_reports (
     reports text NOT NULL
 );
 CREATE INDEX IF NOT EXISTS corral_limit_reports_worker ON corral_limit_reports (worker, at);
+-- name: migration_0047
+-- A keyed adaptive limit's keys learn their own values: a key's row holds
+-- the concurrency and rate its controller decided (NULL: the limit's) and
+-- the controller's state (JSON, with when the key last had a call).
+ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS concurrency integer;
+ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS rate text;
+ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS controller text;
+
 -- name: migration_0046
 -- The places held under each limit: a row per running task and limit it
 -- names, with its lease token (a place is a claim: the distinct tokens of a
@@ -1875,10 +1883,10 @@ WHERE name = %(name)s AND adaptive IS NOT NULL FOR UPDATE;
 -- An adaptive limit declared: its spec and effective values (the controller's
 -- state is kept; a changed rate starts with a full bucket).
 -- name: declare_adaptive
-INSERT INTO corral_limits AS l (name, concurrency, rate, burst, adaptive)
-VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(adaptive)s)
+INSERT INTO corral_limits AS l (name, concurrency, rate, burst, adaptive, per_key)
+VALUES (%(name)s, %(concurrency)s, %(rate)s, %(burst)s, %(adaptive)s, %(per_key)s)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst, adaptive = excluded.adaptive,
+    burst = excluded.burst, adaptive = excluded.adaptive, per_key = excluded.per_key,
     tokens = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.tokens END,
     counted_at = CASE WHEN l.rate IS NOT DISTINCT FROM excluded.rate THEN l.counted_at END;
 
@@ -1904,6 +1912,31 @@ WHERE l.name = %(name)s AND l.adaptive IS NOT NULL
   AND EXISTS (SELECT 1 FROM corral_leaders r
               WHERE r.role = %(role)s AND r.holder = %(holder)s
                 AND r.expires_at >= extract(epoch FROM now())::float8);
+
+-- name: leads_now
+-- Does %(holder)s lead %(role)s now? (a write fenced by leadership checks it in its transaction)
+SELECT 1 FROM corral_leaders r
+WHERE r.role = %(role)s AND r.holder = %(holder)s AND r.expires_at >= extract(epoch FROM now())::float8;
+
+-- name: adaptive_keys
+-- The keys of a keyed adaptive limit that hold a controller state (%(prefix)s: its name and the separator).
+SELECT substr(name, length(%(prefix)s) + 1), controller FROM corral_limit_keys
+WHERE starts_with(name, %(prefix)s) AND controller IS NOT NULL;
+
+-- name: save_adaptive_keys
+-- Keys' decided values and controller states (one JSON array of [name,
+-- state, concurrency, rate] rows), into their rows (made if they have none);
+-- a changed rate starts the key with a full bucket.
+INSERT INTO corral_limit_keys AS k (name, controller, concurrency, rate)
+SELECT r->>0, r->>1, (r->>2)::integer, r->>3 FROM json_array_elements(%(rows)s::json) AS r
+ON CONFLICT (name) DO UPDATE SET controller = excluded.controller, concurrency = excluded.concurrency,
+    rate = excluded.rate,
+    tokens = CASE WHEN k.rate IS NOT DISTINCT FROM excluded.rate THEN k.tokens END,
+    counted_at = CASE WHEN k.rate IS NOT DISTINCT FROM excluded.rate THEN k.counted_at END;
+
+-- name: key_controllers
+-- The controller states of the key rows %(names)s: forget_keys keeps a recently used key's.
+SELECT name, controller FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]) AND controller IS NOT NULL;
 
 -- name: report_limits
 WITH trim AS (DELETE FROM corral_limit_reports
@@ -1934,7 +1967,7 @@ WHERE starts_with(k.name, %(name)s || chr(31))
 -- The rows of the keys %(names)s (keys with no row have their whole budget),
 -- each looked up by its key: "name = ANY(...)" was planned as a scan of every
 -- key's row while the table had no statistics (8 ms at 10 000 keys).
-SELECT k.name, NULL::int AS concurrency, NULL::text AS rate, NULL::int AS burst, k.paused_until, k.tokens,
+SELECT k.name, k.concurrency, k.rate, NULL::int AS burst, k.paused_until, k.tokens,
        k.counted_at, k.starts
 FROM unnest(%(names)s::text[]) AS n(name)
 CROSS JOIN LATERAL (SELECT * FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k;
@@ -1951,7 +1984,8 @@ DELETE FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]);
 -- token, running under it; from the running rows only, bounded by the fleet's
 -- slots), with each key's row in the same round trip (the columns of
 -- limit_key_rows, NULL for a key with none).
-SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts
+SELECT n.name, coalesce(u.used, 0) AS used, k.paused_until, k.tokens, k.counted_at, k.starts,
+       k.concurrency, k.rate, k.name IS NOT NULL AS has_row
 FROM unnest(%(names)s::text[]) AS n(name)
 LEFT JOIN LATERAL (SELECT c.* FROM corral_limit_keys c WHERE c.name = n.name LIMIT 1) AS k ON true
 LEFT JOIN LATERAL (

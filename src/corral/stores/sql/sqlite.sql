@@ -1006,12 +1006,36 @@ WHERE adaptive IS NOT NULL ORDER BY name
 -- An adaptive limit declared: its spec and effective values (the controller's
 -- state is kept; a changed rate starts with a full bucket).
 -- name: declare_adaptive
-INSERT INTO named_limits (name, concurrency, rate, burst, adaptive)
-VALUES (:name, :concurrency, :rate, :burst, :adaptive)
+INSERT INTO named_limits (name, concurrency, rate, burst, adaptive, per_key)
+VALUES (:name, :concurrency, :rate, :burst, :adaptive, :per_key)
 ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
-    burst = excluded.burst, adaptive = excluded.adaptive,
+    burst = excluded.burst, adaptive = excluded.adaptive, per_key = excluded.per_key,
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
+
+-- Does :holder lead :role now? (a write fenced by leadership checks it in its transaction)
+-- name: leads_now
+SELECT 1 FROM leadership WHERE role = :role AND holder = :holder AND expires_at >= :now
+
+-- The keys of a keyed adaptive limit that hold a controller state (the limit's name and the separator: :prefix).
+-- name: adaptive_keys
+SELECT substr(name, length(:prefix) + 1), controller FROM named_limits
+WHERE name > :prefix AND name < :prefix || char(1114111) AND instr(name, char(31)) > 0 AND controller IS NOT NULL
+
+-- A key's decided values and controller state, into its row (made if it has none);
+-- a changed rate starts the key with a full bucket.
+-- name: save_adaptive_key
+INSERT INTO named_limits (name, concurrency, rate, controller)
+VALUES (:name, :concurrency, :rate, :state)
+ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excluded.rate,
+    controller = excluded.controller,
+    tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
+    counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
+
+-- The controller states of the key rows :names (JSON array): forget_keys keeps a recently used key's.
+-- name: key_controllers
+SELECT name, controller FROM named_limits
+WHERE name IN (SELECT value FROM json_each(:names)) AND controller IS NOT NULL
 
 -- The controller's decision, written only while :holder leads :role.
 -- name: save_adaptive
