@@ -295,7 +295,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 43: adaptive limits (corral_limits.adaptive, .controller) and the workers' reports (corral_limit_reports).
 #: 45: task events stored narrow (see migration_0045).
 #: 46: the places held under each limit (corral_held_places, kept by triggers).
-#: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys.concurrency, rate, controller).
+#: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys columns).
 SCHEMA_VERSION = 47
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
