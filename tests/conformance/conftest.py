@@ -88,6 +88,9 @@ PG_SHIFT = (
             " WHERE starts IS NOT NULL",
         )
     ),
+    # a keyed adaptive limit's key's controller: when the key last had a call
+    "UPDATE corral_limit_keys SET controller = jsonb_set(controller::jsonb, '{seen}',"
+    " to_jsonb((controller::jsonb->>'seen')::float8 - %(s)s))::text WHERE controller IS NOT NULL",
     "UPDATE corral_breakers SET state = jsonb_set(state::jsonb, '{opened_at}',"
     " to_jsonb((state::jsonb->>'opened_at')::float8 - %(s)s))::text"
     " WHERE state IS NOT NULL AND state::jsonb->>'opened_at' IS NOT NULL",
