@@ -1,0 +1,100 @@
+"""Per-key adaptive limits wired end to end on the fake clock: a worker's
+reporter counts each key (its busiest only), the sweeper leader's keeper
+decides each key and writes its values to the key's row, and the claims
+gate each key by what it learned."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+
+import corral
+from corral.core.adaptive import MAX_KEY_STATES, key_state_of
+from corral.core.claims import ClaimRequest
+from corral.core.clock import FakeClock
+from corral.core.gates import keyed_name
+from corral.core.model import NewTask, Outcome
+from corral.core.states import State
+from corral.engine.limit_reporter import LimitReporter
+from corral.maintenance.adaptive_keeper import AdaptiveKeeper
+from corral.stores import open_store
+from helpers import ARGS
+
+HOT, COLD = keyed_name("merchant", "hot"), keyed_name("merchant", "cold")
+
+
+@dataclass
+class Leading:
+    """A sweeper as the keeper reads it: its holder id and whether it leads."""
+
+    holder: str
+    is_leader: bool = True
+
+
+def ended(status: State) -> Outcome:
+    return Outcome(task_id=1, token="lease", version=1, status=status)
+
+
+def test_a_throttled_hot_key_is_cut_while_a_cold_key_keeps_its_rate(fake_clock_url):
+    clock = FakeClock()
+    store = open_store(fake_clock_url, clock=clock)
+    store.migrate()
+    app = corral.App(store)
+    app.limit("merchant", rate="auto", max_rate="200/s", per_key=True)  # each key starts at the limit's 10/s
+    store.submit([NewTask("t", ARGS, limits=(gate,)) for gate in (HOT, COLD) for _ in range(30)])
+    assert store.try_lead("sweeper", "one", 60.0)
+    keeper = AdaptiveKeeper(store, Leading("one"), aligned=False)
+    reporter = LimitReporter(store, "w1", now=clock.monotonic)
+    reporter.refresh()
+    keeper.tick()  # a new leader's first second only takes the reports
+    for _ in range(3):
+        # the hot key's partner refuses 4 of its 10 calls a second for load; the cold key's 2 calls pass
+        for gate, calls, throttled in ((HOT, 10, 4), (COLD, 2, 0)):
+            for i in range(calls):
+                counted = reporter.started((gate,))
+                assert counted == (gate,)
+                if i < throttled:
+                    reporter.ended(counted, ended(State.RETRYING), corral.Retry(after=1), 0.02)
+                else:
+                    reporter.ended(counted, ended(State.SUCCESS), None, 0.02)
+        assert reporter.flush()
+        clock.advance(1.0)
+        keeper.tick()
+    keys = {key: key_state_of(text) for key, text in store.adaptive_keys("merchant").items()}
+    hot, cold = keys["hot"], keys["cold"]
+    assert hot is not None and cold is not None
+    assert hot.state.w_max is not None and hot.state.rate < 6.0  # cut below what succeeded (6 of 10 a second)
+    assert cold.state.w_max is None and cold.state.rate == 10.0  # not throttled, not the bottleneck: held
+    assert store.limits()["merchant"].rate == "10/s"  # the limit's own values: where new keys start
+    # the claims: the hot key under its own cut rate, the cold one under the limit's 10/s
+    started: Counter[str] = Counter()
+    for _ in range(40):  # two seconds of claims, paced by the rates
+        got = store.claim("w1", ClaimRequest(("default",), 100))
+        started.update(n for c in got for t in c.tasks for n in t.limits)
+        clock.advance(0.05)
+    assert 18 <= started[COLD] <= 21  # about 10/s
+    assert 1 <= started[HOT] <= 11  # about 5/s
+    store.close()
+
+
+def test_a_worker_reports_each_key_but_only_its_busiest(fake_clock_url):
+    clock = FakeClock()
+    store = open_store(fake_clock_url, clock=clock)
+    store.migrate()
+    corral.App(store).limit("merchant", concurrency="auto", max_concurrency=10, per_key=True)
+    reporter = LimitReporter(store, "w1", now=clock.monotonic)
+    reporter.refresh()
+    many = MAX_KEY_STATES + 20
+    for k in range(many):
+        gate = keyed_name("merchant", f"k{k:04d}")
+        for _ in range(1 + (k >= 20)):  # the first 20 keys have one call, the others two
+            reporter.ended(reporter.started((gate,)), ended(State.SUCCESS), None, 0.01)
+    assert reporter.started(("other",)) == ()  # a limit that is not adaptive is not counted
+    assert reporter.flush()
+    ((_, text),) = store.take_limit_reports()
+    sent = json.loads(text)
+    assert len(sent) == MAX_KEY_STATES
+    assert all(report["calls"] == 2 for report in sent.values())
+    assert not reporter.flush()  # nothing counted since, nothing written; the keys' counts are let go
+    store.close()
