@@ -158,15 +158,15 @@ class AdaptiveKeeper(Loop):
             if keyed_name(row.name, key) not in waiting:
                 continue
             held_rate = int(spec.rate and report.calls >= RATE_BUSY_SHARE * state.rate * report.seconds)
-            conc = effective_concurrency(state, spec.bounds)
-            held_conc = int(spec.concurrency and report.peak_in_flight >= conc)
+            places = effective_concurrency(state, spec.bounds)
+            held_conc = int(spec.concurrency and report.peak_in_flight >= places)
             fleet[key] = replace(report, held_by_rate=held_rate, held_by_concurrency=held_conc)
         kept, decisions = decide_keys(states, fleet, spec.bounds, now, start=(conc0, rate0))
         writes: dict[str, tuple[str | None, int | None, str | None]] = {}
         for key, decision in decisions.items():
-            conc = decision.concurrency if spec.concurrency else None
-            rate = rate_text(decision.rate) if spec.rate else None
-            writes[key] = (key_state_json(kept[key]), conc, rate)
+            key_conc = decision.concurrency if spec.concurrency else None
+            key_rate = rate_text(decision.rate) if spec.rate else None
+            writes[key] = (key_state_json(kept[key]), key_conc, key_rate)
         for key in states.keys() - kept.keys():  # forgotten: the key runs under the limit's values again
             writes[key] = (None, None, None)
         if not writes:
