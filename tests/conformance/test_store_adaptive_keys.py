@@ -66,6 +66,17 @@ def test_a_keys_own_values_gate_that_key_only_in_a_claim(store):
     assert store.adaptive_keys("merchant") == {}
 
 
+def test_fixed_values_end_the_keys_learning_too(store):
+    store.declare_adaptive(LimitSpec("merchant", per_key=True), SPEC)
+    assert store.try_lead("sweeper", "me", 10.0)
+    text, _ = cut(store)
+    assert store.save_adaptive_keys("merchant", "me", "sweeper", {"m-1": (text, 1, "1/s")})
+    store.set_limit(LimitSpec("merchant", concurrency=3, per_key=True))
+    assert store.adaptive_keys("merchant") == {}
+    keyed(store, "m-1", 5)
+    assert keys_of(claim(store, 20)) == {"m-1": 3}  # the limit's 3 places, not the key's learned one
+
+
 def test_a_recently_used_key_survives_a_forget_then_goes_when_idle(store, advance):
     store.declare_adaptive(LimitSpec("merchant", per_key=True), SPEC)
     assert store.try_lead("sweeper", "me", 1000.0)

@@ -1182,6 +1182,10 @@ class MemoryStore(Store):
             new.starts = old.starts
         self._limits[spec.name] = new
         self._adaptive.pop(spec.name, None)  # fixed values: no controller sets it any more
+        prefix = keyed_name(spec.name, "")
+        for key in [n for n in self._key_controllers if n.startswith(prefix)]:  # nor its keys
+            del self._key_controllers[key]
+            self._limits[key] = LimitState(LimitSpec(key, paused_until=self._limits[key].spec.paused_until))
         if data is not None:
             self._add_event(now, ev.LIMIT, limit_rules.subject(spec.name), data)
         self._changes += 1

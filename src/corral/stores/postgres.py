@@ -1984,6 +1984,7 @@ class PostgresStore(SqlStore):
         if changed:  # a changed rate: the keys' buckets full again (read before the row changes)
             conn.execute(self._q["set_limit_keys"], params)
         conn.execute(self._q["set_limit"], params)
+        conn.execute(self._q["clear_adaptive_keys"], {"prefix": keyed_name(spec.name, "")})  # fixed: none learned
         if changed:
             conn.execute(self._q["notify"], {"queue": ""})
         data = limit_rules.event_data(action, by, old, spec)

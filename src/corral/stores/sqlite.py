@@ -2085,6 +2085,7 @@ class SQLiteStore(SqlStore):
             if last is not None and last >= now:
                 now = math.nextafter(last, math.inf)
         con.execute(Q["set_limit"], limit_params(spec, now if changed else None))
+        con.execute(Q["clear_adaptive_keys"], {"prefix": keyed_name(spec.name, "")})  # fixed values: none learned
         data = limit_rules.event_data(action, by, old, spec)
         if data is not None:
             con.execute(Q["add_event"], (now, LIMIT_EVENT, limit_rules.subject(spec.name), data))

@@ -1934,6 +1934,11 @@ ON CONFLICT (name) DO UPDATE SET controller = excluded.controller, concurrency =
     tokens = CASE WHEN k.rate IS NOT DISTINCT FROM excluded.rate THEN k.tokens END,
     counted_at = CASE WHEN k.rate IS NOT DISTINCT FROM excluded.rate THEN k.counted_at END;
 
+-- name: clear_adaptive_keys
+-- A keyed limit given fixed values: its keys' learned values and states go (they run under the limit's).
+UPDATE corral_limit_keys SET concurrency = NULL, rate = NULL, controller = NULL, tokens = NULL, counted_at = NULL
+WHERE starts_with(name, %(prefix)s) AND controller IS NOT NULL;
+
 -- name: key_controllers
 -- The controller states of the key rows %(names)s: forget_keys keeps a recently used key's.
 SELECT name, controller FROM corral_limit_keys WHERE name = ANY(%(names)s::text[]) AND controller IS NOT NULL;

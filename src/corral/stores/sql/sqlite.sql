@@ -1032,6 +1032,11 @@ ON CONFLICT (name) DO UPDATE SET concurrency = excluded.concurrency, rate = excl
     tokens = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.tokens END,
     counted_at = CASE WHEN named_limits.rate IS excluded.rate THEN named_limits.counted_at END
 
+-- A keyed limit given fixed values: its keys' learned values and states go (they run under the limit's).
+-- name: clear_adaptive_keys
+UPDATE named_limits SET concurrency = NULL, rate = NULL, controller = NULL, tokens = NULL, counted_at = NULL
+WHERE name > :prefix AND name < :prefix || char(1114111) AND instr(name, char(31)) > 0 AND controller IS NOT NULL
+
 -- The controller states of the key rows :names (JSON array): forget_keys keeps a recently used key's.
 -- name: key_controllers
 SELECT name, controller FROM named_limits
