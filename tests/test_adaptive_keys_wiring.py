@@ -16,6 +16,7 @@ from corral.core.clock import FakeClock
 from corral.core.gates import keyed_name
 from corral.core.model import NewTask, Outcome
 from corral.core.states import State
+from corral.edges.limit_view import limits_report
 from corral.engine.limit_reporter import LimitReporter
 from corral.maintenance.adaptive_keeper import AdaptiveKeeper
 from corral.stores import open_store
@@ -75,6 +76,11 @@ def test_a_throttled_hot_key_is_cut_while_a_cold_key_keeps_its_rate(fake_clock_u
         clock.advance(0.05)
     assert 18 <= started[COLD] <= 21  # about 10/s
     assert 1 <= started[HOT] <= 11  # about 5/s
+    # corral limit show: the busiest keys (by places held) with what they learned
+    (row,) = limits_report(store)
+    assert row["learning_keys"] == 2
+    learned = {k["key"]: k["learned"] for k in row["busiest_keys"]}
+    assert learned == {"cold": {"concurrency": None, "rate": "10/s"}, "hot": {"concurrency": None, "rate": "5/s"}}
     store.close()
 
 

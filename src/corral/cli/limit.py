@@ -68,8 +68,19 @@ def _show(store_url: str | None, as_json: bool) -> None:
         if r["name"] in adaptive:  # the effective values the controller set, beside the user's bounds
             click.echo("    adaptive: " + render.adaptive_line(adaptive[r["name"]]))
         if r["per_key"]:
-            busiest = ", ".join(f"{k['key']} {k['in_use']}" for k in r["busiest_keys"]) or "-"
-            click.echo(f"    keys holding places: {r['active_keys']}; busiest: {busiest}")
+            busiest = ", ".join(f"{k['key']} {k['in_use']}{_learned(k)}" for k in r["busiest_keys"]) or "-"
+            learning = f"; keys learning: {r['learning_keys']}" if "learning_keys" in r else ""
+            click.echo(f"    keys holding places: {r['active_keys']}{learning}; busiest: {busiest}")
+
+
+def _learned(key: dict[str, Any]) -> str:
+    """A busiest key's own values, where its controller set them (a keyed adaptive limit)."""
+    got = key.get("learned")
+    if not got:
+        return ""
+    n = got["concurrency"]
+    parts = ["" if n is None else f"{n} place" + ("s" if n != 1 else ""), got["rate"] or ""]
+    return " (" + ", ".join(p for p in parts if p) + ")"
 
 
 def _line(r: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from corral.core.adaptive import AdaptiveRow, rate_text
+from corral.core.adaptive import AdaptiveRow, effective_concurrency, key_state_of, rate_text
 from corral.core.events import LIMIT_ADAPTED
 from corral.stores.base import Store
 
@@ -50,7 +50,27 @@ def limits_report(store: Store, top: int = TOP_KEYS) -> list[dict[str, Any]]:
         if s.per_key:
             row["active_keys"] = len(held)
             row["busiest_keys"] = [{"key": k, "in_use": n} for k, n in held[:top]]
+            if name in adaptive:  # each key learns its own values: the busiest keys' beside their places
+                learned = learned_keys(store, adaptive[name])
+                row["learning_keys"] = len(learned)
+                for k in row["busiest_keys"]:
+                    k["learned"] = learned.get(k["key"])
         out.append(row)
+    return out
+
+
+def learned_keys(store: Store, row: AdaptiveRow) -> dict[str, dict[str, Any]]:
+    """The keys of a keyed adaptive limit that learned their own values: key to
+    the effective concurrency and rate their controller set (None: the knob
+    is not adaptive, the limit's value holds)."""
+    spec, out = row.spec, dict[str, dict[str, Any]]()
+    for key, text in store.adaptive_keys(row.name).items():
+        got = key_state_of(text)
+        if got is not None:
+            out[key] = {
+                "concurrency": effective_concurrency(got.state, spec.bounds) if spec.concurrency else None,
+                "rate": rate_text(got.state.rate) if spec.rate else None,
+            }
     return out
 
 
