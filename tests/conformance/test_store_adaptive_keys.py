@@ -96,3 +96,10 @@ def test_a_recently_used_key_survives_a_forget_then_goes_when_idle(store, advanc
     advance(400.0)  # 300 s past the key's last call: forgotten, as a row at rest is
     store.forget_keys()
     assert store.adaptive_keys("merchant") == {}
+
+
+def test_the_keys_work_waits_under_are_found_in_one_look(store):
+    keyed(store, "m-1", 2)
+    submit(store, new(limits=("plain",)))
+    asked = [keyed_name("merchant", k) for k in ("m-1", "m-2")] + ["plain", "other"]
+    assert store.limits_waiting(asked) == {keyed_name("merchant", "m-1"), "plain"}

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 #: latency histogram buckets: bucket i holds latencies in [BASE * R**i, BASE * R**(i+1)) milliseconds
@@ -322,7 +322,9 @@ class ControllerState:
     rate_before: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # its fields are numbers and a tuple of numbers: read as they are (asdict copies deeply, a
+        # cost a keyed limit's hundreds of keys pay each second)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["recent_ok"] = list(self.recent_ok)
         return data
 

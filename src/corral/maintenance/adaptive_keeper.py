@@ -152,15 +152,20 @@ class AdaptiveKeeper(Loop):
         fleet = {key: fleet_report(rs, seconds) for key, rs in reports.items()}
         rate0 = _per_second(row.rate) or spec.bounds.max_rate
         conc0 = float(row.concurrency or spec.bounds.max_concurrency)
-        waiting = self.store.limits_waiting([keyed_name(row.name, k) for k in fleet]) if fleet else set()
-        for key, report in fleet.items():  # was the key's own limit the bottleneck?
+        # was a key's own limit the bottleneck? it let through all it could, and work waits under it
+        # (asked of the store only for the keys that let through all they could: few, however many report)
+        full: dict[str, tuple[int, int]] = {}
+        for key, report in fleet.items():
             state = states[key].state if key in states else initial_state(spec.bounds, now, rate0, conc0)
-            if keyed_name(row.name, key) not in waiting:
-                continue
             held_rate = int(spec.rate and report.calls >= RATE_BUSY_SHARE * state.rate * report.seconds)
             places = effective_concurrency(state, spec.bounds)
             held_conc = int(spec.concurrency and report.peak_in_flight >= places)
-            fleet[key] = replace(report, held_by_rate=held_rate, held_by_concurrency=held_conc)
+            if held_rate or held_conc:
+                full[key] = (held_rate, held_conc)
+        waiting = self.store.limits_waiting([keyed_name(row.name, k) for k in full]) if full else set()
+        for key, (held_rate, held_conc) in full.items():
+            if keyed_name(row.name, key) in waiting:
+                fleet[key] = replace(fleet[key], held_by_rate=held_rate, held_by_concurrency=held_conc)
         kept, decisions = decide_keys(states, fleet, spec.bounds, now, start=(conc0, rate0))
         writes: dict[str, tuple[str | None, int | None, str | None]] = {}
         for key, decision in decisions.items():

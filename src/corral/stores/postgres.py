@@ -2102,7 +2102,12 @@ class PostgresStore(SqlStore):
         return [(worker, reports) for _, worker, reports in sorted(rows)]
 
     def limits_waiting(self, names: Collection[str]) -> set[str]:
-        return {r[0] for r in self._fetchall("limits_waiting", {"names": sorted(names)})}
+        plain, keys = sorted(n for n in names if KEY_SEP not in n), sorted(n for n in names if KEY_SEP in n)
+        found: set[str] = set()
+        for query, some in (("limits_waiting", plain), ("keys_waiting", keys)):
+            if some:
+                found.update(r[0] for r in self._fetchall(query, {"names": some}))
+        return found
 
     # ---- circuit breakers -----------------------------------------------------------
     def set_breaker(self, name: str, config: brk.BreakerConfig) -> None:

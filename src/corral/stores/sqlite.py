@@ -2193,8 +2193,13 @@ class SQLiteStore(SqlStore):
 
     @_guard
     def limits_waiting(self, names: Collection[str]) -> set[str]:
-        params = {"names": json.dumps(sorted(names)), "now": self._clock.time()}
-        return {r[0] for r in self._con().execute(Q["limits_waiting"], params)}
+        now = self._clock.time()
+        plain, keys = sorted(n for n in names if KEY_SEP not in n), sorted(n for n in names if KEY_SEP in n)
+        found: set[str] = set()
+        for query, some in (("limits_waiting", plain), ("keys_waiting", keys)):
+            if some:
+                found.update(r[0] for r in self._con().execute(Q[query], {"names": json.dumps(some), "now": now}))
+        return found
 
     # ---- circuit breakers -------------------------------------------------
     @_guard

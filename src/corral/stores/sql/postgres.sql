@@ -1953,6 +1953,13 @@ VALUES (%(worker)s, extract(epoch FROM now())::float8, %(reports)s);
 DELETE FROM corral_limit_reports RETURNING id, worker, reports;
 
 -- Which of the named limits queued work due now waits under.
+-- name: keys_waiting
+-- Those of the keys %(names)s (a keyed limit's gates) that queued work due now waits under: one
+-- pass over the queued limited tasks (a key per EXISTS would read a long backlog once per key).
+SELECT DISTINCT n FROM corral_tasks t, unnest(t.limits) AS n
+WHERE t.status IN ('PENDING', 'RETRYING') AND cardinality(t.limits) > 0
+  AND t.run_at <= extract(epoch FROM now())::float8 AND n = ANY(%(names)s::text[]);
+
 -- name: limits_waiting
 SELECT n FROM unnest(%(names)s::text[]) AS n
 WHERE EXISTS (SELECT 1 FROM corral_tasks t

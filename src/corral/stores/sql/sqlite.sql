@@ -1067,6 +1067,13 @@ WHERE EXISTS (SELECT 1 FROM tasks t
               WHERE t.status IN ('PENDING', 'RETRYING') AND t.limits IS NOT NULL AND t.run_at <= :now
                 AND EXISTS (SELECT 1 FROM json_each(t.limits) AS j WHERE j.value = n.value))
 
+-- Those of the keys :names (a keyed limit's gates) that queued work due now waits under: one
+-- pass over the queued limited tasks (a key per EXISTS would read a long backlog once per key).
+-- name: keys_waiting
+SELECT DISTINCT j.value FROM tasks t, json_each(t.limits) AS j
+WHERE t.status IN ('PENDING', 'RETRYING') AND t.limits IS NOT NULL AND t.run_at <= :now
+  AND j.value IN (SELECT value FROM json_each(:names))
+
 -- A 429 with Retry-After pauses each limit of the task until then.
 -- name: limit_pause
 UPDATE named_limits SET paused_until = max(coalesce(paused_until, 0), ?)
