@@ -104,3 +104,10 @@ def test_a_worker_reports_each_key_but_only_its_busiest(fake_clock_url):
     assert all(report["calls"] == 2 for report in sent.values())
     assert not reporter.flush()  # nothing counted since, nothing written; the keys' counts are let go
     store.close()
+
+
+def test_the_keepers_bench_runs_small():
+    from corral.bench.adaptive_keys import run
+
+    out = run("memory://", keys=4, queued=40, ticks=2)
+    assert out["keys_decided"] == 8 and out["keyed_tick_ms_median"] >= 0
