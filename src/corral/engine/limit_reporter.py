@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from corral.core.adaptive import MAX_KEY_STATES, LimitReport, ReportAccumulator, busiest_reports
 from corral.core.breaker import counts_as_failure
-from corral.core.gates import KEY_SEP, split_key
+from corral.core.gates import KEY_SEP, keyed_name, split_key
 from corral.core.model import Outcome
 from corral.core.retries import http_status
 from corral.core.states import State
@@ -218,7 +218,7 @@ def _busiest_keys(reports: dict[str, LimitReport], top: int = MAX_KEY_STATES) ->
     """``reports`` with each keyed limit's keys cut to its ``top`` busiest
     (:func:`corral.core.adaptive.busiest_reports`): a report stays bounded
     however many keys the worker met. Plain limits' reports are all kept."""
-    plain = {n: r for n, r in reports.items() if KEY_SEP not in n}
+    out = {n: r for n, r in reports.items() if KEY_SEP not in n}
     per: dict[str, dict[str, LimitReport]] = {}
     for name, report in reports.items():
         limit, key = split_key(name)
@@ -226,8 +226,8 @@ def _busiest_keys(reports: dict[str, LimitReport], top: int = MAX_KEY_STATES) ->
             per.setdefault(limit, {})[key] = report
     for limit, keys in per.items():
         for key, report in busiest_reports(keys, top).items():
-            plain[f"{limit}{KEY_SEP}{key}"] = report
-    return plain
+            out[keyed_name(limit, key)] = report
+    return out
 
 
 __all__ = ["LimitReporter", "signal", "REPORT_EVERY"]
