@@ -215,6 +215,61 @@ def test_prefetch_zero_claims_only_into_free_slots(url):
     assert log.prefetch_calls() == 0
 
 
+def test_at_warning_the_slots_stay_full_while_a_claim_waits(url):
+    """WARNING makes each claim smaller (half the slots), not the slots
+    fewer: units are still held ahead, each claim ahead as small, so a slot
+    that frees starts its next unit while no claim can get through."""
+    app = corral.App(url)
+    app.set_level("WARNING", reason="test")
+    gates: dict[int, threading.Event] = {i: threading.Event() for i in range(12)}
+    ran: list[int] = []
+
+    @app.task(retries=0)
+    def job(i):
+        ran.append(i)
+        gates[i].wait(30)
+
+    handles = [job.submit(i) for i in range(12)]
+    worker = app.worker(4, prefetch=4, chunk_size=1)
+    log = _ClaimLog(worker.store)
+    claims_open = threading.Event()
+    claims_open.set()
+    inner = worker.store.claim
+
+    def slow_claim(worker_id, request):
+        claims_open.wait(30)
+        return inner(worker_id, request)
+
+    worker.store.claim = slow_claim
+    worker.start()
+    try:
+        wait_for(lambda: len(ran) == 4, message="the four slots run")
+        wait_for(
+            lambda: sum(app.get(h.id).status is State.RESERVED for h in handles) == 4,
+            message="four units held ahead at WARNING",
+        )
+        claims_open.clear()  # no claim gets through from now on
+        first = list(ran)
+        for i in first[:2]:
+            gates[i].set()
+        wait_for(lambda: len(ran) == 6, message="the freed slots started units held ahead, with no claim")
+        assert worker.busy >= 4
+        claims_open.set()
+        for g in gates.values():
+            g.set()
+        assert worker.drain(30)
+    finally:
+        claims_open.set()
+        for g in gates.values():
+            g.set()
+        worker.stop(10)
+        app.close(10)
+    assert sorted(ran) == list(range(12))
+    assert log.prefetch_calls() > 0
+    # every claim, ahead or into free slots, took at most half the slots
+    assert all(len(got) <= 2 for _, got in log.calls)
+
+
 def test_a_chunk_reaches_a_quarter_further_and_small_chunks_not_at_all():
     assert [chunk_reach(n) for n in (1, 3, 4, 8, 100, 200)] == [1, 3, 5, 10, 125, 250]
 

@@ -7,9 +7,10 @@ slots through the ledger's inbox. With its slots all busy it may hold up to
 ``prefetch`` units more, claimed so that they hold no limit's place, token
 or probe and record no start (a hand-back or a crash costs them no
 attempt): a freed slot then starts its next unit without waiting a claim's
-round trip. Nothing is held ahead while a policy restricts the claim,
-per-queue slots are set or retries run here (a fresh arrival must find a
-free slot), and a worker running limited tasks lets its prefetch run dry
+round trip. Nothing is held ahead while a policy restricts what is
+claimed or how many run (a level's smaller claims only make each claim
+ahead smaller), per-queue slots are set or retries run here (a fresh
+arrival must find a free slot), and a worker running limited tasks lets its prefetch run dry
 before each claim into a free slot, so limited work is never starved by a
 flow of unlimited work.
 
@@ -132,9 +133,11 @@ class Dispatcher:
                 seq = self.claim_seq
                 quiet = ledger.inflight == 0  # an empty claim now means nothing here can run
                 # reserve the slots this claim may fill, so nothing else
-                # counts them free while the claim is under way
-                # (a prefetch is only made under a policy that restricts nothing)
-                want = free if ahead else min(free, policy.max_units)
+                # counts them free while the claim is under way; a level
+                # that makes claims smaller than the slots (WARNING) makes
+                # each claim ahead as small
+                small = policy.max_units < concurrency
+                want = min(free, policy.max_units) if small or not ahead else free
                 ledger.inflight += want
                 if not ahead:
                     self._prefetch_turn = True  # a claim into free slots opens the next prefetch
@@ -228,10 +231,13 @@ class Dispatcher:
         self.store.wait_offering(timeout, claimer.queues, offer, take)
 
     def _may_prefetch(self, policy: DispatchPolicy) -> bool:
-        """Claim ahead of a free slot now? Only with nothing restricting the
-        claim (a degradation level's policy or per-queue slots restrict it),
-        with no retry in flight here, and, for a worker running limited
-        tasks, only once between two claims into free slots."""
+        """Claim ahead of a free slot now? Only with nothing restricting what
+        the claim takes or how many run (a degradation level's fewer slots,
+        lanes or retries only, per-queue slots), with no retry in flight
+        here, and, for a worker running limited tasks, only once between two
+        claims into free slots. A smaller claim size alone (WARNING) does
+        not stop it: a level that shrinks each claim must not leave the
+        slots it allows waiting for claims (each claim ahead is as small)."""
         return (
             self.prefetch > 0
             and self.claimer.unrestricted(policy)
@@ -240,5 +246,5 @@ class Dispatcher:
             and self.ledger.retries_held == 0
             and self._prefetch_turn
             and time.monotonic() >= self._prefetch_after
-            and (policy.max_units or 0) >= self.claimer.concurrency
+            and (policy.max_units or 0) > 0
         )
