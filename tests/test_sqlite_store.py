@@ -935,3 +935,88 @@ def test_a_skipped_look_is_per_kind_of_claim(store, sqlite_url, monkeypatch):
         assert c.tasks[0].id == plain.id
     finally:
         other.close()
+
+
+# ---- the queue bound ---------------------------------------------------------------
+
+
+def _queued(store: SQLiteStore) -> tuple[int, int]:
+    """The count the triggers keep, and the queue counted."""
+    counts = store.active_counts()
+    counted = sum(counts.get(s, 0) for s in ("WAITING", "PENDING", "RETRYING"))
+    (kept,) = store._con().execute("SELECT n FROM queued_count").fetchone()
+    return kept, counted
+
+
+def test_a_bounded_submit_reads_a_kept_count_not_the_queue(store):
+    """Every other writer waits while a submit holds the write lock: a
+    bounded one reads the queued count the triggers keep, one row, and
+    never counts the queued tasks there (milliseconds at thousands queued)."""
+    from corral.errors import QueueFull
+
+    store.submit([new() for _ in range(300)])
+    con = store._con()
+    seen: list[str] = []
+    con.set_trace_callback(seen.append)
+    try:
+        store.submit([new()], max_queued=302)
+        with pytest.raises(QueueFull, match="301 queued"):
+            store.submit([new(), new()], max_queued=302)
+    finally:
+        con.set_trace_callback(None)
+    assert seen and not [s for s in seen if "count(" in s.lower()], seen
+    assert _queued(store) == (301, 301)
+
+
+def test_the_kept_queue_count_follows_every_change(store):
+    rng = random.Random(11)
+    running: list = []
+    for _step in range(300):
+        op = rng.random()
+        if op < 0.25:
+            store.submit([new(group=rng.choice([None, "a", "b"]), max_retries=1) for _ in range(rng.randint(1, 4))])
+        elif op < 0.3:
+            (up,) = store.submit([new()])
+            store.submit([new(depends_on=(up.id,))])  # WAITING until its upstream ends
+        elif op < 0.5:
+            for c in store.claim("w", ClaimRequest(["default"], rng.randint(1, 3))):
+                running.extend((c.token, t) for t in c.tasks)
+        elif op < 0.75 and running:
+            token, t = running.pop(rng.randrange(len(running)))
+            rec = store.get(t.id)
+            status = rng.choice([State.SUCCESS, State.FAILED, State.CANCELED, State.RETRYING, State.PENDING])
+            store.complete([Outcome(t.id, token, rec.version, status, run_at=store.now())])
+        elif op < 0.85:
+            failed = store.list_tasks(TaskFilter(status=State.FAILED, limit=5))
+            if failed:
+                store.retry(rng.choice(failed).id)
+        elif op < 0.95:
+            queued = store.list_tasks(TaskFilter(status=rng.choice([State.PENDING, State.WAITING]), limit=5))
+            if queued:
+                store.cancel(rng.choice(queued).id)
+        else:
+            store.prune({s.value: store.now() + 1 for s in State if s.final}, 50)
+        kept, counted = _queued(store)
+        assert kept == counted, _step
+
+
+def test_an_older_file_gains_the_kept_queue_count(tmp_path):
+    url = f"sqlite:///{tmp_path}/old.db"
+    s = SQLiteStore(url)
+    s.submit([new() for _ in range(5)])
+    s.close()
+    con = sqlite3.connect(f"{tmp_path}/old.db")
+    for trigger in ("queued_count_insert", "queued_count_delete", "queued_count_update"):
+        con.execute(f"DROP TRIGGER {trigger}")
+    con.execute("DROP TABLE queued_count")
+    con.execute("DELETE FROM corral_schema")
+    con.execute("INSERT INTO corral_schema (version) VALUES (44)")  # as version 44 left it
+    con.commit()
+    con.close()
+    s = SQLiteStore(url)
+    try:
+        assert _queued(s) == (5, 5)
+        s.submit([new()], max_queued=6)
+        assert _queued(s) == (6, 6)
+    finally:
+        s.close()
