@@ -2,7 +2,8 @@
 
 ========  ============  ========================================================
 L0        NORMAL        everything runs
-L1        WARNING       smaller claims (half the slots per claim), and an alert
+L1        WARNING       smaller claims (half the slots per claim, every slot
+                        still runs and units are still held ahead), an alert
 L2        DEGRADED      half the concurrency, and only queues or task kinds marked
                         critical
 L3        CIRCUIT_OPEN  fresh work paused: only retries run

@@ -5,7 +5,8 @@
 second at the cost of one small read per second, never one per claim. It
 turns the level into what the dispatcher may claim:
 
-* NORMAL: everything; WARNING: claims of half the slots.
+* NORMAL: everything; WARNING: claims of half the slots (the slots stay
+  full: units are still held ahead, each claim ahead as small).
 * DEGRADED: half the slots, and only critical work: tasks whose kind is
   marked ``@app.task(critical=True)`` or whose queue is in
   ``App(critical_queues=[...])``. When nothing is marked critical, all work
