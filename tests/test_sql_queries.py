@@ -12,8 +12,7 @@ from corral.stores.sql import load
 SQLITE_ONLY = {
     "save_adaptive_key": "a key's decision upserted per key (PostgreSQL: `save_adaptive_keys`, one JSON array)",
     "held_places": "the table of places held and its triggers (PostgreSQL: `migration_0044`)",
-    "queued_count": "the tasks waiting to run, kept by triggers for a bounded submit (PostgreSQL counts them)",
-    "queued_now": "a bounded submit reads the count the triggers keep (PostgreSQL counts the queue)",
+    "queued_count": "a bounded submit counts from the partial indexes alone (PostgreSQL: `active_counts`)",
     "limit_held": "one limit's places, as the Python pick asks (PostgreSQL: the `places_held` fragment)",
     "relay_fits": "which limits may pass a place to a relay (PostgreSQL: inside `handoff_allowed`)",
     "first_waiter": "whose work waits first under a limit (PostgreSQL: inside `handoff_allowed`)",

@@ -197,11 +197,10 @@ from corral.stores.sqlbase import (
 #: changed_at, and the index of changes a claim behind a full limit reads).
 #: 43: adaptive limits (named_limits.adaptive, .controller) and the workers' reports (limit_reports).
 #: 44: the places held under each limit (held_places, kept by triggers).
-#: 45: the number of tasks waiting to run (queued_count, kept by triggers).
 #: Other numbers were skipped (only the highest is compared).
 #: The schema script is idempotent: an older file reruns it whole, and
 #: columns added since are added where missing.
-SCHEMA_VERSION = 45
+SCHEMA_VERSION = 44
 #: How long a claim behind a full limit may answer "nothing changed" without
 #: looking (work that became due with no commit waits at most this long).
 GATED_LOOK_EVERY = 0.05
@@ -832,8 +831,6 @@ class SQLiteStore(SqlStore):
                 con.execute(stmt)
             for stmt in _split_script(Q["held_places"]):
                 con.execute(stmt)
-            for stmt in _split_script(Q["queued_count"]):
-                con.execute(stmt)
             con.execute(Q["set_schema_version"], (SCHEMA_VERSION,))
 
     def _claim_clock(self) -> None:
@@ -946,9 +943,9 @@ class SQLiteStore(SqlStore):
         holds (this store's own write, or a user's transaction); ``made``:
         the rows (without their ids) when no task has a key or a dependency."""
         if max_queued is not None:  # read under the write lock: no other submit in between
-            # (one row kept by triggers, not a count of the queue: every
-            # other writer waits while this one holds the lock)
-            (queued,) = con.execute(Q["queued_now"]).fetchone()
+            # (from the partial indexes alone: every other writer waits
+            # while this one holds the lock)
+            (queued,) = con.execute(Q["queued_count"]).fetchone()
             check_bound({"PENDING": queued}, len(tasks), max_queued)
         if now is None:
             now = self._clock.time()

@@ -542,40 +542,6 @@ BEGIN
       AND name IN (SELECT value FROM json_each(OLD.limits));
 END;
 
--- name: queued_count
--- The tasks waiting to run (WAITING, PENDING, RETRYING), kept by triggers: a
--- bounded submit reads one row under the write lock, not a count of the
--- queue (a few ms at thousands queued, while every other writer waits).
-CREATE TABLE IF NOT EXISTS queued_count (
-    one INTEGER PRIMARY KEY CHECK (one = 1),
-    n INTEGER NOT NULL
-);
-
-INSERT OR REPLACE INTO queued_count (one, n)
-SELECT 1, count(*) FROM tasks WHERE status IN ('WAITING', 'PENDING', 'RETRYING');
-
-CREATE TRIGGER IF NOT EXISTS queued_count_insert AFTER INSERT ON tasks
-WHEN NEW.status IN ('WAITING', 'PENDING', 'RETRYING')
-BEGIN
-    UPDATE queued_count SET n = n + 1 WHERE one = 1;
-END;
-
-CREATE TRIGGER IF NOT EXISTS queued_count_delete AFTER DELETE ON tasks
-WHEN OLD.status IN ('WAITING', 'PENDING', 'RETRYING')
-BEGIN
-    UPDATE queued_count SET n = n - 1 WHERE one = 1;
-END;
-
-CREATE TRIGGER IF NOT EXISTS queued_count_update AFTER UPDATE OF status ON tasks
-WHEN (OLD.status IN ('WAITING', 'PENDING', 'RETRYING')) <> (NEW.status IN ('WAITING', 'PENDING', 'RETRYING'))
-BEGIN
-    UPDATE queued_count SET n = n + (NEW.status IN ('WAITING', 'PENDING', 'RETRYING'))
-        - (OLD.status IN ('WAITING', 'PENDING', 'RETRYING')) WHERE one = 1;
-END;
-
--- name: queued_now
-SELECT n FROM queued_count WHERE one = 1
-
 -- name: schema_version_table
 CREATE TABLE IF NOT EXISTS corral_schema (version INTEGER NOT NULL)
 
@@ -699,6 +665,13 @@ SELECT CASE WHEN started_at IS NULL THEN 'RESERVED' ELSE 'RUNNING' END, count(*)
 FROM tasks INDEXED BY tasks_running_expiry WHERE status = 'RUNNING' GROUP BY 1
 UNION ALL
 SELECT 'WAITING', count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING'
+
+-- name: queued_count
+-- The tasks waiting to run, as a bounded submit counts them under the write
+-- lock: from the partial indexes alone (no table row is read, no grouping by
+-- status), a few hundredths of a millisecond per thousand queued.
+SELECT (SELECT count(*) FROM tasks INDEXED BY tasks_queued_run_at WHERE status IN ('PENDING', 'RETRYING'))
+     + (SELECT count(*) FROM tasks INDEXED BY tasks_waiting WHERE status = 'WAITING')
 
 -- name: backlog
 -- Queued tasks up to a bound, from the partial index alone (chunks near the
