@@ -469,3 +469,22 @@ def test_tasks_by_worker_age_and_sort_page_by_position(tmp_path):
     assert len(run_json("tasks", *s, "--newer", "1h")) == 5
     assert_one_line_error(run("tasks", *s, "--older", "soon", ok=False), "not an age")
     assert run("tasks", *s, "--sort", "age", "--offset", "3", ok=False).exit_code != 0
+
+
+def test_dead_pages_by_position(tmp_path):
+    url = f"sqlite:///{tmp_path / 'dead.db'}"
+    store = open_store(url)
+    store.migrate()
+    ids = [r.id for r in store.submit([NewTask(name="t", args=ARGS) for _ in range(5)])]
+    claims = store.claim("w", ClaimRequest(["default"], 5))
+    store.complete([Outcome(t.id, c.token, t.version, State.FAILED, error="boom") for c in claims for t in c.tasks])
+    s = ("--store", url)
+    first = run("dead", *s, "--limit", "2")
+    assert f"more: --after {ids[1]}" in first.stderr
+    # one of the first page retried before the next is read: the next page skips none
+    store.retry(ids[0])
+    store.close()
+    assert [r["id"] for r in run_json("dead", *s, "--limit", "2", "--after", str(ids[1]))] == ids[2:4]
+    last = run("dead", *s, "--limit", "2", "--after", str(ids[3]))
+    assert str(ids[4]) in last.stdout and "more:" not in last.stderr
+    assert run("dead", *s, "--after", "1", "--offset", "1", ok=False).exit_code != 0

@@ -260,3 +260,39 @@ def test_a_waiting_task_says_why_on_its_page_and_in_a_list_of_waiting_tasks(clie
     assert str(free) not in cells  # claimed: not PENDING any more
     _, body = c.request("/tasks")  # not filtered to a waiting state: no column
     assert 'data-col="why"' not in body
+
+
+def _next_link(body: str) -> str | None:
+    m = re.search(r'<a href="([^"]+)">next →</a>', body)
+    return m.group(1).replace("&amp;", "&") if m else None
+
+
+def test_dead_letters_page_by_keyset_through_the_next_link(store, client):
+    c, _ = client
+    ids = submit(store, 130, batch="b")
+    claims = store.claim("w", ClaimRequest(["default"], 130))
+    store.complete([Outcome(t.id, cl.token, t.version, State.FAILED, error="boom") for cl in claims for t in cl.tasks])
+    assert [t.id for t in store.dead_letters(limit=200)] == ids
+    # oldest first, page by page through the next link: 50, 50, 30, none twice
+    seen, url = [], "/dead"
+    while url and len(seen) < 10:
+        body = c.request(url)[1]
+        seen.append(shown_ids(body))
+        assert ("first page</a>" in body) == (url != "/dead")
+        url = _next_link(body)
+        assert url is None or "after=" in url and "offset" not in url
+    assert [len(p) for p in seen] == [50, 50, 30] and sum(seen, []) == ids
+    # a dead letter of the first page retried before the next is read: none skipped, none twice
+    body = c.request("/dead")[1]
+    second = _next_link(body)
+    assert second is not None
+    assert store.retry(ids[0])
+    assert shown_ids(c.request(second)[1]) == ids[50:100]
+    # one batch's pages keep the batch in the link; the batch page's "more" goes by keyset too
+    body = c.request("/dead?batch=b")[1]
+    assert shown_ids(body) == ids[1:51]
+    link = _next_link(body)
+    assert link == f"/dead?batch=b&after={ids[50]}"
+    assert shown_ids(c.request(link)[1]) == ids[51:101]
+    more = re.search(r'<a href="(/dead\?batch=b&amp;after=\d+)">more →</a>', c.request("/batches/b")[1])
+    assert more and shown_ids(c.request(more.group(1).replace("&amp;", "&"))[1]) == ids[51:101]

@@ -1257,11 +1257,16 @@ class App:
     def tasks(self, **filters: Any) -> list[TaskRecord]:
         return self.store.list_tasks(TaskFilter(**filters))
 
-    def dead(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+    def dead(
+        self, batch: str | None = None, limit: int = 100, offset: int = 0, *, after_id: int | None = None
+    ) -> list[TaskRecord]:
         """The dead letters: tasks that ended FAILED or TIMEOUT (retries spent,
         a permanent error, arguments that cannot be decoded) and were not
-        retried since, oldest first, each with its error, attempts and trace id."""
-        return self.store.dead_letters(batch, limit, offset)
+        retried since, oldest first, each with its error, attempts and trace id.
+
+        Page by ``after_id``, the last id of the page before: a deep page
+        costs what the first does."""
+        return self.store.dead_letters(batch, limit, offset, after_id=after_id)
 
     def prune(
         self,

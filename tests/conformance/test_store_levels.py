@@ -323,3 +323,68 @@ def test_level_keeper_counts_open_breakers_from_the_store(store):
     assert Level(keeper.tick().level) is Level.DEGRADED
     (ev, _) = store.events(kind="level")
     assert json.loads(ev.data)["signals"]["open_breakers"] == 2
+
+
+def _many_dead(store, n: int = 300) -> list[int]:
+    """``n`` tasks, five in six ending FAILED or TIMEOUT (the rest SUCCESS, so
+    the dead letters' ids have gaps), even ones of batch ``b``; the dead ids."""
+    submit(store, *[new("d", batch="b" if i % 2 == 0 else None) for i in range(n)])
+    done = 0
+    while done < n:
+        claims = claim(store, 100, names=["d"])
+        assert claims, f"only {done} of {n} claimed"
+        outcomes = []
+        for c in claims:
+            for t in c.tasks:
+                k = (t.id - 1) % 6
+                status = State.SUCCESS if k == 5 else State.TIMEOUT if k == 4 else State.FAILED
+                outcomes.append(Outcome(t.id, c.token, t.version, status, error=None if k == 5 else "boom"))
+        assert all(store.complete(outcomes))
+        done += len(outcomes)
+    return [t.id for t in store.dead_letters(limit=n + 1)]
+
+
+def _walk(store, page: int, batch: str | None = None) -> list[list[int]]:
+    pages: list[list[int]] = []
+    after = None
+    for _ in range(100):  # a walk that does not move on stops here, and fails
+        rows = store.dead_letters(batch=batch, limit=page, after_id=after)
+        if not rows:
+            break
+        pages.append([t.id for t in rows])
+        after = rows[-1].id
+    return pages
+
+
+def test_dead_letters_page_by_keyset_each_once_in_order(store):
+    dead = _many_dead(store)
+    assert len(dead) == 250 and dead == sorted(dead)
+    pages = _walk(store, 50)
+    assert [len(p) for p in pages] == [50] * 5
+    assert [i for p in pages for i in p] == dead
+    in_batch = [t.id for t in store.dead_letters(batch="b", limit=300)]
+    assert len(in_batch) == 150  # its tasks are the odd ids, none a success
+    assert [i for p in _walk(store, 50, batch="b") for i in p] == in_batch
+    # a page past the last id is empty; one past any id starts right after it
+    assert store.dead_letters(after_id=dead[-1]) == []
+    assert [t.id for t in store.dead_letters(limit=2, after_id=dead[7])] == dead[8:10]
+
+
+def test_a_dead_letter_retried_between_page_reads_moves_no_other_across_the_edge(store):
+    dead = _many_dead(store)
+    first = [t.id for t in store.dead_letters(limit=50)]
+    assert first == dead[:50]
+    # one the first page showed is retried: the second page neither skips nor repeats
+    assert store.retry(first[10])
+    second = [t.id for t in store.dead_letters(limit=50, after_id=first[-1])]
+    assert second == dead[50:100]
+    # one further on is retried: the next page is the rest, in order
+    assert store.retry(dead[120])
+    third = [t.id for t in store.dead_letters(limit=50, after_id=second[-1])]
+    assert third == dead[100:120] + dead[121:151]
+    # the same in one batch
+    in_batch = [t.id for t in store.dead_letters(batch="b", limit=300)]
+    page = [t.id for t in store.dead_letters(batch="b", limit=20)]
+    assert page == in_batch[:20]
+    assert store.retry(page[0])
+    assert [t.id for t in store.dead_letters(batch="b", limit=20, after_id=page[-1])] == in_batch[20:40]

@@ -167,6 +167,10 @@ def pages(n: int, queued: int = 10_000) -> list[str]:
     deep = max(1, n // 50)  # near the end of a newest-first walk
     q_mid = n + max(1, queued // 2)  # among the queued tasks
     trace, key, batch = f"{mid:032x}", f"key-{(mid // 10) * 10}", f"batch-{mid // BATCH}"
+    # the seed's dead letters are its i % 100 < 3 (ids i + 1); the page five sixths of the way
+    # through them starts after the id of the one before (by keyset, as its next link goes)
+    deep_dead = (3 * (n // 100) + min(3, n % 100)) * 5 // 6
+    dead_after = (deep_dead // 3) * 100 + deep_dead % 3
     return [
         "/",
         "/queues",
@@ -221,7 +225,8 @@ def pages(n: int, queued: int = 10_000) -> list[str]:
         f"/tasks/{mid}",
         f"/tasks/{q_mid}",
         "/dead",
-        "/dead?offset=25000",
+        f"/dead?after={dead_after}",
+        f"/dead?batch={batch}&after={mid}",
         f"/dead?batch={batch}",
         f"/search?q={trace}&by=trace",
         f"/search?q={key}&by=key",

@@ -216,12 +216,19 @@ def level_auto(ctx: click.Context, reason: str, store_url: str | None) -> None:
 @click.option("--batch", help="Only this batch.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--offset", type=click.IntRange(min=0), default=0)
+@click.option("--after", metavar="POS", type=int, help="The page after this position (printed under a full page).")
 @json_option
-def dead(store_url: str | None, batch: str | None, limit: int, offset: int, as_json: bool) -> None:
+def dead(store_url: str | None, batch: str | None, limit: int, offset: int, after: int | None, as_json: bool) -> None:
     """Dead letters: tasks that ended FAILED or TIMEOUT and were not retried
     since (retries spent, a permanent error, arguments that cannot be
-    decoded), oldest first. `corral retry --dead` queues them again."""
-    rows = open_given_store(store_url, create=False).dead_letters(batch, limit, offset)
+    decoded), oldest first. `corral retry --dead` queues them again.
+
+    With --after, pages go by position (a deep page costs what the first
+    does), as on the dashboard's Dead letters page."""
+    if after is not None and offset:
+        raise click.UsageError("--offset does not go with --after")
+    rows = open_given_store(store_url, create=False).dead_letters(batch, limit + 1, offset, after_id=after)
+    more, rows = len(rows) > limit, rows[:limit]
     if as_json:
         render.print_json([render.record_dict(r) for r in rows])
         return
@@ -236,6 +243,8 @@ def dead(store_url: str | None, batch: str | None, limit: int, offset: int, as_j
             + (f"  group {r.group}" if r.group else "")
             + f"  {error}"
         )
+    if more:
+        click.echo(f"more: --after {rows[-1].id}", err=True)
 
 
 __all__ = ["breaker", "level", "dead"]

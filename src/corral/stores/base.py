@@ -723,8 +723,15 @@ class Store(abc.ABC):
         raise NotImplementedError
 
     # ---- dead letters -----------------------------------------------------
-    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+    def dead_letters(
+        self, batch: str | None = None, limit: int = 100, offset: int = 0, *, after_id: int | None = None
+    ) -> list[TaskRecord]:
         """Tasks that ended FAILED or TIMEOUT and were not retried since, by id.
+
+        Paged by keyset: ``after_id`` (the last id of the page before) starts
+        the page past it, so a deep page costs what the first does and a dead
+        letter retried or deleted between two reads moves no other one
+        across a page's edge. ``offset`` skips rows past that (a scan).
 
         A durable store reads them from a partial index holding only those
         rows, so a healthy history costs nothing."""

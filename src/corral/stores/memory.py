@@ -859,9 +859,12 @@ class MemoryStore(Store):
             if t.status in DEAD and (batch is None or t.batch == batch)
         ]
 
-    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
+    def dead_letters(
+        self, batch: str | None = None, limit: int = 100, offset: int = 0, *, after_id: int | None = None
+    ) -> list[TaskRecord]:
         with self._lock:
-            return [replace(t) for t in self._dead(batch)[max(0, offset) : max(0, offset) + max(0, limit)]]
+            dead = [t for t in self._dead(batch) if after_id is None or t.id > after_id]
+            return [replace(t) for t in dead[max(0, offset) : max(0, offset) + max(0, limit)]]
 
     def retry_dead(self, batch: str | None = None, limit: int = 10_000) -> list[int]:
         with self._lock:

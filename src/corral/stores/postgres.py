@@ -1778,8 +1778,10 @@ class PostgresStore(SqlStore):
         return self._run(go)
 
     # ---- dead letters ------------------------------------------------------------
-    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
-        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
+    def dead_letters(
+        self, batch: str | None = None, limit: int = 100, offset: int = 0, *, after_id: int | None = None
+    ) -> list[TaskRecord]:
+        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset), "after": max(0, after_id or 0)}
         q = "dead_letters" if batch is None else "dead_letters_batch"
         return [shown_record(_record(r)) for r in self._fetchall(q, params, dicts=True)]
 

@@ -1874,8 +1874,10 @@ class SQLiteStore(SqlStore):
 
     # ---- dead letters -------------------------------------------------------
     @_guard
-    def dead_letters(self, batch: str | None = None, limit: int = 100, offset: int = 0) -> list[TaskRecord]:
-        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset)}
+    def dead_letters(
+        self, batch: str | None = None, limit: int = 100, offset: int = 0, *, after_id: int | None = None
+    ) -> list[TaskRecord]:
+        params = {"batch": batch, "limit": max(0, limit), "offset": max(0, offset), "after": max(0, after_id or 0)}
         with self._read() as con:
             q = Q["dead_letters" if batch is None else "dead_letters_batch"]
             return self._records(con, _task_cursor(con).execute(q, params).fetchall())

@@ -874,20 +874,24 @@ def tasks_bulk(request: Request) -> Response:
 
 
 def dead(request: Request) -> Response:
+    """Dead letters (of one batch, if given), oldest first, paged by keyset as
+    the Tasks page is: ``after`` is the last id of the page before."""
     d = _dash(request)
     batch = request.query_params.get("batch") or None
-    offset = max(0, _int(request.query_params.get("offset"), 0) or 0)
-    rows = d.store.dead_letters(batch=batch, limit=PAGE + 1, offset=offset)
+    after = _int(request.query_params.get("after"))
+    rows = d.store.dead_letters(batch=batch, limit=PAGE + 1, after_id=after)
     more = len(rows) > PAGE
-    params = {k: v for k, v in request.query_params.items() if k != "offset"}
+    rows = rows[:PAGE]
+    params = {k: v for k, v in request.query_params.items() if k in ("batch",) and v}
+    next_url = request.url.path + "?" + urlencode({**params, "after": rows[-1].id}) if more else None
     return d.page(
         request,
         "dead.html",
         title="Dead letters",
-        rows=rows[:PAGE],
+        rows=rows,
         batch=batch,
-        next_url=request.url.path + "?" + urlencode({**params, "offset": offset + PAGE}) if more else None,
-        prev_url=request.url.path + "?" + urlencode({**params, "offset": max(0, offset - PAGE)}) if offset else None,
+        next_url=next_url,
+        first_url=request.url.path + ("?" + urlencode(params) if params else ""),
     )
 
 

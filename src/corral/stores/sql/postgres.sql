@@ -2163,15 +2163,18 @@ RETURNING holder;
 -- ---- dead letters ----------------------------------------------------------------
 
 -- name: dead_letters
+-- Paged by keyset: the ids above %(after)s (0 for the first page), so a deep
+-- page reads what the first does.
 SELECT * FROM corral_tasks
 WHERE status IN ('FAILED', 'TIMEOUT') AND (%(batch)s::text IS NULL OR batch = %(batch)s::text)
+  AND id > %(after)s::bigint
 ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: dead_letters_batch
 -- One batch's dead letters, from the batch index: the cost follows the batch,
 -- not every dead letter of the store.
 SELECT * FROM corral_tasks
-WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT')
+WHERE batch = %(batch)s AND status IN ('FAILED', 'TIMEOUT') AND id > %(after)s::bigint
 ORDER BY id LIMIT %(limit)s OFFSET %(offset)s;
 
 -- name: dead_ids_batch

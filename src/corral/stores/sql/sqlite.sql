@@ -1406,16 +1406,18 @@ WHERE leadership.holder = excluded.holder OR leadership.expires_at < ?
 
 -- ---- dead letters ----------------------------------------------------------------
 
+-- Paged by keyset: the ids above :after (0 for the first page), so a deep
+-- page reads what the first does.
 -- name: dead_letters
 SELECT * FROM tasks INDEXED BY tasks_dead
-WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch)
+WHERE status IN ('FAILED', 'TIMEOUT') AND (:batch IS NULL OR batch = :batch) AND id > :after
 ORDER BY id LIMIT :limit OFFSET :offset
 
 -- One batch's dead letters, from the batch index: the cost follows the batch,
 -- not every dead letter of the store.
 -- name: dead_letters_batch
 SELECT * FROM tasks INDEXED BY tasks_batch_status
-WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT')
+WHERE batch = :batch AND status IN ('FAILED', 'TIMEOUT') AND id > :after
 ORDER BY id LIMIT :limit OFFSET :offset
 
 -- name: dead_ids_batch
