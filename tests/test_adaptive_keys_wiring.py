@@ -10,9 +10,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 import corral
-from corral.core.adaptive import MAX_KEY_STATES, key_state_of
+from corral.core.adaptive import MAX_KEY_EVENTS, MAX_KEY_STATES, LimitReport, bucket_of, key_state_of
 from corral.core.claims import ClaimRequest
 from corral.core.clock import FakeClock
+from corral.core.events import LIMIT_ADAPTED, LIMIT_KEY_ADAPTED, limit_key_subject
 from corral.core.gates import keyed_name
 from corral.core.model import NewTask, Outcome
 from corral.core.states import State
@@ -20,6 +21,7 @@ from corral.edges.limit_view import limits_report
 from corral.engine.limit_reporter import LimitReporter
 from corral.maintenance.adaptive_keeper import AdaptiveKeeper
 from corral.stores import open_store
+from corral.stores.base import Store
 from helpers import ARGS
 
 HOT, COLD = keyed_name("merchant", "hot"), keyed_name("merchant", "cold")
@@ -111,3 +113,66 @@ def test_the_keepers_bench_runs_small():
 
     out = run("memory://", keys=4, queued=40, ticks=2)
     assert out["keys_decided"] == 8 and out["keyed_tick_ms_median"] >= 0
+
+
+def _keys_report(reports: dict[str, tuple[int, int]]) -> str:
+    """A worker's report of keys of ``merchant``: key to (calls, throttled), 20 ms each success."""
+    out = {}
+    for key, (calls, throttles) in reports.items():
+        ok = calls - throttles
+        report = LimitReport(1.0, calls, ok, throttles, 0, 1, latency={bucket_of(20.0): ok} if ok else {})
+        out[keyed_name("merchant", key)] = report.to_dict()
+    return json.dumps(out)
+
+
+def _keyed_leader(url: str) -> tuple[FakeClock, Store, AdaptiveKeeper]:
+    """A keyed adaptive limit (each key starts at the limit's 10/s) and its leader's keeper, past its first tick."""
+    clock = FakeClock()
+    store = open_store(url, clock=clock)
+    store.migrate()
+    corral.App(store).limit("merchant", rate="auto", max_rate="200/s", per_key=True)
+    assert store.try_lead("sweeper", "one", 60.0)
+    keeper = AdaptiveKeeper(store, Leading("one"), aligned=False)
+    keeper.tick()  # a new leader's first second only takes the reports
+    return clock, store, keeper
+
+
+def test_a_throttled_keys_cut_is_one_event_naming_the_key_with_its_inputs(fake_clock_url):
+    clock, store, keeper = _keyed_leader(fake_clock_url)
+    store.submit([NewTask("t", ARGS, limits=(gate,)) for gate in (HOT, COLD) for _ in range(30)])
+    # the hot key's partner refuses 4 of its 10 calls; the cold key's 2 calls pass (not its bottleneck: held)
+    store.report_limits("w1", _keys_report({"hot": (10, 4), "cold": (2, 0)}))
+    clock.advance(1.0)
+    keeper.tick()
+    (event,) = store.events(LIMIT_KEY_ADAPTED)
+    assert event.subject == limit_key_subject("merchant", "hot") == "limit:merchant:key:hot"
+    d = event.details
+    assert d["limit"] == "merchant" and d["key"] == "hot"
+    assert d["rate_rule"].startswith("throttled") and d["rate"] < 10.0
+    assert d["inputs"]["calls"] == 10 and d["inputs"]["throttles"] == 4 and d["inputs"]["rate_before"] == 10.0
+    assert store.events(LIMIT_ADAPTED) == []  # the limit's own values did not move
+    # the key remembers when it changed; the cold key never did
+    keys = {key: key_state_of(text) for key, text in store.adaptive_keys("merchant").items()}
+    assert keys["hot"] is not None and keys["hot"].changed == event.at
+    assert keys["cold"] is not None and keys["cold"].changed is None
+    # a second the hot key is not the bottleneck (one call): its rate holds, no event
+    store.report_limits("w1", _keys_report({"hot": (1, 0), "cold": (2, 0)}))
+    clock.advance(1.0)
+    keeper.tick()
+    assert [e.subject for e in store.events(LIMIT_KEY_ADAPTED)] == [event.subject]
+    store.close()
+
+
+def test_a_thousand_keys_changing_in_one_second_write_only_the_busiest_keys_events(fake_clock_url):
+    clock, store, keeper = _keyed_leader(fake_clock_url)
+    # every key throttled, 5 of its calls passing (so cut below its 10/s): k0999 the busiest
+    many = {f"k{k:04d}": (10 + k, 5 + k) for k in range(1000)}
+    store.submit([NewTask("t", ARGS, limits=(keyed_name("merchant", key),)) for key in many])  # work waits
+    store.report_limits("w1", _keys_report(many))
+    clock.advance(1.0)
+    keeper.tick()
+    events = store.events(LIMIT_KEY_ADAPTED, limit=10_000)
+    assert len(events) == MAX_KEY_EVENTS == 20
+    assert sorted(e.details["key"] for e in events) == [f"k{k:04d}" for k in range(980, 1000)]
+    assert keeper.key_decisions == MAX_KEY_STATES and keeper.key_events_left == MAX_KEY_STATES - 20
+    store.close()

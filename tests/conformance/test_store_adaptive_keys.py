@@ -1,13 +1,15 @@
 """A keyed adaptive limit's keys in the store: each key's decided values and
 controller state in its row, written fenced by leadership, read back by the
-keeper and by every claim (gating that key only), and kept through a forget
-while the key had a call lately."""
+keeper and by every claim (gating that key only), with the keeper's events in
+the same write, and kept through a forget while the key had a call lately."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from corral.core.adaptive import AdaptiveSpec, Bounds, ControllerState, KeyState, key_state_json, key_state_of
+from corral.core.events import LIMIT_ADAPTED, LIMIT_KEY_ADAPTED
 from corral.core.gates import keyed_name, split_key
 from corral.core.model import LimitSpec
 
@@ -103,3 +105,26 @@ def test_the_keys_work_waits_under_are_found_in_one_look(store):
     submit(store, new(limits=("plain",)))
     asked = [keyed_name("merchant", k) for k in ("m-1", "m-2")] + ["plain", "other"]
     assert store.limits_waiting(asked) == {keyed_name("merchant", "m-1"), "plain"}
+
+
+def test_keys_events_go_in_their_fenced_write(store, advance):
+    store.declare_adaptive(LimitSpec("merchant", per_key=True), SPEC)
+    assert store.try_lead("sweeper", "leader-1", 10.0)
+    text, _ = cut(store)
+    said = {"m-1": json.dumps({"limit": "merchant", "key": "m-1", "rate": 1.0})}
+    # fenced out: neither the key's values nor its event
+    assert not store.save_adaptive_keys("merchant", "leader-2", "sweeper", {"m-1": (text, 1, "1/s")}, said)
+    assert store.events(LIMIT_KEY_ADAPTED) == []
+    assert store.save_adaptive_keys(
+        "merchant", "leader-1", "sweeper", {"m-1": (text, 1, "1/s"), "m-2": (text, 1, "1/s")}, said
+    )
+    (event,) = store.events(LIMIT_KEY_ADAPTED)
+    assert event.subject == "limit:merchant:key:m-1" and event.details == {
+        "limit": "merchant",
+        "key": "m-1",
+        "rate": 1.0,
+    }
+    assert store.events(LIMIT_ADAPTED) == []
+    # without events, none is written
+    assert store.save_adaptive_keys("merchant", "leader-1", "sweeper", {"m-1": (text, 1, "1/s")})
+    assert len(store.events(LIMIT_KEY_ADAPTED)) == 1

@@ -64,6 +64,7 @@ def run(url: str, keys: int, queued: int, ticks: int) -> dict[str, Any]:
                 spent.append(time.perf_counter() - t)
             out[f"{what}_tick_ms_median"] = round(statistics.median(spent) * 1000, 2)
         out["keys_decided"] = keeper.key_decisions
+        out["key_events"] = keeper.key_events
         return out
     finally:
         store.close()

@@ -42,20 +42,26 @@ def limit(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
 
 
 @limit.command("show")
+@click.argument("name", required=False)
 @store_option
 @json_option
 @click.pass_context
-def limit_show(ctx: click.Context, store_url: str | None, as_json: bool) -> None:
-    """Each limit: settings in force and who set them, places held, starts its
-    rate allows now, paused or not, and a keyed limit's active and busiest keys.
-    An adaptive limit adds the effective values beside its bounds, the latency
-    baseline and the rate of the last cut."""
-    _show(_url(ctx, store_url), as_json)
+def limit_show(ctx: click.Context, name: str | None, store_url: str | None, as_json: bool) -> None:
+    """Each limit (or only NAME): settings in force and who set them, places
+    held, starts its rate allows now, paused or not, and a keyed limit's active
+    and busiest keys. An adaptive limit adds the effective values beside its
+    bounds, the latency baseline and the rate of the last cut; a keyed one its
+    busiest keys' learned values and when they last changed."""
+    _show(_url(ctx, store_url), as_json, name)
 
 
-def _show(store_url: str | None, as_json: bool) -> None:
+def _show(store_url: str | None, as_json: bool, name: str | None = None) -> None:
     store = open_given_store(store_url, create=False)
     rows = limits_report(store)
+    if name is not None:
+        rows = [r for r in rows if r["name"] == name]
+        if not rows:
+            raise CLIError(f"no limit {name!r} (corral limit show lists them)")
     if as_json:
         render.print_json({"limits": rows})
         return
@@ -71,6 +77,14 @@ def _show(store_url: str | None, as_json: bool) -> None:
             busiest = ", ".join(f"{k['key']} {k['in_use']}{_learned(k)}" for k in r["busiest_keys"]) or "-"
             learning = f"; keys learning: {r['learning_keys']}" if "learning_keys" in r else ""
             click.echo(f"    keys holding places: {r['active_keys']}{learning}; busiest: {busiest}")
+        if r.get("learned_keys"):
+            click.echo("    busiest learning keys: " + ", ".join(_learning(k) for k in r["learned_keys"]))
+
+
+def _learning(key: dict[str, Any]) -> str:
+    """A learning key: its own values, its last second's calls and its last change."""
+    changed = f", changed {render.when(key['changed_at'])}" if key["changed_at"] is not None else ""
+    return f"{key['key']}{_learned({'learned': key})} {key['calls']} calls{changed}"
 
 
 def _learned(key: dict[str, Any]) -> str:

@@ -690,14 +690,21 @@ def fleet_report(reports: Iterable[tuple[str, LimitReport]], seconds: float) -> 
 MAX_KEY_STATES = 256
 #: a key's state is forgotten after this many seconds without a call under it
 KEY_IDLE_FORGET = 300.0
+#: at most this many keys' changes of one keyed limit are events each second (the busiest
+#: keys'): a thousand keys moving at once must not flood the event stream
+MAX_KEY_EVENTS = 20
 
 
 @dataclass(frozen=True)
 class KeyState:
-    """One key's controller state and when a call last went under the key."""
+    """One key's controller state, when a call last went under the key, the
+    calls of the last interval that had any (how busy the key is), and when
+    the keeper last changed the key's effective values (None: never)."""
 
     state: ControllerState
     seen: float
+    calls: int = 0
+    changed: float | None = None
 
 
 def busiest_reports(reports: Mapping[str, LimitReport], top: int = MAX_KEY_STATES) -> dict[str, LimitReport]:
@@ -752,7 +759,7 @@ def decide_keys(
             state = old.state if old is not None else initial_state(bounds, now, rate=rate0, concurrency=conc0)
             decision = decide(state, active[key], bounds, now)
             decisions[key] = decision
-            kept[key] = KeyState(decision.state, now)
+            kept[key] = KeyState(decision.state, now, active[key].calls, None if old is None else old.changed)
         elif now - states[key].seen < idle:
             kept[key] = states[key]
     return kept, decisions
@@ -762,7 +769,10 @@ def key_state_json(key: KeyState) -> str:
     """A key's :class:`KeyState` as its row's ``controller`` column holds it."""
     import json
 
-    return json.dumps({"seen": key.seen, "state": key.state.to_dict()}, separators=(",", ":"))
+    data: dict[str, Any] = {"seen": key.seen, "calls": key.calls, "state": key.state.to_dict()}
+    if key.changed is not None:
+        data["changed"] = key.changed
+    return json.dumps(data, separators=(",", ":"))
 
 
 def key_state_of(text: str | None) -> KeyState | None:
@@ -773,7 +783,13 @@ def key_state_of(text: str | None) -> KeyState | None:
         return None
     try:
         data = json.loads(text)
-        return KeyState(ControllerState.from_dict(data["state"]), float(data["seen"]))
+        changed = data.get("changed")
+        return KeyState(
+            ControllerState.from_dict(data["state"]),
+            float(data["seen"]),
+            int(data.get("calls") or 0),
+            None if changed is None else float(changed),
+        )
     except (ValueError, TypeError, KeyError):
         return None
 

@@ -31,6 +31,10 @@ BREAKER = "breaker"
 LEVEL = "level"
 #: An adaptive limit's controller changed its effective values (data: the decision's explanation).
 LIMIT_ADAPTED = "limit_adapted"
+#: A keyed adaptive limit's controller changed a key's effective values (subject
+#: :func:`limit_key_subject`; data: the decision's explanation with ``limit`` and ``key``).
+#: A kind of its own: a thousand keys' changes must not crowd the limit's out of a read.
+LIMIT_KEY_ADAPTED = "limit_key_adapted"
 #: A queue, group or limit paused or resumed by hand (subject ``<kind>:<name>``).
 PAUSE = "pause"
 #: A limit's settings changed: declared, set while running, handed back (core.limits).
@@ -38,13 +42,18 @@ LIMIT = "limit"
 #: Every kind a task's life writes.
 TASK_KINDS = frozenset({SUBMITTED, PROGRESS, *STATE_KINDS.values()})
 #: Kinds the stores write; other kinds (a worker's health, say) may be added by ``add_event``.
-KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL, PAUSE, LIMIT, LIMIT_ADAPTED})
+KNOWN_KINDS = frozenset({*TASK_KINDS, BREAKER, LEVEL, PAUSE, LIMIT, LIMIT_ADAPTED, LIMIT_KEY_ADAPTED})
 #: Errors in event data are cut to this many characters (the task row keeps it whole).
 ERROR_CHARS = 500
 
 
 def task_subject(task_id: int) -> str:
     return f"task:{task_id}"
+
+
+def limit_key_subject(limit: str, key: str) -> str:
+    """The subject of a key's events under a keyed limit: ``limit:merchant_api:key:m-1001``."""
+    return f"limit:{limit}:key:{key}"
 
 
 def state_kind(status: str) -> str:

@@ -3,7 +3,8 @@
 One reading of the store, the same in both: a limit's settings in force and
 who set them (with the declared ones kept aside), the places held now, the
 starts its rate allows now, whether it is paused, and for a keyed limit the
-number of keys holding places and its busiest keys. Read-only."""
+number of keys holding places and its busiest keys (for a keyed adaptive
+limit, also the busiest keys' learned values). Read-only."""
 
 from __future__ import annotations
 
@@ -53,16 +54,35 @@ def limits_report(store: Store, top: int = TOP_KEYS) -> list[dict[str, Any]]:
             if name in adaptive:  # each key learns its own values: the busiest keys' beside their places
                 learned = learned_keys(store, adaptive[name])
                 row["learning_keys"] = len(learned)
+                places = dict(held)
                 for k in row["busiest_keys"]:
-                    k["learned"] = learned.get(k["key"])
+                    got = learned.get(k["key"])
+                    k["learned"] = None if got is None else {"concurrency": got["concurrency"], "rate": got["rate"]}
+                row["learned_keys"] = [
+                    {"key": key, **got, "in_use": places.get(key, 0)}
+                    for key, got in sorted(learned.items(), key=lambda kv: _busiest(kv, now))[:top]
+                ]
         out.append(row)
     return out
+
+
+#: A learning key with a call in the last this many seconds counts as busy now.
+KEY_FRESH_SECONDS = 5.0
+
+
+def _busiest(item: tuple[str, dict[str, Any]], now: float) -> tuple[bool, int, float, str]:
+    """The order of the learning keys: those busy now first, by their last
+    second's calls, then the most recently seen."""
+    key, got = item
+    return (now - got["seen"] > KEY_FRESH_SECONDS, -got["calls"], -got["seen"], key)
 
 
 def learned_keys(store: Store, row: AdaptiveRow) -> dict[str, dict[str, Any]]:
     """The keys of a keyed adaptive limit that learned their own values: key to
     the effective concurrency and rate their controller set (None: the knob
-    is not adaptive, the limit's value holds)."""
+    is not adaptive, the limit's value holds), the calls of its last busy
+    interval, when it last had one (``seen``) and when the controller last
+    changed its values (``changed_at``; None: never)."""
     spec, out = row.spec, dict[str, dict[str, Any]]()
     for key, text in store.adaptive_keys(row.name).items():
         got = key_state_of(text)
@@ -70,6 +90,9 @@ def learned_keys(store: Store, row: AdaptiveRow) -> dict[str, dict[str, Any]]:
             out[key] = {
                 "concurrency": effective_concurrency(got.state, spec.bounds) if spec.concurrency else None,
                 "rate": rate_text(got.state.rate) if spec.rate else None,
+                "calls": got.calls,
+                "seen": got.seen,
+                "changed_at": got.changed,
             }
     return out
 
@@ -130,4 +153,4 @@ def adaptive_history(
     return out
 
 
-__all__ = ["HISTORY_SECONDS", "TOP_KEYS", "adaptive_dict", "adaptive_history", "limits_report"]
+__all__ = ["HISTORY_SECONDS", "TOP_KEYS", "adaptive_dict", "adaptive_history", "learned_keys", "limits_report"]

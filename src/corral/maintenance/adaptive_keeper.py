@@ -20,7 +20,9 @@ the keys' states read from their rows, writing each decided key's state and
 effective values to its row in one upsert fenced the same way
 (:meth:`corral.stores.base.Store.save_adaptive_keys`). A key the controller
 forgot (idle, or no longer among the busiest) has its own values cleared and
-runs under the limit's again.
+runs under the limit's again. A key whose effective values changed gets an
+event in the same write (:data:`corral.core.events.LIMIT_KEY_ADAPTED`), for
+the busiest :data:`corral.core.adaptive.MAX_KEY_EVENTS` such keys a tick.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from corral.core.adaptive import (
+    MAX_KEY_EVENTS,
     RATE_BUSY_SHARE,
     AdaptiveRow,
     Decision,
@@ -78,8 +81,11 @@ class AdaptiveKeeper(Loop):
         #: decisions written, and those fenced out (another leader)
         self.decisions = 0
         self.fenced = 0
-        #: keys' decisions written (a keyed adaptive limit's)
+        #: keys' decisions written (a keyed adaptive limit's), their events written, and
+        #: the changes beyond :data:`MAX_KEY_EVENTS` in a tick that wrote no event
         self.key_decisions = 0
+        self.key_events = 0
+        self.key_events_left = 0
         #: per limit, its rate before the last decision: in force for the first part of the next interval
         self._before: dict[str, float] = {}
         super().__init__()
@@ -168,19 +174,32 @@ class AdaptiveKeeper(Loop):
                 fleet[key] = replace(fleet[key], held_by_rate=held_rate, held_by_concurrency=held_conc)
         kept, decisions = decide_keys(states, fleet, spec.bounds, now, start=(conc0, rate0))
         writes: dict[str, tuple[str | None, int | None, str | None]] = {}
+        changed: list[str] = []
         for key, decision in decisions.items():
             key_conc = decision.concurrency if spec.concurrency else None
             key_rate = rate_text(decision.rate) if spec.rate else None
+            # the values the key ran under: its own, else the limit's (where its new state started)
+            before = states[key].state if key in states else initial_state(spec.bounds, now, rate0, conc0)
+            if (key_conc is not None and key_conc != effective_concurrency(before, spec.bounds)) or (
+                key_rate is not None and key_rate != rate_text(before.rate)
+            ):
+                changed.append(key)
+                kept[key] = replace(kept[key], changed=now)
             writes[key] = (key_state_json(kept[key]), key_conc, key_rate)
         for key in states.keys() - kept.keys():  # forgotten: the key runs under the limit's values again
             writes[key] = (None, None, None)
         if not writes:
             return 0
-        if not self.store.save_adaptive_keys(row.name, self.sweeper.holder, self.role, writes):
+        # an event per changed key, the busiest first, at most MAX_KEY_EVENTS a tick
+        changed.sort(key=lambda k: (-fleet[k].calls, -(fleet[k].throttles + fleet[k].errors), k))
+        events = {key: _key_event(row.name, key, decisions[key]) for key in changed[:MAX_KEY_EVENTS]}
+        if not self.store.save_adaptive_keys(row.name, self.sweeper.holder, self.role, writes, events):
             self.fenced += 1
             log.info("adaptive limit %s: keys not written, this process does not lead any more", row.name)
             return 0
         self.key_decisions += len(decisions)
+        self.key_events += len(events)
+        self.key_events_left += len(changed) - len(events)
         return len(writes)
 
     def _decide(self, row: AdaptiveRow, report: LimitReport, waiting: bool, now: float) -> Decision | None:
@@ -221,6 +240,11 @@ class AdaptiveKeeper(Loop):
                 decision.concurrency_rule,
             )
         return decision
+
+
+def _key_event(limit: str, key: str, decision: Decision) -> str:
+    """A key's ``limit_key_adapted`` event data: the limit's, with the limit and key named."""
+    return json.dumps({"limit": limit, "key": key, **decision.explanation}, separators=(",", ":"))
 
 
 def _per_second(rate: str | None) -> float | None:

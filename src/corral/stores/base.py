@@ -977,6 +977,7 @@ class Store(abc.ABC):
         holder: str,
         role: str,
         keys: Mapping[str, tuple[str | None, int | None, str | None]],
+        events: Mapping[str, str] | None = None,
     ) -> bool:
         """Write the controller's decisions for keys of the keyed adaptive
         limit ``limit``: per key, its state (JSON) and its effective
@@ -984,8 +985,10 @@ class Store(abc.ABC):
         has none), in one write fenced by the leadership ``role`` as
         :meth:`save_adaptive` is. A key given ``(None, None, None)`` loses its
         state and its own values (it runs under the limit's again). A changed
-        rate starts the key with a full bucket. False when fenced out or
-        ``limit`` is not adaptive."""
+        rate starts the key with a full bucket. ``events`` (key to JSON data)
+        go in the same write, each a ``limit_key_adapted`` event with subject
+        :func:`corral.core.events.limit_key_subject` (the caller bounds how
+        many). False when fenced out or ``limit`` is not adaptive."""
         raise NotImplementedError
 
     def report_limits(self, worker_id: str, reports: str) -> None:

@@ -1284,12 +1284,15 @@ class MemoryStore(Store):
         holder: str,
         role: str,
         keys: Mapping[str, tuple[str | None, int | None, str | None]],
+        events: Mapping[str, str] | None = None,
     ) -> bool:
         with self._lock:
             now = self.now()
             leader, until = self._leaders.get(role, ("", 0.0))
             if leader != holder or until < now or limit not in self._adaptive:
                 return False
+            for key, data in (events or {}).items():
+                self._add_event(now, ev.LIMIT_KEY_ADAPTED, ev.limit_key_subject(limit, key), data)
             for key, (state, conc, rate) in keys.items():
                 name = keyed_name(limit, key)
                 old = self._limits.get(name)

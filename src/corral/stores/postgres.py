@@ -72,7 +72,7 @@ from corral.core.cron import (
     too_early,
 )
 from corral.core.events import LIMIT as LIMIT_EVENT
-from corral.core.events import LIMIT_ADAPTED
+from corral.core.events import LIMIT_ADAPTED, LIMIT_KEY_ADAPTED, limit_key_subject
 from corral.core.gates import KEY_SEP, BreakerRow, Gates, LimitState, key_at_rest, keyed_name, record_outcomes
 from corral.core.minutes import FinishedRun, MinuteStat
 from corral.core.model import (
@@ -2077,8 +2077,13 @@ class PostgresStore(SqlStore):
         holder: str,
         role: str,
         keys: Mapping[str, tuple[str | None, int | None, str | None]],
+        events: Mapping[str, str] | None = None,
     ) -> bool:
         names = {keyed_name(limit, key): v for key, v in keys.items()}
+        said = [
+            {"kind": LIMIT_KEY_ADAPTED, "subject": limit_key_subject(limit, key), "data": data}
+            for key, data in (events or {}).items()
+        ]
 
         def go(conn):
             with conn.transaction():
@@ -2092,6 +2097,8 @@ class PostgresStore(SqlStore):
                     conn.execute(self._q["save_adaptive_keys"], {"rows": json.dumps(rows)})
                     # a raised key may free places for waiting work
                     conn.execute(self._q["notify"], {"queue": ""})
+                for data in said:  # (few: the keeper bounds them)
+                    conn.execute(self._q["add_event"], data)
                 return True
 
         return self._run(go)

@@ -106,7 +106,7 @@ from corral.core.cron import (
     too_early,
 )
 from corral.core.events import LIMIT as LIMIT_EVENT
-from corral.core.events import LIMIT_ADAPTED
+from corral.core.events import LIMIT_ADAPTED, LIMIT_KEY_ADAPTED, limit_key_subject
 from corral.core.gates import (
     KEY_SEP,
     BreakerRow,
@@ -2167,6 +2167,7 @@ class SQLiteStore(SqlStore):
         holder: str,
         role: str,
         keys: Mapping[str, tuple[str | None, int | None, str | None]],
+        events: Mapping[str, str] | None = None,
     ) -> bool:
         with self._write() as con:
             now = self._clock.time()
@@ -2174,6 +2175,11 @@ class SQLiteStore(SqlStore):
                 return False
             if not any(r[0] == limit for r in con.execute(Q["adaptive_limits"])):
                 return False
+            if events:
+                con.executemany(
+                    Q["add_event"],
+                    [(now, LIMIT_KEY_ADAPTED, limit_key_subject(limit, key), data) for key, data in events.items()],
+                )
             con.executemany(
                 Q["save_adaptive_key"],
                 [

@@ -291,6 +291,7 @@ def groups(request: Request) -> Response:
 def limits(request: Request) -> Response:
     """What ``corral limit show`` says (edges/limit_view.py), a form to change
     a limit while running, and the breakers."""
+    from corral.core.adaptive import MAX_KEY_EVENTS
     from corral.edges.limit_view import adaptive_history, limits_report
 
     d = _dash(request)
@@ -310,6 +311,7 @@ def limits(request: Request) -> Response:
         events=events,
         now=now,
         paused=_paused(d.store),
+        key_events=MAX_KEY_EVENTS,
     )
 
 
