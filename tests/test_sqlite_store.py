@@ -344,6 +344,35 @@ def test_the_wal_is_reset_while_readers_keep_reading(tmp_path, monkeypatch):
         s.close()
 
 
+def test_a_wal_reset_a_reader_outlasted_is_tried_again_without_another_write(tmp_path, monkeypatch):
+    """A TRUNCATE checkpoint that waits out its time behind a reader reports
+    it in its row and raises nothing: the round must ask for another, or a
+    store that stops writing keeps its large WAL for good."""
+    import corral.stores.sqlite as sqlite_mod
+
+    monkeypatch.setattr(sqlite_mod, "WAL_RESET_BYTES", 64 * 1024)
+    monkeypatch.setattr(sqlite_mod, "CHECKPOINT_INTERVAL", 3600.0)  # rounds by hand only
+    s = SQLiteStore(f"sqlite:///{tmp_path}/wal.db")
+    wal = f"{tmp_path}/wal.db-wal"
+    reader = sqlite3.connect(f"{tmp_path}/wal.db", isolation_level=None)
+    try:
+        s.submit([NewTask(name="w", args="{}")])
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM tasks").fetchone()  # a snapshot from before the big writes
+        for _ in range(10):
+            s.submit([NewTask(name="w", args='{"pad": "' + "x" * 2000 + '"}') for _ in range(20)])
+        s._checkpoint_once()
+        assert os.path.getsize(wal) > 64 * 1024  # it could not truncate past the reader
+        assert s._wrote  # so the next round tries again, though nothing is written
+        reader.execute("COMMIT")
+        s._checkpoint_once()
+        assert os.path.getsize(wal) < 64 * 1024
+        assert not s._wrote
+    finally:
+        reader.close()
+        s.close()
+
+
 # ---- claims across processes --------------------------------------------------------
 
 

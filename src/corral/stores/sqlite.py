@@ -767,16 +767,20 @@ class SQLiteStore(SqlStore):
         while not self._stopping.wait(CHECKPOINT_INTERVAL):
             if os.getpid() != pid or self._closed:
                 return
-            if not self._wrote:
-                continue
-            self._wrote = False
-            try:
-                con = self._con()
-                con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                if self._wal_bytes() > WAL_RESET_BYTES:
-                    self._reset_wal(con)
-            except sqlite3.Error:  # busy or closing: the next round tries again
-                self._wrote = True
+            if self._wrote:
+                self._checkpoint_once()
+
+    def _checkpoint_once(self) -> None:
+        """One round: copy the WAL back; past its size bound, reset it. What
+        cannot be done now leaves ``_wrote`` set, so the next round tries."""
+        self._wrote = False
+        try:
+            con = self._con()
+            con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if self._wal_bytes() > WAL_RESET_BYTES and not self._reset_wal(con):
+                self._wrote = True  # a reader outlasted the wait
+        except sqlite3.Error:  # busy or closing
+            self._wrote = True
 
     def _wal_bytes(self) -> int:
         try:
@@ -784,15 +788,17 @@ class SQLiteStore(SqlStore):
         except OSError:
             return 0
 
-    def _reset_wal(self, con: sqlite3.Connection) -> None:
+    def _reset_wal(self, con: sqlite3.Connection) -> bool:
         """Checkpoint everything and truncate the WAL, waiting a moment for
-        the readers of older snapshots; if they outlast the wait, a later
-        round tries again."""
+        the readers of older snapshots; False if they outlasted the wait
+        (SQLite says so in the checkpoint's row, raising nothing: with no
+        write after it, nothing would try again and the WAL kept its size)."""
         con.execute(f"PRAGMA busy_timeout = {WAL_RESET_WAIT_MS}")
         try:
-            con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         finally:
             con.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
+        return not busy
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
