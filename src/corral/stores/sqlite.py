@@ -79,7 +79,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, replace
 from typing import Any, NamedTuple
@@ -415,12 +416,26 @@ def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
     return task_record(row, json.loads(row["limits"]) if row["limits"] else (), deps)  # type: ignore[arg-type]
 
 
-#: Keys a claim reads the places and row of one at a time, before it reads
-#: every key's at once.
-KEYS_ONE_BY_ONE = 64
+#: Candidates a claim reads ahead, when it first meets a key it has not
+#: counted, to count the places and read the rows of their keys with it in one
+#: go (twice as many each next time, at most KEYS_AHEAD_MOST).
+KEYS_AHEAD = 32
+KEYS_AHEAD_MOST = 1024
 #: Candidates in a row a claim passes over (a shut gate, a key served in
 #: this pass) before it reads on without their limits and names.
 PASS_OVER_RUN = 8
+
+
+#: Rows of rates a claim charges in one statement (four parameters each:
+#: SQLite binds at most 32 766).
+CHARGES_AT_ONCE = 256
+
+
+@functools.lru_cache(maxsize=64)
+def _charges_sql(n: int) -> str:
+    """``limit_charge`` for ``n`` rows in one statement."""
+    head, _, tail = Q["limit_charge"].partition("VALUES (?, ?, ?, ?)")
+    return head + "VALUES " + ", ".join(["(?, ?, ?, ?)"] * n) + tail
 
 
 class _CandidateRow(NamedTuple):
@@ -1152,11 +1167,28 @@ class SQLiteStore(SqlStore):
         expires = now + request.lease_seconds
         rows_by_claim: list[tuple[str, str | None, list]] = []
         touched: dict[str, float] = {}
+        start = None if prefetch or relay is not None else now  # a relayed head starts once its predecessor ends
+        singles: dict[int, str] = {}
+        if relay is None and len(picked) > 1:
+            # the units of one task each in one statement (a keyed claim takes many)
+            singles = {members[0].id: uuid.uuid4().hex for members in picked if len(members) == 1}
+            if len(singles) > 1:
+                arg = dumps([[tid, token] for tid, token in singles.items()])
+                cur = _task_cursor(con).execute(Q["claim_heads"], (arg, expires, worker_id, start))
+                single_rows = {r[0]: r for r in cur}
+            else:
+                singles = {}
         for members in picked:
+            head = members[0].id
+            if head in singles:
+                row = single_rows.get(head)
+                rows_by_claim.append((singles[head], members[0].group, [row] if row is not None else []))
+                if members[0].group is not None:
+                    touched[members[0].group] = now
+                continue
             token = uuid.uuid4().hex if relay is None else relay.token
             cur = _task_cursor(con)
-            start = None if prefetch or relay is not None else now  # a relayed head starts once its predecessor ends
-            rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, members[0].id)).fetchall()
+            rows = cur.execute(Q["claim_head"], (token, expires, worker_id, start, head)).fetchall()
             if len(members) > 1:
                 rest = [m.id for m in members[1:]]
                 got = cur.execute(Q["claim_members"], (token, expires, worker_id, dumps(rest))).fetchall()
@@ -1193,39 +1225,53 @@ class SQLiteStore(SqlStore):
         breakers = self._breaker_rows(con)
         paused = Paused.of((k, n) for k, n, _, _ in con.execute(Q["pauses"]))
 
-        # A claim reads the places and the row of each key it meets, one at a
-        # time; past KEYS_ONE_BY_ONE keys it reads every key's in one go (both
-        # bounded: the running units' places, the keys a rate or pause made rows for).
-        met = {"held": 0, "rows": 0}
-        key_rows: dict[str, LimitState] | None = None
+        # A claim reads the places and the row of the keys it meets in batches:
+        # when it first meets a key not read yet, it reads ahead in its
+        # candidates (KEYS_AHEAD of each stream, twice as many each next time)
+        # and reads the places held under and the rows of every key among
+        # them, read or not, in two statements, whatever the number of keys.
+        usage_of: list[LazyUsage] = []
+        key_rows: dict[str, LimitState | None] = {}
+        #: each stream's keys among its candidates read but not yet considered, and its next ones
+        ahead: list[Callable[[int], Iterable[str]]] = []
+        reach = [KEYS_AHEAD]
 
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
             usage = LazyUsage(lambda name: held(usage, name))
+            usage_of.append(usage)
             for name in relay or ():
                 usage[name] = max(0, usage.get(name, 0) - 1)
             return Gates(now, limits, usage, breakers, load_key=load_key)
 
+        def read_keys(name: str) -> None:
+            """Read the places and the row of ``name`` and of the keys the claim is about to meet."""
+            names = {name}
+            for keys in ahead:
+                names.update(keys(reach[0]))
+            reach[0] = min(KEYS_AHEAD_MOST, reach[0] * 2)
+            todo = sorted(n for n in names if n not in key_rows)
+            arg = dumps(todo)
+            usage = usage_of[0]
+            counted = dict(con.execute(Q["keys_held"], (arg,)).fetchall())
+            for n in todo:
+                usage.setdefault(n, counted.get(n, 0))  # a relay's count stays as it was set
+                key_rows[n] = None
+            for r in con.execute(Q["limit_key_rows"], (arg,)):
+                own = limit_state(r)
+                key_rows[own.spec.name] = own
+
         def held(usage: dict[str, int], name: str) -> int:
-            if KEY_SEP in name:
-                met["held"] += 1
-                if met["held"] == KEYS_ONE_BY_ONE:
-                    for n, c in con.execute(Q["key_held_all"]):
-                        usage.setdefault(n, c)  # a relay's count stays as it was set
-                    return usage.get(name, 0) if name in usage else 0
-                if met["held"] > KEYS_ONE_BY_ONE:
-                    return 0  # every key holding a place was read
-            return con.execute(Q["limit_held"], (name,)).fetchone()[0]
+            if KEY_SEP not in name:
+                return con.execute(Q["limit_held"], (name,)).fetchone()[0]
+            if name not in key_rows:
+                read_keys(name)
+            return usage[name]
 
         def load_key(name: str) -> LimitState | None:
-            nonlocal key_rows
-            if key_rows is None:
-                met["rows"] += 1
-                if met["rows"] < KEYS_ONE_BY_ONE:
-                    row = con.execute(Q["limit_key_rows"], (name,)).fetchone()
-                    return None if row is None else limit_state(row)
-                key_rows = {(k := limit_state(r)).spec.name: k for r in con.execute(Q["key_rows_all"])}
-            return key_rows.get(name)
+            if name not in key_rows:
+                read_keys(name)
+            return key_rows[name]
 
         closed = {n: b.state.state is brk.BreakerState.CLOSED for n, b in breakers.items()}
         plan = ClaimPlanner(request, the_gates, closed, relay=relay, dry=dry, paused=paused)
@@ -1267,11 +1313,37 @@ class SQLiteStore(SqlStore):
                 for query in queries
                 for q in queues
             ]
-            stream: Iterable[_CandidateRow] = (
+            rows: Iterator[_CandidateRow] = iter(
                 mine[0] if len(mine) == 1 else heapq.merge(*mine, key=_CandidateRow.index_key)
             )
             heap: list = []
-            for row in stream:
+            buffered: deque[_CandidateRow] = deque()  # read ahead for their keys (see read_keys)
+
+            def stream() -> Iterator[_CandidateRow]:
+                while True:
+                    if buffered:
+                        yield buffered.popleft()
+                        continue
+                    row = next(rows, None)
+                    if row is None:
+                        return
+                    yield row
+
+            def keys_ahead(n: int) -> Iterator[str]:
+                """The keys of the candidates waiting in the heap and of the next ``n`` rows."""
+                while len(buffered) < n:
+                    row = next(rows, None)
+                    if row is None:
+                        break
+                    buffered.append(row)
+                for _, c in heap:
+                    yield from (name for name in c.limits if KEY_SEP in name)
+                for row in buffered:
+                    if row.limits is not None and not row.expired:
+                        yield from (name for name in json.loads(row.limits) if KEY_SEP in name)
+
+            ahead.append(keys_ahead)
+            for row in stream():
                 if row.expired:
                     met_expired.append(row.id)
                     continue
@@ -1333,13 +1405,19 @@ class SQLiteStore(SqlStore):
                 return False  # an operator retried an old task while its group runs on
             return plan.try_head(c, read_line)
 
+        streams: list[Iterator[Candidate]] = []
         try:
             if plan.retry_cap is None:
-                plan.run(ordered("claim_candidates", "claim_head_candidates"), None, try_take, rank)
+                streams.append(ordered("claim_candidates", "claim_head_candidates"))
+                plan.run(streams[0], None, try_take, rank)
             else:
-                fresh = ordered("claim_candidates", "claim_head_candidates", fresh_only=True)
-                plan.run(fresh, ordered("claim_retry_candidates"), try_take, rank)
+                streams.append(ordered("claim_candidates", "claim_head_candidates", fresh_only=True))
+                streams.append(ordered("claim_retry_candidates"))
+                plan.run(streams[0], streams[1], try_take, rank)
         finally:
+            ahead.clear()  # the streams end here, with their cursors: none is read after
+            for stream in streams:
+                stream.close()  # type: ignore[attr-defined]
             for cur in cursors:
                 cur.close()
         if met_expired and not dry:
@@ -1347,8 +1425,10 @@ class SQLiteStore(SqlStore):
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
         if gates is not None and not dry:
-            for name, charge in gates.rate_writes().items():
-                con.execute(Q["limit_charge"], (charge.tokens, charge.counted_at, charge.starts, name))
+            charges = [(c.tokens, c.counted_at, c.starts, name) for name, c in gates.rate_writes().items()]
+            for i in range(0, len(charges), CHARGES_AT_ONCE):  # a keyed rate charges a row per key
+                part = charges[i : i + CHARGES_AT_ONCE]
+                con.execute(_charges_sql(len(part)), [v for c in part for v in c])
             for name, (state, ev) in gates.breaker_writes().items():
                 self._save_breaker(con, name, state, ev)
         return plan.units, gates is not None

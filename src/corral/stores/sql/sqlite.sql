@@ -911,6 +911,22 @@ WHERE id IN (SELECT value FROM json_each(?2)) AND status = 'PENDING'
   AND expires_at <= ?1 AND attempt = 0 AND snoozes = 0
 RETURNING id, group_key
 
+-- Units of one task each, in one statement: a JSON array of [id, token]
+-- (a keyed claim takes many such units; a statement each cost it a trip
+-- through the interpreter's lock per unit). Parameters: the array, expires,
+-- worker, start (NULL: none recorded). RETURNING gives the rows in no set order.
+-- name: claim_heads
+UPDATE tasks
+SET status = 'RUNNING', lease_token = u.token, lease_expires_at = ?2, worker_id = ?3,
+    started_at = ?4, attempt = attempt + (?4 IS NOT NULL), version = version + 1
+FROM (SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS token FROM json_each(?1)) AS u
+WHERE tasks.id = u.id AND tasks.status IN ('PENDING', 'RETRYING')
+RETURNING tasks.id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested, snoozes, expires_at
+
 -- name: claim_members
 -- A chunk's members (after its head) in one statement: one per member cost
 -- the claim, holding the write lock, a trip through the interpreter's lock
@@ -948,14 +964,12 @@ FROM named_limits INDEXED BY named_limits_declared
 WHERE instr(name, char(31)) = 0
 ORDER BY name
 
--- The row of one key's budget, if it has one (a rate charged it).
+-- The rows of the keys' budgets among these names (a JSON array), for those
+-- that have one (a rate charged it): a claim reads the keys of the candidates
+-- it is about to consider in one go.
 -- name: limit_key_rows
-SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits WHERE name = ?
-
--- Every key's row (a claim that met many keys reads them in one go).
--- name: key_rows_all
 SELECT name, concurrency, rate, burst, paused_until, tokens, counted_at, starts FROM named_limits
-WHERE instr(name, char(31)) > 0
+WHERE name IN (SELECT value FROM json_each(?))
 
 -- The next rows of keys after ?1 in name order, at most ?2 (forget_keys).
 -- name: key_rows_after
@@ -1148,10 +1162,10 @@ WHERE queue IN (SELECT value FROM json_each(?))
 -- name: limit_usage
 SELECT name, count(*) FROM held_places GROUP BY name
 
--- The places held under every key that holds one (a claim that met many keys
--- counts them in one go; bounded by the running units).
--- name: key_held_all
-SELECT name, count(*) FROM held_places WHERE instr(name, char(31)) > 0 GROUP BY name
+-- The places held under each of these names (a JSON array) that holds one:
+-- a claim counts the keys of the candidates it is about to consider in one go.
+-- name: keys_held
+SELECT name, count(*) FROM held_places WHERE name IN (SELECT value FROM json_each(?)) GROUP BY name
 
 -- The places held under one limit (a claim asks for the limits it meets).
 -- name: limit_held
