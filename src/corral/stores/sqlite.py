@@ -418,7 +418,8 @@ def _record(row: sqlite3.Row, deps: tuple[int, ...] = ()) -> TaskRecord:
 
 #: Candidates a claim reads ahead, when it first meets a key it has not
 #: counted, to count the places and read the rows of their keys with it in one
-#: go (twice as many each next time, at most KEYS_AHEAD_MOST).
+#: go: as many as it asks units for, at most KEYS_AHEAD (twice as many each
+#: next time, at most KEYS_AHEAD_MOST).
 KEYS_AHEAD = 32
 KEYS_AHEAD_MOST = 1024
 #: Candidates in a row a claim passes over (a shut gate, a key served in
@@ -1234,7 +1235,7 @@ class SQLiteStore(SqlStore):
         key_rows: dict[str, LimitState | None] = {}
         #: each stream's keys among its candidates read but not yet considered, and its next ones
         ahead: list[Callable[[int], Iterable[str]]] = []
-        reach = [KEYS_AHEAD]
+        reach = [max(1, min(KEYS_AHEAD, request.max_units))]
 
         def the_gates() -> Gates:
             limits = {(lim := limit_state(r)).spec.name: lim for r in con.execute(Q["limits"])}
@@ -1584,7 +1585,7 @@ class SQLiteStore(SqlStore):
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""
         now = self._clock.time()
         for name in sorted({n for p in places for n in p}):
-            row = con.execute(Q["first_waiter"], (now, name)).fetchone()
+            row = con.execute(Q["first_waiter"], (now, name, dumps(name), json.dumps(name))).fetchone()
             if row is not None and (row[0] not in request.queues or not request.knows(row[1])):
                 return False
         return True
