@@ -1001,6 +1001,27 @@ def test_a_keyed_claim_makes_a_few_statements_whatever_the_number_of_keys(store,
     assert store.limit_usage()["acct"] == 40
 
 
+def test_a_handover_finds_a_keys_first_waiter_whatever_the_json_of_its_limits(store):
+    """A place passes to the ender's successor only when the first work
+    waiting under the key is the ender's: the key is looked for in the
+    limits' text first, as this store writes it and with non-ASCII
+    characters escaped (as another writer may have)."""
+    import json
+
+    from corral.core.gates import keyed_name
+
+    name = keyed_name("acct", "caf\u00e9")
+    (theirs,) = store.submit([new(queue="other", limits=[name])])
+    store.submit([new(limits=[name])])
+    request = ClaimRequest(["default"], 1)
+    with store._write() as con:
+        assert not store._ours_first(con, [[name]], request)  # the other queue's waits first
+        con.execute("UPDATE tasks SET limits = ? WHERE id = ?", (json.dumps([name]), theirs.id))
+        assert "\\u00e9" in con.execute("SELECT limits FROM tasks WHERE id = ?", (theirs.id,)).fetchone()[0]
+        assert not store._ours_first(con, [[name]], request)
+        assert store._ours_first(con, [[keyed_name("acct", "other")]], request)  # no work waits under it
+
+
 # ---- the queue bound ---------------------------------------------------------------
 
 
