@@ -202,7 +202,7 @@ def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url
             {
                 "worker": "gone",
                 "n": 1,
-                "old": [],
+                "old": None,
                 "channel": "corral_offer_nobody",
                 "queues": "{default}",
                 "all_names": True,
@@ -391,11 +391,14 @@ def test_each_wait_offers_under_a_key_of_its_own_so_a_pinned_horizon_leaves_its_
             app.store.wait_offering(0.001, offer.queues, offer, lambda claims: None)
         waiter = _Waiter(app, pg_url, offer)
         assert [r[0] for r in _offers(pg_url)] == ["w-1"]  # the earlier offers' rows are gone
-        (n,) = app.store._offer_rows["w-1"]
+        n = app.store._offer_rows["w-1"]
         own = _offer_index_reads(me, app.store._q["offer_withdraw"], {"worker": "w-1", "n": n, "taken": []})
+        params = app.store._offer_params(offer, 30.0, n + 1, n)
+        next_offer = _offer_index_reads(me, app.store._q["offer"], params)
         by_worker = _offer_index_reads(me, "DELETE FROM corral_open_offers WHERE worker_id = 'w-1'", {})
         pin.rollback()
         assert own == 1
+        assert next_offer <= 2  # the last offer's row, deleted by its key
         assert by_worker > waits  # what a lookup by the worker alone steps over
         h = job.submit(1)  # the offer still open takes it
         wait_for(lambda: waiter.ids() == [h.id], message="the task is handed over")

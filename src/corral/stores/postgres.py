@@ -587,11 +587,11 @@ class PostgresStore(SqlStore):
         self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
         #: each wait's offer has a number of its own (its row's key with the
         #: worker's id), from the clock so a restart under the same worker id
-        #: does not reuse one; the numbers of this store's offer rows that may
-        #: still be there (spent, or their withdraw failed): the next offer
-        #: deletes them
+        #: does not reuse one; per worker, the number of its last offer's row
+        #: if it may still be there (spent, or its withdraw failed): the next
+        #: offer deletes it
         self._offer_numbers = itertools.count(time.time_ns() // 1000)
-        self._offer_rows: dict[str, set[int]] = {}
+        self._offer_rows: dict[str, int] = {}
         # ids of tasks read back by a withdraw lately (their notifications may
         # still be queued), oldest first
         self._read_back: dict[int, None] = {}
@@ -1511,10 +1511,9 @@ class PostgresStore(SqlStore):
                 deadline = time.monotonic() + max(0.0, timeout)
                 if offer is not None and take is not None and offer.slots > 0 and timeout > 0:
                     opened = _OpenOffer(offer.worker_id, int(offer.slots), take, next(self._offer_numbers))
-                    rows = self._offer_rows.setdefault(offer.worker_id, set())
-                    self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout, opened.n, rows))
-                    rows.clear()
-                    rows.add(opened.n)
+                    old = self._offer_rows.get(offer.worker_id)
+                    self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout, opened.n, old))
+                    self._offer_rows[offer.worker_id] = opened.n
                 while not woken and self._wakes == wakes:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -1550,11 +1549,11 @@ class PostgresStore(SqlStore):
             self._bump()
         self._local.seen = self._gen
 
-    def _offer_params(self, offer: Offer, timeout: float, n: int, old: Collection[int]) -> dict[str, Any]:
+    def _offer_params(self, offer: Offer, timeout: float, n: int, old: int | None) -> dict[str, Any]:
         return {
             "worker": offer.worker_id,
             "n": n,
-            "old": sorted(old),
+            "old": old,
             "channel": self._offer_channel,
             "queues": text_array(offer.queues),
             "all_names": offer.names is None,
@@ -1604,7 +1603,8 @@ class PostgresStore(SqlStore):
         rows = cur.execute(
             self._q["offer_withdraw"], {"worker": opened.worker_id, "n": opened.n, "taken": sorted(opened.received)}
         ).fetchall()
-        self._offer_rows.get(opened.worker_id, set()).discard(opened.n)
+        if self._offer_rows.get(opened.worker_id) == opened.n:
+            del self._offer_rows[opened.worker_id]
         given = set(rows[0]["offer_given"]) if rows else set()
         for r in rows:
             del r["offer_given"]

@@ -837,12 +837,13 @@ SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmast
 
 -- name: offer
 -- Open a waiting worker's offer: a row of its own (the worker and the wait's
--- number %(n)s), in place of the worker's earlier ones still there (%(old)s):
+-- number %(n)s), in place of the worker's last one if still there (%(old)s):
 -- spent (every task given under it came to the worker in its notification),
 -- or left by a withdraw the server was away for (the tasks given under it
--- come back when their leases end).
+-- come back when their leases end). One number, not "= ANY(array)": with
+-- that the planner looked the worker's rows up by the worker alone.
 WITH old AS (
-    DELETE FROM corral_open_offers WHERE worker_id = %(worker)s AND n = ANY(%(old)s::bigint[])
+    DELETE FROM corral_open_offers WHERE worker_id = %(worker)s AND n = %(old)s::bigint
 )
 INSERT INTO corral_open_offers (worker_id, n, channel, queues, all_names, names, free, lease, made_at, expires_at)
 SELECT %(worker)s, %(n)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
