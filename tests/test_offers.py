@@ -22,7 +22,7 @@ from helpers import wait_for
 
 def _offers(url: str) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute("SELECT worker_id, free, given FROM corral_offers ORDER BY worker_id").fetchall()
+        return conn.execute("SELECT worker_id, free, given FROM corral_open_offers ORDER BY worker_id").fetchall()
 
 
 def _app_with_job(url: str):
@@ -201,6 +201,8 @@ def test_a_task_handed_to_a_worker_that_died_comes_back_with_its_attempts(pg_url
             app.store._q["offer"],
             {
                 "worker": "gone",
+                "n": 1,
+                "old": None,
                 "channel": "corral_offer_nobody",
                 "queues": "{default}",
                 "all_names": True,
@@ -357,4 +359,48 @@ def test_a_task_of_a_paused_queue_is_never_handed_over(pg_url):
     h = job.submit(7)
     assert app.get(h.id).status is State.PENDING  # it waits for the resume, not in the worker
     assert waiter.result(app.store) == []
+    app.close(5)
+
+
+def _offer_index_reads(conn, sql: str, params: dict) -> int:
+    """Index entries of the offers' table a statement reads, in a transaction
+    of ``conn`` rolled back after."""
+    try:
+        conn.execute(sql, params)
+        return conn.execute(
+            "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index"
+            " WHERE indrelid = 'corral_open_offers'::regclass"
+        ).fetchone()[0]
+    finally:
+        conn.rollback()
+
+
+def test_each_wait_offers_under_a_key_of_its_own_so_a_pinned_horizon_leaves_its_lookups_short(pg_url):
+    """Each wait's offer is a row of its own (the worker and the wait's
+    number), and the next offer deletes the last one's: with a transaction
+    left open (xmin horizon pinned: no row version or index entry can be
+    removed), a lookup of the offer open now reads its own index entry only,
+    not one per earlier wait of the worker, as a lookup by the worker did."""
+    app, job = _app_with_job(pg_url)
+    offer = Offer("w-1", ("default",), frozenset({job.name}), 1, 30.0)
+    app.store.wait_for_work(0.01)  # the first wait only starts listening
+    with psycopg.connect(pg_url) as pin, psycopg.connect(pg_url) as me:
+        pin.execute("SELECT txid_current()")  # holds a transaction id, left open
+        waits = 30
+        for _ in range(waits):  # each opens an offer and withdraws it
+            app.store.wait_offering(0.001, offer.queues, offer, lambda claims: None)
+        waiter = _Waiter(app, pg_url, offer)
+        assert [r[0] for r in _offers(pg_url)] == ["w-1"]  # the earlier offers' rows are gone
+        n = app.store._offer_rows["w-1"]
+        own = _offer_index_reads(me, app.store._q["offer_withdraw"], {"worker": "w-1", "n": n, "taken": []})
+        params = app.store._offer_params(offer, 30.0, n + 1, n)
+        next_offer = _offer_index_reads(me, app.store._q["offer"], params)
+        by_worker = _offer_index_reads(me, "DELETE FROM corral_open_offers WHERE worker_id = 'w-1'", {})
+        pin.rollback()
+        assert own == 1
+        assert next_offer <= 2  # the last offer's row, deleted by its key
+        assert by_worker > waits  # what a lookup by the worker alone steps over
+        h = job.submit(1)  # the offer still open takes it
+        wait_for(lambda: waiter.ids() == [h.id], message="the task is handed over")
+        waiter.result(app.store)
     app.close(5)

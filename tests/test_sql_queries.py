@@ -140,6 +140,7 @@ POSTGRES_ONLY = {
     "migration_0045": "numbered migrations (SQLite: `schema` and `columns_v4`)",
     "migration_0046": "numbered migrations (SQLite: `held_places`)",
     "migration_0047": "numbered migrations (SQLite: the key rows of `named_limits` had these columns already)",
+    "migration_0048": "numbered migrations (SQLite: offers are PostgreSQL-only)",
     "save_adaptive_keys": "keys' decisions in one JSON-array upsert (SQLite: `save_adaptive_key` per key)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",

@@ -41,6 +41,7 @@ Design notes
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import threading
@@ -296,7 +297,7 @@ MIGRATE_LOCK_KEY = 7429000
 #: 45: task events stored narrow (see migration_0045).
 #: 46: the places held under each limit (corral_held_places, kept by triggers).
 #: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys columns).
-SCHEMA_VERSION = 47
+SCHEMA_VERSION = 48
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -584,6 +585,13 @@ class PostgresStore(SqlStore):
         self._local = threading.local()
         # where a submit tells this store's waiting worker it handed it a task
         self._offer_channel = f"corral_offer_{uuid.uuid4().hex[:16]}"
+        #: each wait's offer has a number of its own (its row's key with the
+        #: worker's id), from the clock so a restart under the same worker id
+        #: does not reuse one; per worker, the number of its last offer's row
+        #: if it may still be there (spent, or its withdraw failed): the next
+        #: offer deletes it
+        self._offer_numbers = itertools.count(time.time_ns() // 1000)
+        self._offer_rows: dict[str, int] = {}
         # ids of tasks read back by a withdraw lately (their notifications may
         # still be queued), oldest first
         self._read_back: dict[int, None] = {}
@@ -1502,8 +1510,10 @@ class PostgresStore(SqlStore):
                 wakes = self._wakes
                 deadline = time.monotonic() + max(0.0, timeout)
                 if offer is not None and take is not None and offer.slots > 0 and timeout > 0:
-                    opened = _OpenOffer(offer.worker_id, int(offer.slots), take)
-                    self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout))
+                    opened = _OpenOffer(offer.worker_id, int(offer.slots), take, next(self._offer_numbers))
+                    old = self._offer_rows.get(offer.worker_id)
+                    self._listen_conn.execute(self._q["offer"], self._offer_params(offer, timeout, opened.n, old))
+                    self._offer_rows[offer.worker_id] = opened.n
                 while not woken and self._wakes == wakes:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -1539,9 +1549,11 @@ class PostgresStore(SqlStore):
             self._bump()
         self._local.seen = self._gen
 
-    def _offer_params(self, offer: Offer, timeout: float) -> dict[str, Any]:
+    def _offer_params(self, offer: Offer, timeout: float, n: int, old: int | None) -> dict[str, Any]:
         return {
             "worker": offer.worker_id,
+            "n": n,
+            "old": old,
             "channel": self._offer_channel,
             "queues": text_array(offer.queues),
             "all_names": offer.names is None,
@@ -1589,8 +1601,10 @@ class PostgresStore(SqlStore):
         a notification yet is read back and passed to its taker."""
         cur = conn.cursor(row_factory=dict_row)
         rows = cur.execute(
-            self._q["offer_withdraw"], {"worker": opened.worker_id, "taken": sorted(opened.received)}
+            self._q["offer_withdraw"], {"worker": opened.worker_id, "n": opened.n, "taken": sorted(opened.received)}
         ).fetchall()
+        if self._offer_rows.get(opened.worker_id) == opened.n:
+            del self._offer_rows[opened.worker_id]
         given = set(rows[0]["offer_given"]) if rows else set()
         for r in rows:
             del r["offer_given"]
@@ -2458,6 +2472,8 @@ class _OpenOffer:
     places: int
     #: given each task handed over under the offer
     take: Callable[[list[Claim]], None]
+    #: the offer's number (its row's key, with the worker's id)
+    n: int
     #: ids of the tasks passed to ``take``
     received: set[int] = field(default_factory=set)
 

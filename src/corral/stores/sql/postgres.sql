@@ -674,6 +674,32 @@ ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS concurrency integer;
 ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS rate text;
 ALTER TABLE corral_limit_keys ADD COLUMN IF NOT EXISTS controller text;
 
+-- name: migration_0048
+-- Offers move to a table keyed by the worker and the wait (each wait's offer
+-- a row of its own). Keyed by the worker alone, every offer of a worker was
+-- one key: each wait deletes its row and the next inserts it again, and with
+-- one transaction left open (xmin horizon pinned) none of those row versions
+-- or their index entries can be removed, so each lookup of the offer (the
+-- next offer, its withdraw, a submit handing a task over) stepped over all
+-- of them (1 400 index entries a lookup 90 s into a pin at 200 tasks/s).
+-- The old table stays for a corral of before this migration still running:
+-- its workers' offers are not seen by submits of this one (their work comes
+-- by claims), nor this one's by theirs.
+CREATE UNLOGGED TABLE IF NOT EXISTS corral_open_offers (
+    worker_id  text NOT NULL,
+    n          bigint NOT NULL,
+    channel    text NOT NULL,
+    queues     text[] NOT NULL,
+    all_names  boolean NOT NULL,
+    names      text[] NOT NULL,
+    free       integer NOT NULL,
+    lease      float8 NOT NULL,
+    made_at    float8 NOT NULL,
+    expires_at float8 NOT NULL,
+    given      bigint[] NOT NULL DEFAULT '{}',
+    PRIMARY KEY (worker_id, n)
+);
+
 -- name: migration_0046
 -- The places held under each limit: a row per running task and limit it
 -- names, with its lease token (a place is a claim: the distinct tokens of a
@@ -810,18 +836,19 @@ SELECT EXISTS (SELECT 1 FROM pg_stats
 SELECT current_database(), to_regclass('corral_tasks')::oid::bigint, pg_postmaster_start_time();
 
 -- name: offer
--- Open a waiting worker's offer, over its last one's row if that is still
--- there: spent (every task given under it came to the worker in its
--- notification), or left by a withdraw the server was away for (the tasks
--- given under it come back when their leases end).
-INSERT INTO corral_offers AS o (worker_id, channel, queues, all_names, names, free, lease, made_at, expires_at)
-SELECT %(worker)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
+-- Open a waiting worker's offer: a row of its own (the worker and the wait's
+-- number %(n)s), in place of the worker's last one if still there (%(old)s):
+-- spent (every task given under it came to the worker in its notification),
+-- or left by a withdraw the server was away for (the tasks given under it
+-- come back when their leases end). One number, not "= ANY(array)": with
+-- that the planner looked the worker's rows up by the worker alone.
+WITH old AS (
+    DELETE FROM corral_open_offers WHERE worker_id = %(worker)s AND n = %(old)s::bigint
+)
+INSERT INTO corral_open_offers (worker_id, n, channel, queues, all_names, names, free, lease, made_at, expires_at)
+SELECT %(worker)s, %(n)s, %(channel)s, %(queues)s::text[], %(all_names)s, %(names)s::text[], %(free)s,
        %(lease)s, c.now, c.now + %(ttl)s::float8
-FROM (SELECT extract(epoch FROM now())::float8 AS now) c
-ON CONFLICT (worker_id) DO UPDATE
-SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.all_names,
-    names = excluded.names, free = excluded.free, lease = excluded.lease,
-    made_at = excluded.made_at, expires_at = excluded.expires_at, given = '{}';
+FROM (SELECT extract(epoch FROM now())::float8 AS now) c;
 
 -- name: offer_withdraw
 -- End the offer (waiting for a submit that is handing a task over under it
@@ -830,7 +857,7 @@ SET channel = excluded.channel, queues = excluded.queues, all_names = excluded.a
 -- found. A task canceled meanwhile is not RUNNING any more and is left out;
 -- one whose submit committed after this statement's snapshot (the one it
 -- waited for) is read again by offer_given.
-WITH gone AS (DELETE FROM corral_offers WHERE worker_id = %(worker)s RETURNING given)
+WITH gone AS (DELETE FROM corral_open_offers WHERE worker_id = %(worker)s AND n = %(n)s RETURNING given)
 SELECT g.given AS offer_given, t.*
 FROM gone g LEFT JOIN corral_tasks t
   ON t.id = ANY(g.given) AND t.id <> ALL(%(taken)s::bigint[])
@@ -915,8 +942,8 @@ SELECT id, idem_key, (SELECT count(*) FROM note) AS notified FROM ins ORDER BY i
 -- worker's offer when one fits, as in submit. Same result shape as submit.
 WITH clk AS (SELECT extract(epoch FROM now())::float8 AS now),
 offer AS MATERIALIZED (
-    SELECT o.worker_id, o.channel, o.lease, replace(gen_random_uuid()::text, '-', '') AS token
-    FROM corral_offers o, clk
+    SELECT o.worker_id, o.n, o.channel, o.lease, replace(gen_random_uuid()::text, '-', '') AS token
+    FROM corral_open_offers o, clk
     WHERE o.free > 0 AND o.expires_at > clk.now
       AND %(queue)s::text = ANY(o.queues)
       AND (o.all_names OR %(name)s::text = ANY(o.names))
@@ -940,8 +967,11 @@ ins AS (
     RETURNING id, idem_key, status, worker_id, row_to_json(corral_tasks)::text AS row
 ),
 took AS (
-    UPDATE corral_offers o SET free = o.free - 1, given = o.given || i.id
-    FROM ins i WHERE i.status = 'RUNNING' AND o.worker_id = i.worker_id
+    -- the offer's own row, by its key (not the worker's alone: under a pinned
+    -- xmin horizon that would step over every row its earlier offers left)
+    UPDATE corral_open_offers o SET free = o.free - 1, given = o.given || i.id
+    FROM ins i, offer f
+    WHERE i.status = 'RUNNING' AND o.worker_id = f.worker_id AND o.n = f.n
 )
 -- the task itself rides in the worker's notification (the worker starts it
 -- without reading it back); one too big for a notification is read back
