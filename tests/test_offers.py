@@ -397,7 +397,7 @@ def test_each_wait_offers_under_a_key_of_its_own_so_a_pinned_horizon_leaves_its_
         next_offer = _offer_index_reads(me, app.store._q["offer"], params)
         by_worker = _offer_index_reads(me, "DELETE FROM corral_open_offers WHERE worker_id = 'w-1'", {})
         pin.rollback()
-        assert own == 1
+        assert own <= 1  # its own entry (none if the waiter has just offered again under a new number)
         assert next_offer <= 2  # the last offer's row, deleted by its key
         assert by_worker > waits  # what a lookup by the worker alone steps over
         h = job.submit(1)  # the offer still open takes it
