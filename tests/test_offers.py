@@ -366,6 +366,10 @@ def _offer_index_reads(conn, sql: str, params: dict) -> int:
     """Index entries of the offers' table a statement reads, in a transaction
     of ``conn`` rolled back after."""
     try:
+        # the plan the store's lookups have on a table of any size: by an index
+        # (a table this small may be read whole once analyzed, reading no index)
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
         conn.execute(sql, params)
         return conn.execute(
             "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index"
