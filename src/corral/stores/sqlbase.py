@@ -59,7 +59,10 @@ def task_record(row: Mapping[str, Any], limits: Sequence[str], depends_on: Seque
         row = dict(zip(row.keys(), row))
     status = _STATES.get(row["status"])
     error = row["error"]
-    crashes, ref, on_upstream_failure, traceback, expires_at, debounce_key = _optionals(row)
+    # columns a hot read (a claim) may leave out of its row read as None
+    get = row.get
+    crashes, ref, on_upstream_failure = get("crashes"), get("ref"), get("on_upstream_failure")
+    traceback, expires_at, debounce_key = get("traceback"), get("expires_at"), get("debounce_key")
     if status is None:
         status, error = State.FAILED, unknown_status_error(row["status"])
     return TaskRecord(
@@ -116,28 +119,6 @@ def status_filter(status: State) -> str:
     if status is State.RUNNING:
         return "(status = 'RUNNING' AND started_at IS NOT NULL)"
     return f"status = '{status.value}'"
-
-
-#: Columns that hot reads (claims) may leave out of their row.
-_OPTIONAL = ("crashes", "ref", "on_upstream_failure", "traceback", "expires_at", "debounce_key")
-
-
-def _optionals(row: Any) -> tuple[Any, ...]:
-    """The :data:`_OPTIONAL` columns of ``row`` (None where left out). One
-    look at the row's keys: a missing column raising per read cost a claim's
-    records about 5 % of a worker's Python time."""
-    if isinstance(row, dict):
-        get = row.get
-        return (
-            get("crashes"),
-            get("ref"),
-            get("on_upstream_failure"),
-            get("traceback"),
-            get("expires_at"),
-            get("debounce_key"),
-        )
-    keys = row.keys()
-    return tuple([row[c] if c in keys else None for c in _OPTIONAL])
 
 
 def first_line(exc: BaseException) -> str:
