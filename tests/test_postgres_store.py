@@ -713,3 +713,46 @@ def test_task_events_are_stored_narrow_and_read_with_the_tasks_fields(pg, pg_url
         "trace_id": failed["trace_id"],
         "error": "boom",
     }
+
+
+def test_a_bounded_submit_far_from_the_bound_does_not_wait_for_another_in_flight(pg):
+    """Bounded submits used to go in single file through their commits (about
+    100 a second): one still in flight far from the bound holds none up now."""
+    from corral.errors import QueueFull
+
+    pg.submit([task() for _ in range(3)])
+    with pg._pool.connection() as conn, conn.transaction():
+        pg._admit(conn, 5, 100)  # another submitter's 5, counted but not committed
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (pg.submit([task()], max_queued=100), done.set()), daemon=True)
+        worker.start()
+        assert done.wait(30), "a bounded submit waited for another one far from the bound"
+        # the one in flight is counted although its rows are not visible yet: 3 + 1 + 5 + 2 > 10
+        with pytest.raises(QueueFull, match="bound 10"):
+            pg.submit([task(), task()], max_queued=10)
+        assert pg.submit([task()], max_queued=10)  # 3 + 1 + 5 + 1 = 10 fits
+    assert sum(pg.active_counts().values()) == 5  # the 5 were never inserted
+
+
+def test_racing_single_bounded_submits_fill_the_bound_exactly(pg, stores):
+    """Many submitters of one task each, from four store instances at once,
+    against a bound: exactly the room is taken, never more, never less."""
+    from corral.errors import QueueFull
+
+    pg.submit([task() for _ in range(10)])
+    bound = 40
+
+    def one(i: int) -> int:
+        store = stores[i % len(stores)]
+        stored = 0
+        for _ in range(12):
+            try:
+                store.submit([task()], max_queued=bound)
+                stored += 1
+            except QueueFull:
+                pass
+        return stored
+
+    got = run_concurrently(8, one)
+    assert sum(got) == bound - 10
+    assert sum(pg.active_counts().values()) == bound

@@ -781,9 +781,7 @@ class PostgresStore(SqlStore):
         """A graph (tasks naming earlier ones of the call by position): one
         insert per layer, each naming the ids the layers before it were given,
         all on ``conn`` inside its transaction."""
-        if max_queued is not None:
-            conn.execute(self._q["lock_queue_bound"])
-            check_bound(dict(conn.execute(self._q["active_counts"]).fetchall()), len(tasks), max_queued)
+        self._admit(conn, len(tasks), max_queued)
         depth = dag.depths([t.after for t in tasks])
         out: list[SubmitResult | None] = [None] * len(tasks)
         for layer in range(max(depth) + 1):
@@ -834,16 +832,50 @@ class PostgresStore(SqlStore):
                         conn.execute(q["notify"], {"queue": queue})  # the next task of a group may start
         return out
 
+    def _admit(self, conn, adding: int, max_queued: int | None) -> None:
+        """Raise QueueFull unless ``adding`` more tasks fit under ``max_queued``,
+        on ``conn`` inside the transaction that then inserts them.
+
+        Exact across submitters without putting them in single file: each
+        marks itself in flight (a shared advisory lock naming how many it
+        adds) before it reads the marks of the others and then counts. Of two
+        submitters at once, the one that reads the marks later sees the
+        other's mark (held until its commit is visible) or its rows, so the
+        last reader of any set of racing submitters counts them all. A
+        submitter that does not fit for the marks of others may have been
+        shut out by one that then gives up, so it tries again in single file
+        (the exclusive lock), marked again only once it holds it: the last in
+        that line decides on the rows alone."""
+        if max_queued is None:
+            return
+        q = self._q
+        n = min(adding, 2**31 - 1)
+
+        def fits() -> bool:
+            conn.execute(q["mark_bounded_submit"], {"n": n})
+            others = conn.execute(q["bounded_in_flight"]).fetchone()[0]
+            queued = conn.execute(q["queued_upto"], {"n": max_queued + 1}).fetchone()[0]
+            return queued + others + adding <= max_queued
+
+        try:
+            with conn.transaction():  # a savepoint: rolled back, it lets go of the mark
+                if not fits():
+                    raise _NoRoomYet
+            return
+        except _NoRoomYet:
+            pass
+        conn.execute(q["lock_queue_bound"])
+        conn.execute(q["mark_bounded_submit"], {"n": n})
+        others = conn.execute(q["bounded_in_flight"]).fetchone()[0]
+        queued = conn.execute(q["queued_upto"], {"n": max_queued + 1}).fetchone()[0]
+        check_bound({"PENDING": queued + others}, adding, max_queued)
+
     def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None, *, offer: bool = False) -> tuple:
         """The submit's statements on ``conn``, inside whatever transaction it
         is in; with ``offer``, its one plain task goes in by ``submit_one``
         and may go to a waiting worker."""
         rows = plan.rows
-        if max_queued is not None:
-            # one bounded submit at a time: the count and the insert are one step
-            conn.execute(self._q["lock_queue_bound"])
-            counts = dict(conn.execute(self._q["active_counts"]).fetchall())
-            check_bound(counts, len(plan.tasks), max_queued)
+        self._admit(conn, len(plan.tasks), max_queued)
         states: dict[int, State] = {}
         if plan.all_deps:
             for dep_id, status in conn.execute(self._q["dep_states"], {"ids": plan.all_deps}):
@@ -2378,6 +2410,10 @@ def _one_params(t: NewTask) -> dict[str, Any]:
         "policy": t.on_upstream_failure,
         "max_note": MAX_NOTE_ROW,
     }
+
+
+class _NoRoomYet(Exception):
+    """A bounded submit's first look found no room: it looks again in single file."""
 
 
 def _plain_now(t: NewTask) -> bool:

@@ -1698,9 +1698,32 @@ UNION ALL
 SELECT 'RESERVED', count(*) FROM corral_tasks WHERE status = 'RUNNING' AND started_at IS NULL;
 
 -- name: lock_queue_bound
--- Bounded submits (App(max_queued=...)) take this transaction lock, so that
--- counting the queue and inserting are one step across every submitter.
+-- A bounded submit (App(max_queued=...)) that found the queue near its bound
+-- takes this transaction lock: near the bound they count and insert one at a time.
 SELECT pg_advisory_xact_lock(7302318442001);
+
+-- name: mark_bounded_submit
+-- A bounded submit marks itself in flight until it ends: a shared transaction
+-- lock whose second key is the number of tasks it adds (see bounded_in_flight).
+SELECT pg_advisory_xact_lock_shared(730231844, %(n)s::int);
+
+-- name: bounded_in_flight
+-- The tasks other bounded submits of this database are adding right now (their
+-- marks): not visible to this one's count yet, so counted apart.
+SELECT coalesce(sum(objid::bigint), 0)::bigint FROM pg_locks
+WHERE locktype = 'advisory' AND classid = 730231844 AND objsubid = 2 AND granted
+  AND pid <> pg_backend_pid()
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+
+-- name: queued_upto
+-- The queued tasks (waiting, pending, retrying), counted up to %(n)s: enough
+-- to decide a bound of n - 1; each part matches a partial index.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM corral_tasks
+                              WHERE status = 'PENDING' AND group_key IS NULL LIMIT %(n)s) a)
+     + (SELECT count(*) FROM (SELECT 1 FROM corral_tasks
+                              WHERE status = 'PENDING' AND group_key IS NOT NULL LIMIT %(n)s) b)
+     + (SELECT count(*) FROM (SELECT 1 FROM corral_tasks WHERE status = 'RETRYING' LIMIT %(n)s) c)
+     + (SELECT count(*) FROM (SELECT 1 FROM corral_tasks WHERE status = 'WAITING' LIMIT %(n)s) d);
 
 -- name: backlog
 -- Queued tasks up to a bound (chunks near the end of the queued work); each
