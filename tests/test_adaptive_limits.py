@@ -114,15 +114,40 @@ def test_the_concurrency_does_not_grow_against_a_rate_limited_partner():
 # -- against the best fixed limit in hindsight --------------------------------------------------------
 
 
-def test_against_the_best_fixed_limit_in_hindsight_nearly_its_throughput_and_fewer_throttles():
+#: throughput / the best fixed rate's in hindsight: (mean, worst seed) asserted in each world. In the
+#: bench world a limit told the share the other client leaves reaches 0.9 only by sending all of it
+#: and having 5-6 % of its calls throttled (the next test), which the targets above forbid against a
+#: partner alone; the adaptive limit holds 0.78 (0.74) there, asserted with a little room.
+HINDSIGHT_FLOORS = {"ideal": (0.9, 0.85), "bench": (0.76, 0.72)}
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_against_the_best_fixed_limit_in_hindsight_nearly_its_throughput_and_fewer_throttles(world):
     # a quota of 60 -> 40 -> 60/s shared with another client at 10/s, the app idle 10 s of it
-    figures = [hindsight(seed) for seed in SEEDS]
+    figures = [hindsight(seed, world) for seed in SEEDS]
     for seed_figures in figures:
         # every fixed limit that does as well as the adaptive one is throttled more, in every run
         assert seed_figures["throttles"] < seed_figures["fewest_throttles_as_good"], seed_figures
     ratios = sorted(f["ratio_to_best"] for f in figures)
     # the slow start from 10/s costs the first seconds, which the limit chosen in hindsight does not pay
-    assert sum(ratios) / len(ratios) >= 0.9 and ratios[0] >= 0.85, ratios
+    mean, worst = HINDSIGHT_FLOORS[world]
+    assert sum(ratios) / len(ratios) >= mean and ratios[0] >= worst, ratios
+
+
+def test_in_the_bench_world_0_9_of_the_best_fixed_limit_costs_more_throttles_than_a_partner_alone_allows():
+    """Why the bench world's floor is lower: against a sliding second shared with another client's
+    Poisson traffic, throttles begin well under the share left. A limit told that share exactly
+    (no controller knows as much) reaches 0.9 of the best fixed rate only by sending all of it,
+    with more than 2 % of its calls throttled in every run; sending 0.9 of it keeps under 2 %
+    and reaches less than 0.9. Against a partner alone (the ramp and halving targets) a
+    controller must keep under 2 %, and from throttles alone it cannot tell the two apart."""
+    figures = [hindsight(seed, "bench") for seed in SEEDS]
+
+    def mean(key: str) -> float:
+        return sum(f[key] for f in figures) / len(figures)
+
+    assert mean("told_1.0_ratio") >= 0.9 and min(f["told_1.0_throttled_pct"] for f in figures) > 2
+    assert mean("told_0.9_ratio") < 0.9 and mean("told_0.9_throttled_pct") < 2
 
 
 # -- the pure parts ------------------------------------------------------------------------------------

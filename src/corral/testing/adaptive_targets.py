@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import replace
 
-from corral.core.adaptive import Bounds
+from corral.core.adaptive import RATE_START_GROWTH, Bounds, LimitReport
 from corral.testing.limits_sim import AdaptiveController, FixedController, Phase, Run, simulate
 
 SEEDS = range(20)
@@ -44,6 +44,8 @@ MOVING = (
     Phase(70, rate=60, latency_ms=50, background=10, burst=1.0),
 )
 FIXED_RATES = (10, 20, 25, 30, 40, 50, 60, 80)
+#: the rates of the limits told the share, as multiples of the share the other client leaves
+TOLD_SHARE_FACTORS = (0.9, 1.0)
 
 
 def _world(phases: tuple[Phase, ...], world: str) -> tuple[tuple[Phase, ...], float]:
@@ -68,6 +70,35 @@ def adaptive(
 def fixed(phases: tuple[Phase, ...], seconds: float, rate: float, seed: int, world: str = "ideal") -> Run:
     phases, lag = _world(phases, world)
     return simulate(phases, FixedController(200, rate), seconds=seconds, seed=seed, report_lag=lag)
+
+
+class ToldShare:
+    """A limit told at every moment the share of the partner's quota the other client leaves
+    (the quota less that client's mean rate); it sends ``factor`` times that share, growing from
+    ``start`` by the slow start's 1.5x a second. No controller knows as much, so its figures
+    bound what one can reach against the best fixed rate at a given share of calls throttled."""
+
+    def __init__(self, phases: tuple[Phase, ...], factor: float, start: float = 10.0):
+        self.phases, self.factor, self.start_rate = phases, factor, start
+
+    def _rate(self, now: float) -> float:
+        phase = [p for p in self.phases if p.at <= now][-1]
+        share = (BOUNDS.max_rate if phase.rate is None else phase.rate) - phase.background
+        return min(self.factor * share, self.start_rate * RATE_START_GROWTH ** math.floor(now))
+
+    def start(self, now: float) -> tuple[int, float]:
+        return 200, self._rate(now)
+
+    def step(self, report: LimitReport, now: float) -> tuple[int, float]:
+        return 200, self._rate(now)
+
+
+@functools.cache
+def told_share(phases: tuple[Phase, ...], seconds: float, seed: int, world: str, factor: float) -> Run:
+    """One run of :class:`ToldShare` (cached)."""
+    controller = ToldShare(phases, factor)
+    phases, lag = _world(phases, world)
+    return simulate(phases, controller, seconds=seconds, seed=seed, report_lag=lag)
 
 
 def first_window(run: Run, at_least: float, start: int = 0, width: int = 5) -> float:
@@ -110,16 +141,23 @@ def capped(seed: int, world: str = "ideal") -> dict[str, float]:
 
 def hindsight(seed: int, world: str = "ideal") -> dict[str, float]:
     """Against every fixed rate of :data:`FIXED_RATES` on a moving quota: throughput / the best one's,
-    and the throttles beside those of the fixed rates that do as well."""
+    and the throttles beside those of the fixed rates that do as well; then the same ratio and the
+    share throttled of a limit told the share the other client leaves (:class:`ToldShare`)."""
     ours = adaptive(MOVING, 100, seed, world, rate=10, concurrency=10)
     runs = [fixed(MOVING, 100, rate, seed, world) for rate in FIXED_RATES]
     best = max(run.total("successes") for run in runs)
     reaching = [run.total("throttles") for run in runs if run.total("successes") >= ours.total("successes")]
-    return {
+    figures = {
         "ratio_to_best": ours.total("successes") / best,
+        "throttled_pct": 100 * ours.throttled_share(),
         "throttles": float(ours.total("throttles")),
         "fewest_throttles_as_good": float(min(reaching)) if reaching else math.inf,
     }
+    for factor in TOLD_SHARE_FACTORS:  # what a limit told the share reaches, and at what cost
+        told = told_share(MOVING, 100, seed, world, factor)
+        figures[f"told_{factor}_ratio"] = told.total("successes") / best
+        figures[f"told_{factor}_throttled_pct"] = 100 * told.throttled_share()
+    return figures
 
 
 SCENARIOS: dict[str, Callable[[int, str], dict[str, float]]] = {
@@ -137,11 +175,12 @@ def table(world: str, seeds: range) -> str:
         rows = [scenario(seed, world) for seed in seeds]
         keys = list(rows[0])
         lines.append(f"{name} ({world})")
-        lines.append("  seed " + " ".join(f"{k:>24}" for k in keys))
+        width = {k: max(8, len(k)) for k in keys}
+        lines.append("  seed " + " ".join(f"{k:>{width[k]}}" for k in keys))
         for seed, row in zip(seeds, rows, strict=True):
-            lines.append(f"  {seed:>4} " + " ".join(f"{row[k]:>24.2f}" for k in keys))
+            lines.append(f"  {seed:>4} " + " ".join(f"{row[k]:>{width[k]}.2f}" for k in keys))
         for label, pick in (("mean", lambda v: sum(v) / len(v)), ("min", min), ("max", max)):
-            lines.append(f"  {label:>4} " + " ".join(f"{pick([r[k] for r in rows]):>24.2f}" for k in keys))
+            lines.append(f"  {label:>4} " + " ".join(f"{pick([r[k] for r in rows]):>{width[k]}.2f}" for k in keys))
     return "\n".join(lines)
 
 
