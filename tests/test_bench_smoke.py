@@ -379,6 +379,9 @@ SOAK_FIELDS = {
     "table_mb",
     "indexes_mb",
     "n_dead_tup",
+    "events_dead",
+    "events_live",
+    "events_mb",
     "index_reads_per_scan",
     "claim_shape_ms",
 }

@@ -15,7 +15,8 @@ Every ``--sample`` seconds (a minute) a row: the phase; tasks started against
 offered (a backlog that grows); pickup p50/p95 of the tasks that started in
 the window (start less the return of the submit call; filled in at the end,
 from the submitters' notes); the tasks
-table's and its indexes' size; ``n_dead_tup``; and the claim's cost: index
+table's and its indexes' size; ``n_dead_tup``; the event stream's dead and
+live rows and its size (table and indexes); and the claim's cost: index
 entries of the claim-order index (``corral_tasks_ready_fresh``) read per
 index scan and per task started (``pg_stat_user_indexes``), and the time of a
 claim-shaped read of that index (``EXPLAIN ANALYZE``: the first ready row in
@@ -49,6 +50,13 @@ SELECT n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),
        (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'corral_tasks_ready_fresh'),
        (SELECT count(*) FROM corral_tasks WHERE status = 'PENDING')
 FROM pg_stat_user_tables WHERE relname = 'corral_tasks'
+"""
+#: the event stream's storage: the table, or its partitions (schema 49)
+EVENT_STATS = """
+SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_live_tup), 0), coalesce(sum(pg_total_relation_size(relid)), 0)
+FROM pg_stat_user_tables
+WHERE relid = 'corral_events'::regclass
+   OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'corral_events'::regclass)
 """
 #: a claim's read of the claim-order index from its start (no FOR UPDATE: it locks nothing)
 CLAIM_SHAPE = """
@@ -209,6 +217,7 @@ def run(
                     )
                     stats = conn.execute(TABLE_STATS).fetchone() or (0,) * 7
                     dead, heap, indexes, fresh, scans, tup_read, pending = stats
+                    ev_dead, ev_live, ev_size = conn.execute(EVENT_STATS).fetchone() or (0, 0, 0)
                     d_scans, d_read = (scans or 0) - (last[4] or 0), (tup_read or 0) - (last[5] or 0)
                     row: dict[str, Any] = {
                         "t_s": round(elapsed),
@@ -222,6 +231,9 @@ def run(
                         "indexes_mb": round(indexes / 2**20, 1),
                         "ready_fresh_mb": round(fresh / 2**20, 2),
                         "n_dead_tup": dead,
+                        "events_dead": int(ev_dead),
+                        "events_live": int(ev_live),
+                        "events_mb": round(int(ev_size) / 2**20, 1),
                         "index_reads_per_scan": round(d_read / d_scans, 1) if d_scans else None,
                         "index_reads_per_task": round(d_read / started, 1) if started else None,
                         "claim_shape_ms": _claim_shape_ms(conn),
@@ -301,14 +313,15 @@ def sample_line(r: dict[str, Any]) -> str:
     return (
         f"{r['t_s']:>6} {r['phase']:>6} {f(r['started_per_s'])!s:>8}/{r['offered_per_s']:<6g} {r['pending']:>7,}"
         f" {f(r['pickup_p50_ms'])!s:>8} {f(r['pickup_p95_ms'])!s:>8} {r['table_mb']:>7.1f} {r['indexes_mb']:>7.1f}"
-        f" {r['n_dead_tup']:>9,} {f(r['index_reads_per_scan'])!s:>9} {f(r['index_reads_per_task'])!s:>9}"
+        f" {r['n_dead_tup']:>9,} {r['events_dead']:>9,} {r['events_live']:>9,} {r['events_mb']:>6.1f}"
+        f" {f(r['index_reads_per_scan'])!s:>9} {f(r['index_reads_per_task'])!s:>9}"
         f" {r['claim_shape_ms']:>8.2f}" + (f" {f(r.get('claim_mean_ms'), '.3f')!s:>8}" if "claim_mean_ms" in r else "")
     )
 
 
 HEAD = (
     f"{'t s':>6} {'phase':>6} {'started/offered':>15} {'pending':>7} {'p50 ms':>8} {'p95 ms':>8} {'heap MB':>7}"
-    f" {'idx MB':>7} {'dead_tup':>9} {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
+    f" {'idx MB':>7} {'dead_tup':>9} {'ev dead':>9} {'ev live':>9} {'ev MB':>6} {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
 )
 
 
