@@ -2,7 +2,8 @@
 the middle where the xmin horizon is pinned.
 
 On a fresh PostgreSQL store, ``--workers`` ``corral worker`` processes of an
-app with retention on (``--keep``; their sweeper applies it) run tasks that
+app with retention on (``--keep``, and ``--events-keep`` for the event stream; their
+sweeper applies it) run tasks that
 only record when they started (as in ``bench latency``); other processes
 submit single tasks at a steady ``--rate`` for ``--duration`` (the schedule
 and the marks are ``bench latency``'s). For ``--pin-minutes`` in the middle of
@@ -42,6 +43,8 @@ from corral.edges.fleet import WorkerFleet, lazy_app
 APP_SPEC = "corral.bench.soak:app"
 #: the age the workers' retention keeps finished tasks (seconds)
 KEEP_ENV = "CORRAL_BENCH_SOAK_KEEP"
+#: the events the leader keeps (unset: the worker's own, 100 000)
+EVENTS_KEEP_ENV = "CORRAL_BENCH_SOAK_EVENTS_KEEP"
 
 TABLE_STATS = """
 SELECT n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),
@@ -76,6 +79,10 @@ WHERE query LIKE '%%UPDATE corral_tasks t%%SET status = ''RUNNING''%%'
 def build_app(store: str | None = None) -> App:
     """The soak's app: ``bench latency``'s task, retention from ``$CORRAL_BENCH_SOAK_KEEP``."""
     keep = float(os.environ.get(KEEP_ENV, "60"))
+    if os.environ.get(EVENTS_KEEP_ENV):  # a short run reaches the stream's trimming sooner
+        from corral.maintenance import level_keeper
+
+        level_keeper.EVENTS_KEEP = int(os.environ[EVENTS_KEEP_ENV])
     app = App(store, retention={"SUCCESS": keep, "CANCELED": keep, "FAILED": keep, "TIMEOUT": keep})
     app.task(name=lat.TASK)(lat.mark)
     return app
@@ -146,6 +153,7 @@ def run(
     workers: int,
     concurrency: int | None,
     submitters: int | None,
+    events_keep: int | None = None,
     on_sample: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> dict[str, Any]:
     """One run on the fresh PostgreSQL store ``url``; returns the samples."""
@@ -163,7 +171,10 @@ def run(
         app = build_app(url)
         conn = psycopg.connect(url, autocommit=True)
         try:
-            with WorkerFleet(APP_SPEC, url, workers, concurrency, {lat.MARKS_ENV: marks, KEEP_ENV: repr(keep)}) as fl:
+            env = {lat.MARKS_ENV: marks, KEEP_ENV: repr(keep)}
+            if events_keep is not None:
+                env[EVENTS_KEEP_ENV] = str(events_keep)
+            with WorkerFleet(APP_SPEC, url, workers, concurrency, env) as fl:
                 fl.wait_ready()
                 for k in range(lat.PROBES):
                     app.submit(lat.TASK, args=(lat.PROBE_BASE + k,))
@@ -295,6 +306,7 @@ def run(
         "pin_from_s": pin_from,
         "readers": readers,
         "keep_s": keep,
+        "events_keep": events_keep,
         "workers": workers,
         "submitters": procs,
         "submitted": len(sub) if sub is not None else None,
@@ -328,7 +340,8 @@ HEAD = (
 def render(report: dict[str, Any], echo: Callable[[str], None]) -> None:
     echo(
         f"soak on PostgreSQL: {report['rate']:g} single submits/s ({report['submitters']} processes) for"
-        f" {report['duration_s']:g} s into {report['workers']} x `corral worker`, retention {report['keep_s']:g} s;"
+        f" {report['duration_s']:g} s into {report['workers']} x `corral worker`, retention {report['keep_s']:g} s"
+        f" (events: the newest {report['events_keep'] or 100_000:,});"
         f" horizon pinned from {report['pin_from_s']:g} s for {report['pin_s']:g} s ({report['readers']} readers);"
         f" load average {report['load_average']}"
     )
