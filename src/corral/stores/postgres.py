@@ -36,6 +36,9 @@ Design notes
   delivers), it polls every ``POLL_WITHOUT_LISTEN`` seconds instead: chosen
   with ``?listen=off`` in the URL, or by itself when the first LISTEN fails
   or its own test notification does not come back.
+* The event stream (``corral_events``, written by triggers) is a ring of
+  partitions by id; trimming moves a floor and empties spent partitions by
+  ``TRUNCATE``, so no event leaves a dead row (see migration_0049).
 """
 
 from __future__ import annotations

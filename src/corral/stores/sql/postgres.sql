@@ -845,7 +845,8 @@ $$;
 -- is lost). Ids still come from one sequence, in order (partitioned tables
 -- have no identity columns in PostgreSQL 15). A corral of before this
 -- migration still running writes and reads the new table by name; its
--- trimming deletes rows as before.
+-- trimming deletes rows as before. The copy of the events kept holds the
+-- table meanwhile (inserts wait for it: about a second for 100 000 events).
 DO $$
 DECLARE
     last bigint;
@@ -915,9 +916,11 @@ $$;
 -- lock_not_available is raised); under it (no insert can be under way in it
 -- then) its rows are read again, and it is emptied only if none is above the
 -- floor. Returns whether it was. Run it in a transaction of its own, so the
--- lock is held no longer than the TRUNCATE.
+-- lock is held no longer than the TRUNCATE. It runs as the role that made
+-- the tables (TRUNCATE is a privilege of its own: workers granted only
+-- INSERT, UPDATE, DELETE and SELECT may still empty a spent partition).
 CREATE OR REPLACE FUNCTION corral_events_truncate(part regclass, wait_ms integer) RETURNS boolean
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     hi bigint;
 BEGIN
