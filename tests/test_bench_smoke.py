@@ -379,6 +379,9 @@ SOAK_FIELDS = {
     "table_mb",
     "indexes_mb",
     "n_dead_tup",
+    "events_dead",
+    "events_live",
+    "events_mb",
     "index_reads_per_scan",
     "claim_shape_ms",
 }
@@ -387,8 +390,9 @@ SOAK_FIELDS = {
 @pytest.mark.postgres
 def test_soak_pins_the_horizon_mid_run(pg_admin_url):
     args = ("--rate", "50", "--duration", "9s", "--pin-minutes", "0.05", "--sample", "3s", "--readers", "1")
-    r = _run("soak", "--pg-url", pg_admin_url, *args, "--json")
+    r = _run("soak", "--pg-url", pg_admin_url, *args, "--events-keep", "50", "--json")
     assert r["scenario"] == "soak" and r["rate"] == 50 and r["pin_s"] == 3 and r["pin_from_s"] == 3
+    assert r["events_keep"] == 50
     assert [s["phase"] for s in r["samples"]] == ["clean", "pinned", "after"]
     assert all(SOAK_FIELDS <= set(s) for s in r["samples"])
     assert set(r["phases"]) == {"clean", "pinned", "after"}

@@ -1037,6 +1037,12 @@ def retention_cmd(
     "--readers", default=4, show_default=True, help="REPEATABLE READ sessions scanning the tasks table while pinned."
 )
 @click.option("--keep", default="60s", show_default=True, help="Age retention keeps in every final state.")
+@click.option(
+    "--events-keep",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Events the leader keeps (default: the worker's own, 100 000; fewer reach the trimming sooner).",
+)
 @click.option("--sample", default="60s", show_default=True, help="Time between two rows.")
 @workers_option
 @concurrency_option
@@ -1051,6 +1057,7 @@ def soak_cmd(
     pin_minutes: float,
     readers: int,
     keep: str,
+    events_keep: int | None,
     sample: str,
     workers: int,
     concurrency: int | None,
@@ -1059,7 +1066,8 @@ def soak_cmd(
 ) -> None:
     """Steady single submits on PostgreSQL with the xmin horizon pinned mid-run:
     per minute, throughput against offered, pickup p50/p95, the tasks table's
-    and indexes' size, n_dead_tup and the claim's index reads."""
+    and indexes' size, n_dead_tup, the event stream's dead rows and size and
+    the claim's index reads."""
     from corral.bench import soak
     from corral.core.planning import parse_duration
 
@@ -1090,6 +1098,7 @@ def soak_cmd(
                 workers=workers,
                 concurrency=concurrency,
                 submitters=submitters,
+                events_keep=events_keep,
                 on_sample=progress,
             )
         except RuntimeError as exc:

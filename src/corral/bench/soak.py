@@ -2,7 +2,8 @@
 the middle where the xmin horizon is pinned.
 
 On a fresh PostgreSQL store, ``--workers`` ``corral worker`` processes of an
-app with retention on (``--keep``; their sweeper applies it) run tasks that
+app with retention on (``--keep``, and ``--events-keep`` for the event stream; their
+sweeper applies it) run tasks that
 only record when they started (as in ``bench latency``); other processes
 submit single tasks at a steady ``--rate`` for ``--duration`` (the schedule
 and the marks are ``bench latency``'s). For ``--pin-minutes`` in the middle of
@@ -15,7 +16,8 @@ Every ``--sample`` seconds (a minute) a row: the phase; tasks started against
 offered (a backlog that grows); pickup p50/p95 of the tasks that started in
 the window (start less the return of the submit call; filled in at the end,
 from the submitters' notes); the tasks
-table's and its indexes' size; ``n_dead_tup``; and the claim's cost: index
+table's and its indexes' size; ``n_dead_tup``; the event stream's dead and
+live rows and its size (table and indexes); and the claim's cost: index
 entries of the claim-order index (``corral_tasks_ready_fresh``) read per
 index scan and per task started (``pg_stat_user_indexes``), and the time of a
 claim-shaped read of that index (``EXPLAIN ANALYZE``: the first ready row in
@@ -41,6 +43,8 @@ from corral.edges.fleet import WorkerFleet, lazy_app
 APP_SPEC = "corral.bench.soak:app"
 #: the age the workers' retention keeps finished tasks (seconds)
 KEEP_ENV = "CORRAL_BENCH_SOAK_KEEP"
+#: the events the leader keeps (unset: the worker's own, 100 000)
+EVENTS_KEEP_ENV = "CORRAL_BENCH_SOAK_EVENTS_KEEP"
 
 TABLE_STATS = """
 SELECT n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),
@@ -49,6 +53,13 @@ SELECT n_dead_tup, pg_relation_size(relid), pg_indexes_size(relid),
        (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'corral_tasks_ready_fresh'),
        (SELECT count(*) FROM corral_tasks WHERE status = 'PENDING')
 FROM pg_stat_user_tables WHERE relname = 'corral_tasks'
+"""
+#: the event stream's storage: the table, or its partitions (schema 49)
+EVENT_STATS = """
+SELECT coalesce(sum(n_dead_tup), 0), coalesce(sum(n_live_tup), 0), coalesce(sum(pg_total_relation_size(relid)), 0)
+FROM pg_stat_user_tables
+WHERE relid = 'corral_events'::regclass
+   OR relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'corral_events'::regclass)
 """
 #: a claim's read of the claim-order index from its start (no FOR UPDATE: it locks nothing)
 CLAIM_SHAPE = """
@@ -68,6 +79,10 @@ WHERE query LIKE '%%UPDATE corral_tasks t%%SET status = ''RUNNING''%%'
 def build_app(store: str | None = None) -> App:
     """The soak's app: ``bench latency``'s task, retention from ``$CORRAL_BENCH_SOAK_KEEP``."""
     keep = float(os.environ.get(KEEP_ENV, "60"))
+    if os.environ.get(EVENTS_KEEP_ENV):  # a short run reaches the stream's trimming sooner
+        from corral.maintenance import level_keeper
+
+        level_keeper.EVENTS_KEEP = int(os.environ[EVENTS_KEEP_ENV])
     app = App(store, retention={"SUCCESS": keep, "CANCELED": keep, "FAILED": keep, "TIMEOUT": keep})
     app.task(name=lat.TASK)(lat.mark)
     return app
@@ -138,6 +153,7 @@ def run(
     workers: int,
     concurrency: int | None,
     submitters: int | None,
+    events_keep: int | None = None,
     on_sample: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> dict[str, Any]:
     """One run on the fresh PostgreSQL store ``url``; returns the samples."""
@@ -155,7 +171,10 @@ def run(
         app = build_app(url)
         conn = psycopg.connect(url, autocommit=True)
         try:
-            with WorkerFleet(APP_SPEC, url, workers, concurrency, {lat.MARKS_ENV: marks, KEEP_ENV: repr(keep)}) as fl:
+            env = {lat.MARKS_ENV: marks, KEEP_ENV: repr(keep)}
+            if events_keep is not None:
+                env[EVENTS_KEEP_ENV] = str(events_keep)
+            with WorkerFleet(APP_SPEC, url, workers, concurrency, env) as fl:
                 fl.wait_ready()
                 for k in range(lat.PROBES):
                     app.submit(lat.TASK, args=(lat.PROBE_BASE + k,))
@@ -209,6 +228,7 @@ def run(
                     )
                     stats = conn.execute(TABLE_STATS).fetchone() or (0,) * 7
                     dead, heap, indexes, fresh, scans, tup_read, pending = stats
+                    ev_dead, ev_live, ev_size = conn.execute(EVENT_STATS).fetchone() or (0, 0, 0)
                     d_scans, d_read = (scans or 0) - (last[4] or 0), (tup_read or 0) - (last[5] or 0)
                     row: dict[str, Any] = {
                         "t_s": round(elapsed),
@@ -222,6 +242,9 @@ def run(
                         "indexes_mb": round(indexes / 2**20, 1),
                         "ready_fresh_mb": round(fresh / 2**20, 2),
                         "n_dead_tup": dead,
+                        "events_dead": int(ev_dead),
+                        "events_live": int(ev_live),
+                        "events_mb": round(int(ev_size) / 2**20, 1),
                         "index_reads_per_scan": round(d_read / d_scans, 1) if d_scans else None,
                         "index_reads_per_task": round(d_read / started, 1) if started else None,
                         "claim_shape_ms": _claim_shape_ms(conn),
@@ -283,6 +306,7 @@ def run(
         "pin_from_s": pin_from,
         "readers": readers,
         "keep_s": keep,
+        "events_keep": events_keep,
         "workers": workers,
         "submitters": procs,
         "submitted": len(sub) if sub is not None else None,
@@ -301,21 +325,23 @@ def sample_line(r: dict[str, Any]) -> str:
     return (
         f"{r['t_s']:>6} {r['phase']:>6} {f(r['started_per_s'])!s:>8}/{r['offered_per_s']:<6g} {r['pending']:>7,}"
         f" {f(r['pickup_p50_ms'])!s:>8} {f(r['pickup_p95_ms'])!s:>8} {r['table_mb']:>7.1f} {r['indexes_mb']:>7.1f}"
-        f" {r['n_dead_tup']:>9,} {f(r['index_reads_per_scan'])!s:>9} {f(r['index_reads_per_task'])!s:>9}"
+        f" {r['n_dead_tup']:>9,} {r['events_dead']:>9,} {r['events_live']:>9,} {r['events_mb']:>6.1f}"
+        f" {f(r['index_reads_per_scan'])!s:>9} {f(r['index_reads_per_task'])!s:>9}"
         f" {r['claim_shape_ms']:>8.2f}" + (f" {f(r.get('claim_mean_ms'), '.3f')!s:>8}" if "claim_mean_ms" in r else "")
     )
 
 
 HEAD = (
     f"{'t s':>6} {'phase':>6} {'started/offered':>15} {'pending':>7} {'p50 ms':>8} {'p95 ms':>8} {'heap MB':>7}"
-    f" {'idx MB':>7} {'dead_tup':>9} {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
+    f" {'idx MB':>7} {'dead_tup':>9} {'ev dead':>9} {'ev live':>9} {'ev MB':>6} {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
 )
 
 
 def render(report: dict[str, Any], echo: Callable[[str], None]) -> None:
     echo(
         f"soak on PostgreSQL: {report['rate']:g} single submits/s ({report['submitters']} processes) for"
-        f" {report['duration_s']:g} s into {report['workers']} x `corral worker`, retention {report['keep_s']:g} s;"
+        f" {report['duration_s']:g} s into {report['workers']} x `corral worker`, retention {report['keep_s']:g} s"
+        f" (events: the newest {report['events_keep'] or 100_000:,});"
         f" horizon pinned from {report['pin_from_s']:g} s for {report['pin_s']:g} s ({report['readers']} readers);"
         f" load average {report['load_average']}"
     )

@@ -60,8 +60,8 @@ class LevelKeeper:
         open_breakers: Callable[[], int] | None = None,
         window: float = 300.0,
         in_a_row: int = 3,
-        events_keep: int = EVENTS_KEEP,
-        events_max_age: float = EVENTS_MAX_AGE,
+        events_keep: int | None = None,
+        events_max_age: float | None = None,
     ):
         self.store = store
         self.thresholds = thresholds or Thresholds()
@@ -73,8 +73,9 @@ class LevelKeeper:
         self.open_breakers = open_breakers or self._open_breakers
         self.window = window
         self.in_a_row = in_a_row
-        self.events_keep = events_keep
-        self.events_max_age = events_max_age
+        # the module's values when built (a bench may shrink them for a short run)
+        self.events_keep = EVENTS_KEEP if events_keep is None else events_keep
+        self.events_max_age = EVENTS_MAX_AGE if events_max_age is None else events_max_age
         self._losses: deque[tuple[float, int]] = deque()  # (at, leases lost) per sweep
 
     def _open_breakers(self) -> int:

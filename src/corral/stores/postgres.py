@@ -36,6 +36,9 @@ Design notes
   delivers), it polls every ``POLL_WITHOUT_LISTEN`` seconds instead: chosen
   with ``?listen=off`` in the URL, or by itself when the first LISTEN fails
   or its own test notification does not come back.
+* The event stream (``corral_events``, written by triggers) is a ring of
+  partitions by id; trimming moves a floor and empties spent partitions by
+  ``TRUNCATE``, so no event leaves a dead row (see migration_0049).
 """
 
 from __future__ import annotations
@@ -236,6 +239,10 @@ EVENTS_CHANNEL = "corral_events"
 #: A follower reads again after this long without a notification: claims and
 #: completions notify no one (see migration_0023).
 EVENTS_POLL = 0.1
+#: How long emptying a spent event partition waits for its lock (seconds):
+#: readers of the stream that come meanwhile wait behind it, inserts do not
+#: (they lock only the partition their rows go to).
+EVENTS_TRUNCATE_WAIT = 0.05
 #: Missing ids a reader keeps asking for (rolled-back event writes leave
 #: some for good, until the transactions of their time have ended).
 MAX_EVENT_GAPS = 10_000
@@ -297,7 +304,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 45: task events stored narrow (see migration_0045).
 #: 46: the places held under each limit (corral_held_places, kept by triggers).
 #: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys columns).
-SCHEMA_VERSION = 48
+#: 49: the event stream a ring of partitions, trimmed by a floor and TRUNCATE (see migration_0049).
+SCHEMA_VERSION = 49
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -1943,9 +1951,40 @@ class PostgresStore(SqlStore):
         time.sleep(timeout)  # the server is away: poll meanwhile
 
     def trim_events(self, keep: int, before: float, limit: int | None = None) -> int:
-        return self._rowcount(
-            "trim_events", {"keep": max(0, keep), "before": float(before), "max": None if limit is None else limit}
-        )
+        """Move the floor past what the rules trim (no row is deleted: see
+        migration_0049); once it stops moving (a batch short of ``limit``),
+        empty the partitions wholly below it."""
+        params = {"keep": max(0, keep), "before": float(before), "max": None if limit is None else limit}
+
+        def go(conn):
+            with conn.transaction():
+                conn.execute(self._q["events_trim_lock"])
+                return conn.execute(self._q["trim_events"], params).fetchone()
+
+        n, _ = self._run(go)
+        if limit is None or n < limit:
+            self.reclaim_events()
+        return int(n)
+
+    def reclaim_events(self) -> int:
+        """Empty (TRUNCATE) the event partitions whose rows are all trimmed,
+        each in a transaction of its own that waits ``EVENTS_TRUNCATE_WAIT`` at
+        most for the partition's lock (a reader holding it); one not had is
+        left for the next trim. Returns how many were emptied."""
+        emptied = 0
+        for (part,) in self._fetchall("events_spent"):
+
+            def go(conn, part=part):
+                try:
+                    with conn.transaction():
+                        wait_ms = max(1, round(EVENTS_TRUNCATE_WAIT * 1000))
+                        return conn.execute(self._q["events_truncate"], {"part": part, "wait_ms": wait_ms}).fetchone()[0]
+                except psycopg.errors.LockNotAvailable:
+                    log.debug("%s: event partition %s is in use; emptied at a later trim", self._shown, part)
+                    return False
+
+            emptied += bool(self._run(go))
+        return emptied
 
     def has_schema(self) -> bool:
         return bool(self._value("has_schema"))

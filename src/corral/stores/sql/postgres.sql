@@ -822,6 +822,122 @@ BEGIN
 END
 $$;
 
+-- name: migration_0049
+-- The event stream without a dead row per event. Trimming by DELETE left
+-- every trimmed event a dead row, and with one transaction left open (xmin
+-- horizon pinned) none can be removed: the table and its index grow by what
+-- is trimmed, and the readers step over it. corral_events is now a ring of
+-- 16 partitions by id (ids n * 65536 .. n * 65536 + 65535 go to partition
+-- n mod 16), and trimming is in two steps that delete no row:
+-- * the floor (the sequence corral_events_floor: a value changed in place,
+--   no row version per change) moves up to the last trimmed id, exactly as
+--   the rules say (newest N, none older than the cut); corral_events_read
+--   and the stream's start show only ids above it;
+-- * a partition whose every row is at or below the floor is emptied by
+--   TRUNCATE (corral_events_truncate), which hands its files back at once.
+--   TRUNCATE needs the partition to itself: it waits a moment at most (the
+--   caller's lock_timeout) and is tried again at the next trim. Inserts lock
+--   only the partition their rows go to (not the spent ones), so writers
+--   never wait behind it; a reader of the stream may wait that moment.
+-- A spent partition is emptied before ids come round to it again unless a
+-- session holds it for all of the ring's 1 M ids; then new ids share it with
+-- hidden ones until both are below the floor (storage grows, no event shown
+-- is lost). Ids still come from one sequence, in order (partitioned tables
+-- have no identity columns in PostgreSQL 15). A corral of before this
+-- migration still running writes and reads the new table by name; its
+-- trimming deletes rows as before. The copy of the events kept holds the
+-- table meanwhile (inserts wait for it: about a second for 100 000 events).
+DO $$
+DECLARE
+    last bigint;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = 'corral_events'::regclass) = 'p' THEN
+        RETURN;  -- done already
+    END IF;
+    LOCK TABLE corral_events IN ACCESS EXCLUSIVE MODE;
+    DROP VIEW IF EXISTS corral_events_read;
+    ALTER TABLE corral_events RENAME TO corral_events_v48;
+    last := greatest(
+        coalesce(pg_sequence_last_value(pg_get_serial_sequence('corral_events_v48', 'id')::regclass), 0),
+        coalesce((SELECT max(id) FROM corral_events_v48), 0));
+    CREATE SEQUENCE corral_events_ids;
+    PERFORM setval('corral_events_ids', greatest(last, 1), last > 0);
+    CREATE TABLE corral_events (
+        id      bigint NOT NULL DEFAULT nextval('corral_events_ids'),
+        at      double precision NOT NULL,
+        kind    text NOT NULL,
+        subject text NOT NULL,
+        data    text NOT NULL,
+        task_id bigint,
+        status  text,
+        prior   text,
+        attempt integer
+    ) PARTITION BY LIST (((id / 65536) % 16));
+    ALTER SEQUENCE corral_events_ids OWNED BY corral_events.id;
+    FOR n IN 0..15 LOOP
+        EXECUTE format('CREATE TABLE corral_events_p%s PARTITION OF corral_events FOR VALUES IN (%s)',
+                       lpad(n::text, 2, '0'), n);
+    END LOOP;
+    CREATE INDEX corral_events_id ON corral_events (id);
+    INSERT INTO corral_events (id, at, kind, subject, data, task_id, status, prior, attempt)
+    SELECT id, at, kind, subject, data, task_id, status, prior, attempt FROM corral_events_v48 ORDER BY id;
+    DROP TABLE corral_events_v48;
+END
+$$;
+CREATE SEQUENCE IF NOT EXISTS corral_events_floor MINVALUE 0 START 0;
+CREATE OR REPLACE VIEW corral_events_read AS
+SELECT e.id, e.at, e.kind,
+       CASE WHEN e.task_id IS NULL THEN e.subject ELSE 'task:' || e.task_id END AS subject,
+       CASE WHEN e.task_id IS NULL THEN e.data ELSE json_build_object(
+           'id', e.task_id, 'name', t.name, 'queue', t.queue, 'status', e.status, 'from', e.prior,
+           'attempt', e.attempt, 'group', t.group_key, 'batch', t.batch, 'trace_id', t.trace_id,
+           'error', CASE WHEN e.status IN ('FAILED', 'RETRYING', 'TIMEOUT', 'CANCELED')
+                         THEN left(t.error, 500) END)::text END AS data
+FROM corral_events e LEFT JOIN corral_tasks t ON t.id = e.task_id
+WHERE e.id > (SELECT last_value FROM corral_events_floor);
+
+-- The partitions holding rows, all of them at or below the floor.
+CREATE OR REPLACE FUNCTION corral_events_spent() RETURNS SETOF regclass LANGUAGE plpgsql AS $$
+DECLARE
+    part regclass;
+    hi bigint;
+BEGIN
+    FOR part IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'corral_events'::regclass
+                ORDER BY inhrelid::regclass::text LOOP
+        EXECUTE format('SELECT max(id) FROM %s', part) INTO hi;
+        IF hi <= (SELECT last_value FROM corral_events_floor) THEN
+            RETURN NEXT part;
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- Empty a spent partition: its lock is waited for wait_ms at most (then
+-- lock_not_available is raised); under it (no insert can be under way in it
+-- then) its rows are read again, and it is emptied only if none is above the
+-- floor. Returns whether it was. Run it in a transaction of its own, so the
+-- lock is held no longer than the TRUNCATE. It runs as the role that made
+-- the tables (TRUNCATE is a privilege of its own: workers granted only
+-- INSERT, UPDATE, DELETE and SELECT may still empty a spent partition).
+CREATE OR REPLACE FUNCTION corral_events_truncate(part regclass, wait_ms integer) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    hi bigint;
+BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    IF NOT EXISTS (SELECT 1 FROM pg_inherits WHERE inhparent = 'corral_events'::regclass AND inhrelid = part) THEN
+        RAISE EXCEPTION '% is not a partition of corral_events', part;
+    END IF;
+    EXECUTE format('LOCK TABLE %s IN ACCESS EXCLUSIVE MODE', part);
+    EXECUTE format('SELECT max(id) FROM %s', part) INTO hi;
+    IF hi IS NULL OR hi > (SELECT last_value FROM corral_events_floor) THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('TRUNCATE %s', part);
+    RETURN true;
+END
+$$;
+
 -- name: status_statistics
 -- Planner statistics on corral_tasks.status that an ANALYZE took before
 -- migration_0025 (which stops new ones): with them a claim may read the whole
@@ -2305,35 +2421,69 @@ ORDER BY id DESC LIMIT %(limit)s;
 -- name: read_events
 -- Events above the highest delivered id, and those of ids still missing
 -- below it; with the snapshot's bounds: a missing id noted while xmax was X
--- is settled (its transaction rolled back) once xmin passes X.
+-- is settled (its transaction rolled back) once xmin passes X. Two reads by
+-- id, each from the partitions' id indexes (as one OR, a follower far behind
+-- would read every id from the floor up).
 SELECT e.id, e.at, e.kind, e.subject, e.data,
        pg_snapshot_xmin(s.snap)::text::bigint, pg_snapshot_xmax(s.snap)::text::bigint
 FROM (SELECT pg_current_snapshot() AS snap) s
 LEFT JOIN LATERAL (
-    SELECT id, at, kind, subject, data FROM corral_events_read
-    WHERE id > %(hi)s::bigint OR id = ANY(%(gaps)s::bigint[])
-    ORDER BY id LIMIT %(limit)s
+    SELECT * FROM (
+        (SELECT id, at, kind, subject, data FROM corral_events_read
+         WHERE id > %(hi)s::bigint ORDER BY id LIMIT %(limit)s)
+        UNION ALL
+        SELECT id, at, kind, subject, data FROM corral_events_read
+        WHERE id = ANY(%(gaps)s::bigint[]) AND id <= %(hi)s::bigint
+    ) u ORDER BY id LIMIT %(limit)s
 ) e ON true
 ORDER BY e.id;
 
 -- name: stream_now
 -- The newest id and the ids below it not committed yet (among the last few
--- thousand), with the snapshot's xmax: where a follower that starts now begins.
-SELECT coalesce(max(id), 0), coalesce(array_agg(id ORDER BY id), '{}'),
+-- thousand above the floor), with the snapshot's xmax: where a follower that
+-- starts now begins (at the floor when every event is trimmed).
+SELECT greatest(coalesce(max(r.id), 0), f.floor),
+       coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE r.id IS NOT NULL), '{}'),
        pg_snapshot_xmax(pg_current_snapshot())::text::bigint
-FROM (SELECT id FROM corral_events ORDER BY id DESC LIMIT 5000) r;
+FROM (SELECT last_value AS floor FROM corral_events_floor) f
+LEFT JOIN LATERAL (SELECT id FROM corral_events WHERE id > f.floor ORDER BY id DESC LIMIT 5000) r ON true
+GROUP BY f.floor;
 
 -- name: trim_events
--- The oldest events, by id (ids follow time): those before the first one
--- stamped at or after "before", and all but the newest "keep"; at most "max"
--- of them per statement.
-DELETE FROM corral_events WHERE id IN (
-    SELECT id FROM corral_events
-    WHERE id <= greatest(
-        coalesce((SELECT id FROM corral_events WHERE at >= %(before)s::float8 ORDER BY id LIMIT 1) - 1,
-                 (SELECT max(id) FROM corral_events)),
-        coalesce((SELECT id FROM corral_events ORDER BY id DESC LIMIT 1 OFFSET %(keep)s), 0))
-    ORDER BY id LIMIT %(max)s);
+-- Trimming moves the floor (see migration_0049) past the oldest events, by id
+-- (ids follow time): those before the first one stamped at or after
+-- "before", and all but the newest "keep"; at most "max" of them per
+-- statement. No row is deleted. Returns how many it passed and the floor.
+-- Run after events_trim_lock in the same transaction: the floor only rises.
+WITH f AS (SELECT last_value AS floor FROM corral_events_floor),
+cut AS (
+    SELECT greatest(
+        coalesce((SELECT e.id FROM corral_events e, f
+                  WHERE e.id > f.floor AND e.at >= %(before)s::float8 ORDER BY e.id LIMIT 1) - 1,
+                 (SELECT max(e.id) FROM corral_events e)),
+        coalesce((SELECT e.id FROM corral_events e, f
+                  WHERE e.id > f.floor ORDER BY e.id DESC LIMIT 1 OFFSET %(keep)s), 0)) AS id
+),
+gone AS (
+    SELECT e.id FROM corral_events e, f, cut
+    WHERE e.id > f.floor AND e.id <= cut.id ORDER BY e.id LIMIT %(max)s
+),
+moved AS (SELECT count(*) AS n, max(id) AS hi FROM gone)
+SELECT moved.n, CASE WHEN moved.n > 0 THEN setval('corral_events_floor', moved.hi) ELSE f.floor END
+FROM moved, f;
+
+-- name: events_trim_lock
+-- One trimmer at a time, so that the floor (a sequence: not rolled back,
+-- never waited for) only rises.
+SELECT pg_advisory_xact_lock(7429002);
+
+-- name: events_spent
+-- The event partitions holding rows, all at or below the floor (see migration_0049).
+SELECT part::text FROM corral_events_spent() AS part;
+
+-- name: events_truncate
+-- Empty a spent event partition, its lock waited for "wait_ms" at most.
+SELECT corral_events_truncate(%(part)s::regclass, %(wait_ms)s);
 
 -- name: has_schema
 -- Whether corral's tables exist in this database (read before any migration).
