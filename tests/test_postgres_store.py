@@ -812,3 +812,28 @@ def test_racing_single_bounded_submits_fill_the_bound_exactly(pg, stores):
     got = run_concurrently(8, one)
     assert sum(got) == bound - 10
     assert sum(pg.active_counts().values()) == bound
+
+
+def test_a_prune_takes_at_most_its_batch_after_an_analyze_saw_no_rows(pg_own_url):
+    """Retention deletes at most ``limit`` tasks a pass. As ``id IN (SELECT ...
+    LIMIT n FOR UPDATE SKIP LOCKED)``, statistics that saw no row gave a plan
+    running the subquery again for each row of the table, each time taking the
+    next n: one pass deleted every old task."""
+    import psycopg
+
+    s = open_store(pg_own_url)
+    try:
+        s.migrate()
+        with psycopg.connect(pg_own_url) as submitter:
+            s.submit_in(submitter, [task() for _ in range(200)])
+            submitter.execute("UPDATE corral_tasks SET status = 'SUCCESS', finished_at = 1000.0")
+            with psycopg.connect(pg_own_url, autocommit=True) as conn:
+                conn.execute("ANALYZE")
+                (seen,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'corral_tasks'").fetchone()
+                assert seen <= 0  # pages, but no row in them
+            submitter.commit()
+        before = {"SUCCESS": 2000.0, "CANCELED": 2000.0, "FAILED": 2000.0, "TIMEOUT": 2000.0}
+        assert s.prune(before, 2) == 2
+        assert s.counts().get(State.SUCCESS, 0) == 198
+    finally:
+        s.close()

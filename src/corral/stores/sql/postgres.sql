@@ -2519,8 +2519,7 @@ SELECT to_regclass('corral_meta') IS NOT NULL AND to_regclass('corral_tasks') IS
 -- dependency) is skipped, left for the next pass. OFFSET 0 keeps each check a
 -- probe of an index per candidate: as anti-joins the planner would hash the
 -- whole table's unfinished rows (status has no statistics) for each pass.
-WITH gone AS (
-    DELETE FROM corral_tasks WHERE id IN (
+WITH picked AS MATERIALIZED (
         SELECT t.id FROM corral_tasks t
         WHERE t.finished_at < %(oldest)s::float8
           AND t.finished_at < CASE t.status WHEN 'SUCCESS' THEN %(success)s::float8
@@ -2543,7 +2542,11 @@ WITH gone AS (
                                WHERE g.group_key = t.group_key AND g.id > t.id
                                  AND g.status IN ('WAITING', 'PENDING', 'RETRYING', 'RUNNING') OFFSET 0))
         ORDER BY t.finished_at LIMIT %(max)s
-        FOR UPDATE SKIP LOCKED)
+        FOR UPDATE SKIP LOCKED
+), gone AS (
+    -- the ids read once: as `id IN (subquery)`, a plan that runs the subquery
+    -- again for each row (statistics that saw an empty table) took more than max
+    DELETE FROM corral_tasks WHERE id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING id
 ), deps AS (
     DELETE FROM corral_deps d USING gone WHERE d.task_id = gone.id
