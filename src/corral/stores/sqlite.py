@@ -211,6 +211,9 @@ EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
+#: How many candidates the fast path of ungrouped work reads (at least 4 x n):
+#: enough for a claim's first turn of keys when keys are queued in turn.
+KEYED_WINDOW = 64
 #: How often a follower of the event stream looks for new events.
 EVENTS_POLL = 0.02
 #: How often a waiting thread looks at the database's data_version: without
@@ -634,6 +637,8 @@ class SQLiteStore(SqlStore):
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
+        self._keyed_until = 0.0  # ... and the fast path of ungrouped work (claim_keyed)
+        self._keyed_missed_until = 0.0  # claim_keyed could not decide: not tried again until then
         self._fake_time = False  # a clock of its own: events take its time (set after migrate)
         self._closed = False
         self._wrote = False  # written since the last checkpoint
@@ -940,8 +945,7 @@ class SQLiteStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
-        if any(t.group is not None or t.limits for t in tasks):
-            self._plain_until = 0.0  # claims here must see this work at once
+        self._hints_off(tasks)  # claims here must see this work at once
         # Rows that need nothing from the database (no key, no dependency) are
         # made before the write lock is taken: every other process's claims
         # and completions wait while a submit holds it.
@@ -951,6 +955,14 @@ class SQLiteStore(SqlStore):
             made = [_row_fields(t, State.PENDING, None, now) for t in tasks]
         with self._write() as con:
             return self._submit_on(con, tasks, max_queued, made=made, now=now)
+
+    def _hints_off(self, tasks: Sequence[NewTask]) -> None:
+        """End the fast paths this work would be passed over by: grouped or
+        limited work ends the plain one, grouped work the one of ungrouped work."""
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0
+            if any(t.group is not None for t in tasks):
+                self._keyed_until = 0.0
 
     def _submit_on(
         self,
@@ -1082,8 +1094,7 @@ class SQLiteStore(SqlStore):
             raise ConfigError(f"connection= is open on {shown}, not on this store's database {self.path!r}")
         if not tasks:
             return []
-        if any(t.group is not None or t.limits for t in tasks):
-            self._plain_until = 0.0
+        self._hints_off(tasks)
         try:
             if not connection.in_transaction:
                 connection.execute("BEGIN IMMEDIATE")
@@ -1155,14 +1166,31 @@ class SQLiteStore(SqlStore):
             if rows:
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
+        elif (
+            len(queues) == 1 and self._keyed_until > time.monotonic() and not request.only_retries and relay is None
+        ):
+            # Only ungrouped work was queued a moment ago: one read decides
+            # the claim when it can show the planner's answer.
+            claimed = self._claim_keyed(con, worker_id, request, now)
+            if claimed is not None:
+                return claimed
         picked, gated = self._pick(con, request, now, relay=None if relay is None else relay.limits)
         local.gated_empty = not picked and gated
         local.gated_seen = None
         plain = all(m[0].group is None and not m[0].limits for m in picked)
+        mono = time.monotonic()
         if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
-            self._plain_until = time.monotonic() + PLAIN_HINT_TTL
+            self._plain_until = mono + PLAIN_HINT_TTL
         else:
             self._plain_until = 0.0
+            if (
+                mono >= self._keyed_missed_until
+                and not local.timed_gates
+                and not con.execute(Q["heads_ready"]).fetchone()[0]
+            ):
+                self._keyed_until = mono + PLAIN_HINT_TTL
+            else:
+                self._keyed_until = 0.0
         if not picked:
             return _Claimed([], {})
         expires = now + request.lease_seconds
@@ -1202,6 +1230,59 @@ class SQLiteStore(SqlStore):
         if touched:
             con.executemany(Q["touch_group"], list(touched.items()))
         return _Claimed(rows_by_claim, self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows]))
+
+    def _claim_keyed(
+        self, con: sqlite3.Connection, worker_id: str, request: ClaimRequest, now: float
+    ) -> _Claimed | None:
+        """The claim of ungrouped work in one read (``claim_keyed``) and one
+        write, or None when the read cannot show the planner's answer (or
+        finds nothing: the full claim then says why and when to look again).
+
+        It reads the first ``KEYED_WINDOW`` candidates, drops those a gate
+        shuts out for the whole claim (a limit full before it, a pause),
+        and gives each of the others its place among the candidates of each
+        of its gates (``rn``) and its turn (its place under its first key).
+        A candidate fits when, under each capped gate, the places held and
+        its place are within the cap: whatever the claim takes of the
+        candidates that fit, no gate is over its cap, since a gate's taken
+        candidates are at most the highest place among them. This is the
+        planner's answer when no gate binds but over the candidates it
+        orders (its tasks' first key, or a limit that is its tasks' only
+        one: the planner takes the first of those in claim order, one per
+        turn for a key, up to its room); taken by turn, then claim order,
+        up to n; a key's second turn only when every candidate was read
+        (every key's first turn comes first); nothing past a candidate it
+        cannot decide (a rate, a breaker not closed); with a retry share,
+        only while no retry is due. Otherwise, and when it takes fewer than
+        n while more may be claimable, the full claim decides."""
+        n = request.max_units
+        cap, _ = request.retry_bounds()
+        args = (
+            request.queues[0],
+            now,
+            dumps(sorted(request.names)) if request.names is not None else None,
+            n,
+            max(KEYED_WINDOW, 4 * n),
+            1 if request.prefetch else 0,
+            0 if cap is None else 1,
+        )
+        ids = [tid for tid, _ in con.execute(Q["claim_keyed"], args)]
+        if not ids:
+            return None
+        if ids[0] < 0:
+            # a miss: the full claims decide for a while
+            self._keyed_until = 0.0
+            self._keyed_missed_until = time.monotonic() + PLAIN_HINT_TTL
+            return None
+        tokens = [uuid.uuid4().hex for _ in ids]
+        start = None if request.prefetch else now
+        arg = dumps([[tid, token] for tid, token in zip(ids, tokens)])
+        got = {r[0]: r for r in _task_cursor(con).execute(
+            Q["claim_heads"], (arg, now + request.lease_seconds, worker_id, start)
+        )}
+        rows = [got[tid] for tid in ids if tid in got]
+        deps = self._deps(con, [r[0] for r in rows])
+        return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
 
     def _pick(
         self,
@@ -1425,6 +1506,8 @@ class SQLiteStore(SqlStore):
             self._expire_on(con, met_expired[:EXPIRE_IN_CLAIM], now)
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
+        #: a rate, a pause's end or a breaker took part: claim_keyed could not decide such work
+        self._local.timed_gates = gates is not None and gates.timed()
         if gates is not None and not dry:
             charges = [(c.tokens, c.counted_at, c.starts, name) for name, c in gates.rate_writes().items()]
             for i in range(0, len(charges), CHARGES_AT_ONCE):  # a keyed rate charges a row per key
@@ -2390,6 +2473,8 @@ class SQLiteStore(SqlStore):
     def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
         if schedule.group is not None or schedule.limits:
             self._plain_until = 0.0  # claims here must see this work at once
+        if schedule.group is not None:
+            self._keyed_until = 0.0
         with self._write() as con:
             now = self._clock.time()
             last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()
