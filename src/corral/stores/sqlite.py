@@ -89,6 +89,7 @@ from urllib.parse import parse_qsl
 from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import keyed_claims as fast
 from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
@@ -211,9 +212,13 @@ EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
-#: How many candidates the fast path of ungrouped work reads (at least 4 x n):
-#: enough for a claim's first turn of keys when keys are queued in turn.
-KEYED_WINDOW = 64
+#: How many candidates the fast path of ungrouped work reads: n x its reach
+#: (+ 4), the reach doubled after a read that held too few keys' first turns
+#: (up to KEYED_REACH_MOST), and back towards KEYED_REACH after each claim it made.
+#: Each candidate costs the read about 5 us.
+KEYED_REACH = 1.5
+KEYED_REACH_MOST = 16.0
+KEYED_WINDOW_MOST = 512
 #: How often a follower of the event stream looks for new events.
 EVENTS_POLL = 0.02
 #: How often a waiting thread looks at the database's data_version: without
@@ -639,6 +644,7 @@ class SQLiteStore(SqlStore):
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
         self._keyed_until = 0.0  # ... and the fast path of ungrouped work (claim_keyed)
         self._keyed_missed_until = 0.0  # claim_keyed could not decide: not tried again until then
+        self._keyed_reach = KEYED_REACH  # claim_keyed reads n x this candidates
         self._fake_time = False  # a clock of its own: events take its time (set after migrate)
         self._closed = False
         self._wrote = False  # written since the last checkpoint
@@ -1148,8 +1154,15 @@ class SQLiteStore(SqlStore):
         now = self._clock.time()
         queues, prefetch = request.queues, request.prefetch
         cap, most = request.retry_bounds()
-        if len(queues) == 1 and self._plain_until > time.monotonic() and not request.only_retries and relay is None:
-            # Only plain work was queued a moment ago: one statement.
+        simple = len(queues) == 1 and not request.only_retries and relay is None
+        mono = time.monotonic()
+        if simple and self._keyed_until and self._keyed_until <= mono and self._plain_until <= mono:
+            # the fast path's hint ran out: look again (two cheap reads), not
+            # through a full claim
+            self._hints(con, mono, getattr(local, "timed_gates", False))
+        if simple and (self._plain_until > mono or (prefetch and self._keyed_until > mono)):
+            # Only plain work was queued a moment ago (or no group's head, and
+            # a prefetch takes plain work alone): one statement.
             args: tuple = (
                 now + request.lease_seconds,
                 worker_id,
@@ -1163,12 +1176,10 @@ class SQLiteStore(SqlStore):
                 rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
             else:
                 rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
-            if rows:
+            if rows or self._plain_until <= mono:
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
-        elif (
-            len(queues) == 1 and self._keyed_until > time.monotonic() and not request.only_retries and relay is None
-        ):
+        elif simple and self._keyed_until > mono:
             # Only ungrouped work was queued a moment ago: one read decides
             # the claim when it can show the planner's answer.
             claimed = self._claim_keyed(con, worker_id, request, now)
@@ -1177,20 +1188,11 @@ class SQLiteStore(SqlStore):
         picked, gated = self._pick(con, request, now, relay=None if relay is None else relay.limits)
         local.gated_empty = not picked and gated
         local.gated_seen = None
-        plain = all(m[0].group is None and not m[0].limits for m in picked)
-        mono = time.monotonic()
-        if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
-            self._plain_until = mono + PLAIN_HINT_TTL
+        if any(m[0].group is not None for m in picked):
+            self._plain_until = self._keyed_until = 0.0
         else:
-            self._plain_until = 0.0
-            if (
-                mono >= self._keyed_missed_until
-                and not local.timed_gates
-                and not con.execute(Q["heads_ready"]).fetchone()[0]
-            ):
-                self._keyed_until = mono + PLAIN_HINT_TTL
-            else:
-                self._keyed_until = 0.0
+            plain = all(not m[0].limits for m in picked)
+            self._hints(con, time.monotonic(), local.timed_gates, plain)
         if not picked:
             return _Claimed([], {})
         expires = now + request.lease_seconds
@@ -1231,49 +1233,58 @@ class SQLiteStore(SqlStore):
             con.executemany(Q["touch_group"], list(touched.items()))
         return _Claimed(rows_by_claim, self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows]))
 
+    def _hints(self, con: sqlite3.Connection, mono: float, timed: bool, plain: bool = True) -> None:
+        """Which fast path claims may take until ``mono`` + PLAIN_HINT_TTL:
+        claim_plain while only plain work is queued; claim_keyed while no
+        group's head is, unless it could not decide lately, or a gate that
+        opens with time (a rate, a pause's end, a breaker) took part in the
+        last full claim here (``timed``): it would not decide either.
+        (``plain``: nothing limited was just taken; else some is queued.)"""
+        if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
+            self._plain_until, self._keyed_until = mono + PLAIN_HINT_TTL, 0.0
+            return
+        self._plain_until = 0.0
+        if mono >= self._keyed_missed_until and not timed and not con.execute(Q["heads_ready"]).fetchone()[0]:
+            self._keyed_until = mono + PLAIN_HINT_TTL
+        else:
+            self._keyed_until = 0.0
+
     def _claim_keyed(
         self, con: sqlite3.Connection, worker_id: str, request: ClaimRequest, now: float
     ) -> _Claimed | None:
-        """The claim of ungrouped work in one read (``claim_keyed``) and one
-        write, or None when the read cannot show the planner's answer (or
-        finds nothing: the full claim then says why and when to look again).
-
-        It reads the first ``KEYED_WINDOW`` candidates, drops those a gate
-        shuts out for the whole claim (a limit full before it, a pause),
-        and gives each of the others its place among the candidates of each
-        of its gates (``rn``) and its turn (its place under its first key).
-        A candidate fits when, under each capped gate, the places held and
-        its place are within the cap: whatever the claim takes of the
-        candidates that fit, no gate is over its cap, since a gate's taken
-        candidates are at most the highest place among them. This is the
-        planner's answer when no gate binds but over the candidates it
-        orders (its tasks' first key, or a limit that is its tasks' only
-        one: the planner takes the first of those in claim order, one per
-        turn for a key, up to its room); taken by turn, then claim order,
-        up to n; a key's second turn only when every candidate was read
-        (every key's first turn comes first); nothing past a candidate it
-        cannot decide (a rate, a breaker not closed); with a retry share,
-        only while no retry is due. Otherwise, and when it takes fewer than
-        n while more may be claimable, the full claim decides."""
+        """The claim of ungrouped work in one read (``claim_keyed``: the first
+        candidates and their gates) and one write, decided by
+        :func:`corral.core.keyed_claims.decide`; None when that cannot show the
+        planner's answer, or finds nothing (the full claim then says why, and
+        when to look again)."""
         n = request.max_units
         cap, _ = request.retry_bounds()
+        window = min(KEYED_WINDOW_MOST, max(8, int(n * self._keyed_reach) + 4))
         args = (
             request.queues[0],
             now,
             dumps(sorted(request.names)) if request.names is not None else None,
-            n,
-            max(KEYED_WINDOW, 4 * n),
-            1 if request.prefetch else 0,
+            window,
             0 if cap is None else 1,
         )
-        ids = [tid for tid, _ in con.execute(Q["claim_keyed"], args)]
-        if not ids:
+        rows, gates, retries = fast.read(con.execute(Q["claim_keyed"], args))
+        full = len({r.id for r in rows}) >= window
+        if retries:
+            got = fast.Decision([], fast.UNDECIDED)
+        else:
+            got = fast.decide(rows, gates, n, full, prefetch=request.prefetch)
+        if got.miss == fast.SHORT and window < KEYED_WINDOW_MOST:
+            self._keyed_reach = min(KEYED_REACH_MOST, self._keyed_reach * 2)  # read further next time
             return None
-        if ids[0] < 0:
-            # a miss: the full claims decide for a while
+        if got.miss is not None:
+            # the full claims decide for a while
             self._keyed_until = 0.0
             self._keyed_missed_until = time.monotonic() + PLAIN_HINT_TTL
             return None
+        ids = got.ids
+        if not ids:
+            return None  # nothing to take: the full claim says why, and when to look again
+        self._keyed_reach = max(KEYED_REACH, self._keyed_reach * 0.9)
         tokens = [uuid.uuid4().hex for _ in ids]
         start = None if request.prefetch else now
         arg = dumps([[tid, token] for tid, token in zip(ids, tokens)])

@@ -909,17 +909,19 @@ SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_heads_rank
                WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL)
 
 -- The fast path for ungrouped work under limits of a concurrency only (plain
--- or keyed): the claim the Python planner would make, decided in one read
--- when it can be shown to be the same (core/keyed_claims.py says why each
--- rule holds), else a word to make the full claim.
--- Parameters: queue, now, names (JSON array, or NULL for any), n, the window
--- (how many candidates are read), prefetch (0/1), a retry share (0/1).
--- Rows: the ids to take, in the planner's order; none: nothing to take (the
--- full claim says why, and when to look again); one row of -1: make the
--- full claim (the read cannot show the answer).
+-- or keyed): the first ?4 candidates of queue ?1 at ?2 (names ?3: a JSON
+-- array, or NULL for any) in claim order, as claim_candidates reads them, for
+-- corral.core.keyed_claims.decide. Rows of three kinds:
+--   0, id, rank, gate name (NULL: none), the task's name under a breaker not
+--      closed: a row per candidate and gate (a keyed limit's gate is
+--      limit || char(31) || key);
+--   1, NULL, NULL, gate name, NULL, cap (NULL: none), places held, shut for
+--      the whole claim (full before it, paused), only the planner decides
+--      (a rate, a breaker not closed): each gate once, as the planner's
+--      Gates read it (a key's own row overrides its limit's);
+--   2: a retry is due (asked with ?5 = 1: a retry share).
 -- name: claim_keyed
 WITH
--- the first candidates in claim order (rank, then id), as claim_candidates reads them
 w AS MATERIALIZED (
     SELECT id, name, limits, (run_at - priority * 60.0) AS ord
     FROM tasks INDEXED BY tasks_ready_plain_rank
@@ -930,98 +932,55 @@ w AS MATERIALIZED (
       AND (expires_at IS NULL OR expires_at > ?2 OR attempt > 0 OR snoozes > 0)
       AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?1)
     ORDER BY (run_at - priority * 60.0), id
-    LIMIT ?5
-),
--- each candidate's gate names (a keyed limit's: limit || char(31) || key)
-g AS MATERIALIZED (
-    SELECT DISTINCT w.id, j.value AS lim
-    FROM w, json_each(w.limits) AS j
-    WHERE w.limits IS NOT NULL AND j.type = 'text'
-),
--- each gate met, with its limit's row (p) and its key's own row (k) if any
-gr AS MATERIALIZED (
-    SELECT d.lim, d.keyed, p.name IS NOT NULL AS declared,
-           CASE WHEN d.keyed THEN coalesce(k.concurrency, p.concurrency) ELSE p.concurrency END AS conc,
-           coalesce(CASE WHEN d.keyed THEN coalesce(k.rate, p.rate) ELSE p.rate END, '') <> '' AS rated,
-           coalesce(CASE WHEN d.keyed THEN k.paused_until ELSE p.paused_until END, 0) > ?2 AS paused_a_while,
-           EXISTS (SELECT 1 FROM pauses AS h WHERE h.kind = 'limit' AND h.name = d.base) AS paused,
-           EXISTS (SELECT 1 FROM breakers AS b WHERE b.name = d.lim AND b.state_name <> 'CLOSED') AS breaker
-    FROM (SELECT lim, instr(lim, char(31)) > 0 AS keyed,
-                 CASE WHEN instr(lim, char(31)) > 0 THEN substr(lim, 1, instr(lim, char(31)) - 1) ELSE lim END AS base
-          FROM g GROUP BY lim) AS d
-    LEFT JOIN named_limits AS p ON p.name = d.base
-    LEFT JOIN named_limits AS k ON d.keyed AND k.name = d.lim
-),
--- a gate shuts a candidate out for the whole claim (full before it, paused),
--- or is one this read cannot decide (a rate, a breaker not closed)
-gate AS MATERIALIZED (
-    SELECT lim, keyed,
-           CASE WHEN declared THEN conc END AS cap,
-           held,
-           paused OR (declared AND (paused_a_while OR (conc IS NOT NULL AND held >= conc))) AS shut,
-           (declared AND rated) OR breaker AS unknown
-    FROM (SELECT gr.*, CASE WHEN declared AND conc IS NOT NULL
-                            THEN (SELECT count(*) FROM held_places AS hp WHERE hp.name = gr.lim) END AS held
-          FROM gr)
-),
-t AS MATERIALIZED (
-    SELECT w.id, w.ord,
-           (?6 AND count(g.lim) > 0) OR coalesce(max(gate.shut), 0) OR (?6 AND max(nb.name IS NOT NULL)) AS shut,
-           coalesce(max(gate.unknown), 0) OR max(nb.name IS NOT NULL) AS unknown,
-           min(CASE WHEN gate.keyed THEN g.lim END) AS turn,
-           CASE WHEN count(g.lim) = 1 THEN min(g.lim) END AS alone
-    FROM w
-    LEFT JOIN g ON g.id = w.id
-    LEFT JOIN gate ON gate.lim = g.lim
-    LEFT JOIN breakers AS nb ON nb.name = w.name AND nb.state_name <> 'CLOSED'
-    GROUP BY w.id
-),
--- the candidates not shut out, each with its place among those of each of its gates
-r AS MATERIALIZED (
-    SELECT g.id, g.lim, coalesce(t.turn, t.alone) AS own, gate.cap, gate.held,
-           row_number() OVER (PARTITION BY g.lim ORDER BY t.ord, t.id) AS rn,
-           count(*) OVER (PARTITION BY g.lim) AS m
-    FROM g JOIN t ON t.id = g.id AND NOT t.shut JOIN gate ON gate.lim = g.lim
-),
-c AS MATERIALIZED (
-    SELECT t.id, t.ord, t.unknown,
-           coalesce(max(CASE WHEN r.lim = t.turn THEN r.rn END), 1) AS pass,
-           NOT coalesce(max(r.cap IS NOT NULL AND r.held + r.rn > r.cap), 0) AS fits
-    FROM t LEFT JOIN r ON r.id = t.id
-    WHERE NOT t.shut
-    GROUP BY t.id
-),
-first_unknown AS (SELECT ord, id FROM c WHERE unknown ORDER BY ord, id LIMIT 1),
-pick AS MATERIALIZED (
-    SELECT c.id, row_number() OVER (ORDER BY c.pass, c.ord, c.id) AS k
-    FROM c
-    WHERE c.fits AND NOT c.unknown
-      -- nothing from past work this read cannot decide
-      AND (NOT EXISTS (SELECT 1 FROM first_unknown)
-           OR (c.pass = 1 AND (c.ord, c.id) < (SELECT ord, id FROM first_unknown)))
-      -- a key's second turn only when every candidate was read (the first
-      -- turn of every key comes before it)
-      AND (c.pass = 1 OR (SELECT count(*) FROM w) < ?5)
-    ORDER BY c.pass, c.ord, c.id
     LIMIT ?4
 ),
-sure AS (
-    SELECT
-        -- a gate binds only over the candidates it orders (each key's own, or
-        -- a limit that is its tasks' only one)
-        NOT EXISTS (SELECT 1 FROM r WHERE r.cap IS NOT NULL AND r.held + r.m > r.cap AND r.lim IS NOT r.own)
-        -- a retry share orders retries apart: only when none is due
-        AND NOT (?7 AND EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_retry_ready_rank
-                                WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)
-                                  AND queue = ?1 AND run_at <= ?2))
-        -- n taken, or every candidate read and each decided
-        AND ((SELECT count(*) FROM pick) >= ?4
-             OR ((SELECT count(*) FROM w) < ?5 AND NOT EXISTS (SELECT 1 FROM first_unknown))) AS yes
+-- (read once: most stores have no breaker open and no limit paused by hand)
+any_open AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM breakers WHERE state_name <> 'CLOSED') AS yes),
+any_paused AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM pauses WHERE kind = 'limit') AS yes),
+g AS MATERIALIZED (
+    SELECT w.id, w.ord, w.name, j.value AS lim
+    FROM w LEFT JOIN json_each(w.limits) AS j ON j.type = 'text'
+),
+d AS (
+    SELECT lim, CASE WHEN instr(lim, char(31)) > 0 THEN instr(lim, char(31)) - 1 END AS sep
+    FROM g WHERE lim IS NOT NULL GROUP BY lim
+),
+gr AS MATERIALIZED (
+    SELECT d.lim,
+           p.name IS NOT NULL AS declared,
+           CASE WHEN p.name IS NULL THEN NULL
+                WHEN d.sep IS NOT NULL THEN coalesce(k.concurrency, p.concurrency) ELSE p.concurrency END AS cap,
+           coalesce(CASE WHEN d.sep IS NOT NULL THEN coalesce(k.rate, p.rate) ELSE p.rate END, '') <> '' AS rated,
+           coalesce(CASE WHEN d.sep IS NOT NULL THEN k.paused_until ELSE p.paused_until END, 0) > ?2 AS paused_a_while,
+           (SELECT yes FROM any_paused)
+               AND EXISTS (SELECT 1 FROM pauses AS h WHERE h.kind = 'limit'
+                           AND h.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))) AS paused,
+           (SELECT yes FROM any_open)
+               AND EXISTS (SELECT 1 FROM breakers AS b WHERE b.name = d.lim AND b.state_name <> 'CLOSED') AS breaker
+    FROM d
+    LEFT JOIN named_limits AS p ON p.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))
+    LEFT JOIN named_limits AS k ON d.sep IS NOT NULL AND k.name = d.lim
+),
+gate AS MATERIALIZED (
+    SELECT gr.*, CASE WHEN cap IS NOT NULL
+                      THEN (SELECT count(*) FROM held_places AS hp WHERE hp.name = gr.lim) END AS held
+    FROM gr
 )
-SELECT id, k FROM pick WHERE (SELECT yes FROM sure)
+SELECT 0, id, ord, lim,
+       (SELECT yes FROM any_open)
+           AND EXISTS (SELECT 1 FROM breakers AS b WHERE b.name = g.name AND b.state_name <> 'CLOSED'),
+       NULL, NULL, NULL, NULL
+FROM g
 UNION ALL
-SELECT -1, 0 WHERE NOT (SELECT yes FROM sure)
-ORDER BY 2
+SELECT 1, NULL, NULL, lim, NULL, cap, held,
+       paused OR (declared AND (paused_a_while OR (cap IS NOT NULL AND held >= cap))),
+       (declared AND rated) OR breaker
+FROM gate
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE ?5 AND EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_retry_ready_rank
+                     WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)
+                       AND queue = ?1 AND run_at <= ?2)
 
 -- name: expire_queued
 -- Queued tasks a claim met past the deadline of their first start (a JSON
