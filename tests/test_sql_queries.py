@@ -15,6 +15,7 @@ SQLITE_ONLY = {
     "queued_count": "a bounded submit counts from the partial indexes alone (PostgreSQL: `active_counts`)",
     "limit_held": "one limit's places, as the Python pick asks (PostgreSQL: the `places_held` fragment)",
     "relay_fits": "which limits may pass a place to a relay (PostgreSQL: inside `handoff_allowed`)",
+    "limits_tight": "which limits a hand-over could keep from another worker (PostgreSQL: inside `handoff_allowed`)",
     "first_waiter": "whose work waits first under a limit (PostgreSQL: inside `handoff_allowed`)",
     "gated_signature": "a claim behind a full limit skips a look when nothing changed (PostgreSQL: no Python pick)",
     "claim_candidates": "the claim is picked in Python from ordered candidates (PostgreSQL: one `claim`)",

@@ -1660,13 +1660,17 @@ class SQLiteStore(SqlStore):
         with self._write() as con, _refused_as_store_error():  # complete() then writes row by row
             applied = self._complete_on(con, outcomes) if outcomes else []
             claimed = []
-            if places and request.queues and self._ours_first(con, places, request):
+            if places and request.queues and self._ours_first(con, [self._tight(con, places, len(places))], request):
                 claimed.append(self._claim_on(con, worker_id, request))
             for token, limits in relays:
                 # a successor of a unit still running, under its token: it
                 # names only limits whose place passes on without a charge
                 held = frozenset(limits)
-                if request.queues and self._relay_fits(con, held) and self._ours_first(con, [held], request):
+                if (
+                    request.queues
+                    and self._relay_fits(con, held)
+                    and self._ours_first(con, [self._tight(con, [held], 1)], request)
+                ):
                     claimed.append(self._claim_on(con, worker_id, request.units(1), Relay(token, held)))
         return applied, [c for part in claimed for c in part.claims()]
 
@@ -1674,6 +1678,18 @@ class SQLiteStore(SqlStore):
         """May the places of ``names`` pass to a relay (capped, no rate, no pause, no breaker)?"""
         row = con.execute(Q["relay_fits"], (dumps(sorted(names)), self._clock.time())).fetchone()
         return bool(names) and row[0] == len(names)
+
+    @staticmethod
+    def _tight(con: sqlite3.Connection, places: Sequence[Collection[str]], n: int) -> list[str]:
+        """The limits of ``places`` whose places a hand-over of ``n`` could
+        keep from another worker: a rate's, or a cap's with fewer than n + 1
+        places free. Under the others every worker still finds room after
+        it, so whose work waits first there need not be looked for (a
+        keyed limit's key is looked for past every other key's work)."""
+        names = sorted({name for p in places for name in p})
+        if not names:
+            return []
+        return [name for (name,) in con.execute(Q["limits_tight"], (dumps(names), n))]
 
     def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], request: ClaimRequest) -> bool:
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""

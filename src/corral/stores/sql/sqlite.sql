@@ -1759,6 +1759,20 @@ WHERE status IN ('PENDING', 'RETRYING') AND limits IS NOT NULL AND run_at <= ?1
   AND EXISTS (SELECT 1 FROM json_each(tasks.limits) WHERE value = ?2)
 ORDER BY run_at, id LIMIT 1;
 
+-- name: limits_tight
+-- Which of these gate names (a JSON array) a hand-over of ?2 places could
+-- keep from another worker: its limit (or its key's own row) has a rate, or
+-- a cap with at most ?2 places free. A name no limit declares gates nothing.
+SELECT d.lim FROM (
+    SELECT value AS lim,
+           CASE WHEN instr(value, char(31)) > 0 THEN instr(value, char(31)) - 1 END AS sep
+    FROM json_each(?1)) AS d
+JOIN named_limits AS p ON p.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))
+LEFT JOIN named_limits AS k ON d.sep IS NOT NULL AND k.name = d.lim
+WHERE coalesce(CASE WHEN d.sep IS NOT NULL THEN coalesce(k.rate, p.rate) ELSE p.rate END, '') <> ''
+   OR (SELECT count(*) FROM held_places AS hp WHERE hp.name = d.lim) + ?2
+      >= CASE WHEN d.sep IS NOT NULL THEN coalesce(k.concurrency, p.concurrency) ELSE p.concurrency END
+
 -- name: relay_fits
 -- How many of the limits ? may pass a place to a relay: capped, no rate, not
 -- paused at ?, no breaker (a rate would owe a token, a breaker its probes).
