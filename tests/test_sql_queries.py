@@ -23,6 +23,7 @@ SQLITE_ONLY = {
     "claim_candidates_past": "the Python claim reads on without the keys it passes over (PostgreSQL: `key_probe`)",
     "keys_held": "the places of the keys a claim is about to consider, in one go (PostgreSQL: `key_usage`)",
     "claim_keyed": "ungrouped work under concurrency limits in one read (PostgreSQL: one `claim`)",
+    "claim_units": "claim_keyed's answer written, a token each (PostgreSQL: one `claim`)",
     "heads_ready": "whether claim_keyed may be used: no group's head queued (PostgreSQL: one `claim`)",
     "claim_heads": "units of one task each in one statement (PostgreSQL: one `claim`)",
     "claim_plain_shared": "the plain claim with a retry share (PostgreSQL: `claim_plain` takes the share)",

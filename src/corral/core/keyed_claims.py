@@ -23,9 +23,10 @@ Why it is the planner's answer:
   each one's only limit), no other gate binds: the planner then takes a
   turn key's candidates one per pass in claim order up to its room, and a
   lone limit's candidates in claim order up to its room, exactly those
-  that fit; passes come in order (a key's second candidate after every
-  key's first), so the answer is the fitting candidates by (turn, claim
-  order), the first n;
+  that fit; a candidate's pass is its place among those of its turn key
+  (1 without one), and passes come in order (a key's second candidate
+  after every key's first), so the answer is the fitting candidates by
+  (pass, claim order), the first n;
 - the planner reads past the window: a second turn only when every
   candidate was read, and n found, or every candidate read and decided;
   never a candidate past one this read cannot decide.
@@ -116,10 +117,15 @@ def decide(
             count[lim] = place[(tid, lim)] = k
     first_unknown = None
     picked: list[tuple[int, int, int]] = []
+    turns: dict[str, int] = {}  # candidates so far whose turn comes under each key
     for i, tid in enumerate(live):
         own = names[tid]
         keys = [lim for lim in own if KEY_SEP in lim]
         turn = min(keys) if keys else None
+        if turn is not None:
+            turns[turn] = pass_ = turns.get(turn, 0) + 1
+        else:
+            pass_ = 1
         orders = turn if turn is not None else (own[0] if len(own) == 1 else None)
         fits = True
         for lim in own:
@@ -135,7 +141,7 @@ def decide(
                 first_unknown = i
             continue
         if fits:
-            picked.append((place[(tid, turn)] if turn is not None else 1, i, tid))
+            picked.append((pass_, i, tid))
     if first_unknown is not None:  # the first turn before it alone
         picked = [p for p in picked if p[0] == 1 and p[1] < first_unknown]
     elif full:  # a second turn comes after every key's first, read or not

@@ -216,7 +216,7 @@ PLAIN_HINT_TTL = 0.2
 #: (+ 4), the reach doubled after a read that held too few keys' first turns
 #: (up to KEYED_REACH_MOST), and back towards KEYED_REACH after each claim it made.
 #: Each candidate costs the read about 5 us.
-KEYED_REACH = 1.5
+KEYED_REACH = 1.0
 KEYED_REACH_MOST = 16.0
 KEYED_WINDOW_MOST = 512
 #: How often a follower of the event stream looks for new events.
@@ -1259,7 +1259,7 @@ class SQLiteStore(SqlStore):
         when to look again)."""
         n = request.max_units
         cap, _ = request.retry_bounds()
-        window = min(KEYED_WINDOW_MOST, max(8, int(n * self._keyed_reach) + 4))
+        window = min(KEYED_WINDOW_MOST, int(n * self._keyed_reach) + 4)
         args = (
             request.queues[0],
             now,
@@ -1285,13 +1285,10 @@ class SQLiteStore(SqlStore):
         if not ids:
             return None  # nothing to take: the full claim says why, and when to look again
         self._keyed_reach = max(KEYED_REACH, self._keyed_reach * 0.9)
-        tokens = [uuid.uuid4().hex for _ in ids]
         start = None if request.prefetch else now
-        arg = dumps([[tid, token] for tid, token in zip(ids, tokens)])
-        got = {r[0]: r for r in _task_cursor(con).execute(
-            Q["claim_heads"], (arg, now + request.lease_seconds, worker_id, start)
-        )}
-        rows = [got[tid] for tid in ids if tid in got]
+        cur = _task_cursor(con).execute(Q["claim_units"], (now + request.lease_seconds, worker_id, start, dumps(ids)))
+        by_id = {r[0]: r for r in cur}
+        rows = [by_id[tid] for tid in ids if tid in by_id]
         deps = self._deps(con, [r[0] for r in rows])
         return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
 

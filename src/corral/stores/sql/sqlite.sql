@@ -982,6 +982,20 @@ WHERE ?5 AND EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_retry_ready_rank
                      WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)
                        AND queue = ?1 AND run_at <= ?2)
 
+-- Units of one task each, the ids claim_keyed's answer (a JSON array), each
+-- under a lease token of its own. Parameters: expires, worker, start (NULL:
+-- none recorded), the ids. RETURNING gives the rows in no set order.
+-- name: claim_units
+UPDATE tasks
+SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
+    worker_id = ?2, started_at = ?3, attempt = attempt + (?3 IS NOT NULL), version = version + 1
+WHERE id IN (SELECT value FROM json_each(?4)) AND status IN ('PENDING', 'RETRYING')
+RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested, snoozes, expires_at
+
 -- name: expire_queued
 -- Queued tasks a claim met past the deadline of their first start (a JSON
 -- array of ids): ended CANCELED "expired" in the claim's transaction, so the
