@@ -51,6 +51,16 @@ How it is made safe and fast for several processes on one file:
   200 ms, and a submit of grouped or limited work in this process ends the
   fast path at once. It can only ever take plain tasks, so group order and
   limits never depend on it.
+* While no group's head is queued, a claim of ungrouped work under limits
+  of a concurrency only (plain or keyed) is one read of its first
+  candidates and their gates (``claim_keyed``) and one write: a pure
+  function (:mod:`corral.core.keyed_claims`) shows the planner's answer
+  from the places held and each candidate's place under each gate, or
+  says it cannot (a rate, a breaker not closed, a gate that binds over
+  work it does not order, too few keys read), and the full claim decides.
+  The places are counted in the claim's write transaction, so no cap is
+  ever passed, fleet-wide; the hint is looked at again every 200 ms (two
+  indexed reads), and grouped work submitted here ends it at once.
 * :meth:`SQLiteStore.wait_for_work` polls ``PRAGMA data_version`` (which
   changes when another connection, in any process, commits) about every
   millisecond, so an idle worker starts a new task within a few ms. A
