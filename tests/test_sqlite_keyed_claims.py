@@ -192,3 +192,20 @@ def test_three_processes_never_run_more_of_a_key_than_its_cap(store):
         # at each start, the runs of that key under way (each run within its claim and completion)
         most = max(sum(1 for b, e in spans if b <= at < e) for at, _ in spans)
         assert most <= 2, f"key {key} ran {most} at once"
+
+
+def test_a_hot_keys_backlog_in_front_reads_further_then_leaves_it_to_the_full_claim(store):
+    # the first candidates are all one key's: the read holds too few keys'
+    # first turns, reads further each time, then stops trying for a while;
+    # whichever decides, every key has its turn before the hot key a second
+    store.set_limit(LimitSpec("api", concurrency=1000, per_key=True))
+    store.submit([keyed("hot") for _ in range(400)] + [keyed(f"k{k}") for k in range(20)])
+    claims = [_keys(_claim(store, 10))]
+    while store._keyed_until > time.monotonic() and len(claims) < 12:
+        claims.append(_keys(_claim(store, 10)))
+    assert store._keyed_missed_until > time.monotonic(), "never left to the full claim"
+    assert claims[:3] == [
+        ["hot"] + [f"k{k}" for k in range(9)],
+        ["hot"] + [f"k{k}" for k in range(9, 18)],
+        ["hot", "k18", "k19"] + ["hot"] * 7,
+    ]

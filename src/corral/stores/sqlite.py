@@ -1283,7 +1283,7 @@ class SQLiteStore(SqlStore):
             got = fast.Decision([], fast.UNDECIDED)
         else:
             got = fast.decide(rows, gates, n, full, prefetch=request.prefetch)
-        if got.miss == fast.SHORT and window < KEYED_WINDOW_MOST:
+        if got.miss == fast.SHORT and self._keyed_reach < KEYED_REACH_MOST and window < KEYED_WINDOW_MOST:
             self._keyed_reach = min(KEYED_REACH_MOST, self._keyed_reach * 2)  # read further next time
             return None
         if got.miss is not None:
