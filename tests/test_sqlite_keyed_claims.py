@@ -160,9 +160,7 @@ def _claim_and_hold(url: str, barrier, out, hold: float) -> None:
             for c in got:
                 for t in c.tasks:
                     runs.append((split_key(t.limits[0])[1], began, ended))
-            store.complete(
-                [Outcome(t.id, t.lease_token, t.version, State.SUCCESS) for c in got for t in c.tasks]
-            )
+            store.complete([Outcome(t.id, t.lease_token, t.version, State.SUCCESS) for c in got for t in c.tasks])
     finally:
         store.close()
     out.put((runs, made[0]))

@@ -1298,9 +1298,9 @@ class SQLiteStore(SqlStore):
         start = None if request.prefetch else now
         cur = _task_cursor(con).execute(Q["claim_units"], (now + request.lease_seconds, worker_id, start, dumps(ids)))
         by_id = {r[0]: r for r in cur}
-        rows = [by_id[tid] for tid in ids if tid in by_id]
-        deps = self._deps(con, [r[0] for r in rows])
-        return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
+        taken = [by_id[tid] for tid in ids if tid in by_id]
+        deps = self._deps(con, [r[0] for r in taken])
+        return _Claimed([(r["lease_token"] or "", None, [r]) for r in taken], deps)
 
     def _pick(
         self,
