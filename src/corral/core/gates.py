@@ -289,6 +289,20 @@ class Gates:
             return True
         return name in self.breakers
 
+    def timed(self) -> bool:
+        """Did a gate that opens with time take part in the claim so far: a
+        rate, a pause's end, a breaker not closed?"""
+        if self.wait is not None:
+            return True
+        for n in self._room:
+            lim = self.limit(n)
+            if lim is not None and lim.spec.rate:
+                return True
+            row = self.breakers.get(n)
+            if row is not None and row.state.state is not brk.BreakerState.CLOSED:
+                return True
+        return False
+
     def names_of(self, limits: Iterable[str], task_name: str) -> list[str]:
         out = [n for n in limits if n in self.breakers or self.limit(n) is not None]
         if task_name in self.breakers and task_name not in out:

@@ -47,6 +47,11 @@ log = logging.getLogger("corral.worker")
 #: How long the completer gathers outcomes into one write for a store in
 #: another process or on a disk (none for the in-process memory store).
 COMPLETER_WINDOW = 0.005
+#: How long the completer waits for more ended units of no group before it
+#: hands their places over: ended units of work under keyed limits come in
+#: runs, and a hand-over of 8 places costs about what one of 4 does (W1 with
+#: every task keyed: 4.2 places a transaction without, 8 with; 20-25 % faster).
+HANDOVER_GATHER = 0.0003
 #: Writing outcomes through a store outage: tries, and the longest pause between them.
 _COMPLETE_TRIES = 5
 _COMPLETE_MAX_PAUSE = 5.0
@@ -105,6 +110,15 @@ class Starts:
         if due:
             self.written_at = now
         return due
+
+
+def _ungrouped(items: Sequence[object]) -> bool:
+    """Are the units among ``items`` (ended, or asking for a relay) all of no group?"""
+    for x in items:
+        unit = x.unit if isinstance(x, Relay) else x
+        if isinstance(unit, Unit) and unit.claim.group is not None:
+            return False
+    return True
 
 
 class Completer:
@@ -235,6 +249,7 @@ class Completer:
             # waiting for its slot (a marker in the queue) ends the wait.
             waiting = isinstance(items[0], (Unit, Relay))
             deadline = time.monotonic() + window
+            gathered = False
             while len(items) < 512:
                 try:
                     if waiting:
@@ -243,6 +258,12 @@ class Completer:
                         left = deadline - time.monotonic()
                         item = q.get(timeout=left) if left > 0 else q.get_nowait()
                 except queue.Empty:
+                    if waiting and not gathered and window > 0 and _ungrouped(items):
+                        # the slots' next ends a moment later go in the same
+                        # hand-over: one write transaction for more places
+                        gathered = True
+                        time.sleep(HANDOVER_GATHER)
+                        continue
                     break
                 items.append(item)
                 waiting = waiting or isinstance(item, (Unit, Relay))

@@ -51,6 +51,16 @@ How it is made safe and fast for several processes on one file:
   200 ms, and a submit of grouped or limited work in this process ends the
   fast path at once. It can only ever take plain tasks, so group order and
   limits never depend on it.
+* While no group's head is queued, a claim of ungrouped work under limits
+  of a concurrency only (plain or keyed) is one read of its first
+  candidates and their gates (``claim_keyed``) and one write: a pure
+  function (:mod:`corral.core.keyed_claims`) shows the planner's answer
+  from the places held and each candidate's place under each gate, or
+  says it cannot (a rate, a breaker not closed, a gate that binds over
+  work it does not order, too few keys read), and the full claim decides.
+  The places are counted in the claim's write transaction, so no cap is
+  ever passed, fleet-wide; the hint is looked at again every 200 ms (two
+  indexed reads), and grouped work submitted here ends it at once.
 * :meth:`SQLiteStore.wait_for_work` polls ``PRAGMA data_version`` (which
   changes when another connection, in any process, commits) about every
   millisecond, so an idle worker starts a new task within a few ms. A
@@ -89,6 +99,7 @@ from urllib.parse import parse_qsl
 from corral.core import adaptive as adp
 from corral.core import breaker as brk
 from corral.core import dag, texts
+from corral.core import keyed_claims as fast
 from corral.core import limits as limit_rules
 from corral.core.batches import FINAL_STATUSES as FINAL_BATCH
 from corral.core.batches import callback_task
@@ -211,6 +222,13 @@ EXPIRE_IN_CLAIM = 100
 #: How long a claimer trusts "only plain work is queued" (no group, no limit)
 #: before it looks again; a submit of grouped or limited work here ends it at once.
 PLAIN_HINT_TTL = 0.2
+#: How many candidates the fast path of ungrouped work reads: n x its reach
+#: (+ 4), the reach doubled after a read that held too few keys' first turns
+#: (up to KEYED_REACH_MOST), and back towards KEYED_REACH after each claim it made.
+#: Each candidate costs the read about 5 us.
+KEYED_REACH = 1.0
+KEYED_REACH_MOST = 16.0
+KEYED_WINDOW_MOST = 512
 #: How often a follower of the event stream looks for new events.
 EVENTS_POLL = 0.02
 #: How often a waiting thread looks at the database's data_version: without
@@ -634,6 +652,9 @@ class SQLiteStore(SqlStore):
         self._pid = os.getpid()
         self._write_lock = threading.RLock()  # RLock: a write may nest in another (migrate)
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
+        self._keyed_until = 0.0  # ... and the fast path of ungrouped work (claim_keyed)
+        self._keyed_missed_until = 0.0  # claim_keyed could not decide: not tried again until then
+        self._keyed_reach = KEYED_REACH  # claim_keyed reads n x this candidates
         self._fake_time = False  # a clock of its own: events take its time (set after migrate)
         self._closed = False
         self._wrote = False  # written since the last checkpoint
@@ -940,8 +961,7 @@ class SQLiteStore(SqlStore):
         tasks = list(tasks)
         if not tasks:
             return []
-        if any(t.group is not None or t.limits for t in tasks):
-            self._plain_until = 0.0  # claims here must see this work at once
+        self._hints_off(tasks)  # claims here must see this work at once
         # Rows that need nothing from the database (no key, no dependency) are
         # made before the write lock is taken: every other process's claims
         # and completions wait while a submit holds it.
@@ -951,6 +971,14 @@ class SQLiteStore(SqlStore):
             made = [_row_fields(t, State.PENDING, None, now) for t in tasks]
         with self._write() as con:
             return self._submit_on(con, tasks, max_queued, made=made, now=now)
+
+    def _hints_off(self, tasks: Sequence[NewTask]) -> None:
+        """End the fast paths this work would be passed over by: grouped or
+        limited work ends the plain one, grouped work the one of ungrouped work."""
+        if any(t.group is not None or t.limits for t in tasks):
+            self._plain_until = 0.0
+            if any(t.group is not None for t in tasks):
+                self._keyed_until = 0.0
 
     def _submit_on(
         self,
@@ -1082,8 +1110,7 @@ class SQLiteStore(SqlStore):
             raise ConfigError(f"connection= is open on {shown}, not on this store's database {self.path!r}")
         if not tasks:
             return []
-        if any(t.group is not None or t.limits for t in tasks):
-            self._plain_until = 0.0
+        self._hints_off(tasks)
         try:
             if not connection.in_transaction:
                 connection.execute("BEGIN IMMEDIATE")
@@ -1137,8 +1164,15 @@ class SQLiteStore(SqlStore):
         now = self._clock.time()
         queues, prefetch = request.queues, request.prefetch
         cap, most = request.retry_bounds()
-        if len(queues) == 1 and self._plain_until > time.monotonic() and not request.only_retries and relay is None:
-            # Only plain work was queued a moment ago: one statement.
+        simple = len(queues) == 1 and not request.only_retries and relay is None
+        mono = time.monotonic()
+        if simple and self._keyed_until and self._keyed_until <= mono and self._plain_until <= mono:
+            # the fast path's hint ran out: look again (two cheap reads), not
+            # through a full claim
+            self._hints(con, mono, getattr(local, "timed_gates", False))
+        if simple and (self._plain_until > mono or (prefetch and self._keyed_until > mono)):
+            # Only plain work was queued a moment ago (or no group's head, and
+            # a prefetch takes plain work alone): one statement.
             args: tuple = (
                 now + request.lease_seconds,
                 worker_id,
@@ -1152,17 +1186,23 @@ class SQLiteStore(SqlStore):
                 rows = _task_cursor(con).execute(Q["claim_plain"], args).fetchall()
             else:
                 rows = _task_cursor(con).execute(Q["claim_plain_shared"], (*args, cap, most)).fetchall()
-            if rows:
+            if rows or self._plain_until <= mono:
                 deps = self._deps(con, [r["id"] for r in rows])
                 return _Claimed([(r["lease_token"] or "", None, [r]) for r in rows], deps)
+        elif simple and self._keyed_until > mono:
+            # Only ungrouped work was queued a moment ago: one read decides
+            # the claim when it can show the planner's answer.
+            claimed = self._claim_keyed(con, worker_id, request, now)
+            if claimed is not None:
+                return claimed
         picked, gated = self._pick(con, request, now, relay=None if relay is None else relay.limits)
         local.gated_empty = not picked and gated
         local.gated_seen = None
-        plain = all(m[0].group is None and not m[0].limits for m in picked)
-        if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
-            self._plain_until = time.monotonic() + PLAIN_HINT_TTL
+        if any(m[0].group is not None for m in picked):
+            self._plain_until = self._keyed_until = 0.0
         else:
-            self._plain_until = 0.0
+            plain = all(not m[0].limits for m in picked)
+            self._hints(con, time.monotonic(), local.timed_gates, plain)
         if not picked:
             return _Claimed([], {})
         expires = now + request.lease_seconds
@@ -1202,6 +1242,65 @@ class SQLiteStore(SqlStore):
         if touched:
             con.executemany(Q["touch_group"], list(touched.items()))
         return _Claimed(rows_by_claim, self._deps(con, [r[0] for _, _, rows in rows_by_claim for r in rows]))
+
+    def _hints(self, con: sqlite3.Connection, mono: float, timed: bool, plain: bool = True) -> None:
+        """Which fast path claims may take until ``mono`` + PLAIN_HINT_TTL:
+        claim_plain while only plain work is queued; claim_keyed while no
+        group's head is, unless it could not decide lately, or a gate that
+        opens with time (a rate, a pause's end, a breaker) took part in the
+        last full claim here (``timed``): it would not decide either.
+        (``plain``: nothing limited was just taken; else some is queued.)"""
+        if plain and not con.execute(Q["special_ready"]).fetchone()[0]:
+            self._plain_until, self._keyed_until = mono + PLAIN_HINT_TTL, 0.0
+            return
+        self._plain_until = 0.0
+        if mono >= self._keyed_missed_until and not timed and not con.execute(Q["heads_ready"]).fetchone()[0]:
+            self._keyed_until = mono + PLAIN_HINT_TTL
+        else:
+            self._keyed_until = 0.0
+
+    def _claim_keyed(
+        self, con: sqlite3.Connection, worker_id: str, request: ClaimRequest, now: float
+    ) -> _Claimed | None:
+        """The claim of ungrouped work in one read (``claim_keyed``: the first
+        candidates and their gates) and one write, decided by
+        :func:`corral.core.keyed_claims.decide`; None when that cannot show the
+        planner's answer, or finds nothing (the full claim then says why, and
+        when to look again)."""
+        n = request.max_units
+        cap, _ = request.retry_bounds()
+        window = min(KEYED_WINDOW_MOST, int(n * self._keyed_reach) + 4)
+        args = (
+            request.queues[0],
+            now,
+            dumps(sorted(request.names)) if request.names is not None else None,
+            window,
+            0 if cap is None else 1,
+        )
+        rows, gates, retries = fast.read(con.execute(Q["claim_keyed"], args))
+        full = len({r.id for r in rows}) >= window
+        if retries:
+            got = fast.Decision([], fast.UNDECIDED)
+        else:
+            got = fast.decide(rows, gates, n, full, prefetch=request.prefetch)
+        if got.miss == fast.SHORT and self._keyed_reach < KEYED_REACH_MOST and window < KEYED_WINDOW_MOST:
+            self._keyed_reach = min(KEYED_REACH_MOST, self._keyed_reach * 2)  # read further next time
+            return None
+        if got.miss is not None:
+            # the full claims decide for a while
+            self._keyed_until = 0.0
+            self._keyed_missed_until = time.monotonic() + PLAIN_HINT_TTL
+            return None
+        ids = got.ids
+        if not ids:
+            return None  # nothing to take: the full claim says why, and when to look again
+        self._keyed_reach = max(KEYED_REACH, self._keyed_reach * 0.9)
+        start = None if request.prefetch else now
+        cur = _task_cursor(con).execute(Q["claim_units"], (now + request.lease_seconds, worker_id, start, dumps(ids)))
+        by_id = {r[0]: r for r in cur}
+        taken = [by_id[tid] for tid in ids if tid in by_id]
+        deps = self._deps(con, [r[0] for r in taken])
+        return _Claimed([(r["lease_token"] or "", None, [r]) for r in taken], deps)
 
     def _pick(
         self,
@@ -1425,6 +1524,8 @@ class SQLiteStore(SqlStore):
             self._expire_on(con, met_expired[:EXPIRE_IN_CLAIM], now)
         gates = plan.gates
         self._note_gate_wait(gates.wait if gates is not None else None)
+        #: a rate, a pause's end or a breaker took part: claim_keyed could not decide such work
+        self._local.timed_gates = gates is not None and gates.timed()
         if gates is not None and not dry:
             charges = [(c.tokens, c.counted_at, c.starts, name) for name, c in gates.rate_writes().items()]
             for i in range(0, len(charges), CHARGES_AT_ONCE):  # a keyed rate charges a row per key
@@ -1566,13 +1667,17 @@ class SQLiteStore(SqlStore):
         with self._write() as con, _refused_as_store_error():  # complete() then writes row by row
             applied = self._complete_on(con, outcomes) if outcomes else []
             claimed = []
-            if places and request.queues and self._ours_first(con, places, request):
+            if places and request.queues and self._ours_first(con, [self._tight(con, places, len(places))], request):
                 claimed.append(self._claim_on(con, worker_id, request))
             for token, limits in relays:
                 # a successor of a unit still running, under its token: it
                 # names only limits whose place passes on without a charge
                 held = frozenset(limits)
-                if request.queues and self._relay_fits(con, held) and self._ours_first(con, [held], request):
+                if (
+                    request.queues
+                    and self._relay_fits(con, held)
+                    and self._ours_first(con, [self._tight(con, [held], 1)], request)
+                ):
                     claimed.append(self._claim_on(con, worker_id, request.units(1), Relay(token, held)))
         return applied, [c for part in claimed for c in part.claims()]
 
@@ -1580,6 +1685,18 @@ class SQLiteStore(SqlStore):
         """May the places of ``names`` pass to a relay (capped, no rate, no pause, no breaker)?"""
         row = con.execute(Q["relay_fits"], (dumps(sorted(names)), self._clock.time())).fetchone()
         return bool(names) and row[0] == len(names)
+
+    @staticmethod
+    def _tight(con: sqlite3.Connection, places: Sequence[Collection[str]], n: int) -> list[str]:
+        """The limits of ``places`` whose places a hand-over of ``n`` could
+        keep from another worker: a rate's, or a cap's with fewer than n + 1
+        places free. Under the others every worker still finds room after
+        it, so whose work waits first there need not be looked for (a
+        keyed limit's key is looked for past every other key's work)."""
+        names = sorted({name for p in places for name in p})
+        if not names:
+            return []
+        return [name for (name,) in con.execute(Q["limits_tight"], (dumps(names), n))]
 
     def _ours_first(self, con: sqlite3.Connection, places: Sequence[Collection[str]], request: ClaimRequest) -> bool:
         """Is the first work waiting under each limit of ``places`` work of the asked queues and names?"""
@@ -2390,6 +2507,8 @@ class SQLiteStore(SqlStore):
     def fire_tick(self, schedule: Schedule, tick: int) -> TickResult:
         if schedule.group is not None or schedule.limits:
             self._plain_until = 0.0  # claims here must see this work at once
+        if schedule.group is not None:
+            self._keyed_until = 0.0
         with self._write() as con:
             now = self._clock.time()
             last = con.execute(Q["schedule_last_run"], (schedule.name,)).fetchone()

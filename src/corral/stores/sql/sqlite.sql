@@ -902,6 +902,100 @@ SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_queued_run_at
                WHERE status IN ('PENDING', 'RETRYING')
                  AND (group_key IS NOT NULL OR limits IS NOT NULL))
 
+-- Is a group's head queued (any queue)? While none is, every candidate of a
+-- claim comes from the index of ungrouped tasks (claim_keyed may be used).
+-- name: heads_ready
+SELECT EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_ready_heads_rank
+               WHERE status IN ('PENDING', 'RETRYING') AND is_head = 1 AND group_key IS NOT NULL)
+
+-- The fast path for ungrouped work under limits of a concurrency only (plain
+-- or keyed): the first ?4 candidates of queue ?1 at ?2 (names ?3: a JSON
+-- array, or NULL for any) in claim order, as claim_candidates reads them, for
+-- corral.core.keyed_claims.decide. Rows of three kinds:
+--   0, id, rank, gate name (NULL: none), the task's name under a breaker not
+--      closed: a row per candidate and gate (a keyed limit's gate is
+--      limit || char(31) || key);
+--   1, NULL, NULL, gate name, NULL, cap (NULL: none), places held, shut for
+--      the whole claim (full before it, paused), only the planner decides
+--      (a rate, a breaker not closed): each gate once, as the planner's
+--      Gates read it (a key's own row overrides its limit's);
+--   2: a retry is due (asked with ?5 = 1: a retry share).
+-- name: claim_keyed
+WITH
+w AS MATERIALIZED (
+    SELECT id, name, limits, (run_at - priority * 60.0) AS ord
+    FROM tasks INDEXED BY tasks_ready_plain_rank
+    WHERE status IN ('PENDING', 'RETRYING')
+      AND group_key IS NULL
+      AND queue = ?1 AND run_at <= ?2
+      AND (?3 IS NULL OR name IN (SELECT value FROM json_each(?3)))
+      AND (expires_at IS NULL OR expires_at > ?2 OR attempt > 0 OR snoozes > 0)
+      AND NOT EXISTS (SELECT 1 FROM pauses WHERE kind = 'queue' AND pauses.name = ?1)
+    ORDER BY (run_at - priority * 60.0), id
+    LIMIT ?4
+),
+-- (read once: most stores have no breaker open and no limit paused by hand)
+any_open AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM breakers WHERE state_name <> 'CLOSED') AS yes),
+any_paused AS MATERIALIZED (SELECT EXISTS (SELECT 1 FROM pauses WHERE kind = 'limit') AS yes),
+g AS MATERIALIZED (
+    SELECT w.id, w.ord, w.name, j.value AS lim
+    FROM w LEFT JOIN json_each(w.limits) AS j ON j.type = 'text'
+),
+d AS (
+    SELECT lim, CASE WHEN instr(lim, char(31)) > 0 THEN instr(lim, char(31)) - 1 END AS sep
+    FROM g WHERE lim IS NOT NULL GROUP BY lim
+),
+gr AS MATERIALIZED (
+    SELECT d.lim,
+           p.name IS NOT NULL AS declared,
+           CASE WHEN p.name IS NULL THEN NULL
+                WHEN d.sep IS NOT NULL THEN coalesce(k.concurrency, p.concurrency) ELSE p.concurrency END AS cap,
+           coalesce(CASE WHEN d.sep IS NOT NULL THEN coalesce(k.rate, p.rate) ELSE p.rate END, '') <> '' AS rated,
+           coalesce(CASE WHEN d.sep IS NOT NULL THEN k.paused_until ELSE p.paused_until END, 0) > ?2 AS paused_a_while,
+           (SELECT yes FROM any_paused)
+               AND EXISTS (SELECT 1 FROM pauses AS h WHERE h.kind = 'limit'
+                           AND h.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))) AS paused,
+           (SELECT yes FROM any_open)
+               AND EXISTS (SELECT 1 FROM breakers AS b WHERE b.name = d.lim AND b.state_name <> 'CLOSED') AS breaker
+    FROM d
+    LEFT JOIN named_limits AS p ON p.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))
+    LEFT JOIN named_limits AS k ON d.sep IS NOT NULL AND k.name = d.lim
+),
+gate AS MATERIALIZED (
+    SELECT gr.*, CASE WHEN cap IS NOT NULL
+                      THEN (SELECT count(*) FROM held_places AS hp WHERE hp.name = gr.lim) END AS held
+    FROM gr
+)
+SELECT 0, id, ord, lim,
+       (SELECT yes FROM any_open)
+           AND EXISTS (SELECT 1 FROM breakers AS b WHERE b.name = g.name AND b.state_name <> 'CLOSED'),
+       NULL, NULL, NULL, NULL
+FROM g
+UNION ALL
+SELECT 1, NULL, NULL, lim, NULL, cap, held,
+       paused OR (declared AND (paused_a_while OR (cap IS NOT NULL AND held >= cap))),
+       (declared AND rated) OR breaker
+FROM gate
+UNION ALL
+SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+WHERE ?5 AND EXISTS (SELECT 1 FROM tasks INDEXED BY tasks_retry_ready_rank
+                     WHERE status = 'RETRYING' AND (group_key IS NULL OR is_head = 1)
+                       AND queue = ?1 AND run_at <= ?2)
+
+-- Units of one task each, the ids claim_keyed's answer (a JSON array), each
+-- under a lease token of its own. Parameters: expires, worker, start (NULL:
+-- none recorded), the ids. RETURNING gives the rows in no set order.
+-- name: claim_units
+UPDATE tasks
+SET status = 'RUNNING', lease_token = lower(hex(randomblob(16))), lease_expires_at = ?1,
+    worker_id = ?2, started_at = ?3, attempt = attempt + (?3 IS NOT NULL), version = version + 1
+WHERE id IN (SELECT value FROM json_each(?4)) AND status IN ('PENDING', 'RETRYING')
+RETURNING id, name, args, status, queue, priority, attempt, max_retries, timeout,
+       group_key, batch, idem_key, trace_id, limits, halt_group_on_failure,
+       created_at, run_at, started_at, finished_at, result, error, version,
+       lease_token, lease_expires_at, worker_id, progress, progress_message,
+       checkpoint, cancel_requested, snoozes, expires_at
+
 -- name: expire_queued
 -- Queued tasks a claim met past the deadline of their first start (a JSON
 -- array of ids): ended CANCELED "expired" in the claim's transaction, so the
@@ -1678,6 +1772,20 @@ WHERE status IN ('PENDING', 'RETRYING') AND limits IS NOT NULL AND run_at <= ?1
   AND (instr(limits, ?3) > 0 OR instr(limits, ?4) > 0)
   AND EXISTS (SELECT 1 FROM json_each(tasks.limits) WHERE value = ?2)
 ORDER BY run_at, id LIMIT 1;
+
+-- name: limits_tight
+-- Which of these gate names (a JSON array) a hand-over of ?2 places could
+-- keep from another worker: its limit (or its key's own row) has a rate, or
+-- a cap with at most ?2 places free. A name no limit declares gates nothing.
+SELECT d.lim FROM (
+    SELECT value AS lim,
+           CASE WHEN instr(value, char(31)) > 0 THEN instr(value, char(31)) - 1 END AS sep
+    FROM json_each(?1)) AS d
+JOIN named_limits AS p ON p.name = substr(d.lim, 1, coalesce(d.sep, length(d.lim)))
+LEFT JOIN named_limits AS k ON d.sep IS NOT NULL AND k.name = d.lim
+WHERE coalesce(CASE WHEN d.sep IS NOT NULL THEN coalesce(k.rate, p.rate) ELSE p.rate END, '') <> ''
+   OR (SELECT count(*) FROM held_places AS hp WHERE hp.name = d.lim) + ?2
+      >= CASE WHEN d.sep IS NOT NULL THEN coalesce(k.concurrency, p.concurrency) ELSE p.concurrency END
 
 -- name: relay_fits
 -- How many of the limits ? may pass a place to a relay: capped, no rate, not
