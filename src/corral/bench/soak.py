@@ -333,7 +333,8 @@ def sample_line(r: dict[str, Any]) -> str:
 
 HEAD = (
     f"{'t s':>6} {'phase':>6} {'started/offered':>15} {'pending':>7} {'p50 ms':>8} {'p95 ms':>8} {'heap MB':>7}"
-    f" {'idx MB':>7} {'dead_tup':>9} {'ev dead':>9} {'ev live':>9} {'ev MB':>6} {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
+    f" {'idx MB':>7} {'dead_tup':>9} {'ev dead':>9} {'ev live':>9} {'ev MB':>6}"
+    f" {'idx/scan':>9} {'idx/task':>9} {'shape ms':>8}"
 )
 
 

@@ -1978,7 +1978,8 @@ class PostgresStore(SqlStore):
                 try:
                     with conn.transaction():
                         wait_ms = max(1, round(EVENTS_TRUNCATE_WAIT * 1000))
-                        return conn.execute(self._q["events_truncate"], {"part": part, "wait_ms": wait_ms}).fetchone()[0]
+                        params = {"part": part, "wait_ms": wait_ms}
+                        return conn.execute(self._q["events_truncate"], params).fetchone()[0]
                 except psycopg.errors.LockNotAvailable:
                     log.debug("%s: event partition %s is in use; emptied at a later trim", self._shown, part)
                     return False
