@@ -9,7 +9,8 @@ come through the queue, in order:
 - an :class:`~corral.core.model.Outcome` to write;
 - a :class:`~corral.engine.units.Unit` that ended: a unit of a group or
   under a limit frees its slot only once the outcomes before it are
-  written, so the next claim already sees the group and the limit free. In
+  written, so the next claim already sees the group and the limit free (one
+  naming a key, in a store whose keys' places never pass over: at once). In
   a store that hands places over, those ended units' successors are claimed
   in the same transaction (``Store.complete_and_claim``) and take their
   slots at once: the place never stands free;

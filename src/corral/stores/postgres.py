@@ -1099,10 +1099,6 @@ class PostgresStore(SqlStore):
         cur.execute(self._q["claim_simple"], {**base, "n": n, "look": look})
         rows = cur.fetchall()
         more = bool(rows) and bool(rows[0]["more"])
-        import os  # DEBUG
-        if os.environ.get("KP_DEBUG"):
-            with open(os.environ["KP_DEBUG"], "a") as f:
-                f.write(f"{os.getpid()} {threading.current_thread().name} n={n} got={sum(1 for r in rows if r['id'] is not None)} more={more}\n")
         if more:
             self._simple_off_until = time.monotonic() + self._simple_off
         return [r for r in rows if r["id"] is not None], more
