@@ -295,6 +295,8 @@ SIMPLE_LOOK_MAX = 2000
 #: cap, a group head, one key's backlog in front), claims go straight to the
 #: other path for this long (seconds).
 SIMPLE_OFF = 0.2
+#: ... and for this long when the database has no corral_gate_places yet.
+SIMPLE_UNMIGRATED_OFF = 30.0
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
@@ -1096,7 +1098,13 @@ class PostgresStore(SqlStore):
         if time.monotonic() < self._simple_off_until:
             return [], True
         look = max(n + 1, min(SIMPLE_LOOK_MAX, max(n + SIMPLE_LOOK_MIN, SIMPLE_LOOK_EACH * n)))
-        cur.execute(self._q["claim_simple"], {**base, "n": n, "look": look})
+        try:
+            cur.execute(self._q["claim_simple"], {**base, "n": n, "look": look})
+        except psycopg.errors.UndefinedFunction:
+            # a database not migrated to schema 50 yet (a store opened before
+            # its migration): the other path, and a look again a while later
+            self._simple_off_until = time.monotonic() + SIMPLE_UNMIGRATED_OFF
+            return [], True
         rows = cur.fetchall()
         more = bool(rows) and bool(rows[0]["more"])
         if more:
