@@ -77,6 +77,7 @@ SQLITE_ONLY = {
 POSTGRES_ONLY = {
     "set_limit_keys": "a keyed limit's changed rate fills its keys' buckets (SQLite: the keys' rows are kept)",
     "key_probe": "the keys of the first candidates, locked before the claim (SQLite: the Python claim reads each)",
+    "claim_simple": "ungrouped work under caps alone, locked, judged and taken in one statement (SQLite: the Python claim)",
     "key_usage": "a claim's keys' places held and their rows (SQLite: `limit_usage`, `limit_key_rows`)",
     "key_charges": "the keys' rows in their own table, made on first charge (SQLite: `limit_charge` makes each)",
     "key_names_after": "the next keys to forget, to lock before reading them (SQLite: `key_rows_after`)",
@@ -152,6 +153,7 @@ POSTGRES_ONLY = {
     "events_trim_lock": "one trimmer moves the event floor at a time (SQLite: one writer at a time)",
     "events_spent": "event partitions wholly below the floor (SQLite: trims by DELETE)",
     "events_truncate": "a spent event partition emptied (SQLite: trims by DELETE)",
+    "migration_0050": "the gates' places read after their locks in a fresh snapshot (SQLite: one writer at a time)",
     "save_adaptive_keys": "keys' decisions in one JSON-array upsert (SQLite: `save_adaptive_key` per key)",
     "debounce_lock": "submits of one debounce key one at a time, advisory lock (SQLite: one writer at a time)",
     "set_keys": "a new task's keys after the bulk insert (SQLite: in `insert_task`)",

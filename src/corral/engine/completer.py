@@ -9,7 +9,8 @@ come through the queue, in order:
 - an :class:`~corral.core.model.Outcome` to write;
 - a :class:`~corral.engine.units.Unit` that ended: a unit of a group or
   under a limit frees its slot only once the outcomes before it are
-  written, so the next claim already sees the group and the limit free. In
+  written, so the next claim already sees the group and the limit free (one
+  naming a key, in a store whose keys' places never pass over: at once). In
   a store that hands places over, those ended units' successors are claimed
   in the same transaction (``Store.complete_and_claim``) and take their
   slots at once: the place never stands free;
@@ -33,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from corral.core.clock import Clock
+from corral.core.gates import KEY_SEP
 from corral.core.model import Claim, Outcome, Start, TaskRecord
 from corral.core.states import State
 from corral.engine.claimer import Claimer
@@ -175,10 +177,14 @@ class Completer:
             self.ledger.pass_place(unit, successor)
             return
         first = unit.claim.tasks[0]
-        if unit.claim.group is None and not first.limits:
+        if unit.claim.group is None and (not first.limits or self._free_at_once(first.limits)):
             self.ledger.settle(unit)
         else:
             self.put(unit)
+
+    def _free_at_once(self, limits: Sequence[str]) -> bool:
+        """A unit naming a key, in a store that never hands a key's place over."""
+        return not self.store.keys_hand_over and any(KEY_SEP in n for n in limits)
 
     def hand_back(self, rest: Sequence[TaskRecord], token: str) -> None:
         """Give unstarted tasks of a unit back to the queue, attempts intact."""

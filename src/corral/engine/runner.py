@@ -26,6 +26,7 @@ from typing import Any
 
 from corral.core import texts, validation
 from corral.core.clock import Clock
+from corral.core.gates import KEY_SEP
 from corral.core.model import EXPIRED, Outcome, TaskRecord, dumps, expired
 from corral.core.pacing import relay_due, relay_lead
 from corral.core.states import State
@@ -118,8 +119,11 @@ class Runner:
         for its successor now? Only a unit under a capped limit's place
         (others free their slot at once, and a prefetch covers them), in a
         store that hands places over."""
-        if not unit.claim.tasks[0].limits or not self.store.hands_over or self.stop_claiming.is_set():
+        limits = unit.claim.tasks[0].limits
+        if not limits or not self.store.hands_over or self.stop_claiming.is_set():
             return False
+        if not self.store.keys_hand_over and any(KEY_SEP in n for n in limits):
+            return False  # its slot is freed at its end (Completer.release)
         return relay_due(tasks_left, self.pace.tasks.known(), relay_lead(self.pace.handovers.known()))
 
     def _run_unit(self, unit: Unit) -> bool:

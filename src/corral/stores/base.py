@@ -502,6 +502,12 @@ class Store(abc.ABC):
     #: transaction; a worker hands places over only to such a store (two
     #: transactions on the completer's thread cost it more than they save).
     hands_over: bool = False
+    #: False when a key's place (a keyed limit's) never passes over in
+    #: :meth:`complete_and_claim`: a unit naming a key then frees its slot as
+    #: soon as it ends, as unlimited work does, and its dispatcher claims
+    #: while the outcome is written (the claim counts the key's places from
+    #: the store, so an outcome not yet written only leaves it looking busier).
+    keys_hand_over: bool = True
 
     def complete_and_claim(
         self,

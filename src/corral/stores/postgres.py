@@ -23,7 +23,15 @@ Design notes
   blocks every higher one) or final (permanent), and the head row is locked.
 * Tasks under a capped limit are claimed only inside a transaction that holds
   ``pg_advisory_xact_lock`` on each such limit, after counting the lease tokens
-  in RUNNING; unlimited work never takes that path.
+  in RUNNING; unlimited work never takes that path. Ungrouped work whose every
+  limit (plain or keyed) is a cap alone is claimed in one statement,
+  ``claim_simple``: it locks a bounded look-ahead of candidates, then the
+  advisory locks of the names they name (in name order), and reads those
+  gates' places through ``corral_gate_places``, a VOLATILE function whose
+  query takes a fresh snapshot after the locks (the statement's own snapshot
+  would miss the places a claim holding a lock took and committed meanwhile).
+  What it cannot judge (a rate, a pause, a group head, a breaker, a key's
+  second unit before keys out of its reach) it leaves, whole, to the other path.
 * Durability: submits, claims and completions commit synchronously, so an
   accepted task, a claim and a finished result survive a crash of the
   database. A claim the database forgot would make its task claimable again
@@ -274,6 +282,21 @@ KEY_PROBE_EACH = 4
 KEY_PROBE_MIN = 32
 #: looks for distinct keys a claim makes at most (each passes over the keys found)
 KEY_PROBE_LOOKS = 3
+#: The look-ahead of the one-statement claim of work under simple limits
+#: (``claim_simple``): the candidates it locks and judges for a claim of n
+#: units, max(n + SIMPLE_LOOK_MIN, SIMPLE_LOOK_EACH x n) and at most
+#: SIMPLE_LOOK_MAX: enough that n keys in turn are usually among them, few
+#: enough that the rows it locks and leaves cost little (each lock is a
+#: write to the row's page).
+SIMPLE_LOOK_EACH = 2
+SIMPLE_LOOK_MIN = 8
+SIMPLE_LOOK_MAX = 2000
+#: After that statement left a claim to the other path (a gate more than a
+#: cap, a group head, one key's backlog in front), claims go straight to the
+#: other path for this long (seconds).
+SIMPLE_OFF = 0.2
+#: ... and for this long when the database has no corral_gate_places yet.
+SIMPLE_UNMIGRATED_OFF = 30.0
 #: pg_advisory_lock key held around schema migration.
 MIGRATE_LOCK_KEY = 7429000
 #: The highest migration applied (``migration_00NN`` in sql/postgres.sql, run in
@@ -305,7 +328,8 @@ MIGRATE_LOCK_KEY = 7429000
 #: 46: the places held under each limit (corral_held_places, kept by triggers).
 #: 47: a keyed adaptive limit's keys' own values and controller states (corral_limit_keys columns).
 #: 49: the event stream a ring of partitions, trimmed by a floor and TRUNCATE (see migration_0049).
-SCHEMA_VERSION = 49
+#: 50: the gates' places and caps read after their locks (corral_gate_places, for claim_simple).
+SCHEMA_VERSION = 50
 #: A group's tasks, as the two indexes that hold them say: in its line, or
 #: out of it (their conditions word for word, so a search by group reads
 #: them both).
@@ -580,6 +604,8 @@ class PostgresStore(SqlStore):
         self._breaker_names: frozenset[str] = frozenset()
         self._breaker_names_until = 0.0  # monotonic time until which that list is trusted
         self._plain_until = 0.0  # monotonic time until which claims take the plain fast path
+        self._simple_off_until = 0.0  # monotonic time until which claims skip claim_simple
+        self._simple_off = SIMPLE_OFF
         #: per (queues, names) claimed: the plain claim's low-water mark (see MARK_SLACK)
         self._marks: dict[tuple, _Mark] = {}
         self._full_claim_s = 0.0  # how long the last plain claim without a mark took
@@ -1032,6 +1058,11 @@ class PostgresStore(SqlStore):
                 # no unit naming a limit: gates stay shut, nothing to lock or charge
                 cur.execute(claim, {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
+            if self._limited_hint and _simple_fits(base):
+                # limited work was queued: ungrouped work under caps alone in one statement
+                rows, more = self._claim_simple(cur, base, max_units)
+                if not more:
+                    return rows
             tried = not self._limited_hint
             if tried:
                 # Last time no capped limit had work waiting: claim unlimited
@@ -1058,6 +1089,27 @@ class PostgresStore(SqlStore):
             return self._claim_limited(conn, cur, base, max_units, limited, keys)
 
         return _as_claims(self._run_listening(go))
+
+    def _claim_simple(self, cur, base: dict, n: int) -> tuple[list[dict], bool]:
+        """Claim up to ``n`` units of ungrouped work whose limits are caps
+        alone in one statement (``claim_simple``). Returns the rows and
+        whether the claim is left to the other path (then nothing was taken,
+        and claims skip this statement for ``SIMPLE_OFF`` seconds)."""
+        if time.monotonic() < self._simple_off_until:
+            return [], True
+        look = max(n + 1, min(SIMPLE_LOOK_MAX, max(n + SIMPLE_LOOK_MIN, SIMPLE_LOOK_EACH * n)))
+        try:
+            cur.execute(self._q["claim_simple"], {**base, "n": n, "look": look})
+        except psycopg.errors.UndefinedFunction:
+            # a database not migrated to schema 50 yet (a store opened before
+            # its migration): the other path, and a look again a while later
+            self._simple_off_until = time.monotonic() + SIMPLE_UNMIGRATED_OFF
+            return [], True
+        rows = cur.fetchall()
+        more = bool(rows) and bool(rows[0]["more"])
+        if more:
+            self._simple_off_until = time.monotonic() + self._simple_off
+        return [r for r in rows if r["id"] is not None], more
 
     def _mark(self, key: tuple, rows: list[dict], full_at: float | None, lease: float) -> None:
         """Move the mark of ``key`` to the first plain row of a claim's
@@ -1313,6 +1365,7 @@ class PostgresStore(SqlStore):
         return rows
 
     hands_over = True
+    keys_hand_over = False  # a claim charging a key holds its lock (claim_simple)
 
     def complete_and_claim(
         self,
@@ -1324,7 +1377,12 @@ class PostgresStore(SqlStore):
         relays: Sequence[tuple[str, Collection[str]]] = (),
     ) -> tuple[list[bool], list[Claim]]:
         outcomes = texts.safe_outcomes(outcomes)
-        if not places and not relays:
+        relayed = [(t, h) for t, h in relays if h and not any(KEY_SEP in x for x in h)]
+        keyed = sum(1 for p in places if any(KEY_SEP in x for x in p))
+        if keyed == len(places) and not relayed:
+            # A key's place never passes over (a claim holds the key's lock to
+            # charge it): the outcomes alone, and the dispatcher claims while
+            # the next ones are written, as for work under no limit.
             return self.complete(outcomes), []
         params = _complete_params(outcomes, hush=True)
         base = _claim_params(worker_id, request)
@@ -1353,16 +1411,18 @@ class PostgresStore(SqlStore):
                 left_free = False  # a place not passed over: the workers must hear of it
                 cur = conn.cursor(row_factory=dict_row)
                 for limits, n in sorted(kinds.items()):
+                    if any(KEY_SEP in x for x in limits):
+                        continue
                     allowed = allowed_of(conn, limits, n, [])
                     left_free = left_free or len(allowed) < len(limits)
                     cur.execute(self._q["claim"], {**base, "n": n, "allowed": allowed})
                     got += cur.fetchall()
-                if left_free or len({r["lease_token"] for r in got}) < len(places):
+                if keyed or left_free or len({r["lease_token"] for r in got}) < len(places) - keyed:
                     conn.execute(self._q["notify"], {"queue": ""})
-                for token, held in relays:
+                for token, held in relayed:
                     # the place stays with the predecessor unless every limit may pass it on
                     key = tuple(sorted(set(held)))
-                    if key and len(allowed_of(conn, key, 1, [token])) == len(key):
+                    if len(allowed_of(conn, key, 1, [token])) == len(key):
                         cur.execute(self._q["claim"], {**base, "n": 1, "allowed": list(key), "relay": token})
                         got += cur.fetchall()
             self._settle_after(conn, outcomes, rows)
@@ -2504,6 +2564,13 @@ def _complete_params(outcomes: Sequence[Outcome], *, hush: bool) -> dict[str, An
             ]
         ),
     }
+
+
+def _simple_fits(base: dict[str, Any]) -> bool:
+    """Whether a claim may take the one-statement path for simple limits:
+    not a prefetch (which takes nothing under a limit), not retries only
+    (a level's restriction, applied by the other path)."""
+    return not base["prefetch"] and not base["only_retries"]
 
 
 def _claim_params(worker_id: str, request: ClaimRequest) -> dict[str, Any]:
