@@ -231,6 +231,4 @@ def test_a_completion_wakes_the_workers_only_for_a_cap_that_was_full(pg, pg_url)
     b = by_key[key("b")]
     assert _notified(pg_url, pg, [Outcome(b.tasks[0].id, b.token, b.tasks[0].version, State.SUCCESS)]) == []
     a = next(c for c in got if c.tasks[0].limits[0] == key("a"))
-    assert _notified(pg_url, pg, [Outcome(a.tasks[0].id, a.token, a.tasks[0].version, State.SUCCESS)]) == [
-        "default:g"
-    ]
+    assert _notified(pg_url, pg, [Outcome(a.tasks[0].id, a.token, a.tasks[0].version, State.SUCCESS)]) == ["default:g"]

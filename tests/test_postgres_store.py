@@ -690,7 +690,7 @@ def _rows_made(plan) -> int:
     return total
 
 
-@pytest.mark.parametrize("statement", ["claim", "claim_plain"])
+@pytest.mark.parametrize("statement", ["claim", "claim_plain", "claim_simple"])
 def test_a_claim_of_many_takes_rows_in_proportion_after_an_analyze_saw_no_rows(pg_own_url, statement):
     """An ANALYZE (autovacuum's) while a big submit is not yet committed finds
     pages but no live row in them: the planner then takes the tasks and the
@@ -709,6 +709,9 @@ def test_a_claim_of_many_takes_rows_in_proportion_after_an_analyze_saw_no_rows(p
         s.migrate()
         if statement == "claim":
             tasks = [task(group=f"user{i}") for i in range(n)] + [task(group="user0") for _ in range(3)]
+        elif statement == "claim_simple":
+            s.set_limit(LimitSpec("cap", concurrency=1_000_000, per_key=True))
+            tasks = [task(limits=(f"cap\x1fk{i}",)) for i in range(n + 3)]
         else:
             tasks = [task() for _ in range(n + 3)]
         with psycopg.connect(pg_own_url) as submitter:
@@ -718,7 +721,9 @@ def test_a_claim_of_many_takes_rows_in_proportion_after_an_analyze_saw_no_rows(p
                 (seen,) = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'corral_tasks'").fetchone()
                 assert seen <= 0  # pages, but no row in them
             submitter.commit()
-        params = {**_claim_params("w", ClaimRequest(("default",), n)), "n": n, "allowed": []}
+        if statement == "claim_simple":
+            n = 50  # a claim of keyed work takes a slot's worth (its look-ahead is bounded), not the queue
+        params = {**_claim_params("w", ClaimRequest(("default",), n)), "n": n, "allowed": [], "look": 2 * n}
         guard = " -c statement_timeout=60s"  # (so a failure is a message, not the run's timeout)
         with psycopg.connect(pg_own_url, autocommit=True, options=SESSION_OPTIONS + guard) as conn:
             with conn.transaction(force_rollback=True):

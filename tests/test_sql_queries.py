@@ -77,7 +77,7 @@ SQLITE_ONLY = {
 POSTGRES_ONLY = {
     "set_limit_keys": "a keyed limit's changed rate fills its keys' buckets (SQLite: the keys' rows are kept)",
     "key_probe": "the keys of the first candidates, locked before the claim (SQLite: the Python claim reads each)",
-    "claim_simple": "ungrouped work under caps alone, locked, judged and taken in one statement (SQLite: the Python claim)",
+    "claim_simple": "ungrouped work under caps alone, locked, judged and taken in one statement (SQLite: claim_keyed)",
     "key_usage": "a claim's keys' places held and their rows (SQLite: `limit_usage`, `limit_key_rows`)",
     "key_charges": "the keys' rows in their own table, made on first charge (SQLite: `limit_charge` makes each)",
     "key_names_after": "the next keys to forget, to lock before reading them (SQLite: `key_rows_after`)",

@@ -1680,8 +1680,10 @@ stop AS MATERIALIZED (
     LIMIT 1
 ),
 fit AS MATERIALIZED (
-    SELECT v.id, v.rank, v.turn FROM verdicts v JOIN shared USING (id)
-    WHERE v.simple AND v.key_room
+    SELECT v.id, v.rank, v.turn FROM verdicts v
+    -- shared's ids as one object read once: a join of two CTEs (no statistics) may loop over both
+    WHERE (SELECT jsonb_object_agg(id::text, true) FROM shared) ? v.id::text
+      AND v.simple AND v.key_room
       AND NOT EXISTS (SELECT 1 FROM stop s WHERE (v.rank, v.id) >= (s.rank, s.id))
 ),
 -- a plain limit's places among the candidates kept, in the order taken
@@ -1712,11 +1714,13 @@ upd AS (
         started_at = clk.now,
         attempt = t.attempt + 1,
         finished_at = NULL
-    FROM picked m, clk, verdict v
-    WHERE t.id = m.id AND NOT v.more AND (t.status || '') IN ('PENDING', 'RETRYING')
-    RETURNING t.*, m.rk
+    FROM clk, verdict v
+    -- the ids read once (a join to picked could loop over the table under statistics that saw no row)
+    WHERE t.id = ANY(ARRAY(SELECT id FROM picked)) AND NOT v.more AND (t.status || '') IN ('PENDING', 'RETRYING')
+    RETURNING t.*
 )
-SELECT v.more, u.* FROM verdict v LEFT JOIN upd u ON true ORDER BY u.rk, u.id;
+SELECT v.more, u.*, ((SELECT jsonb_object_agg(id::text, rk) FROM picked) ->> u.id::text)::bigint AS rk
+FROM verdict v LEFT JOIN upd u ON true ORDER BY rk, u.id;
 
 -- name: claim_plain
 -- The fast path for plain work (no group, no limit): what most claims are
