@@ -292,16 +292,15 @@ class Gates:
     def timed(self) -> bool:
         """Did a gate that opens with time take part in the claim so far: a
         rate, a pause's end, a breaker not closed?"""
-        if self.wait is not None:
+        return self.wait is not None or any(self._charged_per_start(n) for n in self._room)
+
+    def _charged_per_start(self, name: str) -> bool:
+        """A rate, or a breaker not closed: a gate that counts each start and opens with time."""
+        lim = self.limit(name)
+        if lim is not None and lim.spec.rate:
             return True
-        for n in self._room:
-            lim = self.limit(n)
-            if lim is not None and lim.spec.rate:
-                return True
-            row = self.breakers.get(n)
-            if row is not None and row.state.state is not brk.BreakerState.CLOSED:
-                return True
-        return False
+        row = self.breakers.get(name)
+        return row is not None and row.state.state is not brk.BreakerState.CLOSED
 
     def names_of(self, limits: Iterable[str], task_name: str) -> list[str]:
         out = [n for n in limits if n in self.breakers or self.limit(n) is not None]
@@ -314,14 +313,7 @@ class Gates:
 
     def solo(self, limits: Iterable[str], task_name: str) -> bool:
         """A unit under a rate or a probing breaker is one task: each start is charged."""
-        for n in self.names_of(limits, task_name):
-            lim = self.limit(n)
-            if lim is not None and lim.spec.rate:
-                return True
-            row = self.breakers.get(n)
-            if row is not None and row.state.state is not brk.BreakerState.CLOSED:
-                return True
-        return False
+        return any(self._charged_per_start(n) for n in self.names_of(limits, task_name))
 
     def take(self, limits: Iterable[str], task_name: str) -> None:
         """Charge one claim to every gate of a task (call only after :meth:`fits`)."""
