@@ -1058,10 +1058,14 @@ class PostgresStore(SqlStore):
                 # no unit naming a limit: gates stay shut, nothing to lock or charge
                 cur.execute(claim, {**base, "n": max_units, "allowed": []})
                 return cur.fetchall()
-            if self._limited_hint and _simple_fits(base):
+            if self._limited_hint and not marked and _simple_fits(base):
                 # limited work was queued: ungrouped work under caps alone in one statement
                 rows, more = self._claim_simple(cur, base, max_units)
                 if not more:
+                    # It reads from the start of the claim order, with no mark: took it
+                    # nothing limited, the plain claims (and their marks) go on, and
+                    # the probe looks again once they find nothing.
+                    self._limited_hint = any(r["limits"] for r in rows)
                     return rows
             tried = not self._limited_hint
             if tried:
