@@ -885,24 +885,21 @@ class PostgresStore(SqlStore):
         q = self._q
         n = min(adding, 2**31 - 1)
 
-        def fits() -> bool:
+        def marked_count() -> int:
+            """Mark this submit in flight, then count the queue and the others' marks."""
             conn.execute(q["mark_bounded_submit"], {"n": n})
             others = conn.execute(q["bounded_in_flight"]).fetchone()[0]
-            queued = conn.execute(q["queued_upto"], {"n": max_queued + 1}).fetchone()[0]
-            return queued + others + adding <= max_queued
+            return conn.execute(q["queued_upto"], {"n": max_queued + 1}).fetchone()[0] + others
 
         try:
             with conn.transaction():  # a savepoint: rolled back, it lets go of the mark
-                if not fits():
+                if marked_count() + adding > max_queued:
                     raise _NoRoomYet
             return
         except _NoRoomYet:
             pass
         conn.execute(q["lock_queue_bound"])
-        conn.execute(q["mark_bounded_submit"], {"n": n})
-        others = conn.execute(q["bounded_in_flight"]).fetchone()[0]
-        queued = conn.execute(q["queued_upto"], {"n": max_queued + 1}).fetchone()[0]
-        check_bound({"PENDING": queued + others}, adding, max_queued)
+        check_bound({"PENDING": marked_count()}, adding, max_queued)
 
     def _submit_on(self, conn, plan: _SubmitPlan, max_queued: int | None, *, offer: bool = False) -> tuple:
         """The submit's statements on ``conn``, inside whatever transaction it
